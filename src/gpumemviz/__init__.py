@@ -1,0 +1,37 @@
+"""gpumemviz: see GPU memory, and the fragmentation inside PyTorch's caching allocator.
+
+Importing this package is cheap: torch, pynvml, plotly, anywidget and IPython load only when a
+feature that needs them is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# name -> module that defines it; resolved on first attribute access (PEP 562).
+_LAZY: dict[str, str] = {
+    "Snapshot": "gpumemviz.snapshot",
+    "SnapshotError": "gpumemviz.snapshot",
+    "load_snapshot": "gpumemviz.io",
+    "save_snapshot": "gpumemviz.io",
+    "format_size": "gpumemviz.units",
+    "parse_size": "gpumemviz.units",
+}
+
+__all__ = sorted([*_LAZY, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gpumemviz' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,49 @@
+"""Shared fixtures: the real snapshots recorded on GPUs by others, read-only."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_DIR = REPO.parent / "shared" / "real-snapshots"
+REAL_FILES = sorted(REAL_DIR.glob("*.pickle")) if REAL_DIR.is_dir() else []
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+class _NoGlobals(pickle.Unpickler):
+    """Test-side reader: the real files hold only plain types, so any global is a failure."""
+
+    def find_class(self, module: str, name: str):  # pragma: no cover - would be a broken fixture
+        raise pickle.UnpicklingError(f"unexpected global {module}.{name}")
+
+
+def read_real(path: Path):
+    """The raw torch dict of a real file, read without gpumemviz (an independent oracle)."""
+    with path.open("rb") as f:
+        return _NoGlobals(f).load()
+
+
+def _ids(paths: list[Path]) -> list[str]:
+    return [p.name.split("__")[0] + ":" + p.stem.split("__")[-1] for p in paths]
+
+
+@pytest.fixture(params=REAL_FILES, ids=_ids(REAL_FILES))
+def real_path(request) -> Path:
+    """Each real snapshot file in turn (the test is skipped when shared/ is absent)."""
+    return request.param
+
+
+@pytest.fixture
+def real_dict(real_path: Path):
+    return read_real(real_path)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not REAL_FILES:
+        skip = pytest.mark.skip(reason=f"no real snapshots in {REAL_DIR}")
+        for item in items:
+            if "real_path" in getattr(item, "fixturenames", ()):
+                item.add_marker(skip)
