@@ -22,7 +22,7 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
 test: lint
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -1,0 +1,1 @@
+"""A CPU model of PyTorch's CUDA caching allocator: rules, configuration, model, replay."""
