@@ -16,7 +16,7 @@ ALLOWED: dict[str, set[str]] = {
     "io": {"snapshot", "units"},
     "allocator.": {"snapshot", "io", "units", "allocator"},
     "sample": {"snapshot", "units"},
-    "sources.": {"snapshot", "io", "allocator", "sample", "units", "sources"},
+    "sources.": {"snapshot", "io", "allocator", "sample", "units", "sources", "fragmentation"},
     "sampler": {"snapshot", "sample", "sources", "units"},
     "fragmentation": {"snapshot", "io", "allocator", "units"},
     "advice": {"snapshot", "io", "allocator", "units", "fragmentation"},
