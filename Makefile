@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test lint fmt bench fuzz soak demo clean
+.PHONY: test lint fmt bench fuzz soak demo clean system-deps
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -12,6 +12,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
+
+# Debian's Chromium for the browser tests (test tools cannot download browsers here).
+system-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  echo "installing Debian's chromium (needs root)"; \
+	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
@@ -21,7 +27,7 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff format src tests benchmarks
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
-test: lint
+test: lint system-deps
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)
