@@ -1,0 +1,294 @@
+"""A mutable segment/block layout of one device, moved by recorded trace entries.
+
+Reconstruction walks a trace backwards over it and the timeline walks it forwards; neither makes
+an allocator decision (the recorded addresses say where everything is). Only the split rule is
+needed, to know how large a block an alloc carved (section 2.8 of the reference).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["ALLOCATED", "INACTIVE", "PENDING_FREE", "STATE_NAMES", "Layout", "LayoutError", "Seg"]
+
+INACTIVE, ALLOCATED, PENDING_FREE = 0, 1, 2
+STATE_NAMES = ("inactive", "active_allocated", "active_pending_free")
+_STATE_CODE = {name: code for code, name in enumerate(STATE_NAMES)}
+_STATE_CODE["active_awaiting_free"] = PENDING_FREE  # the name torch's docstring uses
+
+
+class LayoutError(ValueError):
+    """A trace entry that does not fit the layout it is applied to (one line: what and where)."""
+
+
+def _key(block: list[int]) -> int:
+    return block[0]
+
+
+class Seg:
+    """One segment (or one mapped run of an expandable segment): blocks in address order.
+
+    A block is a list ``[address, size, state, requested_size]``; lists so that state changes
+    are in place and copies are cheap.
+    """
+
+    __slots__ = ("blocks", "expandable", "small", "stream")
+
+    def __init__(self, stream: int, small: bool, expandable: bool, blocks: list[list[int]]):
+        self.stream = stream
+        self.small = small
+        self.expandable = expandable
+        self.blocks = blocks
+
+    @property
+    def address(self) -> int:
+        return self.blocks[0][0]
+
+    @property
+    def size(self) -> int:
+        last = self.blocks[-1]
+        return last[0] + last[1] - self.blocks[0][0]
+
+    def index(self, addr: int) -> int:
+        """Index of the block containing `addr` (the caller knows addr is inside the segment)."""
+        return bisect.bisect_right(self.blocks, addr, key=_key) - 1
+
+    def copy(self) -> Seg:
+        return Seg(self.stream, self.small, self.expandable, [b[:] for b in self.blocks])
+
+
+class Layout:
+    """Segments of one device keyed by base address, with the primitive moves of a trace."""
+
+    __slots__ = ("bases", "segs")
+
+    def __init__(self) -> None:
+        self.bases: list[int] = []  # sorted segment base addresses
+        self.segs: dict[int, Seg] = {}
+
+    # -- construction and export --------------------------------------------------------------
+    @classmethod
+    def from_segments(cls, segments: Iterable[Mapping[str, Any]]) -> Layout:
+        """Build from torch-format segment dicts (block addresses computed when absent)."""
+        lay = cls()
+        for s in segments:
+            base = int(s["address"])
+            blocks, at = [], base
+            for b in s["blocks"]:
+                size = int(b["size"])
+                state = _STATE_CODE.get(b["state"])
+                if state is None:
+                    raise LayoutError(f"segment {base:#x}: unknown block state {b['state']!r}")
+                req = int(b.get("requested_size", 0) or 0) if state != INACTIVE else 0
+                blocks.append([int(b.get("address", at)), size, state, req])
+                at += size
+            if not blocks:
+                raise LayoutError(f"segment {base:#x} has no blocks")
+            small = s.get("segment_type", "large") == "small"
+            lay._insert(Seg(int(s["stream"]), small, bool(s.get("is_expandable")), blocks))
+        return lay
+
+    def to_segments(self, device: int = 0) -> list[dict[str, Any]]:
+        """Torch 2.11 segment dicts in address order (what `torch.cuda.memory_snapshot` gives)."""
+        out = []
+        for base in self.bases:
+            seg = self.segs[base]
+            blocks, allocated, active, requested = [], 0, 0, 0
+            for addr, size, state, req in seg.blocks:
+                if state:
+                    active += size
+                    requested += req
+                    if state == ALLOCATED:
+                        allocated += size
+                blocks.append(
+                    {
+                        "address": addr,
+                        "size": size,
+                        "requested_size": req,
+                        "state": STATE_NAMES[state],
+                        "frames": [],
+                    }
+                )
+            out.append(
+                {
+                    "device": device,
+                    "address": base,
+                    "total_size": seg.size,
+                    "allocated_size": allocated,
+                    "active_size": active,
+                    "requested_size": requested,
+                    "stream": seg.stream,
+                    "segment_type": "small" if seg.small else "large",
+                    "segment_pool_id": (0, 0),
+                    "is_expandable": seg.expandable,
+                    "frames": [],
+                    "blocks": blocks,
+                }
+            )
+        return out
+
+    def copy(self) -> Layout:
+        lay = Layout()
+        lay.bases = self.bases[:]
+        lay.segs = {k: s.copy() for k, s in self.segs.items()}
+        return lay
+
+    def key(self) -> list[tuple]:
+        """A comparable summary: (base, stream, small, expandable, blocks as tuples) per segment."""
+        return [
+            (b, s.stream, s.small, s.expandable, [tuple(x) for x in s.blocks])
+            for b, s in ((b, self.segs[b]) for b in self.bases)
+        ]
+
+    # -- figures ----------------------------------------------------------------------------
+    def totals(self) -> tuple[int, int, int]:
+        """(reserved, allocated, segments); expandable runs count as segments here."""
+        reserved = allocated = 0
+        for seg in self.segs.values():
+            reserved += seg.size
+            for b in seg.blocks:
+                if b[2] == ALLOCATED:
+                    allocated += b[1]
+        return reserved, allocated, len(self.segs)
+
+    # -- lookups ----------------------------------------------------------------------------
+    def segment_at(self, addr: int) -> Seg | None:
+        """The segment containing `addr`, or None."""
+        i = bisect.bisect_right(self.bases, addr) - 1
+        if i < 0:
+            return None
+        seg = self.segs[self.bases[i]]
+        return seg if addr < self.bases[i] + seg.size else None
+
+    def block_at(self, addr: int, what: str) -> tuple[Seg, int]:
+        """The segment and index of the block that starts exactly at `addr`."""
+        seg = self.segment_at(addr)
+        if seg is not None:
+            i = seg.index(addr)
+            if seg.blocks[i][0] == addr:
+                return seg, i
+        raise LayoutError(f"{what}: no block starts at {addr:#x}")
+
+    # -- block moves ------------------------------------------------------------------------
+    def carve(self, addr: int, size: int, state: int, requested: int, what: str) -> None:
+        """Turn [addr, addr+size) of one free block into a block in `state`."""
+        seg = self.segment_at(addr)
+        if seg is None:
+            raise LayoutError(f"{what}: {addr:#x} is in no segment")
+        i = seg.index(addr)
+        b = seg.blocks[i]
+        if b[2] != INACTIVE or addr + size > b[0] + b[1]:
+            raise LayoutError(f"{what}: [{addr:#x}, +{size}) is not inside one free block")
+        new = [[addr, size, state, requested]]
+        if addr > b[0]:
+            new.insert(0, [b[0], addr - b[0], INACTIVE, 0])
+        end = b[0] + b[1]
+        if addr + size < end:
+            new.append([addr + size, end - addr - size, INACTIVE, 0])
+        seg.blocks[i : i + 1] = new
+
+    def free_region(self, addr: int) -> tuple[Seg, int, int]:
+        """(segment, start, end) of the free block containing `addr`."""
+        seg = self.segment_at(addr)
+        if seg is None:
+            raise LayoutError(f"{addr:#x} is in no segment")
+        b = seg.blocks[seg.index(addr)]
+        if b[2] != INACTIVE:
+            raise LayoutError(f"{addr:#x} is not free")
+        return seg, b[0], b[0] + b[1]
+
+    def release(self, addr: int, what: str) -> None:
+        """Make the block at `addr` free and merge it with free neighbours."""
+        seg, i = self.block_at(addr, what)
+        blocks = seg.blocks
+        b = blocks[i]
+        if b[2] == INACTIVE:
+            raise LayoutError(f"{what}: block at {addr:#x} is already free")
+        b[2], b[3] = INACTIVE, 0
+        if i + 1 < len(blocks) and blocks[i + 1][2] == INACTIVE:
+            b[1] += blocks[i + 1][1]
+            del blocks[i + 1]
+        if i > 0 and blocks[i - 1][2] == INACTIVE:
+            blocks[i - 1][1] += b[1]
+            del blocks[i]
+
+    def set_state(self, addr: int, state: int, what: str) -> None:
+        seg, i = self.block_at(addr, what)
+        if seg.blocks[i][2] == INACTIVE:
+            raise LayoutError(f"{what}: block at {addr:#x} is free")
+        seg.blocks[i][2] = state
+
+    # -- segment moves ----------------------------------------------------------------------
+    def _insert(self, seg: Seg) -> None:
+        base = seg.address
+        if base in self.segs:
+            raise LayoutError(f"two segments at {base:#x}")
+        bisect.insort(self.bases, base)
+        self.segs[base] = seg
+
+    def _remove(self, base: int) -> Seg:
+        self.bases.pop(bisect.bisect_left(self.bases, base))
+        return self.segs.pop(base)
+
+    def add_segment(self, addr: int, size: int, stream: int, small: bool, what: str) -> None:
+        """A new, entirely free, non-expandable segment."""
+        if self.segment_at(addr) is not None or self.segment_at(addr + size - 1) is not None:
+            raise LayoutError(f"{what}: [{addr:#x}, +{size}) overlaps a segment")
+        self._insert(Seg(stream, small, False, [[addr, size, INACTIVE, 0]]))
+
+    def remove_segment(self, addr: int, size: int, what: str) -> Seg:
+        """Drop an entirely free segment (cudaFree)."""
+        seg = self.segs.get(addr)
+        if seg is None:
+            raise LayoutError(f"{what}: no segment at {addr:#x}")
+        if len(seg.blocks) != 1 or seg.blocks[0][2] != INACTIVE or seg.blocks[0][1] != size:
+            raise LayoutError(f"{what}: segment at {addr:#x} is not one free block of {size} B")
+        return self._remove(addr)
+
+    def map_range(self, addr: int, size: int, stream: int, small: bool, what: str) -> None:
+        """Map [addr, addr+size) of an expandable segment: free, joined to touching runs."""
+        if self.segment_at(addr) is not None or self.segment_at(addr + size - 1) is not None:
+            raise LayoutError(f"{what}: [{addr:#x}, +{size}) is already mapped")
+        blocks = [[addr, size, INACTIVE, 0]]
+        below = self.segment_at(addr - 1)
+        if below is not None and below.expandable and below.stream == stream:
+            self._remove(below.address)
+            small = below.small
+            if below.blocks[-1][2] == INACTIVE:
+                below.blocks[-1][1] += size
+                blocks = below.blocks
+            else:
+                blocks = below.blocks + blocks
+        above = self.segs.get(addr + size)
+        if above is not None and above.expandable and above.stream == stream:
+            self._remove(above.address)
+            small = above.small
+            if above.blocks[0][2] == INACTIVE:
+                blocks[-1][1] += above.blocks[0][1]
+                blocks += above.blocks[1:]
+            else:
+                blocks += above.blocks
+        self._insert(Seg(stream, small, True, blocks))
+
+    def unmap_range(self, addr: int, size: int, what: str) -> None:
+        """Unmap [addr, addr+size): it lies in one free block of an expandable run."""
+        seg = self.segment_at(addr)
+        if seg is None or not seg.expandable:
+            raise LayoutError(f"{what}: {addr:#x} is in no expandable segment")
+        i = seg.index(addr)
+        b = seg.blocks[i]
+        if b[2] != INACTIVE or addr + size > b[0] + b[1]:
+            raise LayoutError(f"{what}: [{addr:#x}, +{size}) is not inside one free block")
+        self._remove(seg.address)
+        lower = seg.blocks[:i]
+        if addr > b[0]:
+            lower.append([b[0], addr - b[0], INACTIVE, 0])
+        upper = seg.blocks[i + 1 :]
+        end = b[0] + b[1]
+        if addr + size < end:
+            upper.insert(0, [addr + size, end - addr - size, INACTIVE, 0])
+        for part in (lower, upper):
+            if part:
+                self._insert(Seg(seg.stream, seg.small, True, part))

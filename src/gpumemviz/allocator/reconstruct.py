@@ -1,0 +1,204 @@
+"""The state of a device at the start of its trace, by walking the trace backwards.
+
+A recorded trace usually starts mid-story (ring buffer wrapped, recording switched on late), so
+the segments at its start are not in the file. They follow from the final ``segments`` and the
+trace, undoing each entry from the last to the first (section 9.1 of the reference). The one real
+ambiguity, the size of a block restored when undoing a free, is settled by the tail rule and the
+boundary hint.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .config import AllocatorConfig
+from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
+from .rules import K_SMALL_SIZE, is_small, page_size, round_size
+
+__all__ = [
+    "ALLOC_ACTIONS",
+    "SEGMENT_ACTIONS",
+    "Rules",
+    "Step",
+    "reconstruct",
+    "reconstruct_layout",
+    "steps_of",
+]
+
+Step = tuple[str, int, int, int]  # (action, addr or device_free, size, stream)
+ALLOC_ACTIONS = frozenset({"alloc", "free_requested", "free_completed"})
+SEGMENT_ACTIONS = frozenset({"segment_alloc", "segment_free", "segment_map", "segment_unmap"})
+
+
+class Rules:
+    """The settings that decide block sizes (roundup divisions, max_split_size), ready to use."""
+
+    __slots__ = ("config", "divisions", "max_split_size")
+
+    def __init__(self, config: AllocatorConfig | None = None):
+        self.config = config or AllocatorConfig()
+        self.divisions = self.config.divisions
+        self.max_split_size = self.config.max_split_size
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any] | None) -> Rules:
+        """From a snapshot's ``allocator_settings`` (None: torch's defaults)."""
+        return cls(AllocatorConfig.from_settings(settings))
+
+    def round(self, size: int) -> int:
+        return round_size(size, self.divisions)
+
+
+def steps_of(trace: Sequence[Mapping[str, Any]]) -> list[Step]:
+    """Trace dicts as (action, addr, size, stream) tuples; an ``oom`` carries device_free."""
+    out = []
+    for i, e in enumerate(trace):
+        try:
+            action = e["action"]
+            addr = e["device_free"] if action == "oom" else e.get("addr", 0)
+            out.append((action, int(addr), int(e.get("size", 0)), int(e.get("stream", 0))))
+        except (KeyError, TypeError, ValueError) as err:
+            raise LayoutError(f"trace entry {i}: malformed ({err!r})") from None
+    return out
+
+
+def _what(i: int, step: Step) -> str:
+    return f"trace event {i} ({step[0]} at {step[1]:#x}, {step[2]} B)"
+
+
+class _Hints:
+    """Where blocks started while a given block was live: the boundary hint of section 9.1."""
+
+    def __init__(self, steps: Sequence[Step]):
+        pairs = sorted((s[1], i) for i, s in enumerate(steps) if s[0] in ALLOC_ACTIONS)
+        self.addrs = [a for a, _ in pairs]
+        self.index = [i for _, i in pairs]
+        self.allocs: dict[int, list[int]] = {}
+        for i, s in enumerate(steps):
+            if s[0] == "alloc":
+                self.allocs.setdefault(s[1], []).append(i)
+
+    def boundary(self, addr: int, lo_end: int, hi_end: int, before: int) -> int | None:
+        """The lowest block start X in (lo_end, hi_end] seen while the block at addr lived."""
+        born = self.allocs.get(addr, [])
+        k = bisect.bisect_left(born, before) - 1
+        since = born[k] if k >= 0 else -1
+        j = bisect.bisect_right(self.addrs, lo_end)
+        while j < len(self.addrs) and self.addrs[j] <= hi_end:
+            if since < self.index[j] < before:
+                return self.addrs[j]
+            j += 1
+        return None
+
+
+def _restored_size(lay: Layout, addr: int, size: int, i: int, rules: Rules, hints: _Hints) -> int:
+    """Size of the block that a free at `addr` released (tail rule, boundary hint, oversize)."""
+    rounded = rules.round(size)
+    seg, _start, end = lay.free_region(addr)
+    if seg.small or seg.expandable:
+        return rounded  # split whenever >= 512 B remain, so the block is exactly the request
+    room = end - addr
+    if rounded >= rules.max_split_size:
+        return room  # oversize blocks are never split: the whole free run was the block
+    rest = room - rounded
+    if rest <= K_SMALL_SIZE:
+        return room  # tail rule: a large-pool remainder <= 1 MiB is never a block of its own
+    x = hints.boundary(addr, addr + rounded, addr + rounded + K_SMALL_SIZE, i)
+    return rounded if x is None else x - addr
+
+
+def _pool_of_range(lay: Layout, steps: Sequence[Step], i: int, rules: Rules) -> bool:
+    """Small pool? for a mapped range restored by undoing an unmap at step i."""
+    _, addr, size, stream = steps[i]
+    for near in (lay.segment_at(addr - 1), lay.segs.get(addr + size)):
+        if near is not None and near.expandable and near.stream == stream:
+            return near.small
+    for j in range(i - 1, -1, -1):  # the latest earlier alloc inside the range says
+        a, x, sz, _ = steps[j]
+        if a == "alloc" and addr <= x < addr + size:
+            return is_small(rules.round(sz))
+    return size % page_size(False) != 0
+
+
+def reconstruct_layout(final: Layout, steps: Sequence[Step], rules: Rules) -> Layout:
+    """Undo `steps` from the last to the first on a copy of `final`; return the start layout."""
+    lay = final.copy()
+    hints = _Hints(steps)
+    for i in range(len(steps) - 1, -1, -1):
+        step = steps[i]
+        action, addr, size, stream = step
+        try:
+            if action == "alloc":
+                lay.release(addr, "undo alloc")
+            elif action == "free_completed":
+                bsize = _restored_size(lay, addr, size, i, rules, hints)
+                lay.carve(addr, bsize, PENDING_FREE, size, "undo free")
+            elif action == "free_requested":
+                lay.set_state(addr, ALLOCATED, "undo free_requested")
+            elif action in ("segment_alloc",):
+                lay.remove_segment(addr, size, "undo segment_alloc")
+            elif action == "segment_free":
+                lay.add_segment(addr, size, stream, size == page_size(True), "undo segment_free")
+            elif action == "segment_map":
+                lay.unmap_range(addr, size, "undo segment_map")
+            elif action == "segment_unmap":
+                small = _pool_of_range(lay, steps, i, rules)
+                lay.map_range(addr, size, stream, small, "undo segment_unmap")
+        except LayoutError as err:
+            raise LayoutError(f"{_what(i, step)}: {err}") from None
+    # a block pending at the start would need its free_requested before the trace: impossible
+    for seg in lay.segs.values():
+        for b in seg.blocks:
+            if b[2] == PENDING_FREE:
+                b[2] = ALLOCATED
+    return lay
+
+
+def reconstruct(
+    segments: Sequence[Mapping[str, Any]],
+    trace: Sequence[Mapping[str, Any]],
+    *,
+    device: int = 0,
+    settings: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Segments of `device` at the start of its trace, in torch's snapshot format.
+
+    Parameters
+    ----------
+    segments
+        The snapshot's final ``segments`` (any devices; only `device`'s are used).
+    trace
+        That device's ``device_traces`` entry list, oldest first.
+    device
+        Which device.
+    settings
+        The snapshot's ``allocator_settings`` (roundup divisions and max_split_size decide
+        block sizes); None for torch's defaults.
+
+    Returns
+    -------
+    list of dict
+        Torch-format segment dicts; blocks allocated before the trace began are
+        ``active_allocated`` with the requested size their free recorded.
+
+    Raises
+    ------
+    LayoutError
+        When an entry does not fit the state (the message names the entry).
+
+    Examples
+    --------
+    >>> seg = {"device": 0, "address": 0x7F0000000000, "total_size": 2 << 20, "stream": 0,
+    ...        "segment_type": "small", "blocks": [
+    ...            {"address": 0x7F0000000000, "size": 2 << 20, "state": "inactive"}]}
+    >>> trace = [{"action": "free_requested", "addr": 0x7F0000000000, "size": 100},
+    ...          {"action": "free_completed", "addr": 0x7F0000000000, "size": 100}]
+    >>> [(b["size"], b["state"]) for b in reconstruct([seg], trace)[0]["blocks"]]
+    [(512, 'active_allocated'), (2096640, 'inactive')]
+    """
+    mine = [s for s in segments if int(s.get("device", 0)) == device]
+    final = Layout.from_segments(mine)
+    start = reconstruct_layout(final, steps_of(trace), Rules.from_settings(settings))
+    return start.to_segments(device)

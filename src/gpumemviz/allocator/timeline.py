@@ -1,0 +1,198 @@
+"""The recorded history of one device, replayed forwards at the recorded addresses.
+
+This is the ground truth the model is scored against, and what the panel scrubs through:
+`snapshot_at(i)` restores the nearest checkpoint and applies the few entries after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
+from .reconstruct import Rules, Step, reconstruct_layout, steps_of
+from .rules import is_small, page_size, should_split
+
+__all__ = ["Timeline", "apply_step"]
+
+
+def _pool_ahead(steps: Sequence[Step], i: int, rules: Rules) -> bool:
+    """Small pool? for a new mapped range: the alloc that caused the map follows it."""
+    for j in range(i + 1, len(steps)):
+        if steps[j][0] == "alloc":
+            return is_small(rules.round(steps[j][2]))
+    return steps[i][2] % page_size(False) != 0
+
+
+def apply_step(lay: Layout, steps: Sequence[Step], i: int, rules: Rules) -> int:
+    """Apply step `i` forwards at its recorded address; return the change in allocated bytes."""
+    action, addr, size, stream = steps[i]
+    if action == "alloc":
+        seg, start, end = lay.free_region(addr)
+        if start != addr:
+            raise LayoutError(f"no free block starts at {addr:#x}")
+        rounded = rules.round(size)
+        split = should_split(
+            end - start,
+            rounded,
+            small=seg.small,
+            expandable=seg.expandable,
+            max_split_size=rules.max_split_size,
+        )
+        bsize = rounded if split else end - start
+        lay.carve(addr, bsize, ALLOCATED, size, "alloc")
+        return bsize
+    if action == "free_requested":
+        seg, k = lay.block_at(addr, "free_requested")
+        b = seg.blocks[k]
+        if b[2] != ALLOCATED:
+            raise LayoutError(f"block at {addr:#x} is not allocated")
+        b[2] = PENDING_FREE
+        return -b[1]
+    if action == "free_completed":
+        seg, k = lay.block_at(addr, "free_completed")
+        was = seg.blocks[k][2]
+        size_was = seg.blocks[k][1]
+        lay.release(addr, "free_completed")
+        return -size_was if was == ALLOCATED else 0
+    if action == "segment_alloc":
+        lay.add_segment(addr, size, stream, size == page_size(True), "segment_alloc")
+    elif action == "segment_free":
+        lay.remove_segment(addr, size, "segment_free")
+    elif action == "segment_map":
+        lay.map_range(addr, size, stream, _pool_ahead(steps, i, rules), "segment_map")
+    elif action == "segment_unmap":
+        lay.unmap_range(addr, size, "segment_unmap")
+    return 0
+
+
+def _device_settings(snapshot: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return snapshot.get("allocator_settings") if isinstance(snapshot, Mapping) else None
+
+
+class Timeline:
+    """One device's recorded layouts after every trace entry, with checkpoints for fast jumps.
+
+    Build it with `Timeline.from_snapshot`. Index ``i`` means "after trace entry i"; ``-1`` is
+    the reconstructed state at the start of the trace.
+    """
+
+    def __init__(
+        self,
+        start: Layout,
+        steps: Sequence[Step],
+        rules: Rules,
+        *,
+        device: int = 0,
+        settings: Mapping[str, Any] | None = None,
+        every: int = 128,
+    ):
+        self.device = device
+        self.steps = list(steps)
+        self.rules = rules
+        self.settings = settings
+        self.every = every
+        self.start = start.copy()
+        n = len(self.steps)
+        self.reserved = np.zeros(n, dtype=np.int64)
+        self.allocated = np.zeros(n, dtype=np.int64)
+        self.segments = np.zeros(n, dtype=np.int64)
+        lay = start.copy()
+        reserved, allocated, _ = lay.totals()
+        self._checkpoints: list[Layout] = []
+        for i in range(n):
+            if i % every == 0:
+                self._checkpoints.append(lay.copy())
+            action, _addr, size, _ = self.steps[i]
+            try:
+                allocated += apply_step(lay, self.steps, i, rules)
+            except LayoutError as err:
+                raise LayoutError(f"trace event {i} ({action}): {err}") from None
+            if action in ("segment_alloc", "segment_map"):
+                reserved += size
+            elif action in ("segment_free", "segment_unmap"):
+                reserved -= size
+            self.reserved[i] = reserved
+            self.allocated[i] = allocated
+            self.segments[i] = len(lay.segs)
+        self.final = lay
+
+    @classmethod
+    def from_snapshot(cls, snapshot: Mapping[str, Any], device: int = 0, **kw: Any) -> Timeline:
+        """Reconstruct the start of `device`'s trace and replay it forwards.
+
+        Parameters
+        ----------
+        snapshot
+            A torch snapshot dict (``segments`` and ``device_traces``).
+        device
+            Which device's trace.
+        **kw
+            ``every``: checkpoint spacing in trace entries (default 128).
+
+        Examples
+        --------
+        >>> base = 0x7F0000000000
+        >>> snap = {"segments": [{"device": 0, "address": base, "total_size": 2 << 20,
+        ...     "stream": 0, "segment_type": "small", "blocks": [
+        ...         {"address": base, "size": 512, "requested_size": 100,
+        ...          "state": "active_allocated"},
+        ...         {"address": base + 512, "size": (2 << 20) - 512, "state": "inactive"}]}],
+        ...     "device_traces": [[
+        ...         {"action": "segment_alloc", "addr": base, "size": 2 << 20, "stream": 0},
+        ...         {"action": "alloc", "addr": base, "size": 100, "stream": 0}]]}
+        >>> tl = Timeline.from_snapshot(snap)
+        >>> len(tl.snapshot_at(-1)["segments"]), len(tl.snapshot_at(1)["segments"])
+        (0, 1)
+        """
+        traces = snapshot.get("device_traces") or []
+        trace = traces[device] if device < len(traces) else []
+        settings = _device_settings(snapshot)
+        rules = Rules.from_settings(settings)
+        segs = [s for s in snapshot["segments"] if int(s.get("device", 0)) == device]
+        final = Layout.from_segments(segs)
+        steps = steps_of(trace)
+        start = reconstruct_layout(final, steps, rules)
+        tl = cls(start, steps, rules, device=device, settings=settings, **kw)
+        if tl.final.key() != final.key():
+            raise LayoutError(
+                f"device {device}: replaying the trace from the reconstructed start does not "
+                "give the recorded final segments"
+            )
+        return tl
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def layout_at(self, event_index: int) -> Layout:
+        """A fresh copy of the layout after entry `event_index` (-1: the start)."""
+        n = len(self.steps)
+        if not -1 <= event_index < n:
+            raise IndexError(f"event index {event_index} outside [-1, {n - 1}]")
+        if event_index < 0:
+            return self.start.copy()
+        k = event_index // self.every
+        lay = self._checkpoints[k].copy()
+        for i in range(k * self.every, event_index + 1):
+            apply_step(lay, self.steps, i, self.rules)
+        return lay
+
+    def snapshot_at(self, event_index: int) -> dict[str, Any]:
+        """The torch snapshot dict of this device after trace entry `event_index`.
+
+        ``device_traces`` holds the entries up to and including `event_index`.
+        """
+        lay = self.layout_at(event_index)
+        traces: list[list[dict[str, Any]]] = [[] for _ in range(self.device + 1)]
+        traces[self.device] = [
+            {"action": a, "addr": x, "size": s, "stream": st}
+            if a != "oom"
+            else {"action": a, "device_free": x, "size": s, "stream": st}
+            for a, x, s, st in self.steps[: event_index + 1]
+        ]
+        out: dict[str, Any] = {"segments": lay.to_segments(self.device), "device_traces": traces}
+        if self.settings is not None:
+            out["allocator_settings"] = dict(self.settings)
+        return out
