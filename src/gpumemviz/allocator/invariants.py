@@ -1,0 +1,177 @@
+"""The snapshot invariants of reference section 3.9, as a checker returning readable problems.
+
+Every real snapshot recorded on a GPU satisfies them, and so must every snapshot the model makes.
+Rule 5 (2 MiB aligned addresses) is an observation, not a guarantee, and is not checked; rule 10
+is a remark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .config import AllocatorConfig, ConfigError
+from .rules import K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, MIB
+from .rules import round_size as _round_size
+
+__all__ = ["check_invariants"]
+
+_LIMIT = 50  # problems reported before giving up (a broken file would list thousands)
+
+
+def _settings(snapshot: Mapping[str, Any]) -> AllocatorConfig:
+    try:
+        return AllocatorConfig.from_settings(snapshot.get("allocator_settings"))
+    except (ConfigError, ValueError, TypeError):
+        return AllocatorConfig()
+
+
+def _block_sizes(b: Mapping[str, Any]) -> tuple[int, int]:
+    """(size, requested_size); legacy torch 2.0 blocks keep requested size in `history`."""
+    if "frames" in b or "history" not in b:
+        return b["size"], b.get("requested_size", b["size"])
+    hist = b["history"] or [{}]
+    return b["size"], hist[0].get("real_size", b["size"])
+
+
+def check_invariants(snapshot: Mapping[str, Any] | list) -> list[str]:
+    """Check a torch snapshot dict (or bare segment list) against section 3.9; [] when sound.
+
+    Checked: 1 block sizes add up to total/allocated/active sizes; 2 block addresses are
+    contiguous; 3 sizes are multiples of 512; 4 segment sizes (small 2 MiB, large 20 MiB or a
+    2 MiB multiple >= 10 MiB; expandable runs whole pages); 6 no two adjacent inactive blocks;
+    7 an allocated block is round_size(requested) plus at most the unsplit leftover the split
+    rules allow; 8 inactive blocks carry no frames; 9 trace time_us never decreases.
+
+    Parameters
+    ----------
+    snapshot : dict or list
+        What `torch.cuda.memory._snapshot()` returns (or `memory_snapshot()`'s list).
+
+    Returns
+    -------
+    list of str
+        One line per problem, naming the segment and block.
+
+    Examples
+    --------
+    >>> seg = {"address": 0, "total_size": 2 * 2**20, "allocated_size": 512, "active_size": 512,
+    ...        "segment_type": "small", "blocks": [
+    ...        {"address": 0, "size": 512, "requested_size": 100, "state": "active_allocated"},
+    ...        {"address": 512, "size": 2 * 2**20 - 512, "requested_size": 0, "state": "inactive"}]}
+    >>> check_invariants({"segments": [seg]})
+    []
+    >>> seg["blocks"][1]["size"] -= 512
+    >>> check_invariants({"segments": [seg]})[0]
+    'segment 0 (0x0): blocks add up to 2096640 bytes, total_size is 2097152'
+    """
+    if isinstance(snapshot, list):
+        snapshot = {"segments": snapshot}
+    cfg = _settings(snapshot)
+    divisions = cfg.divisions
+    mss = cfg.max_split_size
+    large_segment = cfg.large_segment_size
+    problems: list[str] = []
+
+    def bad(msg: str) -> bool:
+        problems.append(msg)
+        return len(problems) >= _LIMIT
+
+    for si, seg in enumerate(snapshot.get("segments") or []):
+        where = f"segment {si} ({seg.get('address', 0):#x})"
+        blocks = seg.get("blocks") or []
+        small = seg.get("segment_type") == "small"
+        expandable = bool(seg.get("is_expandable"))
+        total = seg.get("total_size", 0)
+        sizes = [b.get("size", 0) for b in blocks]
+        # 1
+        if sum(sizes) != total and bad(
+            f"{where}: blocks add up to {sum(sizes)} bytes, total_size is {total}"
+        ):
+            break
+        alloc = sum(b["size"] for b in blocks if b.get("state") == "active_allocated")
+        active = sum(b["size"] for b in blocks if b.get("state") != "inactive")
+        if (
+            "allocated_size" in seg
+            and alloc != seg["allocated_size"]
+            and bad(
+                f"{where}: allocated blocks add up to {alloc}, allocated_size is "
+                f"{seg['allocated_size']}"
+            )
+        ):
+            break
+        if (
+            "active_size" in seg
+            and active != seg["active_size"]
+            and bad(
+                f"{where}: active blocks add up to {active}, active_size is {seg['active_size']}"
+            )
+        ):
+            break
+        # 4
+        if expandable:
+            page = K_SMALL_BUFFER if small else large_segment
+            ok = total > 0 and total % page == 0
+            rule = f"a multiple of its {page} byte page"
+        elif small:
+            ok = total == K_SMALL_BUFFER
+            rule = "2 MiB (small pool)"
+        else:
+            ok = total in (large_segment, K_LARGE_BUFFER) or (
+                total >= 10 * MIB and total % (2 * MIB) == 0
+            )
+            rule = "20 MiB or a multiple of 2 MiB >= 10 MiB (large pool)"
+        if not ok and bad(f"{where}: total_size {total} is not {rule}"):
+            break
+        addr = seg.get("address", 0)
+        prev_state = None
+        stop = False
+        for bi, b in enumerate(blocks):
+            bw = f"{where}, block {bi}"
+            size, requested = _block_sizes(b)
+            state = b.get("state")
+            # 2
+            if "address" in b and b["address"] != addr:
+                stop = bad(f"{bw}: address {b['address']:#x}, expected {addr:#x} (contiguous)")
+            addr += size
+            # 3
+            if size % K_MIN_BLOCK_SIZE:
+                stop = stop or bad(f"{bw}: size {size} is not a multiple of 512")
+            # 6
+            if state == "inactive" and prev_state == "inactive":
+                stop = stop or bad(f"{bw}: two adjacent inactive blocks")
+            prev_state = state
+            # 7
+            if state == "active_allocated":
+                r = _round_size(requested, divisions) if requested > 0 else K_MIN_BLOCK_SIZE
+                extra = size - r
+                if small or r <= K_SMALL_SIZE or expandable:
+                    allowed = K_MIN_BLOCK_SIZE - 1
+                elif r >= mss:
+                    # oversize: whole segments, waste under max_non_split_rounding
+                    allowed = max(cfg.max_non_split_rounding_size, 2 * MIB) - 1
+                else:
+                    allowed = K_SMALL_SIZE
+                if extra < 0 or extra > allowed:
+                    stop = stop or bad(
+                        f"{bw}: size {size} for a request of {requested} (round_size {r}): "
+                        f"leftover {extra} is outside [0, {allowed}]"
+                    )
+            # 8
+            if state == "inactive" and b.get("frames"):
+                stop = stop or bad(f"{bw}: inactive block carries frames")
+            if stop:
+                return problems
+    # 9
+    for d, trace in enumerate(snapshot.get("device_traces") or []):
+        last = None
+        for i, e in enumerate(trace or []):
+            t = e.get("time_us") if isinstance(e, Mapping) else None
+            if t is None:
+                continue
+            if last is not None and t < last:
+                if bad(f"device {d} trace entry {i}: time_us {t} is before {last}"):
+                    return problems
+                break
+            last = t
+    return problems

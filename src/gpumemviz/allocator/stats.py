@@ -1,0 +1,196 @@
+"""torch's `memory_stats()` bookkeeping (reference section 2.15), kept incrementally.
+
+`DeviceStats` holds the counters the model updates on every event, flattened exactly as
+`torch.cuda.memory_stats()` flattens them. `walk_stats` recomputes the current values from a
+snapshot dict: an independent oracle for the incremental bookkeeping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["ARRAYS", "POOLS", "DeviceStats", "walk_stats"]
+
+ARRAYS = (
+    "allocation",
+    "segment",
+    "active",
+    "inactive_split",
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "inactive_split_bytes",
+    "requested_bytes",
+)
+POOLS = ("all", "small_pool", "large_pool")
+ALLOCATION, SEGMENT, ACTIVE, INACTIVE_SPLIT, ALLOCATED_BYTES = 0, 1, 2, 3, 4
+RESERVED_BYTES, ACTIVE_BYTES, INACTIVE_SPLIT_BYTES, REQUESTED_BYTES = 5, 6, 7, 8
+OVERSIZE_ALLOCATIONS, OVERSIZE_SEGMENTS = 9, 10
+SMALL, LARGE = 1, 2
+_N = 11 * 3
+
+
+class DeviceStats:
+    """Current / peak / cumulative-increase counters for one device (torch's `DeviceStats`).
+
+    Each stat keeps `current`, `peak` and `allocated` (cumulative increase); `freed` is
+    `allocated - current`, which saves a write on every decrease. Index a stat as
+    `3 * array + pool` (pool 0 = all, 1 = small, 2 = large); the oversize stats use pool 0.
+    """
+
+    __slots__ = (
+        "alloc",
+        "cur",
+        "max_split_size",
+        "num_alloc_retries",
+        "num_device_alloc",
+        "num_device_free",
+        "num_ooms",
+        "num_sync_all_streams",
+        "peak",
+        "reset_base",
+    )
+
+    def __init__(self, max_split_size: int = -1) -> None:
+        self.cur = [0] * _N
+        self.peak = [0] * _N
+        self.alloc = [0] * _N
+        self.reset_base = [0] * _N  # `freed` offset after reset_accumulated
+        self.num_alloc_retries = 0
+        self.num_ooms = 0
+        self.num_sync_all_streams = 0
+        self.num_device_alloc = 0
+        self.num_device_free = 0
+        self.max_split_size = max_split_size
+
+    def inc(self, array: int, pool: int, amount: int) -> None:
+        """Increase a stat array's `all` entry and its pool entry."""
+        cur, peak, alloc = self.cur, self.peak, self.alloc
+        i = 3 * array
+        c = cur[i] + amount
+        cur[i] = c
+        if c > peak[i]:
+            peak[i] = c
+        alloc[i] += amount
+        i += pool
+        c = cur[i] + amount
+        cur[i] = c
+        if c > peak[i]:
+            peak[i] = c
+        alloc[i] += amount
+
+    def dec(self, array: int, pool: int, amount: int) -> None:
+        """Decrease a stat array's `all` entry and its pool entry."""
+        cur = self.cur
+        i = 3 * array
+        cur[i] -= amount
+        cur[i + pool] -= amount
+
+    def inc1(self, stat: int, amount: int = 1) -> None:
+        """Increase a single (non-array) stat such as oversize_allocations."""
+        i = 3 * stat
+        c = self.cur[i] + amount
+        self.cur[i] = c
+        if c > self.peak[i]:
+            self.peak[i] = c
+        self.alloc[i] += amount
+
+    def dec1(self, stat: int, amount: int = 1) -> None:
+        self.cur[3 * stat] -= amount
+
+    def current(self, array: int, pool: int = 0) -> int:
+        return self.cur[3 * array + pool]
+
+    def reset_peak(self) -> None:
+        """`resetPeakStats`: peak = current."""
+        self.peak[:] = self.cur
+
+    def reset_accumulated(self) -> None:
+        """`resetAccumulatedStats`: allocated/freed and the num_* counters go to zero."""
+        self.reset_base[:] = self.cur
+        self.alloc[:] = [0] * _N
+        self.num_alloc_retries = self.num_ooms = self.num_sync_all_streams = 0
+        self.num_device_alloc = self.num_device_free = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """The flattened, sorted dict `torch.cuda.memory_stats()` returns."""
+        out: dict[str, int] = {}
+        cur, peak, alloc, base = self.cur, self.peak, self.alloc, self.reset_base
+        for a, name in enumerate(ARRAYS):
+            for p, pool in enumerate(POOLS):
+                i = 3 * a + p
+                prefix = f"{name}.{pool}."
+                out[prefix + "current"] = cur[i]
+                out[prefix + "peak"] = peak[i]
+                out[prefix + "allocated"] = alloc[i]
+                out[prefix + "freed"] = alloc[i] - cur[i] + base[i]
+        for s, name in (
+            (OVERSIZE_ALLOCATIONS, "oversize_allocations"),
+            (OVERSIZE_SEGMENTS, "oversize_segments"),
+        ):
+            i = 3 * s
+            out[name + ".current"] = cur[i]
+            out[name + ".peak"] = peak[i]
+            out[name + ".allocated"] = alloc[i]
+            out[name + ".freed"] = alloc[i] - cur[i] + base[i]
+        out["num_alloc_retries"] = self.num_alloc_retries
+        out["num_ooms"] = self.num_ooms
+        out["num_sync_all_streams"] = self.num_sync_all_streams
+        out["num_device_alloc"] = self.num_device_alloc
+        out["num_device_free"] = self.num_device_free
+        out["num_oom_rejections"] = 0
+        out["max_split_size"] = self.max_split_size
+        return dict(sorted(out.items()))
+
+    def seed_current(self, values: Mapping[str, int]) -> None:
+        """Start from a known state (`from_segments`): current = peak = allocated."""
+        for key, v in values.items():
+            name, pool, _ = key.split(".")
+            i = 3 * ARRAYS.index(name) + POOLS.index(pool)
+            self.cur[i] = self.peak[i] = self.alloc[i] = v
+
+
+def walk_stats(segments: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """The `X.pool.current` stats recomputed from torch-format segment dicts.
+
+    Expandable segments count in reserved_bytes but not in `segment.*` nor `inactive_split*`
+    (section 2.13), exactly as torch's incremental bookkeeping does.
+
+    Examples
+    --------
+    >>> seg = {"total_size": 2 * 2**20, "segment_type": "small", "is_expandable": False,
+    ...        "blocks": [{"size": 512, "requested_size": 100, "state": "active_allocated"},
+    ...                   {"size": 2 * 2**20 - 512, "requested_size": 0, "state": "inactive"}]}
+    >>> s = walk_stats([seg])
+    >>> s["inactive_split_bytes.small_pool.current"], s["segment.all.current"]
+    (2096640, 1)
+    """
+    out = {f"{a}.{p}.current": 0 for a in ARRAYS for p in POOLS}
+
+    def add(array: str, pool: str, v: int) -> None:
+        out[f"{array}.all.current"] += v
+        out[f"{array}.{pool}.current"] += v
+
+    for seg in segments:
+        pool = "small_pool" if seg.get("segment_type") == "small" else "large_pool"
+        expandable = bool(seg.get("is_expandable"))
+        add("reserved_bytes", pool, seg["total_size"])
+        if not expandable:
+            add("segment", pool, 1)
+        blocks = seg["blocks"]
+        split = len(blocks) > 1
+        for b in blocks:
+            state = b["state"]
+            if state == "inactive":
+                if split and not expandable:
+                    add("inactive_split", pool, 1)
+                    add("inactive_split_bytes", pool, b["size"])
+                continue
+            add("active", pool, 1)
+            add("active_bytes", pool, b["size"])
+            add("requested_bytes", pool, b["requested_size"])
+            if state == "active_allocated":
+                add("allocation", pool, 1)
+                add("allocated_bytes", pool, b["size"])
+    return out
