@@ -31,6 +31,7 @@ from .rules import (
 __all__ = [
     "ACTIONS",
     "CachingAllocator",
+    "DescendingAddresses",
     "OutOfMemory",
     "default_address_provider",
 ]
@@ -55,25 +56,31 @@ _DEFAULT_TOP = 0x7F0000000000
 AddressProvider = Callable[[str, int, int], int]
 
 
-def default_address_provider(top: int = _DEFAULT_TOP) -> AddressProvider:
+class DescendingAddresses:
     """Invented driver addresses: each new range just below the previous one, 2 MiB aligned.
 
-    Real drivers mostly hand out descending addresses (reference 9.4); addresses are not reused.
+    Real drivers mostly hand out descending addresses (reference 9.4); addresses are not
+    reused. An object rather than a closure so that copies of a model get their own cursor.
 
-    >>> p = default_address_provider(1 << 40)
+    >>> p = DescendingAddresses(1 << 40)
     >>> hex(p("segment", 20 << 20, 0)), hex(p("segment", 2 << 20, 0))
     ('0xfffec00000', '0xfffea00000')
     """
-    cursor = [top]
 
-    def provide(kind: str, size: int, stream: int) -> int:
-        addr = (cursor[0] - size) & ~(_ALIGN - 1)
+    def __init__(self, top: int = _DEFAULT_TOP) -> None:
+        self.cursor = top
+
+    def __call__(self, kind: str, size: int, stream: int) -> int:
+        addr = (self.cursor - size) & ~(_ALIGN - 1)
         if addr <= 0:
-            raise OverflowError("default_address_provider ran out of invented address space")
-        cursor[0] = addr
+            raise OverflowError("DescendingAddresses ran out of invented address space")
+        self.cursor = addr
         return addr
 
-    return provide
+
+def default_address_provider(top: int = _DEFAULT_TOP) -> AddressProvider:
+    """The provider a model uses when given none: `DescendingAddresses(top)`."""
+    return DescendingAddresses(top)
 
 
 class OutOfMemory(RuntimeError):
@@ -307,7 +314,7 @@ class CachingAllocator:
         self.capacity = capacity
         self.device = device
         self.device_total = capacity if device_total is None else device_total
-        self._provide = address_provider or default_address_provider()
+        self._provide = address_provider or DescendingAddresses()
         self._mss = cfg.max_split_size
         self._mnsr = cfg.max_non_split_rounding_size
         self._lss = cfg.large_segment_size
@@ -465,7 +472,79 @@ class CachingAllocator:
 
     @property
     def allocated(self) -> int:
+        """Bytes in allocated blocks (`allocated_bytes.all.current`)."""
         return self.stats.cur[3 * S.ALLOCATED_BYTES]
+
+    @property
+    def active(self) -> int:
+        """Bytes in allocated or pending-free blocks (`active_bytes.all.current`)."""
+        return self.stats.cur[3 * S.ACTIVE_BYTES]
+
+    @property
+    def n_segments(self) -> int:
+        """cudaMalloc'd segments (`segment.all.current`; expandable memory is not counted)."""
+        return self.stats.cur[3 * S.SEGMENT]
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CachingAllocator:
+        """An independent copy (blocks re-linked without recursion, so long chains are fine)."""
+        import copy
+
+        new = object.__new__(CachingAllocator)
+        memo[id(self)] = new
+        olds: dict[int, _Block] = {}
+        for pool in (self._small, self._large):
+            for k in pool.blocks:
+                olds[id(k[3])] = k[3]
+            for k in pool.unmapped:
+                olds[id(k[2])] = k[2]
+        for b in self._allocated.values():
+            olds[id(b)] = b
+        for b in self._pending.values():
+            olds[id(b)] = b
+        pools = {id(self._small): _Pool(True), id(self._large): _Pool(False)}
+        segs: dict[int, _Expandable] = {}
+        clones: dict[int, _Block] = {}
+        for key, b in olds.items():
+            c = object.__new__(_Block)
+            for name in _Block.__slots__:
+                setattr(c, name, getattr(b, name))
+            c.pool = pools[id(b.pool)]
+            if b.seg is not None:
+                es = segs.get(id(b.seg))
+                if es is None:
+                    o = b.seg
+                    es = segs[id(o)] = _Expandable(o.base, o.size, o.page, o.stream, o.small)
+                c.seg = es
+            if b.stream_uses:
+                c.stream_uses = set(b.stream_uses)
+            clones[key] = c
+        for c in clones.values():
+            if c.prev is not None:
+                c.prev = clones[id(c.prev)]
+            if c.next is not None:
+                c.next = clones[id(c.next)]
+        for old_pool in (self._small, self._large):
+            np_ = pools[id(old_pool)]
+            np_.gc_count = old_pool.gc_count
+            np_.blocks = [(a, b, c, clones[id(d)]) for a, b, c, d in old_pool.blocks]
+            np_.unmapped = [(a, b, clones[id(c)]) for a, b, c in old_pool.unmapped]
+        for name, value in self.__dict__.items():
+            if name in ("_small", "_large", "_allocated", "_pending", "_events", "stats"):
+                continue
+            setattr(new, name, copy.deepcopy(value, memo))
+        new._small = pools[id(self._small)]
+        new._large = pools[id(self._large)]
+        new._allocated = {p: clones[id(b)] for p, b in self._allocated.items()}
+        new._pending = {p: clones[id(b)] for p, b in self._pending.items()}
+        new._events = {
+            s: deque([clones[id(b)], done] for b, done in q) for s, q in self._events.items()
+        }
+        st = S.DeviceStats(self.stats.max_split_size)
+        for name in S.DeviceStats.__slots__:
+            v = getattr(self.stats, name)
+            setattr(st, name, list(v) if isinstance(v, list) else v)
+        new.stats = st
+        return new
 
     def trace_len(self) -> int:
         """Trace entries emitted so far (a monotonic index for `trace_since`)."""
