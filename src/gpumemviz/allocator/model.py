@@ -21,10 +21,11 @@ from . import stats as S
 from .config import AllocatorConfig
 from .rules import (
     K_MIN_BLOCK_SIZE,
-    K_SMALL_BUFFER,
     K_SMALL_SIZE,
     UNLIMITED,
     allocation_size,
+    page_size,
+    reservation_size,
     round_size,
 )
 
@@ -372,7 +373,7 @@ class CachingAllocator:
                 block = self._alloc_block(pool, stream, rsize, alloc_size, True)
             if block is None:
                 self._oom(size, rsize, alloc_size, stream)
-        remaining = block.size - rsize
+        remaining = block.size - rsize  # rules.should_split, inlined for speed
         if small or self._expandable:
             split = remaining >= K_MIN_BLOCK_SIZE
         else:
@@ -740,9 +741,8 @@ class CachingAllocator:
         return head
 
     def _new_reservation(self, stream: int, small: bool, base: int | None = None) -> _Expandable:
-        page = K_SMALL_BUFFER if small else self._lss
-        dt = self.device_total
-        vsize = page * -(-(dt + dt // 8) // page)
+        page = page_size(small, self._lss)
+        vsize = reservation_size(self.device_total, page)
         if base is None:
             base = self._provide("expandable", vsize, stream)
         return _Expandable(base, vsize, page, stream, small)

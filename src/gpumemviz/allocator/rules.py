@@ -23,6 +23,7 @@ __all__ = [
     "is_small",
     "oversize_rejects",
     "page_size",
+    "reservation_size",
     "round_size",
     "roundup_power2_next_division",
     "should_split",
@@ -95,6 +96,17 @@ def allocation_size(rounded_size: int, large_segment_size: int = K_LARGE_BUFFER)
 def page_size(small: bool, large_segment_size: int = K_LARGE_BUFFER) -> int:
     """Mapping granularity of an expandable segment of that pool (section 2.13)."""
     return K_SMALL_BUFFER if small else large_segment_size
+
+
+def reservation_size(device_total: int, page: int) -> int:
+    """Virtual address space of one expandable segment: 1.125 × device memory in whole pages.
+
+    `ExpandableSegment` reserves page × ceil((total + total / 8) / page) bytes (section 2.13).
+
+    >>> reservation_size(80 * 2**30, 20 * 2**20) // 2**20
+    92160
+    """
+    return page * -(-(device_total + device_total // 8) // page)
 
 
 def should_split(
