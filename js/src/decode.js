@@ -1,0 +1,96 @@
+// Frames from Python (gpumemviz/render/frame.py) -> typed arrays. Pure: no DOM, tested by node.
+// The format is specified in docs/internals.md, section "wire".
+
+export const FRAME_FORMAT = 1;
+/** Per-row float64 fields, in order (META_FIELDS in frame.py). */
+export const META_FIELDS = [
+  "address", "total_size", "stream", "device", "flags", "n_blocks",
+  "allocated", "pending_free", "free_releasable", "free_trapped",
+];
+export const KIND_ALLOCATED = 0;
+export const KIND_PENDING = 1;
+export const KIND_RELEASABLE = 2;
+export const KIND_TRAPPED = 3;
+export const KIND_NAMES = ["allocated", "pending_free", "free_releasable", "free_trapped"];
+export const STATE_NAMES = ["inactive", "active_allocated", "active_pending_free"];
+export const LEVELS = 63;
+export const CELL_NO_DATA = 0;
+
+/**
+ * @typedef {{offset: Float64Array, size: Float64Array, requested: Float64Array, state: Uint8Array}} Blocks
+ * @typedef {{row: number, cells: Uint8Array, meta: Record<string, number>, blocks: Blocks | null}} Row
+ * @typedef {{seq: number, view: string, layout: number, cells: number, rows: Row[]}} Frame
+ */
+
+/**
+ * Copy a DataView / ArrayBuffer / typed array into a fresh, aligned ArrayBuffer.
+ * anywidget hands buffers over as DataViews whose byteOffset need not be aligned.
+ * @param {DataView | ArrayBuffer | ArrayBufferView} buf
+ * @returns {ArrayBuffer}
+ */
+export function toArrayBuffer(buf) {
+  if (buf instanceof ArrayBuffer) return buf;
+  const view = /** @type {ArrayBufferView} */ (buf);
+  return view.buffer.slice(view.byteOffset, view.byteOffset + view.byteLength);
+}
+
+/**
+ * Decode one frame message.
+ * @param {{kind: string, format: number, seq: number, view: string, layout: number,
+ *          rows: number, cells: number, blocks: number}} content
+ * @param {Array<DataView | ArrayBuffer | ArrayBufferView>} buffers
+ * @returns {Frame}
+ */
+export function decodeFrame(content, buffers) {
+  if (!content || content.kind !== "frame" || content.format !== FRAME_FORMAT) {
+    throw new Error(`not a gpumemviz frame of format ${FRAME_FORMAT}: ${content && content.kind}`);
+  }
+  if (buffers.length !== 6) throw new Error(`frame needs 6 buffers, got ${buffers.length}`);
+  const k = content.rows;
+  const n = content.cells;
+  const [ids, cells, meta, index, blocks, states] = buffers.map(toArrayBuffer);
+  const idArr = new Uint32Array(ids);
+  const cellArr = new Uint8Array(cells);
+  const metaArr = new Float64Array(meta);
+  const indexArr = new Uint32Array(index);
+  const blockArr = new Float64Array(blocks);
+  const stateArr = new Uint8Array(states);
+  const nf = META_FIELDS.length;
+  if (idArr.length !== k || cellArr.length !== k * n || metaArr.length !== k * nf ||
+      indexArr.length !== k + 1 || blockArr.length !== 3 * content.blocks ||
+      stateArr.length !== content.blocks) {
+    throw new Error("frame buffers do not match its header");
+  }
+  /** @type {Row[]} */
+  const rows = [];
+  for (let j = 0; j < k; j++) {
+    /** @type {Record<string, number>} */
+    const m = {};
+    META_FIELDS.forEach((f, i) => { m[f] = metaArr[j * nf + i]; });
+    const lo = indexArr[j];
+    const hi = indexArr[j + 1];
+    /** @type {Blocks | null} */
+    let b = null;
+    if (hi > lo || m.n_blocks === 0) {
+      const nb = hi - lo;
+      b = { offset: new Float64Array(nb), size: new Float64Array(nb),
+            requested: new Float64Array(nb), state: stateArr.slice(lo, hi) };
+      for (let i = 0; i < nb; i++) {
+        b.offset[i] = blockArr[3 * (lo + i)];
+        b.size[i] = blockArr[3 * (lo + i) + 1];
+        b.requested[i] = blockArr[3 * (lo + i) + 2];
+      }
+    }
+    rows.push({ row: idArr[j], cells: cellArr.slice(j * n, (j + 1) * n), meta: m, blocks: b });
+  }
+  return { seq: content.seq, view: content.view, layout: content.layout, cells: n, rows };
+}
+
+/**
+ * Split a cell byte into its parts.
+ * @param {number} byte
+ * @returns {{other: number, level: number, empty: boolean}}
+ */
+export function cellParts(byte) {
+  return { other: byte >> 6, level: byte & 63, empty: byte === CELL_NO_DATA };
+}

@@ -1,0 +1,249 @@
+// The segment map on a canvas, virtually scrolled: only the rows in view are drawn or held.
+import { KIND_NAMES, STATE_NAMES } from "./decode.js";
+import {
+  blockAt, cellColor, cellRange, cellsFor, formatSize, geometry, keepWindow, parseColor, rowLabel,
+} from "./rows.js";
+
+export const ROW_H = 12;
+export const ROW_GAP = 2;
+export const HEAD_H = 18;
+export const LABEL_W = 92;
+export const MAX_H = 420;
+
+/** @typedef {import("./decode.js").Row} Row */
+/** @typedef {import("./rows.js").Group} Group */
+
+/**
+ * @param {HTMLElement} host
+ * @param {{onView: (v: {first: number, count: number, cells: number}) => void}} opts
+ */
+export function createHeatmap(host, opts) {
+  const scroller = document.createElement("div");
+  scroller.className = "gmv-scroll";
+  const canvas = document.createElement("canvas");
+  canvas.className = "gmv-canvas";
+  const spacer = document.createElement("div");
+  spacer.className = "gmv-spacer";
+  const tip = document.createElement("div");
+  tip.className = "gmv-tip";
+  tip.hidden = true;
+  scroller.append(canvas, spacer);
+  host.append(scroller, tip);
+  const ctx = /** @type {CanvasRenderingContext2D} */ (canvas.getContext("2d", { alpha: false }));
+
+  /** @type {Group[]} */
+  let groups = [];
+  let geo = geometry([], { rowH: ROW_H + ROW_GAP, headH: HEAD_H });
+  /** @type {Map<number, Row>} */
+  const cache = new Map();
+  let cells = 0;
+  let view = { first: 0, count: 0, cells: 0 };
+  let raf = 0;
+  let palette = readPalette(host);
+  let lastDrawMs = 0;
+
+  function size() {
+    const width = Math.max(200, scroller.clientWidth);
+    const height = Math.max(ROW_H, scroller.clientHeight);
+    return { width, height, cells: cellsFor(width - LABEL_W - 8) };
+  }
+
+  function schedule() {
+    if (!raf) raf = requestAnimationFrame(() => { raf = 0; draw(); });
+  }
+
+  function reportView() {
+    const s = size();
+    const { first, count } = geo.rowsIn(scroller.scrollTop, s.height);
+    if (first === view.first && count === view.count && s.cells === view.cells) return;
+    if (s.cells !== cells) { cache.clear(); cells = s.cells; }
+    view = { first, count, cells: s.cells };
+    const [lo, hi] = keepWindow(first, count);
+    for (const r of cache.keys()) if (r < lo || r >= hi) cache.delete(r);
+    if (count > 0) opts.onView(view);
+  }
+
+  function draw() {
+    const t0 = performance.now();
+    const s = size();
+    const w = LABEL_W + cells + 8;
+    if (canvas.width !== w || canvas.height !== s.height) {
+      canvas.width = w;
+      canvas.height = s.height;
+      canvas.style.width = `${w}px`;
+      canvas.style.height = `${s.height}px`;
+    }
+    spacer.style.height = `${Math.max(0, geo.total - s.height)}px`;
+    const top = scroller.scrollTop;
+    ctx.fillStyle = palette.bg;
+    ctx.fillRect(0, 0, w, s.height);
+    const img = ctx.createImageData(cells || 1, ROW_H);
+    const { first, count } = geo.rowsIn(top, s.height);
+    ctx.font = "10px var(--jp-code-font-family, monospace)";
+    ctx.textBaseline = "middle";
+    let drawn = 0;
+    for (let g = 0; g < groups.length; g++) {
+      const y = geo.headTop(g) - top;
+      if (y + HEAD_H < 0 || y > s.height) continue;
+      const grp = groups[g];
+      ctx.fillStyle = palette.muted;
+      const stream = grp.stream === 0 ? "default stream" : `stream 0x${grp.stream.toString(16)}`;
+      ctx.fillText(`cuda:${grp.device} · ${grp.pool} pool · ${stream} · ${grp.count} segments`,
+        4, y + HEAD_H / 2 + 1);
+    }
+    for (let r = first; r < first + count; r++) {
+      const y = geo.rowTop(r) - top;
+      const row = cache.get(r);
+      if (!row || row.cells.length !== cells) {
+        ctx.fillStyle = palette.empty;
+        ctx.fillRect(LABEL_W, y, cells, ROW_H);
+        continue;
+      }
+      const d = img.data;
+      for (let c = 0; c < cells; c++) {
+        const [cr, cg, cb] = cellColor(row.cells[c], palette.kinds, palette.emptyRgb);
+        for (let yy = 0; yy < ROW_H; yy++) {
+          const i = 4 * (yy * cells + c);
+          d[i] = cr; d[i + 1] = cg; d[i + 2] = cb; d[i + 3] = 255;
+        }
+      }
+      ctx.putImageData(img, LABEL_W, y);
+      ctx.fillStyle = palette.text;
+      ctx.fillText(rowLabel(row.meta), 4, y + ROW_H / 2 + 1);
+      if (row.meta.flags & 2) {
+        ctx.fillStyle = palette.muted;
+        ctx.fillRect(LABEL_W - 4, y, 2, ROW_H);
+      }
+      drawn++;
+    }
+    lastDrawMs = performance.now() - t0;
+    canvas.dataset.drawnRows = String(drawn);
+    canvas.dataset.first = String(first);
+    canvas.dataset.count = String(count);
+    canvas.dataset.cells = String(cells);
+    canvas.dataset.drawMs = lastDrawMs.toFixed(2);
+    log({ event: "draw", first, count, drawn, ms: lastDrawMs });
+  }
+
+  /** @param {MouseEvent} ev */
+  function onMove(ev) {
+    const rect = canvas.getBoundingClientRect();
+    const x = ev.clientX - rect.left - LABEL_W;
+    const r = geo.hit(ev.clientY - rect.top + scroller.scrollTop);
+    const row = r >= 0 ? cache.get(r) : undefined;
+    if (!row || x < 0 || x >= cells) { tip.hidden = true; return; }
+    tip.textContent = hoverText(row, Math.floor(x), cells);
+    tip.hidden = false;
+    const hostRect = host.getBoundingClientRect();
+    tip.style.left = `${ev.clientX - hostRect.left + 12}px`;
+    tip.style.top = `${ev.clientY - hostRect.top + 12}px`;
+  }
+  const onLeave = () => { tip.hidden = true; };
+  const onScroll = () => { reportView(); schedule(); };
+  scroller.addEventListener("scroll", onScroll);
+  canvas.addEventListener("mousemove", onMove);
+  canvas.addEventListener("mouseleave", onLeave);
+  const resize = new ResizeObserver(() => { reportView(); schedule(); });
+  resize.observe(scroller);
+  const theme = new MutationObserver(() => { palette = readPalette(host); schedule(); });
+  theme.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-light", "data-jp-theme-name"] });
+
+  return {
+    /** @param {{n_rows: number, groups: Group[]}} layout */
+    setLayout(layout) {
+      groups = layout.groups || [];
+      geo = geometry(groups, { rowH: ROW_H + ROW_GAP, headH: HEAD_H });
+      scroller.style.height = `${Math.min(MAX_H, Math.max(HEAD_H + ROW_H, geo.total + 2))}px`;
+      for (const r of cache.keys()) if (r >= geo.nRows) cache.delete(r);
+      spacer.style.height = `${Math.max(0, geo.total - size().height)}px`;
+      view = { first: -1, count: 0, cells: view.cells };
+      reportView();
+      schedule();
+    },
+    /** @param {import("./decode.js").Frame} frame */
+    applyFrame(frame) {
+      if (frame.cells !== cells) return;
+      const [lo, hi] = keepWindow(view.first, view.count);
+      for (const row of frame.rows) if (row.row >= lo && row.row < hi) cache.set(row.row, row);
+      schedule();
+    },
+    drawNow: draw,
+    /** @param {number} row @returns {{x: number, y: number, w: number, h: number} | null} */
+    rowRect(row) {
+      if (row < 0 || row >= geo.nRows) return null;
+      return { x: LABEL_W, y: geo.rowTop(row) - scroller.scrollTop, w: cells, h: ROW_H };
+    },
+    /** @param {number} row */
+    scrollToRow(row) { scroller.scrollTop = Math.max(0, geo.rowTop(row) - HEAD_H); onScroll(); },
+    /** @param {number} row */
+    cached(row) { return cache.get(row) || null; },
+    get palette() { return palette; },
+    get canvas() { return canvas; },
+    get nRows() { return geo.nRows; },
+    get view() { return view; },
+    get drawMs() { return lastDrawMs; },
+    destroy() {
+      if (raf) cancelAnimationFrame(raf);
+      resize.disconnect();
+      theme.disconnect();
+      scroller.removeEventListener("scroll", onScroll);
+      canvas.removeEventListener("mousemove", onMove);
+      canvas.removeEventListener("mouseleave", onLeave);
+      scroller.remove();
+      tip.remove();
+    },
+  };
+}
+
+/**
+ * Tooltip text for a cell: the exact block when the frame carried the row's blocks, else the cell.
+ * @param {Row} row
+ * @param {number} c
+ * @param {number} cells
+ */
+export function hoverText(row, c, cells) {
+  const total = row.meta.total_size;
+  const [lo, hi] = cellRange(c, cells, total);
+  const head = `segment 0x${row.meta.address.toString(16)} · ${rowLabel(row.meta)}`;
+  if (row.blocks) {
+    const i = blockAt(row.blocks, (lo + hi) / 2);
+    if (i >= 0) {
+      const state = STATE_NAMES[row.blocks.state[i]] || "?";
+      const req = row.blocks.state[i] ? ` (requested ${formatSize(row.blocks.requested[i])})` : "";
+      return `${head}\nblock +${formatSize(row.blocks.offset[i])}: ${formatSize(row.blocks.size[i])} ${state}${req}`;
+    }
+  }
+  const byte = row.cells[c];
+  return `${head}\ncell +${formatSize(lo)}..+${formatSize(hi)}: ${Math.round(((byte & 63) / 63) * 100)}% allocated` +
+    ((byte >> 6) ? `, rest ${KIND_NAMES[byte >> 6]}` : "");
+}
+
+/** @param {HTMLElement} host */
+function readPalette(host) {
+  const css = getComputedStyle(host);
+  /** @param {string} name @param {string} fallback */
+  const v = (name, fallback) => css.getPropertyValue(name).trim() || fallback;
+  const kinds = /** @type {import("./rows.js").RGB[]} */ ([
+    parseColor(v("--gmv-allocated", "#0072b2")),
+    parseColor(v("--gmv-pending", "#e69f00")),
+    parseColor(v("--gmv-releasable", "#009e73")),
+    parseColor(v("--gmv-trapped", "#d55e00")),
+  ]);
+  const empty = v("--gmv-empty", "#dddddd");
+  return {
+    kinds,
+    empty,
+    emptyRgb: parseColor(empty),
+    bg: v("--gmv-bg", "#ffffff"),
+    text: v("--gmv-text", "#222222"),
+    muted: v("--gmv-muted", "#777777"),
+  };
+}
+
+/** @param {Record<string, unknown>} entry */
+function log(entry) {
+  const w = /** @type {any} */ (globalThis);
+  if (!w.__gpumemviz) return;
+  w.__gpumemviz.log.push({ t: Date.now(), ...entry });
+  if (w.__gpumemviz.log.length > 2000) w.__gpumemviz.log.splice(0, 1000);
+}

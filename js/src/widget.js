@@ -1,0 +1,66 @@
+// anywidget entry: wires the model (traits, frames) to the header and the segment map.
+import { decodeFrame } from "./decode.js";
+import { createHeatmap } from "./heatmap.js";
+import { createHeader } from "./controls.js";
+
+let nextId = 0;
+
+/** @param {{model: any, el: HTMLElement}} ctx */
+function render({ model, el }) {
+  const id = `v${Date.now().toString(36)}-${nextId++}`;
+  const w = /** @type {any} */ (globalThis);
+  if (!w.__gpumemviz) w.__gpumemviz = { views: {}, log: [] };
+  const root = document.createElement("div");
+  root.className = "gmv-root";
+  root.dataset.view = id;
+  el.append(root);
+  const header = createHeader(root);
+  const map = createHeatmap(root, {
+    onView(v) { model.send({ kind: "view", view: id, ...v }); },
+  });
+
+  const onHeader = () => header.update({
+    title: model.get("title"), status: model.get("status"), demo: model.get("demo"),
+    header: model.get("header") || {},
+  });
+  const onLayout = () => {
+    const layout = model.get("map_layout") || { n_rows: 0, groups: [] };
+    root.dataset.rows = String(layout.n_rows || 0);
+    root.dataset.layout = String(layout.version || 0);
+    map.setLayout(layout);
+  };
+  /** @param {any} msg @param {DataView[]} buffers */
+  const onMsg = (msg, buffers) => {
+    if (!msg || msg.kind !== "frame" || msg.view !== id) return;
+    const frame = decodeFrame(msg, buffers);
+    map.applyFrame(frame);
+    root.dataset.seq = String(frame.seq);
+    w.__gpumemviz.log.push({ t: Date.now(), event: "frame", view: id, seq: frame.seq,
+      rows: frame.rows.length, bytes: buffers.reduce((n, b) => n + b.byteLength, 0) });
+  };
+  model.on("change:header", onHeader);
+  model.on("change:title", onHeader);
+  model.on("change:status", onHeader);
+  model.on("change:demo", onHeader);
+  model.on("change:map_layout", onLayout);
+  model.on("msg:custom", onMsg);
+  onHeader();
+  onLayout();
+  w.__gpumemviz.views[id] = { map, root, model };
+
+  return () => {
+    model.off("change:header", onHeader);
+    model.off("change:title", onHeader);
+    model.off("change:status", onHeader);
+    model.off("change:demo", onHeader);
+    model.off("change:map_layout", onLayout);
+    model.off("msg:custom", onMsg);
+    model.send({ kind: "close", view: id });
+    map.destroy();
+    header.destroy();
+    root.remove();
+    delete w.__gpumemviz.views[id];
+  };
+}
+
+export default { render };

@@ -1,0 +1,67 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { cellParts, decodeFrame, META_FIELDS, toArrayBuffer } from "../src/decode.js";
+
+/** Build a frame the way render/frame.py packs it. */
+function frame(rows, cells, blocks) {
+  const k = rows.length;
+  const ids = new Uint32Array(rows.map((r) => r.row));
+  const cellArr = new Uint8Array(k * cells);
+  const meta = new Float64Array(k * META_FIELDS.length);
+  const index = new Uint32Array(k + 1);
+  const flat = [];
+  const states = [];
+  rows.forEach((r, j) => {
+    cellArr.set(r.cells, j * cells);
+    META_FIELDS.forEach((f, i) => { meta[j * META_FIELDS.length + i] = r.meta[f] ?? 0; });
+    for (const b of blocks[j] || []) { flat.push(b.offset, b.size, b.requested); states.push(b.state); }
+    index[j + 1] = index[j] + (blocks[j] || []).length;
+  });
+  const content = { kind: "frame", format: 1, seq: 7, view: "v", layout: 3, rows: k, cells,
+    blocks: states.length };
+  return [content, [ids, cellArr, meta, index, new Float64Array(flat), new Uint8Array(states)]];
+}
+
+test("decodes rows, cells, meta and blocks", () => {
+  const [content, bufs] = frame(
+    [{ row: 5, cells: [63, 192, 96, 0], meta: { address: 2 ** 40, total_size: 2097152, n_blocks: 2 } },
+     { row: 6, cells: [63, 63, 63, 63], meta: { total_size: 1 << 20, n_blocks: 3000 } }],
+    4,
+    [[{ offset: 0, size: 1 << 20, requested: 1000000, state: 1 },
+      { offset: 1 << 20, size: 1 << 20, requested: 0, state: 0 }], []],
+  );
+  // DataViews with odd offsets, as anywidget may hand them over
+  const views = bufs.map((b) => {
+    const u8 = new Uint8Array(b.buffer, b.byteOffset, b.byteLength);
+    const big = new Uint8Array(u8.length + 3);
+    big.set(u8, 3);
+    return new DataView(big.buffer, 3, u8.length);
+  });
+  const f = decodeFrame(content, views);
+  assert.equal(f.seq, 7);
+  assert.equal(f.rows.length, 2);
+  assert.deepEqual([...f.rows[0].cells], [63, 192, 96, 0]);
+  assert.equal(f.rows[0].meta.address, 2 ** 40);
+  assert.deepEqual([...f.rows[0].blocks.size], [1 << 20, 1 << 20]);
+  assert.deepEqual([...f.rows[0].blocks.state], [1, 0]);
+  assert.equal(f.rows[0].blocks.requested[0], 1000000);
+  assert.equal(f.rows[1].blocks, null); // too many blocks: no hover blocks travelled
+});
+
+test("refuses frames whose buffers disagree with the header", () => {
+  const [content, bufs] = frame([{ row: 0, cells: [1, 2], meta: {} }], 2, [[]]);
+  assert.throws(() => decodeFrame({ ...content, cells: 3 }, bufs), /do not match/);
+  assert.throws(() => decodeFrame({ kind: "ack" }, bufs), /not a gpumemviz frame/);
+  assert.throws(() => decodeFrame(content, bufs.slice(1)), /6 buffers/);
+});
+
+test("cell bytes split into kind and level", () => {
+  assert.deepEqual(cellParts(0), { other: 0, level: 0, empty: true });
+  assert.deepEqual(cellParts(63), { other: 0, level: 63, empty: false });
+  assert.deepEqual(cellParts((3 << 6) | 32), { other: 3, level: 32, empty: false });
+});
+
+test("toArrayBuffer copies only the viewed bytes", () => {
+  const buf = new Uint8Array([9, 1, 2, 3]).buffer;
+  assert.deepEqual([...new Uint8Array(toArrayBuffer(new DataView(buf, 1, 2)))], [1, 2]);
+});

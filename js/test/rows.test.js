@@ -1,0 +1,85 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import {
+  blockAt, cellColor, cellRange, cellsFor, formatSize, geometry, keepWindow, parseColor, rowLabel,
+} from "../src/rows.js";
+
+const groups = [
+  { device: 0, pool: "large", stream: 0, first: 0, count: 3 },
+  { device: 0, pool: "small", stream: 0, first: 3, count: 2 },
+];
+const m = { rowH: 14, headH: 18 };
+
+test("rows sit under their group's header band", () => {
+  const g = geometry(groups, m);
+  assert.equal(g.nRows, 5);
+  assert.equal(g.total, 5 * 14 + 2 * 18);
+  assert.equal(g.rowTop(0), 18);
+  assert.equal(g.rowTop(2), 18 + 28);
+  assert.equal(g.headTop(1), 18 + 3 * 14);
+  assert.equal(g.rowTop(3), 2 * 18 + 3 * 14);
+  assert.equal(g.hit(18), 0);
+  assert.equal(g.hit(17), -1); // header band
+  assert.equal(g.hit(g.rowTop(4) + 13), 4);
+  assert.equal(g.hit(g.total), -1);
+});
+
+test("rows in a viewport, across a header band", () => {
+  const g = geometry(groups, m);
+  assert.deepEqual(g.rowsIn(0, 18 + 14), { first: 0, count: 1 });
+  assert.deepEqual(g.rowsIn(0, 1000), { first: 0, count: 5 });
+  assert.deepEqual(g.rowsIn(g.headTop(1), 18 + 14), { first: 3, count: 1 });
+  assert.deepEqual(g.rowsIn(g.rowTop(1) + 5, 14), { first: 1, count: 2 });
+  assert.deepEqual(geometry([], m).rowsIn(0, 100), { first: 0, count: 0 });
+});
+
+test("thousands of rows: every row top is found back by hit()", () => {
+  const many = [];
+  for (let i = 0; i < 40; i++) many.push({ device: 0, pool: "large", stream: i, first: i * 100, count: 100 });
+  const g = geometry(many, m);
+  for (let r = 0; r < 4000; r += 37) assert.equal(g.hit(g.rowTop(r) + 1), r);
+});
+
+test("keep window matches render/wire.py", () => {
+  assert.deepEqual(keepWindow(10, 20), [-10, 50]);
+});
+
+test("formatSize matches units.format_size", () => {
+  // values from python: format_size(n) for these n
+  assert.equal(formatSize(1024), "1024 bytes");
+  assert.equal(formatSize(1536), "1.50 KiB");
+  assert.equal(formatSize(20 * 2 ** 20), "20.00 MiB");
+  assert.equal(formatSize(3 * 2 ** 30), "3.00 GiB");
+  assert.equal(formatSize(2 ** 20), "1024.00 KiB");
+  assert.equal(rowLabel({ total_size: 60 * 2 ** 20, flags: 2 }), "60.00 MiB exp");
+  assert.equal(rowLabel({ total_size: 2 * 2 ** 20, flags: 1 }), "2.00 MiB");
+});
+
+test("cell colours: pure kinds, mixes, no data", () => {
+  const kinds = [[0, 114, 178], [230, 159, 0], [0, 158, 115], [213, 94, 0]];
+  const empty = [228, 228, 228];
+  assert.deepEqual(cellColor(63, kinds, empty), kinds[0]);
+  assert.deepEqual(cellColor(3 << 6, kinds, empty), kinds[3]);
+  assert.deepEqual(cellColor(2 << 6, kinds, empty), kinds[2]);
+  assert.deepEqual(cellColor(0, kinds, empty), empty);
+  const half = cellColor((3 << 6) | 32, kinds, empty);
+  assert.ok(half[0] < 213 && half[2] > 0 && half[2] < 178);
+});
+
+test("colours parse from CSS", () => {
+  assert.deepEqual(parseColor(" #0072b2"), [0, 114, 178]);
+  assert.deepEqual(parseColor("#fff"), [255, 255, 255]);
+  assert.deepEqual(parseColor("rgb(1, 2, 3)"), [1, 2, 3]);
+  assert.throws(() => parseColor("blue"), /not a colour/);
+});
+
+test("cells map to byte ranges and blocks", () => {
+  assert.deepEqual(cellRange(1, 4, 2 << 20), [512 << 10, 1 << 20]);
+  const blocks = { offset: [0, 100, 300], size: [100, 200, 50] };
+  assert.equal(blockAt(blocks, 0), 0);
+  assert.equal(blockAt(blocks, 150), 1);
+  assert.equal(blockAt(blocks, 349), 2);
+  assert.equal(blockAt(blocks, 350), -1);
+  assert.equal(cellsFor(5000), 1024);
+  assert.equal(cellsFor(300.7), 300);
+});

@@ -1,0 +1,194 @@
+"""Frames: the rows in view packed as little-endian binary buffers for js/src/decode.js.
+
+A frame is ``(content, buffers)``: ``content`` is a small JSON dict, ``buffers`` are bytes that
+anywidget delivers to the browser as DataViews. docs/internals.md ("wire") is the format's spec;
+`decode_frame` is its Python reading, used by the tests and the benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpumemviz.render.rows import KIND_NAMES, RowTable
+
+__all__ = [
+    "FRAME_FORMAT",
+    "META_FIELDS",
+    "Frame",
+    "decode_frame",
+    "frame_nbytes",
+    "pack_frame",
+    "row_digest",
+    "row_meta",
+]
+
+FRAME_FORMAT = 1
+# one float64 per field per row; every value is an integer below 2**53
+META_FIELDS = (
+    "address",
+    "total_size",
+    "stream",
+    "device",
+    "flags",  # 1: small pool, 2: expandable
+    "n_blocks",
+    *KIND_NAMES,  # bytes per kind
+)
+_BLOCK_FIELDS = 3  # offset, size, requested (float64 each) + state (uint8, own buffer)
+BLOCK_BYTES = _BLOCK_FIELDS * 8 + 1
+ROW_OVERHEAD = 4 + len(META_FIELDS) * 8 + 4  # row id + meta + hover index
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One message: JSON content plus its binary buffers."""
+
+    content: dict
+    buffers: list[bytes]
+
+    @property
+    def nbytes(self) -> int:
+        return frame_nbytes(self.content, self.buffers)
+
+
+def row_meta(rows: RowTable, ids: np.ndarray) -> np.ndarray:
+    """``(len(ids), len(META_FIELDS))`` float64: what the hover and the labels need per row."""
+    ids = np.asarray(ids, np.int64)
+    flags = rows.is_small[ids].astype(np.int64) | (rows.is_expandable[ids].astype(np.int64) << 1)
+    cols = [
+        rows.address[ids],
+        rows.total_size[ids],
+        rows.stream[ids],
+        rows.device[ids],
+        flags,
+        rows.block_count[ids],
+        *(rows.kind_bytes[ids, k] for k in range(len(KIND_NAMES))),
+    ]
+    return np.column_stack(cols).astype(np.float64) if len(ids) else np.zeros((0, 10))
+
+
+def row_digest(rows: RowTable, row: int, cells: np.ndarray, meta: np.ndarray) -> int:
+    """A fingerprint of everything a frame says about one row: equal digests send nothing."""
+    b = rows.blocks(row)
+    return hash(
+        (
+            cells.tobytes(),
+            meta.tobytes(),
+            b["size"].tobytes(),
+            b["state"].tobytes(),
+            b["requested"].tobytes(),
+        )
+    )
+
+
+def pack_frame(
+    rows: RowTable,
+    ids: np.ndarray,
+    cells: np.ndarray,
+    meta: np.ndarray,
+    *,
+    seq: int,
+    view: str,
+    layout: int,
+    hover_budget: int,
+) -> Frame:
+    """Pack rows into one frame; exact blocks ride along for rows with fewer blocks than cells.
+
+    Parameters
+    ----------
+    rows : RowTable
+    ids : array of int
+        Row indices, in the order they go on the wire.
+    cells, meta : numpy.ndarray
+        `encode_cells` and `row_meta` of those rows.
+    seq, view, layout : int, str, int
+        Frame number, the view it answers, the layout version the rows belong to.
+    hover_budget : int
+        Bytes available for exact blocks; rows that would overflow it carry none.
+
+    Returns
+    -------
+    Frame
+    """
+    ids = np.asarray(ids, np.int64)
+    n_cells = cells.shape[1] if cells.ndim == 2 else 0
+    counts = np.zeros(len(ids), np.int64)
+    used = 0
+    for j, r in enumerate(ids):
+        n = int(rows.block_count[r])
+        if n <= n_cells and used + n * BLOCK_BYTES <= hover_budget:
+            counts[j] = n
+            used += n * BLOCK_BYTES
+    index = np.concatenate([[0], np.cumsum(counts)]).astype("<u4")
+    blocks = np.zeros((int(index[-1]), _BLOCK_FIELDS), "<f8")
+    states = np.zeros(int(index[-1]), np.uint8)
+    for j, r in enumerate(ids):
+        if counts[j]:
+            b = rows.blocks(int(r))
+            lo, hi = int(index[j]), int(index[j + 1])
+            blocks[lo:hi, 0] = b["offset"]
+            blocks[lo:hi, 1] = b["size"]
+            blocks[lo:hi, 2] = b["requested"]
+            states[lo:hi] = b["state"]
+    content = {
+        "kind": "frame",
+        "format": FRAME_FORMAT,
+        "seq": seq,
+        "view": view,
+        "layout": layout,
+        "rows": len(ids),
+        "cells": int(n_cells),
+        "blocks": int(index[-1]),
+    }
+    buffers = [
+        ids.astype("<u4").tobytes(),
+        np.ascontiguousarray(cells, np.uint8).tobytes(),
+        np.ascontiguousarray(meta, "<f8").tobytes(),
+        index.tobytes(),
+        blocks.tobytes(),
+        states.tobytes(),
+    ]
+    return Frame(content, buffers)
+
+
+def frame_nbytes(content: dict, buffers: list[bytes]) -> int:
+    """Bytes on the wire, roughly: the buffers plus the JSON content."""
+    return sum(len(b) for b in buffers) + len(json.dumps(content))
+
+
+def decode_frame(content: dict, buffers: list) -> dict:
+    """Read a frame back into numpy arrays (the Python twin of js/src/decode.js).
+
+    Returns
+    -------
+    dict
+        ``rows`` (k,), ``cells`` (k, n_cells), ``meta`` (k, len(META_FIELDS)), and ``blocks``:
+        a list with, per row, a dict of offset/size/requested/state arrays or None.
+    """
+    if content.get("kind") != "frame" or content.get("format") != FRAME_FORMAT:
+        raise ValueError(f"not a gpumemviz frame of format {FRAME_FORMAT}: {content.get('kind')!r}")
+    k, n_cells = int(content["rows"]), int(content["cells"])
+    bufs = [bytes(b) for b in buffers]
+    ids = np.frombuffer(bufs[0], "<u4").astype(np.int64)
+    cells = np.frombuffer(bufs[1], np.uint8).reshape(k, n_cells)
+    meta = np.frombuffer(bufs[2], "<f8").reshape(k, len(META_FIELDS))
+    index = np.frombuffer(bufs[3], "<u4")
+    blocks = np.frombuffer(bufs[4], "<f8").reshape(-1, _BLOCK_FIELDS)
+    states = np.frombuffer(bufs[5], np.uint8)
+    per_row: list[dict | None] = []
+    for j in range(k):
+        lo, hi = int(index[j]), int(index[j + 1])
+        if hi == lo and meta[j, META_FIELDS.index("n_blocks")] > 0:
+            per_row.append(None)
+            continue
+        per_row.append(
+            {
+                "offset": blocks[lo:hi, 0].astype(np.int64),
+                "size": blocks[lo:hi, 1].astype(np.int64),
+                "requested": blocks[lo:hi, 2].astype(np.int64),
+                "state": states[lo:hi],
+            }
+        )
+    return {"rows": ids, "cells": cells, "meta": meta, "blocks": per_row}

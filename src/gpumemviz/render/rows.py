@@ -1,0 +1,365 @@
+"""The segment map as numbers: one row per segment, one byte per cell.
+
+Pure numpy over the Snapshot's columns, so the widget, the offline report and the tests share one
+definition of what each pixel means. Nothing here knows about widgets or the wire.
+
+Cell byte: ``(other_kind << 6) | level``. ``level`` (0..63) is the allocated fraction of the cell's
+bytes; ``other_kind`` is the non-allocated kind holding most of the rest (`KIND_PENDING`,
+`KIND_RELEASABLE` or `KIND_TRAPPED`), or 0 when the cell is entirely allocated (then level = 63).
+Byte 0 (kind 0, level 0) never describes bytes, so it marks "no data".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gpumemviz.units import format_size
+
+if TYPE_CHECKING:
+    from gpumemviz.snapshot import Snapshot
+
+__all__ = [
+    "CELL_NO_DATA",
+    "KIND_ALLOCATED",
+    "KIND_NAMES",
+    "KIND_PENDING",
+    "KIND_RELEASABLE",
+    "KIND_TRAPPED",
+    "LEVELS",
+    "MAX_CELLS",
+    "Group",
+    "RowTable",
+    "build_rows",
+    "cell_byte",
+    "encode_cells",
+]
+
+KIND_ALLOCATED = 0
+KIND_PENDING = 1
+KIND_RELEASABLE = 2  # free bytes that torch.cuda.empty_cache() would hand back to the driver
+KIND_TRAPPED = 3  # free bytes held in a segment that still has active blocks
+KIND_NAMES = ("allocated", "pending_free", "free_releasable", "free_trapped")
+LEVELS = 63
+MAX_CELLS = 1024
+CELL_NO_DATA = 0
+
+# Expandable segments release whole pages only (reference §2.13): 2 MiB in the small pool, the
+# large segment size (20 MiB unless configured) in the large pool. Kept here rather than imported
+# from allocator.rules because render/ may not import the allocator (docs/internals.md).
+_SMALL_PAGE = 2 << 20
+_LARGE_PAGE = 20 << 20
+
+# block state codes of gpumemviz.snapshot (INACTIVE, ALLOCATED, PENDING_FREE)
+_INACTIVE, _ALLOCATED, _PENDING = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Group:
+    """A run of consecutive rows that share device, pool and stream."""
+
+    device: int
+    pool: str  # "large" or "small"
+    stream: int
+    first: int
+    count: int
+
+    def to_dict(self) -> dict:
+        return {
+            "device": self.device,
+            "pool": self.pool,
+            "stream": self.stream,
+            "first": self.first,
+            "count": self.count,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class RowTable:
+    """Rows of the segment map, in display order, plus the spans that paint them.
+
+    Row columns (length n_rows) describe each row's segment; span columns (sorted by row, then
+    offset) tile each row with pieces of one kind; block columns give the exact blocks of a row
+    (``block_first[i] : block_first[i] + block_count[i]``), offsets relative to the segment.
+    """
+
+    segment: np.ndarray  # i64 index into Snapshot.segments
+    device: np.ndarray
+    address: np.ndarray
+    total_size: np.ndarray
+    stream: np.ndarray
+    is_small: np.ndarray  # bool
+    is_expandable: np.ndarray  # bool
+    kind_bytes: np.ndarray  # (n_rows, 4) i64 bytes per kind
+    block_first: np.ndarray
+    block_count: np.ndarray
+    span_row: np.ndarray
+    span_start: np.ndarray  # byte offset in the segment
+    span_size: np.ndarray
+    span_kind: np.ndarray  # u1, KIND_*
+    block_offset: np.ndarray
+    block_size: np.ndarray
+    block_requested: np.ndarray
+    block_state: np.ndarray  # u1, snapshot state codes
+    groups: tuple[Group, ...]
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.segment)
+
+    def label(self, row: int) -> str:
+        """The text beside a row: its size, and "exp" for an expandable segment's mapped run."""
+        text = format_size(int(self.total_size[row]))
+        return f"{text} exp" if self.is_expandable[row] else text
+
+    def blocks(self, row: int) -> dict[str, np.ndarray]:
+        """Exact blocks of one row: offset (from the segment start), size, requested, state."""
+        lo = int(self.block_first[row])
+        hi = lo + int(self.block_count[row])
+        return {
+            "offset": self.block_offset[lo:hi],
+            "size": self.block_size[lo:hi],
+            "requested": self.block_requested[lo:hi],
+            "state": self.block_state[lo:hi],
+        }
+
+    def totals(self) -> dict[str, int]:
+        """Bytes per kind over all rows, and reserved (conservation holds by construction)."""
+        sums = self.kind_bytes.sum(axis=0) if self.n_rows else np.zeros(4, np.int64)
+        out = {name: int(v) for name, v in zip(KIND_NAMES, sums, strict=True)}
+        out["reserved"] = int(self.total_size.sum())
+        return out
+
+
+def build_rows(snap: Snapshot, device: int | None = None) -> RowTable:
+    """Order a snapshot's segments into the rows of the segment map and classify their bytes.
+
+    Parameters
+    ----------
+    snap : Snapshot
+        The columnar snapshot (gpumemviz.snapshot).
+    device : int, optional
+        Keep only this device's segments.
+
+    Returns
+    -------
+    RowTable
+        Rows grouped by device, pool (large before small) and stream, addresses ascending inside
+        a group.
+
+    Examples
+    --------
+    >>> from gpumemviz.snapshot import Snapshot
+    >>> seg = {"device": 0, "address": 0, "total_size": 2 << 20, "stream": 0,
+    ...        "segment_type": "small", "blocks": [
+    ...     {"size": 1 << 20, "requested_size": 1 << 20, "state": "active_allocated"},
+    ...     {"size": 1 << 20, "requested_size": 0, "state": "inactive"}]}
+    >>> rows = build_rows(Snapshot.from_torch([seg]))
+    >>> rows.n_rows, rows.label(0), rows.totals()["free_trapped"]
+    (1, '2.00 MiB', 1048576)
+    """
+    seg = snap.segments
+    blk = snap.blocks
+    n_seg = len(seg.address)
+    seg_dev = np.asarray(seg.device, np.int64)
+    keep = np.arange(n_seg) if device is None else np.flatnonzero(seg_dev == device)
+    small = np.asarray(seg.is_small, bool)
+    stream = np.asarray(seg.stream, np.int64)
+    address = np.asarray(seg.address, np.int64)
+    # lexsort: last key is primary
+    order = keep[np.lexsort((address[keep], stream[keep], small[keep], seg_dev[keep]))]
+
+    total = np.asarray(seg.total_size, np.int64)
+    expandable = np.asarray(seg.is_expandable, bool)
+    b_first = np.asarray(seg.block_start, np.int64)
+    b_count = np.asarray(seg.block_count, np.int64)
+
+    b_seg = np.asarray(blk.segment, np.int64)
+    b_size = np.asarray(blk.size, np.int64)
+    b_state = np.asarray(blk.state, np.uint8)
+    b_offset = np.asarray(blk.address, np.int64) - address[b_seg] if len(b_seg) else b_seg.copy()
+    active = np.bincount(b_seg, weights=(b_state != _INACTIVE) * b_size, minlength=n_seg)
+
+    # the blocks of the kept segments, in row order
+    rows_n = len(order)
+    blk_idx = _ranges(b_first[order], b_count[order])
+    row_of_blk = np.repeat(np.arange(rows_n), b_count[order])
+    seg_of_blk = order[row_of_blk]
+
+    state = b_state[blk_idx]
+    size = b_size[blk_idx]
+    start = b_offset[blk_idx]
+    end = start + size
+    kind = np.full(len(blk_idx), KIND_TRAPPED, np.uint8)
+    kind[state == _ALLOCATED] = KIND_ALLOCATED
+    kind[state == _PENDING] = KIND_PENDING
+    free = state == _INACTIVE
+    kind[free & (active[seg_of_blk] == 0) & ~expandable[seg_of_blk]] = KIND_RELEASABLE
+
+    # free blocks of expandable segments: the whole pages inside are releasable, slivers trapped
+    page = np.where(small[seg_of_blk], _SMALL_PAGE, _LARGE_PAGE)
+    exp_free = free & expandable[seg_of_blk]
+    lo = -(-start // page) * page
+    hi = end // page * page
+    has_pages = exp_free & (lo < hi)
+    cut0 = np.where(has_pages, lo, end)
+    cut1 = np.where(has_pages, hi, end)
+    kind0 = np.where(exp_free, KIND_TRAPPED, kind).astype(np.uint8)
+    n_b = len(blk_idx)
+    piece_start = np.concatenate([start, cut0, cut1])
+    piece_end = np.concatenate([cut0, cut1, end])
+    piece_kind = np.concatenate(
+        [kind0, np.full(n_b, KIND_RELEASABLE, np.uint8), np.full(n_b, KIND_TRAPPED, np.uint8)]
+    )
+    piece_row = np.tile(row_of_blk, 3)
+    piece_order = np.tile(np.arange(n_b) * 3, 3) + np.repeat(np.arange(3), n_b)
+    nonempty = piece_end > piece_start
+    sel = np.flatnonzero(nonempty)
+    sel = sel[np.argsort(piece_order[sel], kind="stable")]
+
+    span_row = piece_row[sel]
+    span_start = piece_start[sel]
+    span_size = piece_end[sel] - piece_start[sel]
+    span_kind = piece_kind[sel]
+    kind_bytes = np.zeros((rows_n, 4), np.int64)
+    np.add.at(kind_bytes, (span_row, span_kind.astype(np.int64)), span_size)
+
+    first_in_rows = np.concatenate([[0], np.cumsum(b_count[order])[:-1]]) if rows_n else b_count[:0]
+    return RowTable(
+        segment=order,
+        device=seg_dev[order],
+        address=address[order],
+        total_size=total[order],
+        stream=stream[order],
+        is_small=small[order],
+        is_expandable=expandable[order],
+        kind_bytes=kind_bytes,
+        block_first=first_in_rows.astype(np.int64),
+        block_count=b_count[order],
+        span_row=span_row,
+        span_start=span_start,
+        span_size=span_size,
+        span_kind=span_kind,
+        block_offset=start,
+        block_size=size,
+        block_requested=np.asarray(blk.requested_size, np.int64)[blk_idx],
+        block_state=state,
+        groups=_groups(seg_dev[order], small[order], stream[order]),
+    )
+
+
+def encode_cells(
+    rows: RowTable, select: np.ndarray | None = None, cells: int = MAX_CELLS
+) -> np.ndarray:
+    """Rasterise rows into one byte per cell, each row scaled to its own segment.
+
+    Parameters
+    ----------
+    rows : RowTable
+    select : array of int, optional
+        Row indices to encode (default: all rows).
+    cells : int
+        Cells per row, 1..1024.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(len(select), cells)`` uint8, see the module docstring for the byte.
+    """
+    if not 1 <= cells <= MAX_CELLS:
+        raise ValueError(f"cells must be in 1..{MAX_CELLS}, got {cells}")
+    select = np.arange(rows.n_rows) if select is None else np.asarray(select, np.int64)
+    if select.size and (select.min() < 0 or select.max() >= rows.n_rows):
+        raise ValueError(f"row index out of range 0..{rows.n_rows - 1}")
+    out = np.empty((len(select), cells), np.uint8)
+    chunk = max(1, (1 << 21) // (cells + 1))  # bound temporary memory to a few MB per kind
+    bounds = np.searchsorted(rows.span_row, np.arange(rows.n_rows + 1))
+    for lo in range(0, len(select), chunk):
+        part = select[lo : lo + chunk]
+        out[lo : lo + len(part)] = _encode_chunk(rows, part, bounds, cells)
+    return out
+
+
+def cell_byte(fractions: np.ndarray) -> np.ndarray:
+    """Bytes for cells from their per-kind fractions, shape (..., 4), summing to 1 (or 0 = no data).
+
+    >>> cell_byte(np.array([[1.0, 0, 0, 0], [0, 0, 0, 1.0], [0.5, 0.5, 0, 0]])).tolist()
+    [63, 192, 96]
+    """
+    fr = np.asarray(fractions, np.float64)
+    return _bytes(fr[..., 0], fr[..., 1], fr[..., 2], fr[..., 3])
+
+
+def _bytes(a: np.ndarray, p: np.ndarray, r: np.ndarray, t: np.ndarray) -> np.ndarray:
+    covered = a + p + r + t
+    rest = covered - a
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frac = np.where(covered > 0, a / covered, 0.0)
+    # round half up, with a margin far above float noise and far below one level, so a cell
+    # gets the same byte whichever rows are encoded with it
+    level = np.floor(frac * LEVELS + 0.5 + 1e-7).astype(np.uint8)
+    other = np.where(p >= r, np.where(p >= t, 1, 3), np.where(r >= t, 2, 3)).astype(np.uint8)
+    # rounding residue of the cumulative sums must not turn a pure cell into a mixed one
+    pure_alloc = rest <= 1e-9 * covered
+    byte = (other << 6) | level
+    byte[pure_alloc] = LEVELS
+    byte[covered <= 1e-12] = CELL_NO_DATA
+    return byte
+
+
+def _encode_chunk(rows: RowTable, part: np.ndarray, bounds: np.ndarray, cells: int) -> np.ndarray:
+    k = len(part)
+    counts = bounds[part + 1] - bounds[part]
+    span_idx = _ranges(bounds[part], counts)
+    local = np.repeat(np.arange(k), counts)
+    total = rows.total_size[part].astype(np.float64)
+    total[total <= 0] = 1.0
+    # each row occupies [j, j+1) on one axis; spans become fractions of their row
+    key = local + rows.span_start[span_idx] / total[local]
+    frac = rows.span_size[span_idx] / total[local]
+    # breakpoints at both ends of every span, so gaps and empty rows stay flat
+    xp = np.column_stack([key, key + frac]).ravel()
+    edges = (np.arange(k)[:, None] + np.arange(cells + 1)[None, :] / cells).ravel()
+    kinds = rows.span_kind[span_idx]
+    cover = []
+    for kind in range(4):
+        mine = np.where(kinds == kind, frac, 0.0)
+        after = np.cumsum(mine)
+        fp = np.column_stack([after - mine, after]).ravel()
+        at = np.interp(edges, xp, fp).reshape(k, cells + 1)
+        cover.append(np.maximum(np.diff(at, axis=1), 0.0))
+    return _bytes(*cover)
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenate ``arange(s, s + c)`` for each pair, vectorised."""
+    counts = np.asarray(counts, np.int64)
+    n = int(counts.sum())
+    if n == 0:
+        return np.zeros(0, np.int64)
+    ends = np.cumsum(counts)
+    offsets = np.repeat(np.asarray(starts, np.int64) - (ends - counts), counts)
+    return np.arange(n, dtype=np.int64) + offsets
+
+
+def _groups(device: np.ndarray, small: np.ndarray, stream: np.ndarray) -> tuple[Group, ...]:
+    n = len(device)
+    if n == 0:
+        return ()
+    change = np.flatnonzero(
+        (device[1:] != device[:-1]) | (small[1:] != small[:-1]) | (stream[1:] != stream[:-1])
+    )
+    starts = np.concatenate([[0], change + 1])
+    ends = np.concatenate([change + 1, [n]])
+    return tuple(
+        Group(
+            device=int(device[s]),
+            pool="small" if small[s] else "large",
+            stream=int(stream[s]),
+            first=int(s),
+            count=int(e - s),
+        )
+        for s, e in zip(starts, ends, strict=True)
+    )

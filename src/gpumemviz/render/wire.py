@@ -1,0 +1,200 @@
+"""What each open view of the panel has, and the frames that bring it up to date.
+
+The widget owns one `Wire`; its single writer thread calls it. A view is one rendering of the
+panel in a browser tab: it reports the rows it shows, and gets frames holding only the rows it
+lacks or that changed. Both sides keep the rows of the same window around the view (`window`),
+so Python always knows what the browser holds. No threads, no locks, no I/O here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpumemviz.render.frame import (
+    BLOCK_BYTES,
+    ROW_OVERHEAD,
+    Frame,
+    pack_frame,
+    row_digest,
+    row_meta,
+)
+from gpumemviz.render.rows import MAX_CELLS, RowTable, encode_cells
+
+__all__ = ["FIRST_FRAME_LIMIT", "FRAME_LIMIT", "MAX_VIEW_ROWS", "Wire", "figures", "window"]
+
+FRAME_LIMIT = 64 << 10  # steady state: a new sample, a scroll
+FIRST_FRAME_LIMIT = 256 << 10  # the first frame after a view opens or resizes
+MAX_VIEW_ROWS = 200
+_CONTENT_ALLOWANCE = 512  # the JSON part of a frame
+
+
+def window(first: int, count: int) -> tuple[int, int]:
+    """Rows both sides keep for a view: one view's height above and below it (js/src/rows.js)."""
+    return first - count, first + 2 * count
+
+
+@dataclass
+class _View:
+    first: int = 0
+    count: int = 0
+    cells: int = 0
+    sent: dict[int, int] = field(default_factory=dict)
+
+
+class Wire:
+    """Frames for every open view, from the latest rows.
+
+    Examples
+    --------
+    >>> from gpumemviz.snapshot import Snapshot
+    >>> seg = {"device": 0, "address": 0, "total_size": 2 << 20, "stream": 0,
+    ...        "segment_type": "small", "blocks": [
+    ...     {"size": 2 << 20, "requested_size": 2 << 20, "state": "active_allocated"}]}
+    >>> from gpumemviz.render.rows import build_rows
+    >>> wire = Wire()
+    >>> wire.set_rows(build_rows(Snapshot.from_torch([seg])))
+    True
+    >>> [f.content["rows"] for f in wire.set_view("v1", first=0, count=40, cells=512)]
+    [1]
+    >>> wire.update()  # nothing changed: nothing to send
+    []
+    """
+
+    def __init__(self) -> None:
+        self.rows: RowTable | None = None
+        self.layout_version = 0
+        self._layout_key: tuple | None = None
+        self._views: dict[str, _View] = {}
+        self._seq = 0
+
+    @property
+    def views(self) -> tuple[str, ...]:
+        return tuple(self._views)
+
+    def layout(self) -> dict:
+        """The synced layout trait: row count and groups, versioned."""
+        rows = self.rows
+        return {
+            "version": self.layout_version,
+            "n_rows": rows.n_rows if rows is not None else 0,
+            "groups": [g.to_dict() for g in rows.groups] if rows is not None else [],
+        }
+
+    def set_rows(self, rows: RowTable) -> bool:
+        """Take new rows; True when the layout (row count or groups) changed."""
+        self.rows = rows
+        key = (rows.n_rows, rows.groups)
+        if key == self._layout_key:
+            return False
+        self._layout_key = key
+        self.layout_version += 1
+        return True
+
+    def set_view(self, view: str, first: int, count: int, cells: int) -> list[Frame]:
+        """A view opened, scrolled or resized: frames with the rows it lacks, nearest first."""
+        first = max(0, int(first))
+        count = min(max(1, int(count)), MAX_VIEW_ROWS)
+        cells = min(max(1, int(cells)), MAX_CELLS)
+        v = self._views.get(view)
+        fresh = v is None or v.cells != cells or v.count != count
+        if v is None or v.cells != cells:
+            v = self._views[view] = _View()
+        lo, hi = window(first, count)
+        v.sent = {r: d for r, d in v.sent.items() if lo <= r < hi}
+        v.first, v.count, v.cells = first, count, cells
+        limit = FIRST_FRAME_LIMIT if fresh else FRAME_LIMIT
+        below = range(first + count, hi)
+        above = range(first - 1, lo - 1, -1)
+        return self._frames(view, v, range(first, first + count), [*below, *above], limit)
+
+    def drop_view(self, view: str) -> None:
+        self._views.pop(view, None)
+
+    def update(self) -> list[Frame]:
+        """New rows arrived: for each view, the rows in view that changed (nothing if none did)."""
+        frames = []
+        for name, v in self._views.items():
+            n = self.rows.n_rows if self.rows is not None else 0
+            for r in [r for r in v.sent if r >= n]:
+                del v.sent[r]
+            frames += self._frames(name, v, range(v.first, v.first + v.count), [], FRAME_LIMIT)
+        return frames
+
+    def _frames(
+        self, name: str, v: _View, must: range, extra: list[int], limit: int
+    ) -> list[Frame]:
+        rows = self.rows
+        if rows is None:
+            return []
+        n = rows.n_rows
+        must_ids = np.array([r for r in must if 0 <= r < n], np.int64)
+        extra_ids = np.array([r for r in extra if 0 <= r < n], np.int64)
+        per_row = ROW_OVERHEAD + v.cells
+        frames: list[Frame] = []
+        pending = self._changed(v, must_ids)
+        # rows in view first, as many frames as they need; prefetch only fills what is left
+        cap = max(1, (limit - _CONTENT_ALLOWANCE) // per_row)
+        while len(pending[0]):
+            take = slice(0, cap)
+            chunk = tuple(a[take] for a in pending)
+            pending = tuple(a[cap:] for a in pending)
+            room = limit - _CONTENT_ALLOWANCE - per_row * len(chunk[0])
+            if not len(pending[0]) and len(extra_ids):
+                more = self._changed(v, extra_ids[: max(0, room // per_row)])
+                room -= per_row * len(more[0])
+                chunk = tuple(np.concatenate([a, b]) for a, b in zip(chunk, more, strict=True))
+            frames.append(self._pack(name, v, chunk, room))
+        if not frames and len(extra_ids):
+            room = limit - _CONTENT_ALLOWANCE
+            chunk = self._changed(v, extra_ids[: room // per_row])
+            if len(chunk[0]):
+                frames.append(self._pack(name, v, chunk, room - per_row * len(chunk[0])))
+        return frames
+
+    def _changed(self, v: _View, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rows = self.rows
+        assert rows is not None
+        cells = encode_cells(rows, ids, v.cells)
+        meta = row_meta(rows, ids)
+        keep = []
+        for j, r in enumerate(ids):
+            d = row_digest(rows, int(r), cells[j], meta[j])
+            if v.sent.get(int(r)) != d:
+                v.sent[int(r)] = d
+                keep.append(j)
+        return ids[keep], cells[keep], meta[keep]
+
+    def _pack(self, name: str, v: _View, chunk: tuple, room: int) -> Frame:
+        self._seq += 1
+        assert self.rows is not None
+        ids, cells, meta = chunk
+        return pack_frame(
+            self.rows,
+            ids,
+            cells,
+            meta,
+            seq=self._seq,
+            view=name,
+            layout=self.layout_version,
+            hover_budget=max(0, room - BLOCK_BYTES),
+        )
+
+
+def figures(rows: RowTable) -> dict:
+    """Header numbers computed from the rows (bytes): they obey allocated + pending + free =
+    reserved by construction."""
+    t = rows.totals()
+    free = rows.block_state == 0
+    return {
+        "reserved": t["reserved"],
+        "allocated": t["allocated"],
+        "pending_free": t["pending_free"],
+        "free": t["free_releasable"] + t["free_trapped"],
+        "free_releasable": t["free_releasable"],
+        "free_trapped": t["free_trapped"],
+        "largest_free": int(rows.block_size[free].max()) if free.any() else 0,
+        "segments": rows.n_rows,
+        "blocks": len(rows.block_size),
+    }
