@@ -1,0 +1,289 @@
+"""MemoryPanel: the notebook panel (anywidget) that draws the segment map of a Snapshot or Sample.
+
+State lives in traits, bulk rows travel as binary frames (gpumemviz.render.wire), and every trait
+write and frame send happens on one writer thread fed by a queue: callers (a cell, the sampler's
+listener, the browser's messages) only enqueue. Concurrent trait writers are not safe; IOPub
+publishing from one background thread is.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import traitlets
+
+from gpumemviz.render.rows import build_rows
+from gpumemviz.render.wire import Wire, figures
+from gpumemviz.snapshot import Snapshot
+
+__all__ = ["MemoryPanel", "bundle_path"]
+
+_PKG = Path(__file__).resolve().parent
+_JS = _PKG.parents[1] / "js"  # present in a source checkout only
+
+
+def bundle_path(name: str = "widget.js") -> Path:
+    """The built front end: the package's static/ copy, rebuilt first in a source checkout.
+
+    A wheel ships ``gpumemviz/static/`` (built by the package build). In a source checkout
+    (editable install) the copy in ``src/gpumemviz/static/`` may be missing or older than
+    ``js/``; then esbuild rebuilds it when ``js/node_modules`` is installed.
+
+    Raises
+    ------
+    FileNotFoundError
+        With the command that builds the bundle, when there is none.
+    """
+    target = _PKG / "static" / name
+    if (_JS / "src").is_dir() and _stale(target):
+        _build()
+    if not target.is_file():
+        raise FileNotFoundError(
+            f"the panel's front end {target} is missing: build it with "
+            f"`npm --prefix {_JS} install && npm --prefix {_JS} run build`"
+        )
+    return target
+
+
+def _stale(target: Path) -> bool:
+    if not target.is_file():
+        return True
+    built = target.stat().st_mtime
+    sources = [*(_JS / "src").glob("*.js"), _JS / "widget.css", _JS / "package.json"]
+    return any(p.stat().st_mtime > built for p in sources if p.is_file())
+
+
+def _build() -> None:
+    npm = shutil.which("npm")
+    if npm is None or not (_JS / "node_modules" / ".bin" / "esbuild").exists():
+        return  # nothing to build with: an existing bundle is used as it is
+    subprocess.run(
+        [npm, "run", "--silent", "build"], cwd=_JS, check=True, capture_output=True, timeout=120
+    )
+
+
+class _Writer:
+    """The one thread that writes the panel's traits and sends its frames, in queue order."""
+
+    def __init__(self, name: str) -> None:
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._name = name
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.errors: list[str] = []
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+        self._queue.put(job)
+
+    def wait(self, timeout: float) -> bool:
+        """Block until every job submitted so far ran; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self._queue.all_tasks_done:
+            while self._queue.unfinished_tasks:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._queue.all_tasks_done.wait(left)
+        return True
+
+    def stop(self) -> None:
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                job()
+            except Exception as exc:  # the panel must never raise into user code
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                del self.errors[:-20]
+            finally:
+                self._queue.task_done()
+
+
+class MemoryPanel(anywidget.AnyWidget):
+    """The live segment map: one row per reserved segment, coloured by block state.
+
+    Examples
+    --------
+    >>> from gpumemviz.snapshot import Snapshot
+    >>> seg = {"device": 0, "address": 0, "total_size": 2 << 20, "stream": 0,
+    ...        "segment_type": "small", "blocks": [
+    ...     {"size": 2 << 20, "requested_size": 2 << 20, "state": "active_allocated"}]}
+    >>> panel = MemoryPanel.from_snapshot(Snapshot.from_torch([seg]))
+    >>> panel.flush()
+    True
+    >>> panel.map_layout["n_rows"], panel.header["allocated"]
+    (1, 2097152)
+    >>> panel.close()
+    """
+
+    _esm = bundle_path("widget.js").read_text(encoding="utf-8")
+    _css = bundle_path("widget.css").read_text(encoding="utf-8")
+
+    map_layout = traitlets.Dict().tag(sync=True)
+    """Row count and groups (device, pool, stream, first row, count) of the segment map."""
+    header = traitlets.Dict().tag(sync=True)
+    """Figures shown above the map, in bytes (reserved, allocated, free, largest free, ...)."""
+    status = traitlets.Unicode("").tag(sync=True)
+    """One line: what is shown, or why nothing is ("waiting for CUDA")."""
+    title = traitlets.Unicode("").tag(sync=True)
+    """Device name or file name."""
+    demo = traitlets.Bool(False).tag(sync=True)
+    """True when the data comes from a simulated source (shows the "demo data" badge)."""
+
+    def __init__(self, *, device: int | None = None, title: str = "", **kwargs: Any) -> None:
+        super().__init__(title=title, **kwargs)
+        self._device = device
+        self._wire = Wire()
+        self._writer = _Writer(f"gpumemviz-panel-{self.model_id[:8]}")
+        self._latest: Any = None
+        self._latest_lock = threading.Lock()
+        self.wire_stats: dict[str, int] = {"frames": 0, "bytes": 0, "last_bytes": 0, "max_bytes": 0}
+        self.on_msg(self._on_browser_msg)
+
+    @classmethod
+    def from_snapshot(
+        cls, snapshot: Any, *, device: int | None = None, title: str = ""
+    ) -> MemoryPanel:
+        """A panel showing one snapshot (a Snapshot, a torch snapshot dict, or a file path).
+
+        Parameters
+        ----------
+        snapshot : Snapshot, dict, list, str or Path
+        device : int, optional
+            Show only this device's segments (default: all devices).
+        title : str
+            Shown in the header.
+        """
+        panel = cls(device=device, title=title)
+        panel.show_snapshot(snapshot)
+        return panel
+
+    def show_snapshot(self, snapshot: Any) -> None:
+        """Show a snapshot; returns at once (the writer thread draws it)."""
+        snap = _as_snapshot(snapshot)
+        self._offer(("snapshot", snap))
+
+    def push_sample(self, sample: Any) -> None:
+        """Sampler listener: show a Sample. Only the newest waiting sample is drawn."""
+        self._offer(("sample", sample))
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything handed to the panel so far is drawn and sent (tests, export)."""
+        return self._writer.wait(timeout)
+
+    @property
+    def errors(self) -> tuple[str, ...]:
+        """Errors the writer thread caught (the panel never raises into user code)."""
+        return tuple(self._writer.errors)
+
+    def close(self) -> None:
+        """Stop the writer thread and close the widget."""
+        writer = getattr(self, "_writer", None)  # absent when __init__ failed half-way
+        if writer is not None:
+            writer.stop()
+        super().close()
+
+    # -- everything below runs on the writer thread, except the two entry points
+
+    def _offer(self, item: tuple[str, Any]) -> None:
+        with self._latest_lock:
+            queued = self._latest is not None
+            self._latest = item
+        if not queued:
+            self._writer.submit(self._take_latest)
+
+    def _take_latest(self) -> None:
+        with self._latest_lock:
+            item, self._latest = self._latest, None
+        if item is None:
+            return
+        what, value = item
+        if what == "snapshot":
+            self._show(value, {}, status="snapshot")
+        else:
+            self._apply_sample(value)
+
+    def _apply_sample(self, sample: Any) -> None:
+        extra: dict[str, Any] = {}
+        stats = getattr(sample, "stats", None)
+        if stats is not None:
+            extra |= {"num_alloc_retries": stats.num_alloc_retries, "num_ooms": stats.num_ooms}
+        nvml = getattr(sample, "nvml", None)
+        if nvml is not None and nvml.available:
+            extra |= {"nvml_total": nvml.total, "nvml_used": nvml.used}
+        info = getattr(sample, "device_info", None)
+        if info is not None and info.name:
+            self.title = info.name
+        self.demo = bool(getattr(sample, "demo", False))
+        state = getattr(sample, "state", "ok")
+        if state == "waiting":
+            self.status = "waiting for CUDA"
+            return
+        if sample.segments is None:
+            if stats is not None:
+                self.header = {
+                    **self.header,
+                    **extra,
+                    "allocated": stats.allocated,
+                    "reserved": stats.reserved,
+                }
+            errors = getattr(sample, "errors", ())
+            self.status = errors[0] if errors else (getattr(sample, "segments_note", None) or "")
+            return
+        self._show(sample.segments, extra, status=getattr(sample, "source_label", "") or "live")
+
+    def _show(self, snap: Snapshot, extra: dict[str, Any], status: str) -> None:
+        device = self._device
+        rows = build_rows(snap, device=device)
+        if self._wire.set_rows(rows):
+            self.map_layout = self._wire.layout()
+        self.header = {**figures(rows), **extra}
+        self.status = status
+        self._send_frames(self._wire.update())
+
+    def _on_browser_msg(self, _widget: Any, content: dict, _buffers: list) -> None:
+        kind = content.get("kind") if isinstance(content, dict) else None
+        if kind == "view":
+            view = str(content.get("view", ""))
+            args = (int(content.get("first", 0)), int(content.get("count", 1)))
+            cells = int(content.get("cells", 1024))
+            self._writer.submit(lambda: self._send_frames(self._wire.set_view(view, *args, cells)))
+        elif kind == "close":
+            view = str(content.get("view", ""))
+            self._writer.submit(lambda: self._wire.drop_view(view))
+
+    def _send_frames(self, frames: list) -> None:
+        for f in frames:
+            self.send(f.content, f.buffers)
+            n = f.nbytes
+            s = self.wire_stats
+            s["frames"] += 1
+            s["bytes"] += n
+            s["last_bytes"] = n
+            s["max_bytes"] = max(s["max_bytes"], n)
+
+
+def _as_snapshot(obj: Any) -> Snapshot:
+    from gpumemviz.io import as_snapshot
+
+    return as_snapshot(obj)

@@ -1,0 +1,206 @@
+"""widget.py: MemoryPanel traits, frames and writer thread, with the real anywidget (no browser)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import read_real as _read
+from gpumemviz.render.frame import decode_frame
+from gpumemviz.render.rows import build_rows, encode_cells
+from gpumemviz.render.wire import FIRST_FRAME_LIMIT
+from gpumemviz.sample import MemoryStats, Sample
+from gpumemviz.snapshot import Snapshot
+from gpumemviz.widget import MemoryPanel, bundle_path
+
+MiB = 1 << 20
+
+
+def _snap(n_alloc: int) -> Snapshot:
+    """n_alloc allocated 2 MiB blocks in a 20 MiB segment, the rest free."""
+    blocks = [{"size": 2 * MiB, "requested_size": 2 * MiB, "state": "active_allocated"}] * n_alloc
+    blocks = [*blocks, {"size": (20 - 2 * n_alloc) * MiB, "requested_size": 0, "state": "inactive"}]
+    seg = {
+        "device": 0,
+        "address": 1 << 32,
+        "total_size": 20 * MiB,
+        "stream": 0,
+        "segment_type": "large",
+        "blocks": blocks,
+    }
+    return Snapshot.from_torch([seg])
+
+
+@pytest.fixture
+def panel():
+    p = MemoryPanel()
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def sent(panel, monkeypatch):
+    """Frames the panel sends, recorded on their way to the real comm."""
+    out = []
+    real = panel.send
+
+    def record(content, buffers=None):
+        out.append((content, buffers, threading.current_thread().name))
+        return real(content, buffers)
+
+    monkeypatch.setattr(panel, "send", record)
+    return out
+
+
+def test_a_snapshot_file_can_be_shown_by_path(real_path):
+    p = MemoryPanel.from_snapshot(real_path)
+    try:
+        assert p.flush()
+        assert p.map_layout["n_rows"] == Snapshot.from_torch(_read(real_path)).n_segments
+    finally:
+        p.close()
+
+
+def test_bundle_is_built_and_loaded():
+    js = bundle_path("widget.js")
+    assert js.is_file() and bundle_path("widget.css").is_file()
+    text = js.read_text()
+    assert "gmv-root" in text and "msg:custom" in text
+    assert "import " not in text.split("\n", 3)[0]  # bundled: no relative imports left
+    assert MemoryPanel._esm == text
+
+
+def test_snapshot_fills_layout_and_header(real_path, real_dict):
+    segs = real_dict["segments"] if isinstance(real_dict, dict) else real_dict
+    p = MemoryPanel.from_snapshot(Snapshot.from_torch(real_dict), title=real_path.name)
+    try:
+        assert p.flush()
+        assert p.map_layout["n_rows"] == len(segs)
+        assert sum(g["count"] for g in p.map_layout["groups"]) == len(segs)
+        allocated = sum(
+            b["size"] for s in segs for b in s["blocks"] if b["state"] == "active_allocated"
+        )
+        assert p.header["allocated"] == allocated
+        assert p.header["reserved"] == sum(s["total_size"] for s in segs)
+        assert p.title == real_path.name
+        assert p.errors == ()
+    finally:
+        p.close()
+
+
+def test_view_message_answers_with_frames_from_the_writer_thread(panel, sent):
+    snap = _snap(3)
+    panel.show_snapshot(snap)
+    panel._handle_custom_msg(
+        {"kind": "view", "view": "t", "first": 0, "count": 10, "cells": 80}, []
+    )
+    assert panel.flush()
+    assert len(sent) == 1
+    content, buffers, thread = sent[0]
+    assert thread.startswith("gpumemviz-panel")
+    assert content["view"] == "t" and content["cells"] == 80
+    got = decode_frame(content, buffers)
+    want = encode_cells(build_rows(snap), [0], 80)
+    assert (got["cells"] == want).all()
+    assert got["cells"][0, :24].tolist() == [63] * 24  # 6 MiB of 20 allocated: 24 of 80 cells
+    assert panel.wire_stats["frames"] == 1
+    assert panel.wire_stats["max_bytes"] <= FIRST_FRAME_LIMIT
+
+
+def test_unchanged_samples_send_nothing_and_changes_send_one_row(panel, sent):
+    panel.show_snapshot(_snap(1))
+    panel._handle_custom_msg(
+        {"kind": "view", "view": "t", "first": 0, "count": 5, "cells": 100}, []
+    )
+    assert panel.flush()
+    n = len(sent)
+    panel.show_snapshot(_snap(1))
+    assert panel.flush()
+    assert len(sent) == n
+    panel.show_snapshot(_snap(4))
+    assert panel.flush()
+    assert len(sent) == n + 1
+    got = decode_frame(sent[-1][0], sent[-1][1])
+    assert got["rows"].tolist() == [0]
+    assert (got["cells"][0, :40] == 63).all() and (got["cells"][0, 40:] == 192).all()
+    assert panel.header["allocated"] == 8 * MiB
+
+
+def test_traits_are_written_by_the_writer_thread_only(panel):
+    writers = set()
+    panel.observe(lambda _c: writers.add(threading.current_thread().name), names=["header"])
+    for k in range(5):
+        panel.show_snapshot(_snap(k))
+    assert panel.flush()
+    assert writers and all(w.startswith("gpumemviz-panel") for w in writers)
+    assert panel.header["allocated"] == 8 * MiB  # the newest snapshot wins
+
+
+def test_samples_drive_status_demo_and_figures(panel):
+    stats = MemoryStats.from_torch(
+        {
+            "allocated_bytes.all.current": 6 * MiB,
+            "reserved_bytes.all.current": 20 * MiB,
+            "num_alloc_retries": 2,
+            "num_ooms": 1,
+        }
+    )
+    panel.push_sample(Sample(time=0.0, device=0, stats=None, state="waiting", demo=True))
+    assert panel.flush()
+    assert panel.status == "waiting for CUDA" and panel.demo
+    panel.push_sample(
+        Sample(time=1.0, device=0, stats=stats, segments=_snap(3), source_label="simulated")
+    )
+    assert panel.flush()
+    assert not panel.demo
+    assert panel.status == "simulated"
+    assert panel.header["allocated"] == 6 * MiB
+    assert panel.header["num_alloc_retries"] == 2 and panel.header["num_ooms"] == 1
+    assert panel.map_layout["n_rows"] == 1
+
+
+def test_a_bad_item_is_caught_and_the_panel_keeps_working(panel):
+    panel.push_sample(object())
+    assert panel.flush()
+    assert panel.errors and "AttributeError" in panel.errors[0]
+    panel.show_snapshot(_snap(2))
+    assert panel.flush()
+    assert panel.header["allocated"] == 4 * MiB
+
+
+def test_unknown_inputs_are_refused_with_a_clear_error():
+    with pytest.raises(ValueError, match="cannot load a snapshot from a int"):
+        MemoryPanel.from_snapshot(42)
+
+
+def test_device_filter(panel):
+    segs = [
+        {
+            "device": d,
+            "address": 0,
+            "total_size": 2 * MiB,
+            "stream": 0,
+            "segment_type": "small",
+            "blocks": [{"size": 2 * MiB, "requested_size": 1, "state": "active_allocated"}],
+        }
+        for d in (0, 1, 1)
+    ]
+    segs[2] = {**segs[2], "address": 2 * MiB}
+    p = MemoryPanel.from_snapshot(Snapshot.from_torch(segs), device=1)
+    try:
+        assert p.flush()
+        assert p.map_layout["n_rows"] == 2
+        assert np.all([g["device"] == 1 for g in p.map_layout["groups"]])
+    finally:
+        p.close()
+
+
+def test_close_stops_the_writer():
+    p = MemoryPanel.from_snapshot(_snap(1))
+    assert p.flush()
+    names = {t.name for t in threading.enumerate()}
+    assert any(n.startswith("gpumemviz-panel") for n in names)
+    p.close()
+    assert p._writer._thread is None
