@@ -19,6 +19,7 @@ _LAZY: dict[str, str] = {
     "save_snapshot": "gpumemviz.io",
     "format_size": "gpumemviz.units",
     "parse_size": "gpumemviz.units",
+    "capture_oom": "gpumemviz.sources.torch_cuda",
 }
 
 __all__ = sorted([*_LAZY, "__version__"])

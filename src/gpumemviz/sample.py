@@ -1,0 +1,342 @@
+"""Frozen values that travel from sources to the sampler, the panel and reports.
+
+Sampling and drawing are separate (nvitop's snapshot boundary): a source builds these once, and
+nothing downstream can change them. `MemoryStats` keeps torch's ~150 counters as one int64 array
+plus a shared key tuple, so a long history of stats costs about 1.3 KB per sample, not a dict each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:  # the columnar snapshot; imported for types only (sample stays cheap)
+    from gpumemviz.snapshot import Snapshot
+
+__all__ = [
+    "DeviceInfo",
+    "MemoryStats",
+    "NvmlInfo",
+    "OomEvent",
+    "Sample",
+    "snapshot_nbytes",
+]
+
+# One shared (keys tuple, key -> index) pair per distinct key set: every sample of a run shares it.
+_KEY_INDEX: dict[tuple[str, ...], tuple[tuple[str, ...], dict[str, int]]] = {}
+_KEY_INDEX_MAX = 64
+
+
+def _interned(keys: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, int]]:
+    hit = _KEY_INDEX.get(keys)
+    if hit is None:
+        if len(_KEY_INDEX) >= _KEY_INDEX_MAX:  # private-pool keys come and go; stay bounded
+            _KEY_INDEX.clear()
+        hit = (keys, {k: i for i, k in enumerate(keys)})
+        _KEY_INDEX[keys] = hit
+    return hit
+
+
+@dataclass(frozen=True, eq=False, slots=True)
+class MemoryStats(Mapping[str, int]):
+    """torch's flattened ``memory_stats()`` dict, frozen and compact.
+
+    Reads like the dict (``stats["allocated_bytes.all.current"]``) and names the figures a live
+    view needs as properties. Missing keys read as 0 in the properties (older torch lacks some).
+
+    >>> s = MemoryStats.from_torch(
+    ...     {"allocated_bytes.all.current": 3, "reserved_bytes.all.current": 8}
+    ... )
+    >>> s.allocated, s.reserved, s.cached, s["reserved_bytes.all.current"]
+    (3, 8, 5, 8)
+    """
+
+    keys_: tuple[str, ...]
+    values: np.ndarray
+
+    @classmethod
+    def from_torch(cls, stats: Mapping[str, Any]) -> MemoryStats:
+        """Build from ``torch.cuda.memory_stats(device)`` (or the allocator model's dict).
+
+        Raises
+        ------
+        ValueError
+            When ``stats`` is not a mapping of str to numbers.
+        """
+        if not isinstance(stats, Mapping):
+            raise ValueError(f"memory stats must be a dict, got {type(stats).__name__}")
+        keys = tuple(sorted(stats))
+        vals = []
+        for k in keys:
+            v = stats[k]
+            if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"memory stats entry {k!r}: expected a number, got {v!r}")
+            vals.append(v)
+        dtype = np.int64 if all(isinstance(v, int) for v in vals) else np.float64
+        arr = np.asarray(vals, dtype=dtype) if vals else np.zeros(0, np.int64)
+        arr.flags.writeable = False
+        keys, _ = _interned(keys)
+        return cls(keys, arr)
+
+    # Mapping protocol -------------------------------------------------------------------------
+    def __getitem__(self, key: str) -> int:
+        i = _interned(self.keys_)[1][key]
+        v = self.values[i]
+        return int(v) if self.values.dtype.kind == "i" else float(v)  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys_)
+
+    def __len__(self) -> int:
+        return len(self.keys_)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, MemoryStats):
+            return self.keys_ == other.keys_ and bool(np.array_equal(self.values, other.values))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _get0(self, key: str) -> int:
+        i = _interned(self.keys_)[1].get(key)
+        return 0 if i is None else int(self.values[i])
+
+    # The figures a live view needs --------------------------------------------------------------
+    @property
+    def allocated(self) -> int:
+        """Bytes in tensors (``allocated_bytes.all.current``)."""
+        return self._get0("allocated_bytes.all.current")
+
+    @property
+    def reserved(self) -> int:
+        """Bytes held from the device by the caching allocator."""
+        return self._get0("reserved_bytes.all.current")
+
+    @property
+    def active(self) -> int:
+        """Allocated plus pending-free bytes (``record_stream`` frees not yet completed)."""
+        return self._get0("active_bytes.all.current")
+
+    @property
+    def requested(self) -> int:
+        """Bytes the user asked for; ``allocated - requested`` is rounding overhead."""
+        return self._get0("requested_bytes.all.current")
+
+    @property
+    def inactive_split(self) -> int:
+        """Free bytes trapped inside partly used segments (only defragmenting frees them)."""
+        return self._get0("inactive_split_bytes.all.current")
+
+    @property
+    def cached(self) -> int:
+        """Reserved but not allocated: what ``empty_cache`` could at most give back."""
+        return self.reserved - self.allocated
+
+    @property
+    def peak_allocated(self) -> int:
+        return self._get0("allocated_bytes.all.peak")
+
+    @property
+    def peak_reserved(self) -> int:
+        return self._get0("reserved_bytes.all.peak")
+
+    @property
+    def num_alloc_retries(self) -> int:
+        """Times the allocator flushed its cache to satisfy a request: a pressure signal."""
+        return self._get0("num_alloc_retries")
+
+    @property
+    def num_ooms(self) -> int:
+        return self._get0("num_ooms")
+
+    @property
+    def nbytes(self) -> int:
+        """Approximate memory this value holds (the key tuple is shared between samples)."""
+        return int(self.values.nbytes) + 96
+
+    def as_dict(self) -> dict[str, int]:
+        """A plain dict copy, as torch returned it."""
+        return dict(self.items())
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """What a device is and how its allocator is set up (read once per source)."""
+
+    index: int
+    name: str = ""
+    total_memory: int = 0
+    uuid: str | None = None  # normalised: lower case, without the "GPU-"/"MIG-" prefix
+    capability: tuple[int, int] | None = None
+    backend: str | None = None  # "native" or "cudaMallocAsync"
+    allocator_settings: str = ""  # the PYTORCH_(CUDA_)ALLOC_CONF string in effect
+    torch_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlInfo:
+    """Device-wide memory as the driver sees it, and who outside PyTorch uses it.
+
+    ``available`` is False with a ``reason`` whenever NVML could not answer; every other field is
+    then None. Per-process figures are None when NVML hides them (MIG, containers).
+    """
+
+    available: bool
+    reason: str | None = None
+    uuid: str | None = None
+    matched_by: str | None = None  # "uuid" or "index (...)": how the torch device was found
+    total: int | None = None
+    used: int | None = None
+    free: int | None = None
+    utilization: int | None = None  # percent of time a kernel ran (None under MIG)
+    processes: tuple[tuple[int, int | None], ...] = ()  # (pid, used bytes or None)
+    non_pytorch: int | None = None  # device used - torch reserved: all processes together
+    this_process_other: int | None = None  # our NVML usage - reserved (context, cuBLAS, NCCL...)
+    other_processes: int | None = None  # sum over the other PIDs NVML lists
+    split_reason: str | None = None  # why the per-process split is missing
+    synthetic: bool = False  # True for stand-in values (tests, demo), never for driver data
+
+    @classmethod
+    def unavailable(cls, reason: str) -> NvmlInfo:
+        return cls(available=False, reason=reason)
+
+
+@dataclass(frozen=True, slots=True)
+class OomEvent:
+    """An out-of-memory failure, seen from inside the allocator's OOM observer.
+
+    ``alloc_size`` is what torch passes the observer: the size of the *segment* it tried to
+    get (20 MiB for a 4 MB tensor), not the tensor size. ``request_size`` is the rounded
+    request from the ``oom`` trace entry when history was recorded, else None.
+    """
+
+    time: float
+    device: int
+    alloc_size: int
+    device_limit: int  # device total, or the memory-fraction cap when one is set
+    device_free: int
+    cause: str  # "capacity" | "fragmentation" | "outside" | "unknown"
+    explanation: str
+    request_size: int | None = None
+    reserved: int = 0
+    allocated: int = 0
+    free_in_segments: int = 0
+    largest_free_block: int = 0
+    outside_bytes: int = 0
+    snapshot: dict | None = field(default=None, repr=False)  # the full torch _snapshot() dict
+    snapshot_error: str | None = None
+    repeats: int = 0  # observer calls dropped as repeats of this failure
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One reading of one device: stats always (when readable), segment state sometimes.
+
+    ``state`` is "ok", "waiting" (CUDA not initialised yet: gpumemviz never initialises it),
+    "unavailable" (no such device or backend) or "error" (the read failed; see ``errors``).
+    A failed read is a Sample too: sampling never raises.
+    """
+
+    time: float  # time.time() of the read
+    device: int
+    stats: MemoryStats | None
+    segments: Snapshot | None = None
+    nvml: NvmlInfo | None = None
+    errors: tuple[str, ...] = ()
+    source_label: str = ""
+    demo: bool = False
+    state: str = "ok"
+    device_info: DeviceInfo | None = None
+    segments_note: str | None = None  # why ``segments`` is None (not due, throttled, backend...)
+    oom: OomEvent | None = None
+    notes: tuple[str, ...] = ()  # sampler remarks: budget stretch, listener errors, hung reads
+    monotonic: float = 0.0  # time.monotonic() of the read (for drift-free plots)
+    seq: int = -1  # position in the sampler's stream
+    cpu_time: float = 0.0  # CPU seconds the reading thread spent on this read
+    keyframe: bool = False  # the history keeps this sample's blocks
+
+    @classmethod
+    def failed(
+        cls, device: int, reason: str, *, source_label: str = "", demo: bool = False
+    ) -> Sample:
+        """A sample that says why there is nothing to show."""
+        import time
+
+        return cls(
+            time=time.time(),
+            device=device,
+            stats=None,
+            errors=(reason,),
+            source_label=source_label,
+            demo=demo,
+            state="error",
+            monotonic=time.monotonic(),
+        )
+
+    def replace(self, **changes: Any) -> Sample:
+        """A copy with some fields changed (the sampler adds seq, notes, cpu_time)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def non_pytorch_bytes(self) -> int | None:
+        """Device memory used outside PyTorch's allocator (all processes), when NVML knows."""
+        if self.nvml is None or not self.nvml.available:
+            return None
+        return self.nvml.non_pytorch
+
+    @property
+    def nbytes(self) -> int:
+        """Approximate bytes this sample keeps alive (for the sampler's bounded history)."""
+        n = 320
+        if self.stats is not None:
+            n += self.stats.nbytes
+        if self.segments is not None:
+            n += snapshot_nbytes(self.segments)
+        if self.nvml is not None:
+            n += 200 + 64 * len(self.nvml.processes)
+        if self.oom is not None and self.oom.snapshot is not None:
+            n += 200 * len(self.oom.snapshot.get("segments", ())) + 50_000
+        return n
+
+
+def _array_bytes(obj: Any) -> int:
+    """Sum of numpy nbytes over an object's attributes (dataclass, slots or __dict__)."""
+    if obj is None:
+        return 0
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    names: list[str] = []
+    if dataclasses.is_dataclass(obj):
+        names = [f.name for f in dataclasses.fields(obj)]
+    elif hasattr(obj, "__dict__"):
+        names = list(vars(obj))
+    else:
+        for klass in type(obj).__mro__:
+            names.extend(getattr(klass, "__slots__", ()))
+    total = 0
+    for name in names:
+        v = getattr(obj, name, None)
+        if isinstance(v, np.ndarray):
+            total += int(v.nbytes)
+    return total
+
+
+def snapshot_nbytes(snapshot: Any) -> int:
+    """Estimate the bytes a columnar Snapshot holds, from its numpy columns.
+
+    Frames and other Python objects are not counted exactly; a floor of 40 bytes per block and
+    100 per segment keeps the estimate honest when columns are views or missing.
+    """
+    n_seg = int(getattr(snapshot, "n_segments", 0) or 0)
+    n_blk = int(getattr(snapshot, "n_blocks", 0) or 0)
+    cols = _array_bytes(getattr(snapshot, "segments", None))
+    cols += _array_bytes(getattr(snapshot, "blocks", None))
+    traces = getattr(snapshot, "traces", None)
+    if isinstance(traces, Mapping):
+        for t in traces.values():
+            cols += _array_bytes(t)
+    return max(cols, 100 * n_seg + 40 * n_blk) + 256

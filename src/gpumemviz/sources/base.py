@@ -1,0 +1,155 @@
+"""The `Source` protocol: one small surface between the outside world and the sampler.
+
+Like httpx's transports, every source is a real in-process alternative (torch.cuda, the simulated
+allocator, a replayed file), so the whole suite runs without a GPU. Sources never raise from
+`sample()`: a failed read is a `Sample` with ``state="error"`` and a reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+from gpumemviz.sample import OomEvent, Sample
+
+__all__ = [
+    "CAPABILITIES",
+    "Source",
+    "SourceCommandError",
+    "UnavailableSource",
+    "default_source",
+    "short_error",
+]
+
+# What a source may say it can do; the panel greys out buttons for the rest.
+CAPABILITIES = frozenset(
+    {"segments", "empty_cache", "export", "oom", "record_history", "nvml", "time_travel"}
+)
+
+
+class SourceCommandError(RuntimeError):
+    """A command (empty_cache, export, ...) that this source cannot carry out; says why."""
+
+
+@runtime_checkable
+class Source(Protocol):
+    """Anything that turns the outside world into `Sample` values.
+
+    Required: ``label`` (shown in the panel), ``device``, ``demo`` (True for made-up data, which
+    the panel labels as demo data), ``capabilities`` (a subset of `CAPABILITIES`), and the methods
+    below. Optional, looked up with ``getattr`` by the sampler:
+
+    - ``segment_interval_hint: float``: the shortest sensible gap between segment reads (for
+      example, slow while the user records allocator history);
+    - ``set_oom_handler(fn | None)``: install the function the OOM observer calls with an
+      `OomEvent` (from the user's allocating thread), or remove it;
+    - ``oom_sample(event) -> Sample``: turn an `OomEvent` into a sample with its segment state.
+    """
+
+    label: str
+    device: int
+    demo: bool
+    capabilities: frozenset[str]
+
+    def sample(self, *, segments: bool = True) -> Sample:
+        """Read stats (always) and segment state (when ``segments``); never raises."""
+        ...
+
+    def empty_cache(self) -> dict[int, int]:
+        """Release cached memory; returns bytes released per device."""
+        ...
+
+    def export(self) -> dict:
+        """The full torch snapshot dict (memory_viz compatible)."""
+        ...
+
+    def close(self) -> None:
+        """Stop background work and drop hooks; the source is unusable afterwards."""
+        ...
+
+
+def short_error(exc: BaseException) -> str:
+    """One line naming the exception: what the panel shows and the sample stores."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name
+
+
+class UnavailableSource:
+    """A source that only says why nothing can be shown (no CUDA, no simulator).
+
+    It is real, not a placeholder: the panel draws its samples as a message.
+    """
+
+    label = "unavailable"
+    demo = False
+    capabilities: frozenset[str] = frozenset()
+
+    def __init__(self, device: int, reason: str) -> None:
+        self.device = device
+        self.reason = reason
+
+    def sample(self, *, segments: bool = True) -> Sample:
+        return Sample(
+            time=time.time(),
+            device=self.device,
+            stats=None,
+            errors=(self.reason,),
+            source_label=self.label,
+            state="unavailable",
+            monotonic=time.monotonic(),
+        )
+
+    def empty_cache(self) -> dict[int, int]:
+        raise SourceCommandError(f"cannot empty the cache: {self.reason}")
+
+    def export(self) -> dict:
+        raise SourceCommandError(f"nothing to export: {self.reason}")
+
+    def close(self) -> None:
+        return None
+
+
+OomHandler = Callable[[OomEvent], Any]
+
+
+def default_source(device: int = 0) -> Source:
+    """The source a panel gets when the user names none.
+
+    torch.cuda when CUDA is available; otherwise the simulated allocator (labelled as demo data);
+    otherwise a source that says why there is nothing to show. Choosing does not initialise CUDA.
+
+    Parameters
+    ----------
+    device : int
+        CUDA device index.
+
+    Returns
+    -------
+    Source
+
+    Examples
+    --------
+    >>> src = default_source(0)
+    >>> isinstance(src, Source)
+    True
+    """
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ValueError(f"device must be a non-negative int, got {device!r}")
+    reason = "CUDA is not available"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            from gpumemviz.sources.torch_cuda import TorchCudaSource
+
+            return TorchCudaSource(device)
+        reason = f"CUDA is not available (torch {torch.__version__})"
+    except ImportError:
+        reason = "torch is not installed"
+    try:
+        from gpumemviz.sources.simulated import SimulatedSource  # type: ignore[import-not-found]
+    except ImportError:
+        return UnavailableSource(device, f"{reason}, and the simulated allocator is not built")
+    return SimulatedSource(device=device)

@@ -1,0 +1,763 @@
+"""The live source: torch.cuda's caching allocator, plus OOM capture.
+
+Rules this module keeps (see reference torch-allocator.md sections 4 and 5):
+
+- gpumemviz never initialises CUDA. Until ``torch.cuda.is_initialized()`` a sample says
+  "waiting for CUDA"; ``mem_get_info``, ``get_device_properties`` and the OOM observer would each
+  create a context, so none is called before.
+- ``memory_stats()`` every tick (a struct copy under the allocator lock, no CUDA call).
+- Segment state from ``memory_snapshot(include_traces=False)`` where torch has it (2.11+). Older
+  torch copies the whole recorded history on every call, so the source times each call and
+  stretches the gap between them (``segment_interval_hint``) to keep that cost small.
+- Every snapshot call appends a ``snapshot`` entry to the user's recorded history: while the
+  user records history, segment state is read slowly; when gpumemviz turns recording on itself it
+  passes ``skip_actions=["snapshot"]``.
+- The OOM observer (``torch._C._cuda_attach_out_of_memory_observer``) can never be detached, so
+  it is attached once per process as a trampoline that does nothing when no handler is installed.
+  It runs in the user's allocating thread after the allocator flushed its cache: it takes
+  ``torch.cuda.memory._snapshot()`` there, catches everything (an exception would reach the user's
+  code), and drops repeats of one failure.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import pickle
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from gpumemviz.sample import DeviceInfo, MemoryStats, NvmlInfo, OomEvent, Sample
+from gpumemviz.sources.base import SourceCommandError, short_error
+from gpumemviz.sources.nvml import NvmlReader, normalize_uuid
+from gpumemviz.units import format_size
+
+__all__ = ["OomCapture", "TorchCudaSource", "capture_oom", "classify_oom"]
+
+WAITING = "waiting for CUDA: gpumemviz does not initialise it; the panel starts when your code does"
+ASYNC_NOTE = (
+    "the cudaMallocAsync backend keeps no segment map (CUDA's own pool owns the memory): "
+    "showing stats and NVML only"
+)
+_SLOW_SNAPSHOT_S = 0.02  # a segment read costing more than this gets spaced out
+_SNAPSHOT_DUTY = 0.01  # at most 1 % of wall time in fallback segment reads
+_RECORDING_GAP_S = 10.0  # gap between segment reads while the user records history
+_REPEAT_WINDOW_S = 1.0  # observer calls this close together are one failure (cuDNN retries)
+_OUTSIDE_SHARE = 0.2  # "memory outside PyTorch" when it exceeds this share of the device
+
+
+def _torch() -> Any:
+    import torch  # lazily: `import gpumemviz` never imports torch
+
+    return torch
+
+
+# --------------------------------------------------------------------------------------------
+# OOM classification: a pure function of the torch snapshot dict (runs in the user's thread).
+# --------------------------------------------------------------------------------------------
+def classify_oom(
+    segments: Iterable[Mapping[str, Any]],
+    device: int,
+    *,
+    alloc_size: int,
+    device_total: int,
+    device_free: int,
+    request_size: int | None = None,
+) -> dict[str, Any]:
+    """Why an allocation failed: capacity, fragmentation, or memory outside PyTorch.
+
+    Judged on the segment state taken inside the OOM observer, that is after the allocator
+    released every fully free cached segment. ``alloc_size`` is the segment size torch tried;
+    ``request_size`` (the rounded request from the ``oom`` trace entry) is used when known.
+
+    Returns
+    -------
+    dict
+        ``cause`` ("capacity" | "fragmentation" | "outside"), ``explanation`` (one sentence) and
+        the figures: reserved, allocated, free_in_segments, largest_free_block, outside_bytes.
+
+    Examples
+    --------
+    >>> MiB = 1 << 20
+    >>> free, used = {"size": 10 * MiB, "state": "inactive"}, {"size": 10 * MiB, "state": "x"}
+    >>> seg = {"device": 0, "total_size": 40 * MiB, "allocated_size": 20 * MiB,
+    ...        "blocks": [free, used, free, used]}
+    >>> classify_oom([seg], 0, alloc_size=16 * MiB, device_total=48 * MiB,
+    ...              device_free=2 * MiB)["cause"]
+    'fragmentation'
+    """
+    reserved = allocated = free = largest = 0
+    for seg in segments:
+        if seg.get("device", device) != device:
+            continue
+        reserved += int(seg.get("total_size", 0))
+        allocated += int(seg.get("allocated_size", 0))
+        for blk in seg.get("blocks", ()):
+            if blk.get("state") == "inactive":
+                size = int(blk.get("size", 0))
+                free += size
+                largest = max(largest, size)
+    need = int(request_size) if request_size else int(alloc_size)
+    outside = max(0, int(device_total) - int(device_free) - reserved)
+    basis = (
+        f"the request of {format_size(need)}"
+        if request_size
+        else f"the {format_size(need)} segment torch tried (request size unknown without history)"
+    )
+    if device_total and outside >= need and outside > _OUTSIDE_SHARE * device_total:
+        cause = "outside"
+        explanation = (
+            f"{format_size(outside)} of the device is used outside PyTorch's allocator (other "
+            f"processes, NCCL, the CUDA context): without it {basis} would fit"
+        )
+    elif free >= need and largest < need:
+        cause = "fragmentation"
+        explanation = (
+            f"{format_size(free)} is free inside reserved segments but the largest free block is "
+            f"{format_size(largest)}, smaller than {basis}"
+        )
+    else:
+        cause = "capacity"
+        explanation = (
+            f"{format_size(allocated)} is allocated of {format_size(reserved)} reserved with "
+            f"{format_size(int(device_free))} left on the device: {basis} does not fit"
+        )
+    return {
+        "cause": cause,
+        "explanation": explanation,
+        "reserved": reserved,
+        "allocated": allocated,
+        "free_in_segments": free,
+        "largest_free_block": largest,
+        "outside_bytes": outside,
+    }
+
+
+def _oom_request_size(snapshot: Mapping[str, Any] | None, device: int) -> int | None:
+    """The rounded request from the ``oom`` trace entry of that device, if recorded.
+
+    Inside the observer that entry is the newest one (other threads may add a few after it).
+    """
+    if not snapshot:
+        return None
+    traces = snapshot.get("device_traces") or []
+    if device >= len(traces):
+        return None
+    for entry in reversed(traces[device][-256:]):
+        if entry.get("action") == "oom":
+            return int(entry.get("size", 0)) or None
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# The process-wide observer trampoline.
+# --------------------------------------------------------------------------------------------
+OomHandler = Callable[[OomEvent], Any]
+
+_OOM_LOCK = threading.Lock()
+_OOM: dict[str, Any] = {
+    "attached": False,  # the observer is attached to torch (there is no detach)
+    "queued": False,  # attach is queued to run when CUDA initialises
+    "handlers": (),  # tuple of OomHandler: copy-on-write, read without the lock
+    "last": {},  # device -> monotonic time of the last captured failure
+    "dropped": 0,  # observer calls dropped as repeats
+    "errors": 0,  # exceptions caught inside the observer
+    "last_error": None,
+    "totals": {},  # device -> total memory (read once, after CUDA is initialised)
+}
+
+
+def _trampoline(device: int, alloc_size: int, device_limit: int, device_free: int) -> None:
+    """What torch calls on OOM, in the user's thread. Must never raise."""
+    try:
+        handlers = _OOM["handlers"]
+        if not handlers:
+            return  # a stopped panel: the observer stays attached but does nothing
+        now = time.monotonic()
+        last = _OOM["last"].get(device)
+        if last is not None and now - last < _REPEAT_WINDOW_S:
+            _OOM["dropped"] += 1
+            _OOM["last"][device] = now
+            return
+        _OOM["last"][device] = now
+        event = _build_event(int(device), int(alloc_size), int(device_limit), int(device_free))
+        for handler in handlers:
+            try:
+                handler(event)
+            except Exception as exc:
+                _OOM["errors"] += 1
+                _OOM["last_error"] = short_error(exc)
+    except Exception as exc:
+        _OOM["errors"] += 1
+        _OOM["last_error"] = short_error(exc)
+
+
+def _device_total(torch: Any, device: int, fallback: int) -> int:
+    totals = _OOM["totals"]
+    if device not in totals:
+        try:
+            totals[device] = int(torch.cuda.get_device_properties(device).total_memory)
+        except Exception:
+            return fallback
+    return totals[device]
+
+
+def _build_event(device: int, alloc_size: int, device_limit: int, device_free: int) -> OomEvent:
+    torch = _torch()
+    snapshot: dict | None = None
+    snap_error = None
+    try:
+        snapshot = torch.cuda.memory._snapshot()
+    except Exception as exc:
+        snap_error = short_error(exc)
+    request = _oom_request_size(snapshot, device)
+    total = _device_total(torch, device, device_limit)
+    if snapshot is not None:
+        facts = classify_oom(
+            snapshot.get("segments", ()),
+            device,
+            alloc_size=alloc_size,
+            device_total=total,
+            device_free=device_free,
+            request_size=request,
+        )
+    else:
+        facts = {"cause": "unknown", "explanation": f"no snapshot at the OOM: {snap_error}"}
+    return OomEvent(
+        time=time.time(),
+        device=device,
+        alloc_size=alloc_size,
+        device_limit=device_limit,
+        device_free=device_free,
+        request_size=request,
+        snapshot=snapshot,
+        snapshot_error=snap_error,
+        **facts,
+    )
+
+
+def _attach_now() -> None:
+    """Attach the trampoline (CUDA is initialised, or being initialised by the user's code)."""
+    try:
+        torch = _torch()
+        attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+        if attach is None:
+            _OOM["last_error"] = "this torch has no OOM observer hook"
+            return
+        attach(_trampoline)
+        _OOM["attached"] = True
+    except Exception as exc:  # runs inside torch's lazy init when queued: never raise there
+        _OOM["errors"] += 1
+        _OOM["last_error"] = short_error(exc)
+
+
+def _ensure_observer(*, defer: bool) -> bool:
+    """Attach the trampoline once per process, never initialising CUDA.
+
+    If CUDA is initialised, attach now. Else, with ``defer``, queue the attach with
+    ``torch.cuda._lazy_call`` so it runs right after the user's code initialises CUDA.
+    Returns whether it is attached now.
+    """
+    with _OOM_LOCK:
+        if _OOM["attached"]:
+            return True
+        try:
+            torch = _torch()
+            if not torch.cuda.is_available():
+                return False
+            if torch.cuda.is_initialized():
+                _attach_now()
+            elif defer and not _OOM["queued"]:
+                lazy_call = getattr(torch.cuda, "_lazy_call", None)
+                if lazy_call is not None:
+                    lazy_call(_attach_now)
+                    _OOM["queued"] = True
+        except Exception as exc:
+            _OOM["last_error"] = short_error(exc)
+        return bool(_OOM["attached"])
+
+
+def _add_handler(handler: OomHandler) -> None:
+    with _OOM_LOCK:
+        if handler not in _OOM["handlers"]:
+            _OOM["handlers"] = (*_OOM["handlers"], handler)
+
+
+def _remove_handler(handler: OomHandler) -> None:
+    with _OOM_LOCK:
+        _OOM["handlers"] = tuple(h for h in _OOM["handlers"] if h != handler)
+
+
+def oom_observer_status() -> dict[str, Any]:
+    """Process-wide observer facts for the panel and tests (a copy)."""
+    with _OOM_LOCK:
+        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in _OOM.items()}
+
+
+def _reset_observer_for_tests() -> None:
+    with _OOM_LOCK:
+        _OOM.update(
+            attached=False, queued=False, handlers=(), last={}, dropped=0, errors=0, totals={}
+        )
+        _OOM["last_error"] = None
+
+
+# --------------------------------------------------------------------------------------------
+# capture_oom: for scripts and torchrun jobs.
+# --------------------------------------------------------------------------------------------
+def _write_pickle(obj: Any, path: Path) -> None:
+    """Protocol 4 (memory_viz rejects 5), written atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            pickle.dump(obj, f, protocol=4)
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class OomCapture:
+    """Context manager behind `capture_oom`; see there."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        text = os.fspath(path)
+        if not text:
+            raise ValueError("capture_oom needs a file path, got an empty string")
+        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+        try:
+            text = text.format(rank=rank, pid=os.getpid())
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(
+                f"capture_oom path {text!r}: only {{rank}} and {{pid}} may be used"
+            ) from exc
+        self.path = Path(text)
+        self.events: list[OomEvent] = []
+        self.written: Path | None = None
+        self.error: str | None = None
+        self.attached = False
+
+    def _on_oom(self, event: OomEvent) -> None:
+        self.events.append(event)
+        if self.written is not None or event.snapshot is None:
+            if event.snapshot is None:
+                self.error = event.snapshot_error
+            return
+        try:
+            _write_pickle(event.snapshot, self.path)
+            self.written = self.path
+        except Exception as exc:
+            self.error = f"could not write {self.path}: {short_error(exc)}"
+
+    def __enter__(self) -> OomCapture:
+        _add_handler(self._on_oom)
+        self.attached = _ensure_observer(defer=True)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        _remove_handler(self._on_oom)
+        if self.written is None and exc is not None and _is_oom_error(exc):
+            # The observer did not run (old torch, or attach failed): the state is still the
+            # post-flush one, and the failing frame's tensors are alive in the traceback.
+            try:
+                snapshot = _torch().cuda.memory._snapshot()
+                _write_pickle(snapshot, self.path)
+                self.written = self.path
+            except Exception as err:
+                self.error = f"no snapshot written at the OOM: {short_error(err)}"
+        return None
+
+
+def _is_oom_error(exc: BaseException) -> bool:
+    try:
+        return isinstance(exc, _torch().OutOfMemoryError)
+    except Exception:
+        return "out of memory" in str(exc).lower()
+
+
+def capture_oom(path: str | os.PathLike[str] = "oom_snapshot.pickle") -> OomCapture:
+    """Write the allocator snapshot at the moment of an out-of-memory error.
+
+    For scripts and torchrun jobs. The snapshot is taken inside PyTorch's OOM observer (in the
+    failing thread, after the allocator flushed its cache), so it shows the state the allocation
+    failed in, with the ``oom`` trace entry when history is recorded. The first failure inside the
+    block is written (protocol 4, atomically); later ones are kept in ``.events``. The error still
+    propagates. Nothing initialises CUDA: if CUDA starts inside the block, the observer is attached
+    as CUDA initialises. Without CUDA this does nothing.
+
+    Parameters
+    ----------
+    path : str or path-like
+        Where to write. ``{rank}`` and ``{pid}`` are filled in (RANK from torchrun).
+
+    Returns
+    -------
+    OomCapture
+        With ``written`` (the path, once written), ``events`` and ``error``.
+
+    Examples
+    --------
+    >>> import gpumemviz
+    >>> with gpumemviz.capture_oom("/tmp/oom_{rank}.pickle") as cap:
+    ...     pass  # train here
+    >>> cap.written is None
+    True
+    """
+    return OomCapture(path)
+
+
+# --------------------------------------------------------------------------------------------
+# The source.
+# --------------------------------------------------------------------------------------------
+def _accepts(func: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _history_enabled(torch: Any) -> bool | None:
+    fn = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+    if fn is None:
+        return None
+    try:
+        return bool(fn())
+    except Exception:
+        return None
+
+
+class TorchCudaSource:
+    """Live samples of one CUDA device from torch's caching allocator.
+
+    Parameters
+    ----------
+    device : int
+        CUDA device index.
+    nvml : bool
+        Read NVML for device-wide memory and other processes (default True).
+
+    Examples
+    --------
+    >>> src = TorchCudaSource(0)
+    >>> src.sample().state in {"ok", "waiting", "unavailable"}
+    True
+    """
+
+    label = "torch.cuda"
+    demo = False
+
+    def __init__(self, device: int = 0, *, nvml: bool = True) -> None:
+        if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+            raise ValueError(f"device must be a non-negative int, got {device!r}")
+        self.device = device
+        self._use_nvml = nvml
+        self._nvml: NvmlReader | None = None
+        self._info: DeviceInfo | None = None
+        self._we_record = False  # gpumemviz turned history recording on
+        self._fast_snapshot: bool | None = None  # memory_snapshot(include_traces=...) exists
+        self._snapshot_cost = 0.0  # seconds the last fallback segment read took
+        self._oom_on = False
+        self._oom_handler: Callable[[OomEvent], Any] | None = None
+        self._closed = False
+
+    # capabilities --------------------------------------------------------------------------
+    @property
+    def capabilities(self) -> frozenset[str]:
+        caps = {"empty_cache", "export", "oom", "record_history"}
+        if self._info is None or self._info.backend != "cudaMallocAsync":
+            caps.add("segments")
+        if self._use_nvml:
+            caps.add("nvml")
+        return frozenset(caps)
+
+    @property
+    def segment_interval_hint(self) -> float:
+        """Shortest sensible gap between segment reads, in seconds (0 when any gap is fine)."""
+        gap = 0.0
+        if self._snapshot_cost > _SLOW_SNAPSHOT_S:
+            gap = self._snapshot_cost / _SNAPSHOT_DUTY
+        try:
+            torch = _torch()
+            if torch.cuda.is_initialized() and not self._we_record and _history_enabled(torch):
+                gap = max(gap, _RECORDING_GAP_S)
+        except Exception:
+            pass
+        return gap
+
+    # reading -------------------------------------------------------------------------------
+    def _device_info(self, torch: Any) -> DeviceInfo:
+        if self._info is None:
+            cuda = torch.cuda
+            props = cuda.get_device_properties(self.device)
+            try:
+                backend = str(cuda.get_allocator_backend())
+            except Exception:
+                backend = None
+            settings = ""
+            getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+            try:
+                settings = str(getter()) if getter is not None else ""
+            except Exception:
+                settings = ""
+            if not settings:
+                settings = os.environ.get(
+                    "PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF", "")
+                )
+            major, minor = getattr(props, "major", None), getattr(props, "minor", None)
+            self._info = DeviceInfo(
+                index=self.device,
+                name=str(getattr(props, "name", "")),
+                total_memory=int(getattr(props, "total_memory", 0)),
+                uuid=normalize_uuid(getattr(props, "uuid", None)),
+                capability=(int(major), int(minor)) if major is not None else None,
+                backend=backend,
+                allocator_settings=settings,
+                torch_version=str(getattr(torch, "__version__", "")),
+            )
+        return self._info
+
+    def _segments(self, torch: Any) -> tuple[Any, str | None]:
+        """This device's segment state as a Snapshot, or None and why."""
+        from gpumemviz.snapshot import Snapshot
+
+        cuda = torch.cuda
+        if self._fast_snapshot is None:
+            self._fast_snapshot = _accepts(cuda.memory_snapshot, "include_traces")
+        t0 = time.perf_counter()
+        if self._fast_snapshot:
+            raw = cuda.memory_snapshot(include_traces=False)
+        else:
+            raw = cuda.memory_snapshot()
+            self._snapshot_cost = time.perf_counter() - t0
+        mine = [s for s in raw if s.get("device", self.device) == self.device]
+        note = None
+        if not self._fast_snapshot and self._snapshot_cost > _SLOW_SNAPSHOT_S:
+            note = (
+                f"segment map every {self.segment_interval_hint:.0f} s: memory_snapshot took "
+                f"{self._snapshot_cost * 1e3:.0f} ms (torch < 2.11 copies the recorded history)"
+            )
+        return Snapshot.from_torch(mine), note
+
+    def sample(self, *, segments: bool = True) -> Sample:
+        """Read stats, and segment state when ``segments``; never raises."""
+        t, mono = time.time(), time.monotonic()
+        base: dict[str, Any] = {
+            "time": t,
+            "monotonic": mono,
+            "device": self.device,
+            "source_label": self.label,
+        }
+        try:
+            torch = _torch()
+        except ImportError:
+            return Sample(
+                stats=None, state="unavailable", errors=("torch is not installed",), **base
+            )
+        try:
+            cuda = torch.cuda
+            if not cuda.is_available():
+                reason = f"CUDA is not available (torch {getattr(torch, '__version__', '?')})"
+                return Sample(stats=None, state="unavailable", errors=(reason,), **base)
+            if not cuda.is_initialized():
+                return Sample(
+                    stats=None, state="waiting", segments_note=WAITING, notes=(WAITING,), **base
+                )
+            count = cuda.device_count()
+            if self.device >= count:
+                reason = f"no CUDA device {self.device} (this process sees {count})"
+                return Sample(stats=None, state="unavailable", errors=(reason,), **base)
+        except Exception as exc:
+            return Sample(stats=None, state="error", errors=(short_error(exc),), **base)
+
+        errors: list[str] = []
+        info = None
+        try:
+            info = self._device_info(torch)
+        except Exception as exc:
+            errors.append(f"device properties: {short_error(exc)}")
+        if self._oom_on:
+            _ensure_observer(defer=False)
+        stats = None
+        try:
+            stats = MemoryStats.from_torch(cuda.memory_stats(self.device))
+        except Exception as exc:
+            errors.append(f"memory_stats: {short_error(exc)}")
+        snap, note = None, None
+        if info is not None and info.backend == "cudaMallocAsync":
+            note = ASYNC_NOTE
+        elif segments:
+            try:
+                snap, note = self._segments(torch)
+            except Exception as exc:
+                errors.append(f"memory_snapshot: {short_error(exc)}")
+                note = "segment map not readable"
+        else:
+            note = "segment state not read this tick"
+        reserved = stats.reserved if stats is not None else None
+        nvml_info = None
+        if self._use_nvml:
+            if self._nvml is None:
+                self._nvml = NvmlReader(self.device, info.uuid if info else None)
+            nvml_info = self._nvml.read(reserved)
+        dev_total = dev_free = None
+        if nvml_info is None or not nvml_info.available:
+            dev_free, dev_total = self._mem_get_info(cuda, stats)
+            if dev_total is not None and nvml_info is not None and reserved is not None:
+                # NVML is missing: the driver's own count still tells what PyTorch does not hold.
+                nvml_info = NvmlInfo(
+                    available=False,
+                    reason=nvml_info.reason,
+                    total=dev_total,
+                    used=dev_total - dev_free,
+                    free=dev_free,
+                    non_pytorch=dev_total - dev_free - reserved,
+                )
+        return Sample(
+            stats=stats,
+            segments=snap,
+            nvml=nvml_info,
+            errors=tuple(errors),
+            state="ok" if stats is not None else "error",
+            device_info=info,
+            segments_note=note,
+            **base,
+        )
+
+    def _mem_get_info(self, cuda: Any, stats: MemoryStats | None) -> tuple[int | None, int | None]:
+        """cudaMemGetInfo, only on a device this process already uses (it creates a context)."""
+        if stats is None or (stats.peak_reserved == 0 and stats.get("num_device_alloc", 0) == 0):
+            return None, None
+        try:
+            free, total = cuda.mem_get_info(self.device)
+            return int(free), int(total)
+        except Exception:
+            return None, None
+
+    # OOM ------------------------------------------------------------------------------------
+    def set_oom_handler(self, handler: Callable[[OomEvent], Any] | None) -> None:
+        """Install (or remove, with None) the function called with each OOM of this device.
+
+        The handler runs in the user's allocating thread: it must only queue the event.
+        """
+        if self._oom_handler is not None:
+            _remove_handler(self._oom_handler)
+            self._oom_handler = None
+        self._oom_on = handler is not None
+        if handler is None:
+            return
+        device = self.device
+
+        def on_oom(event: OomEvent) -> None:
+            if event.device == device:
+                handler(event)
+
+        self._oom_handler = on_oom
+        _add_handler(on_oom)
+        _ensure_observer(defer=True)
+
+    def oom_sample(self, event: OomEvent) -> Sample:
+        """The segment state at an OOM, as a sample (built off the user's thread)."""
+        snap, errors = None, []
+        if event.snapshot is not None:
+            try:
+                from gpumemviz.snapshot import Snapshot
+
+                mine = {
+                    **event.snapshot,
+                    "segments": [
+                        s
+                        for s in event.snapshot.get("segments", ())
+                        if s.get("device", self.device) == self.device
+                    ],
+                }
+                snap = Snapshot.from_torch(mine)
+            except Exception as exc:
+                errors.append(f"OOM snapshot: {short_error(exc)}")
+        elif event.snapshot_error:
+            errors.append(f"OOM snapshot: {event.snapshot_error}")
+        return Sample(
+            time=event.time,
+            monotonic=time.monotonic(),
+            device=self.device,
+            stats=None,
+            segments=snap,
+            errors=tuple(errors),
+            source_label=self.label,
+            device_info=self._info,
+            oom=event,
+            keyframe=True,
+        )
+
+    # commands ------------------------------------------------------------------------------
+    def empty_cache(self) -> dict[int, int]:
+        """Release cached memory; bytes released per device.
+
+        torch's ``empty_cache`` flushes every device's cache, waits on pending events and calls
+        cudaFree (which synchronises the device), so it stalls running work on all devices.
+        """
+        torch = _torch()
+        cuda = torch.cuda
+        if not cuda.is_available() or not cuda.is_initialized():
+            raise SourceCommandError("cannot empty the cache: " + WAITING)
+        devices = range(cuda.device_count())
+
+        def reserved() -> dict[int, int]:
+            return {
+                d: int(cuda.memory_stats(d).get("reserved_bytes.all.current", 0)) for d in devices
+            }
+
+        before = reserved()
+        cuda.empty_cache()
+        after = reserved()
+        return {d: before[d] - after.get(d, 0) for d in before}
+
+    def export(self) -> dict:
+        """The full ``torch.cuda.memory._snapshot()`` dict (all devices, recorded history)."""
+        torch = _torch()
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            raise SourceCommandError("nothing to export: " + WAITING)
+        return torch.cuda.memory._snapshot()
+
+    def record_history(
+        self,
+        enabled: bool = True,
+        *,
+        max_entries: int = 100_000,
+        stacks: str = "python",
+        context: str = "all",
+    ) -> None:
+        """Turn torch's allocation history on (python stacks by default) or off.
+
+        gpumemviz passes ``skip_actions=["snapshot"]`` so its own segment reads do not fill the
+        ring. ``stacks="all"`` adds C++ frames; dumps then take minutes on big jobs.
+        """
+        if stacks not in {"python", "all"}:
+            raise ValueError(f"stacks must be 'python' or 'all', got {stacks!r}")
+        torch = _torch()
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            raise SourceCommandError("cannot record history: " + WAITING)
+        record = torch.cuda.memory._record_memory_history
+        if not enabled:
+            record(enabled=None)
+            self._we_record = False
+            return
+        kwargs: dict[str, Any] = {
+            "enabled": "all",
+            "context": context,
+            "stacks": stacks,
+            "max_entries": int(max_entries),
+        }
+        if _accepts(record, "skip_actions"):
+            kwargs["skip_actions"] = ["snapshot"]
+        record(**kwargs)
+        self._we_record = "skip_actions" in kwargs
+
+    def close(self) -> None:
+        """Remove the OOM handler (the observer itself stays attached, as a no-op)."""
+        self.set_oom_handler(None)
+        self._closed = True

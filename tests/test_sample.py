@@ -1,0 +1,131 @@
+"""sample.py: frozen values, compact stats, byte estimates."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from gpumemviz.sample import MemoryStats, NvmlInfo, Sample, snapshot_nbytes
+
+# The keys torch 2.13's memory_stats() returns (reference torch-allocator.md section 4.1).
+STAT_ARRAYS = (
+    "allocation",
+    "segment",
+    "active",
+    "inactive_split",
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "inactive_split_bytes",
+    "requested_bytes",
+)
+
+
+def torch_like_stats(allocated: int, reserved: int) -> dict[str, int]:
+    d: dict[str, int] = {}
+    for name in STAT_ARRAYS:
+        for pool in ("all", "small_pool", "large_pool"):
+            for kind in ("current", "peak", "allocated", "freed"):
+                d[f"{name}.{pool}.{kind}"] = 0
+    for kind in ("current", "peak", "allocated", "freed"):
+        d[f"oversize_allocations.{kind}"] = 0
+        d[f"oversize_segments.{kind}"] = 0
+    for k in ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc"):
+        d[k] = 0
+    d["num_device_free"] = 0
+    d["max_split_size"] = -1
+    d["allocated_bytes.all.current"] = allocated
+    d["allocated_bytes.all.peak"] = allocated
+    d["reserved_bytes.all.current"] = reserved
+    d["reserved_bytes.all.peak"] = reserved
+    d["num_alloc_retries"] = 2
+    return d
+
+
+def test_stats_read_like_torch_dict_and_name_the_live_figures():
+    raw = torch_like_stats(allocated=3 << 20, reserved=20 << 20)
+    s = MemoryStats.from_torch(raw)
+    assert dict(s) == raw
+    assert s.as_dict() == raw
+    assert len(s) == len(raw) > 100
+    assert s["max_split_size"] == -1
+    assert (s.allocated, s.reserved, s.cached) == (3 << 20, 20 << 20, 17 << 20)
+    assert s.num_alloc_retries == 2
+    assert s.peak_reserved == 20 << 20
+    assert "no.such.key" not in s
+    assert s.get("no.such.key", 7) == 7
+
+
+def test_stats_are_frozen_and_compact():
+    s = MemoryStats.from_torch(torch_like_stats(1, 2))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.values = np.zeros(1)  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        s.values[0] = 5
+    # ~150 int64 values; the key tuple is shared between samples of the same key set
+    assert s.nbytes < 1500
+    t = MemoryStats.from_torch(torch_like_stats(5, 6))
+    assert t.keys_ is s.keys_
+    assert t != s
+    assert MemoryStats.from_torch(s.as_dict()) == s
+
+
+def test_stats_missing_keys_read_as_zero_in_properties():
+    s = MemoryStats.from_torch({})
+    assert (s.allocated, s.reserved, s.active, s.inactive_split, s.num_ooms) == (0, 0, 0, 0, 0)
+    assert len(s) == 0
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ([1, 2], "must be a dict"),
+        ({"a": "x"}, "'a': expected a number"),
+        ({"a": True}, "'a': expected a number"),
+        ({1: 2}, "1: expected a number"),
+    ],
+)
+def test_bad_stats_get_a_one_line_error(bad, message):
+    with pytest.raises(ValueError, match=message) as info:
+        MemoryStats.from_torch(bad)
+    assert "\n" not in str(info.value)
+
+
+def test_float_stats_are_kept_as_floats():
+    s = MemoryStats.from_torch({"a": 1, "b": 0.5})
+    assert s["b"] == 0.5 and s["a"] == 1.0
+
+
+def test_failed_sample_says_why_and_is_frozen():
+    s = Sample.failed(2, "memory_stats: boom", source_label="x")
+    assert (s.state, s.device, s.stats, s.errors) == ("error", 2, None, ("memory_stats: boom",))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.state = "ok"  # type: ignore[misc]
+    assert s.replace(seq=4).seq == 4 and s.seq == -1
+
+
+def test_non_pytorch_bytes_comes_from_nvml_only_when_available():
+    base = Sample.failed(0, "x")
+    assert base.non_pytorch_bytes is None
+    assert base.replace(nvml=NvmlInfo.unavailable("no driver")).non_pytorch_bytes is None
+    info = NvmlInfo(available=True, total=100, used=60, free=40, non_pytorch=10, synthetic=True)
+    assert base.replace(nvml=info).non_pytorch_bytes == 10
+
+
+def test_snapshot_bytes_are_estimated_from_numpy_columns(real_dict):
+    from gpumemviz.snapshot import Snapshot
+
+    snap = Snapshot.from_torch(real_dict)
+    cols = 0
+    for table in (snap.segments, snap.blocks):
+        for f in dataclasses.fields(table):
+            v = getattr(table, f.name)
+            if isinstance(v, np.ndarray):
+                cols += v.nbytes
+    est = snapshot_nbytes(snap)
+    assert est >= cols
+    assert est >= 40 * snap.n_blocks
+    with_segments = Sample.failed(0, "x").replace(segments=snap)
+    assert with_segments.nbytes - Sample.failed(0, "x").nbytes == est

@@ -1,0 +1,546 @@
+"""sources/torch_cuda.py against the real snapshot files, served through a stand-in torch.cuda.
+
+Only what cannot exist on a CPU machine is stood in for: the few torch.cuda functions the source
+calls (is_available, is_initialized, memory_stats, memory_snapshot, memory._snapshot, mem_get_info,
+get_device_properties, empty_cache, get_allocator_backend, _record_memory_history, _lazy_call)
+and the OOM observer attach in torch._C. The segment state they serve is a real file's; device
+totals, free bytes and UUIDs are SYNTHETIC stand-in values and named so.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+import pickletools
+import sys
+import time
+import types
+
+import pytest
+import torch
+
+from conftest import REAL_DIR, REAL_FILES, read_real
+from gpumemviz.sample import MemoryStats, OomEvent
+from gpumemviz.sources import SourceCommandError, default_source
+from gpumemviz.sources import nvml as nvml_mod
+from gpumemviz.sources import torch_cuda as tc
+from gpumemviz.sources.torch_cuda import TorchCudaSource, capture_oom, classify_oom
+
+GiB = 1 << 30
+SYNTHETIC_TOTAL = 80 * GiB  # SYNTHETIC: stand-in device total (the files do not record it)
+SYNTHETIC_CONTEXT = 600 << 20  # SYNTHETIC: CUDA context + libraries outside the allocator
+OOM_FILE = REAL_DIR / "Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle"
+STATE_FILE = REAL_DIR / "kkaitlyn111__cs336-a2-systems__memory_snapshot.pickle"
+needs_real = pytest.mark.skipif(not REAL_FILES, reason="no real snapshots")
+
+
+def stats_from_segments(segments: list[dict], device: int) -> dict[str, int]:
+    """memory_stats() figures that follow from a segment list (the allocator's own sums)."""
+    mine = [s for s in segments if s.get("device", 0) == device]
+    inactive_split = sum(
+        b["size"]
+        for s in mine
+        if not s.get("is_expandable") and any(b["state"] != "inactive" for b in s["blocks"])
+        for b in s["blocks"]
+        if b["state"] == "inactive"
+    )
+    reserved = sum(s["total_size"] for s in mine)
+    allocated = sum(s["allocated_size"] for s in mine)
+    out = {
+        "allocated_bytes.all.current": allocated,
+        "allocated_bytes.all.peak": allocated,
+        "reserved_bytes.all.current": reserved,
+        "reserved_bytes.all.peak": reserved,
+        "active_bytes.all.current": sum(s.get("active_size", s["allocated_size"]) for s in mine),
+        "requested_bytes.all.current": sum(s.get("requested_size", 0) for s in mine),
+        "inactive_split_bytes.all.current": inactive_split,
+        "segment.all.current": sum(1 for s in mine if not s.get("is_expandable")),
+        "num_device_alloc": len(mine),
+        "num_alloc_retries": 0,
+        "num_ooms": 0,
+    }
+    return out
+
+
+class FakeCuda(types.SimpleNamespace):
+    """A stand-in `torch.cuda` serving one real snapshot dict; records what was called."""
+
+    def __init__(self, snapshot: dict, *, initialized: bool = True, backend: str = "native"):
+        super().__init__()
+        self.state = copy.deepcopy(snapshot)
+        self.initialized = initialized
+        self.backend = backend
+        self.calls: list[str] = []
+        self.queued: list = []
+        self.history_calls: list[dict] = []
+        self.snapshot_delay = 0.0
+        n_dev = max([s["device"] for s in self.state["segments"]] + [0]) + 1
+        self.n_devices = max(n_dev, len(self.state.get("device_traces", [])))
+        fake = self
+
+        def _record_memory_history(
+            enabled="all",
+            context="all",
+            stacks="all",
+            max_entries=sys.maxsize,
+            device=None,
+            clear_history=False,
+            compile_context=False,
+            global_record_annotations=False,
+            skip_actions=None,
+        ):
+            fake.history_calls.append(
+                {"enabled": enabled, "context": context, "stacks": stacks,
+                 "max_entries": max_entries, "skip_actions": skip_actions}
+            )  # fmt: skip
+
+        def _snapshot(device=None, augment_with_fx_traces=False):
+            fake.calls.append("_snapshot")
+            return copy.deepcopy(fake.state)
+
+        self.memory = types.SimpleNamespace(
+            _snapshot=_snapshot, _record_memory_history=_record_memory_history
+        )
+
+    def _init(self) -> None:
+        """What torch's _lazy_init does: mark initialised, then run the queued calls."""
+        self.initialized = True
+        for fn in self.queued:
+            fn()
+        self.queued.clear()
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+    def device_count(self) -> int:
+        return self.n_devices
+
+    def _need_init(self, what: str) -> None:
+        self.calls.append(what)
+        if not self.initialized:  # these create a CUDA context: the source must not call them
+            raise AssertionError(f"{what} called before CUDA was initialised")
+
+    def memory_stats(self, device=None) -> dict:
+        self.calls.append("memory_stats")
+        if not self.initialized:
+            return {}
+        return stats_from_segments(self.state["segments"], device or 0)
+
+    def memory_snapshot(self, mempool_id=None, include_traces=True):
+        self._need_init(f"memory_snapshot(include_traces={include_traces})")
+        if self.snapshot_delay:
+            time.sleep(self.snapshot_delay)
+        return copy.deepcopy(self.state["segments"])
+
+    def mem_get_info(self, device=None):
+        self._need_init("mem_get_info")
+        reserved = stats_from_segments(self.state["segments"], device or 0)
+        used = reserved["reserved_bytes.all.current"] + SYNTHETIC_CONTEXT
+        return SYNTHETIC_TOTAL - used, SYNTHETIC_TOTAL
+
+    def get_device_properties(self, device=None):
+        self._need_init("get_device_properties")
+        return types.SimpleNamespace(
+            name="SYNTHETIC stand-in GPU",
+            total_memory=SYNTHETIC_TOTAL,
+            uuid=f"5eed0000-0000-0000-0000-00000000000{device}",  # SYNTHETIC
+            major=9,
+            minor=0,
+        )
+
+    def get_allocator_backend(self) -> str:
+        self.calls.append("get_allocator_backend")
+        return self.backend
+
+    def empty_cache(self) -> None:
+        """torch's rule: free every fully free non-expandable segment, on every device."""
+        self._need_init("empty_cache")
+        self.state["segments"] = [
+            s
+            for s in self.state["segments"]
+            if s.get("is_expandable") or any(b["state"] != "inactive" for b in s["blocks"])
+        ]
+
+    def _lazy_call(self, fn) -> None:
+        if self.initialized:
+            fn()
+        else:
+            self.queued.append(fn)
+
+
+class LegacyFakeCuda(FakeCuda):
+    """torch < 2.11: memory_snapshot has no include_traces and copies the recorded history."""
+
+    def memory_snapshot(self, mempool_id=None):  # type: ignore[override]
+        return super().memory_snapshot(mempool_id)
+
+
+@pytest.fixture
+def serve(monkeypatch):
+    """Install a stand-in torch.cuda for one real file; returns (fake, observers attached)."""
+    attached: list = []
+    tc._reset_observer_for_tests()
+
+    def install(snapshot: dict, cls=FakeCuda, history_enabled=False, **kw):
+        fake = cls(snapshot, **kw)
+        monkeypatch.setattr(torch, "cuda", fake)
+        monkeypatch.setattr(
+            torch._C, "_cuda_attach_out_of_memory_observer", attached.append, raising=False
+        )
+        monkeypatch.setattr(
+            torch._C, "_cuda_isHistoryEnabled", lambda: fake.history_enabled, raising=False
+        )
+        fake.history_enabled = history_enabled
+        return fake, attached
+
+    yield install
+    tc._reset_observer_for_tests()
+
+
+# ------------------------------------------------------------------------------------------------
+def test_on_this_cpu_machine_the_real_torch_says_unavailable():
+    src = TorchCudaSource(0)
+    s = src.sample()
+    assert s.state == "unavailable"
+    assert s.stats is None
+    assert "CUDA is not available" in s.errors[0]
+    with pytest.raises(SourceCommandError, match="waiting for CUDA"):
+        src.export()
+
+
+def test_default_source_without_cuda_is_not_the_torch_source():
+    src = default_source(0)
+    assert not isinstance(src, TorchCudaSource)
+    s = src.sample()
+    assert s.demo or s.state == "unavailable"
+    with pytest.raises(ValueError, match="non-negative int"):
+        default_source(-1)
+
+
+def test_bad_device_is_a_clear_error():
+    with pytest.raises(ValueError, match="device must be a non-negative int, got 'x'"):
+        TorchCudaSource("x")  # type: ignore[arg-type]
+
+
+@needs_real
+def test_waits_for_cuda_and_never_initialises_it(serve):
+    fake, attached = serve(read_real(STATE_FILE), initialized=False)
+    src = TorchCudaSource(0, nvml=False)
+    src.set_oom_handler(lambda e: None)
+    s = src.sample()
+    assert s.state == "waiting"
+    assert "waiting for CUDA" in s.segments_note
+    assert s.stats is None and s.segments is None
+    # nothing that creates a context was called, and the observer is only queued
+    assert not [c for c in fake.calls if c not in ("memory_stats", "get_allocator_backend")]
+    assert attached == []
+    assert len(fake.queued) == 1
+    fake._init()  # the user's code initialises CUDA: the queued attach runs then
+    assert attached == [tc._trampoline]
+    assert src.sample().state == "ok"
+
+
+@needs_real
+@pytest.mark.parametrize("path", REAL_FILES, ids=lambda p: p.name.split("__")[0])
+def test_serves_stats_and_segments_of_its_device_from_real_files(serve, path):
+    raw = read_real(path)
+    if isinstance(raw, list):
+        raw = {"segments": raw, "device_traces": []}
+    fake, _ = serve(raw)
+    device = max(s["device"] for s in raw["segments"])  # the last device, not always 0
+    src = TorchCudaSource(device, nvml=False)
+    s = src.sample(segments=True)
+    assert s.state == "ok", s.errors
+    mine = [seg for seg in raw["segments"] if seg["device"] == device]
+    assert s.stats.reserved == sum(seg["total_size"] for seg in mine)
+    assert s.segments.n_segments == len(mine)
+    assert s.segments.n_blocks == sum(len(seg["blocks"]) for seg in mine)
+    assert int(s.segments.segments.total_size.sum()) == s.stats.reserved
+    assert "memory_snapshot(include_traces=False)" in fake.calls
+    assert s.device_info.name == "SYNTHETIC stand-in GPU"
+    assert s.device_info.uuid == f"5eed0000-0000-0000-0000-00000000000{device}"
+    assert s.device_info.backend == "native"
+    # stats-only ticks do not touch the segment map
+    fake.calls.clear()
+    s2 = src.sample(segments=False)
+    assert s2.segments is None and s2.stats == s.stats
+    assert not any(c.startswith("memory_snapshot") for c in fake.calls)
+
+
+@needs_real
+def test_old_torch_fallback_is_timed_and_spaced_out(serve):
+    fake, _ = serve(read_real(STATE_FILE), cls=LegacyFakeCuda)
+    fake.snapshot_delay = 0.05  # a large recorded history makes each call expensive
+    src = TorchCudaSource(0, nvml=False)
+    s = src.sample()
+    assert s.segments is not None
+    assert "memory_snapshot(include_traces=True)" in fake.calls
+    assert src.segment_interval_hint >= 0.05 / 0.01 * 0.9
+    assert "torch < 2.11" in s.segments_note
+
+
+@needs_real
+def test_reads_slowly_while_the_user_records_history_and_skips_own_snapshots(serve):
+    fake, _ = serve(read_real(STATE_FILE), history_enabled=True)
+    src = TorchCudaSource(0, nvml=False)
+    assert src.segment_interval_hint >= 10
+    src.record_history(max_entries=5000)
+    assert fake.history_calls[-1] == {
+        "enabled": "all",
+        "context": "all",
+        "stacks": "python",
+        "max_entries": 5000,
+        "skip_actions": ["snapshot"],
+    }
+    assert src.segment_interval_hint == 0  # our own recording skips snapshot entries
+    src.record_history(False)
+    assert fake.history_calls[-1]["enabled"] is None
+    with pytest.raises(ValueError, match="stacks must be"):
+        src.record_history(stacks="cpp")
+
+
+@needs_real
+def test_cuda_malloc_async_backend_keeps_stats_and_says_why_no_map(serve):
+    fake, _ = serve(read_real(STATE_FILE), backend="cudaMallocAsync")
+    src = TorchCudaSource(0, nvml=False)
+    s = src.sample(segments=True)
+    assert s.segments is None and s.stats is not None
+    assert "cudaMallocAsync" in s.segments_note
+    assert "segments" not in src.capabilities
+    assert not any(c.startswith("memory_snapshot") for c in fake.calls)
+
+
+@needs_real
+def test_empty_cache_reports_release_per_device(serve):
+    raw = read_real(STATE_FILE)
+    serve(raw)
+    free_segments = sum(
+        s["total_size"]
+        for s in raw["segments"]
+        if all(b["state"] == "inactive" for b in s["blocks"])
+    )
+    assert free_segments > 10 * GiB  # 561 fully free cached segments in this real file
+    released = TorchCudaSource(0, nvml=False).empty_cache()
+    assert released == {0: free_segments}
+
+
+@needs_real
+def test_export_is_the_full_snapshot(serve):
+    raw = read_real(OOM_FILE)
+    serve(raw)
+    assert TorchCudaSource(1, nvml=False).export() == raw
+
+
+@needs_real
+def test_nvml_failure_becomes_not_available_and_cudamemgetinfo_fills_in(serve):
+    nvml_mod._reset_for_tests()
+    serve(read_real(STATE_FILE))
+    s = TorchCudaSource(0).sample(segments=False)
+    assert s.nvml.available is False
+    assert s.nvml.reason.startswith("NVML not available: NVMLError_LibraryNotFound")
+    # cudaMemGetInfo (this process already uses the device) still gives memory outside PyTorch
+    assert s.nvml.non_pytorch == SYNTHETIC_CONTEXT
+    assert s.non_pytorch_bytes is None  # ... but it is not NVML's figure
+    nvml_mod._reset_for_tests()
+
+
+def test_a_raising_memory_stats_becomes_an_error_sample(serve):
+    fake, _ = serve({"segments": [], "device_traces": [[]]})
+
+    def boom(device=None):
+        raise RuntimeError("CUDA error: an illegal memory access\nmore lines")
+
+    fake.memory_stats = boom
+    s = TorchCudaSource(0, nvml=False).sample()
+    assert s.state == "error"
+    assert s.errors == ("memory_stats: RuntimeError: CUDA error: an illegal memory access",)
+
+
+# OOM ----------------------------------------------------------------------------------------------
+def _oom_args(raw: dict) -> tuple[int, int, int, int]:
+    for device, trace in enumerate(raw["device_traces"]):
+        for e in trace:
+            if e["action"] == "oom":
+                return device, e["size"], SYNTHETIC_TOTAL, e["device_free"]
+    raise AssertionError("no oom entry")
+
+
+@needs_real
+def test_oom_observer_takes_the_snapshot_once_per_failure(serve):
+    raw = read_real(OOM_FILE)
+    # The file was dumped after the error unwound (174 frees follow the `oom` entry); inside the
+    # observer the trace ends at the `oom` entry, so serve it that way.
+    trace = raw["device_traces"][1]
+    cut = max(i for i, e in enumerate(trace) if e["action"] == "oom") + 1
+    raw["device_traces"][1] = trace[:cut]
+    fake, attached = serve(raw)
+    src = TorchCudaSource(1, nvml=False)
+    events: list[OomEvent] = []
+    src.set_oom_handler(events.append)
+    src.set_oom_handler(events.append)  # replacing the handler does not attach twice
+    assert attached == [tc._trampoline]
+    device, size, total, free = _oom_args(raw)
+    observer = attached[0]
+    observer(device, size, total, free)
+    observer(device, size // 2, total, free)  # a retry with a smaller workspace: same failure
+    assert len(events) == 1
+    ev = events[0]
+    assert (ev.device, ev.alloc_size, ev.device_free) == (1, size, free)
+    assert ev.request_size == size  # read back from the real `oom` trace entry
+    assert ev.snapshot == raw and fake.calls.count("_snapshot") == 1
+    assert ev.cause in {"capacity", "fragmentation", "outside"}
+    assert tc.oom_observer_status()["dropped"] == 1
+    # an OOM on another device is not this source's
+    tc._OOM["last"].clear()
+    observer(0, size, total, free)
+    assert len(events) == 1
+    # the sampler side: a keyframe sample with this device's segment state
+    sample = src.oom_sample(ev)
+    assert sample.oom is ev and sample.keyframe
+    assert sample.segments.n_segments == sum(1 for s in raw["segments"] if s["device"] == 1)
+
+
+@needs_real
+def test_stopped_handler_turns_the_observer_into_a_no_op(serve):
+    fake, attached = serve(read_real(OOM_FILE))
+    src = TorchCudaSource(1, nvml=False)
+    src.set_oom_handler(lambda e: None)
+    src.close()
+    attached[0](1, 1 << 20, SYNTHETIC_TOTAL, 0)
+    assert fake.calls.count("_snapshot") == 0  # no work at all in the user's thread
+
+
+@needs_real
+def test_observer_never_raises_into_user_code(serve):
+    fake, attached = serve(read_real(OOM_FILE))
+
+    def broken_snapshot(*a, **k):
+        raise RuntimeError("snapshot failed inside OOM")
+
+    fake.memory._snapshot = broken_snapshot
+    got: list[OomEvent] = []
+
+    def bad_handler(e):
+        got.append(e)
+        raise ValueError("handler bug")
+
+    src = TorchCudaSource(1, nvml=False)
+    src.set_oom_handler(bad_handler)
+    attached[0](1, 1 << 20, SYNTHETIC_TOTAL, 0)  # must not raise
+    assert got[0].snapshot is None and got[0].cause == "unknown"
+    assert "snapshot failed inside OOM" in got[0].snapshot_error
+    assert tc.oom_observer_status()["errors"] == 1
+    assert "handler bug" in tc.oom_observer_status()["last_error"]
+    attached[0]("garbage", None, None, None)  # even nonsense arguments
+
+
+@needs_real
+def test_capture_oom_writes_protocol_4_at_the_moment_of_failure(serve, tmp_path):
+    raw = read_real(OOM_FILE)
+    fake, attached = serve(raw, initialized=False)
+    with capture_oom(tmp_path / "oom_{rank}.pickle") as cap:
+        assert attached == []  # CUDA not initialised: attach is queued, not forced
+        fake._init()
+        attached[0](*_oom_args(raw))
+        assert cap.written == tmp_path / "oom_0.pickle"
+    data = cap.written.read_bytes()
+    protos = {arg for op, arg, _ in pickletools.genops(data) if op.name == "PROTO"}
+    assert protos == {4}
+    assert read_real(cap.written) == raw
+    assert len(cap.events) == 1
+    # after the block the observer does nothing for this capture
+    tc._OOM["last"].clear()
+    attached[0](*_oom_args(raw))
+    assert len(cap.events) == 1
+
+
+@needs_real
+def test_capture_oom_falls_back_to_the_exception_when_no_observer_ran(serve, tmp_path):
+    raw = read_real(OOM_FILE)
+    serve(raw)
+    path = tmp_path / "late.pickle"
+    with pytest.raises(torch.OutOfMemoryError), capture_oom(path) as cap:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.94 GiB")
+    assert cap.written == path
+    with path.open("rb") as f:
+        assert pickle.load(f)["segments"] == raw["segments"]  # our own file, just written
+
+
+def test_capture_oom_without_cuda_does_nothing(tmp_path):
+    with capture_oom(tmp_path / "x.pickle") as cap:
+        pass
+    assert cap.written is None and not cap.attached
+    assert not (tmp_path / "x.pickle").exists()
+    with pytest.raises(ValueError, match="only \\{rank\\} and \\{pid\\}"):
+        capture_oom(tmp_path / "{user}.pickle")
+
+
+def test_capture_oom_is_exported_lazily():
+    import gpumemviz
+
+    assert gpumemviz.capture_oom is capture_oom
+    assert "capture_oom" in gpumemviz.__all__
+
+
+# classification ----------------------------------------------------------------------------------
+MiB = 1 << 20
+
+
+def _seg(*blocks: tuple[int, str], device: int = 0) -> dict:
+    return {
+        "device": device,
+        "total_size": sum(b[0] for b in blocks),
+        "allocated_size": sum(b[0] for b in blocks if b[1] == "active_allocated"),
+        "blocks": [{"size": s, "state": st} for s, st in blocks],
+    }
+
+
+def test_classify_capacity_fragmentation_outside():
+    full = _seg((60 * MiB, "active_allocated"))
+    holes = _seg(
+        (8 * MiB, "inactive"), (8 * MiB, "active_allocated"), (8 * MiB, "inactive"), device=0
+    )
+    frag = classify_oom(
+        [holes], 0, alloc_size=12 * MiB, device_total=100 * MiB, device_free=70 * MiB - 12 * MiB
+    )
+    assert frag["cause"] == "fragmentation"
+    assert frag["free_in_segments"] == 16 * MiB and frag["largest_free_block"] == 8 * MiB
+    cap = classify_oom([full], 0, alloc_size=20 * MiB, device_total=64 * MiB, device_free=2 * MiB)
+    assert cap["cause"] == "capacity"
+    out = classify_oom([full], 0, alloc_size=20 * MiB, device_total=200 * MiB, device_free=5 * MiB)
+    assert out["cause"] == "outside" and out["outside_bytes"] == 135 * MiB
+    assert "request size unknown" in out["explanation"]
+    # other devices' segments are not counted
+    other = classify_oom(
+        [_seg((1 * GiB, "inactive"), device=3), full],
+        0,
+        alloc_size=20 * MiB,
+        device_total=64 * MiB,
+        device_free=2 * MiB,
+    )
+    assert other["reserved"] == 60 * MiB
+
+
+@needs_real
+def test_classify_the_real_capacity_oom_file():
+    raw = read_real(REAL_DIR / "Yiyi-philosophy__LLM-inference__oom_snapshot.pickle")
+    # torch 2.0 legacy blocks (no address): 11,292 of 11,296 MiB allocated, a true capacity OOM.
+    reserved = sum(s["total_size"] for s in raw["segments"])
+    got = classify_oom(
+        raw["segments"],
+        0,
+        alloc_size=20 * MiB,
+        device_total=reserved + SYNTHETIC_CONTEXT + 10 * MiB,  # SYNTHETIC: a full device
+        device_free=10 * MiB,
+    )
+    assert got["cause"] == "capacity"
+    assert got["reserved"] == reserved
+    assert got["largest_free_block"] < 20 * MiB
+
+
+def test_stats_helper_matches_the_memory_stats_names():
+    s = MemoryStats.from_torch(stats_from_segments([_seg((2 * MiB, "active_allocated"))], 0))
+    assert (s.allocated, s.reserved) == (2 * MiB, 2 * MiB)
