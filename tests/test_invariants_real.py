@@ -1,0 +1,46 @@
+"""The section 3.9 invariants hold on every real snapshot recorded on a GPU, and catch breakage."""
+
+from __future__ import annotations
+
+import copy
+
+from gpumemviz.allocator.invariants import check_invariants
+
+
+def test_real_snapshots_satisfy_the_invariants(real_dict):
+    assert check_invariants(real_dict) == []
+
+
+def _first_split_segment(d):
+    segs = d["segments"] if isinstance(d, dict) else d
+    for i, s in enumerate(segs):
+        if len(s["blocks"]) > 1:
+            return i
+    return None
+
+
+def test_a_broken_real_snapshot_is_reported(real_dict):
+    d = copy.deepcopy(real_dict)
+    segs = d["segments"] if isinstance(d, dict) else d
+    segs[0]["total_size"] += 512
+    problems = check_invariants(d)
+    assert any("segment 0" in p and "total_size" in p for p in problems)
+    i = _first_split_segment(d)
+    if i is not None:
+        segs[i]["blocks"][1]["size"] += 256  # not a multiple of 512, sizes no longer add up
+        problems = check_invariants(d)
+        assert any(p.startswith(f"segment {i} (") and "block 1: size" in p for p in problems)
+
+
+def test_time_going_backwards_is_reported(real_dict):
+    if not isinstance(real_dict, dict):
+        return
+    for trace in real_dict.get("device_traces") or []:
+        timed = [e for e in trace if "time_us" in e]
+        if len(timed) >= 2:
+            d = copy.deepcopy(real_dict)
+            t = [e for e in d["device_traces"][real_dict["device_traces"].index(trace)]
+                 if "time_us" in e]  # fmt: skip
+            t[1]["time_us"] = t[0]["time_us"] - 1
+            assert any("time_us" in p for p in check_invariants(d))
+            return
