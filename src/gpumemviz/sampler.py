@@ -1,0 +1,636 @@
+"""The background sampler: a source, read on a schedule, into a bounded history and listeners.
+
+Why it is shaped like this:
+
+- It never runs in the way of training: reads happen on a short-lived reader thread whose CPU
+  time (``time.thread_time``) is measured; segment state, the expensive part, is read at its own
+  rate and that rate stretches to keep the sampler inside a CPU budget (2 % of one core by
+  default). Cheap stats are read every tick.
+- It never hangs its owner: ``stop()`` returns within one interval even while a source call is
+  stuck (Python cannot kill a thread, so the reader is abandoned, counted and reported).
+- It never raises into user code: a failed read, garbage from a source and a raising listener all
+  become counted errors and notes inside the samples.
+- Its history is a ring bounded in bytes: every sample keeps its stats, but only the newest segment
+  state and periodic keyframes keep their blocks.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from gpumemviz.sample import OomEvent, Sample
+
+__all__ = ["History", "Sampler", "shared"]
+
+MiB = 1 << 20
+Listener = Callable[[Sample], Any]
+_MAX_SEGMENT_GAP_S = 300.0
+_EMA = 0.3  # weight of the newest read in the CPU cost averages
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class History:
+    """Samples in time order, bounded in bytes (estimated from numpy columns).
+
+    Every sample keeps its stats. Segment state (the blocks) is kept only on the newest sample that
+    has it and on keyframes (one every ``keyframe_interval`` seconds, and every OOM). When the bound
+    is exceeded, the oldest keyframes lose their blocks first (while they hold over half the bound),
+    then the oldest samples go.
+    """
+
+    def __init__(self, max_bytes: int = 64 * MiB, keyframe_interval: float = 60.0) -> None:
+        if max_bytes < 64 * 1024:
+            raise ValueError(f"history max_bytes must be at least 64 KiB, got {max_bytes}")
+        self.max_bytes = int(max_bytes)
+        self.keyframe_interval = float(keyframe_interval)
+        self._lock = threading.Lock()
+        self._cells: collections.deque[list[Any]] = collections.deque()  # [sample, nbytes]
+        self._keyframes: collections.deque[list[Any]] = collections.deque()
+        self._newest_seg: list[Any] | None = None
+        self._last_keyframe = -math.inf
+        self._bytes = 0
+        self.dropped = 0  # samples evicted
+        self.stripped = 0  # samples whose blocks were dropped
+
+    # writing ---------------------------------------------------------------------------------
+    def append(self, sample: Sample) -> Sample:
+        """Store a sample; returns it as stored (``keyframe`` may be set)."""
+        with self._lock:
+            if sample.segments is not None:
+                is_key = (
+                    sample.keyframe
+                    or sample.oom is not None
+                    or sample.monotonic - self._last_keyframe >= self.keyframe_interval
+                )
+                if is_key and not sample.keyframe:
+                    sample = sample.replace(keyframe=True)
+                if is_key:
+                    self._last_keyframe = sample.monotonic
+                prev = self._newest_seg
+                if prev is not None and not prev[0].keyframe:
+                    self._strip(prev, "older segment state dropped (the history keeps keyframes)")
+            cell = [sample, sample.nbytes]
+            self._cells.append(cell)
+            self._bytes += cell[1]
+            if sample.segments is not None:
+                self._newest_seg = cell
+                if sample.keyframe:
+                    self._keyframes.append(cell)
+            self._evict()
+            return cell[0]
+
+    def _strip(self, cell: list[Any], note: str) -> None:
+        sample: Sample = cell[0]
+        if sample.segments is None:
+            return
+        stripped = sample.replace(segments=None, keyframe=False, segments_note=note)
+        self._bytes += stripped.nbytes - cell[1]
+        cell[0], cell[1] = stripped, stripped.nbytes
+        self.stripped += 1
+
+    def _evict(self) -> None:
+        while self._bytes > self.max_bytes and self._cells:
+            old_keys = [c for c in self._keyframes if c is not self._newest_seg]
+            key_bytes = sum(c[1] for c in old_keys)
+            if old_keys and key_bytes > self.max_bytes // 2:
+                cell = old_keys[0]
+                self._keyframes.remove(cell)
+                self._strip(cell, "keyframe blocks dropped to stay within the history bound")
+                continue
+            if len(self._cells) == 1:
+                cell = self._cells[0]
+                if cell[0].segments is None:
+                    break  # a single stats sample: nothing left to drop
+                with_note = "segment state larger than the history bound: not kept"
+                if cell in self._keyframes:
+                    self._keyframes.remove(cell)
+                self._strip(cell, with_note)
+                if cell is self._newest_seg:
+                    self._newest_seg = None
+                continue
+            cell = self._cells.popleft()
+            self._bytes -= cell[1]
+            self.dropped += 1
+            if self._keyframes and self._keyframes[0] is cell:
+                self._keyframes.popleft()
+            if cell is self._newest_seg:
+                self._newest_seg = None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cells.clear()
+            self._keyframes.clear()
+            self._newest_seg = None
+            self._bytes = 0
+
+    # reading ---------------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        """Estimated bytes held now (always <= max_bytes once a sample has been stored)."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._cells)
+
+    def samples(self) -> list[Sample]:
+        """A copy of the stored samples, oldest first."""
+        with self._lock:
+            return [c[0] for c in self._cells]
+
+    def __iter__(self) -> Iterator[Sample]:
+        return iter(self.samples())
+
+    def latest(self) -> Sample | None:
+        with self._lock:
+            return self._cells[-1][0] if self._cells else None
+
+    def latest_segments(self) -> Sample | None:
+        """The newest sample that still holds segment state."""
+        with self._lock:
+            return self._newest_seg[0] if self._newest_seg is not None else None
+
+    def keyframes(self) -> list[Sample]:
+        with self._lock:
+            return [c[0] for c in self._keyframes if c[0].segments is not None]
+
+    def series(self, figure: str = "allocated") -> tuple[np.ndarray, np.ndarray]:
+        """(times, values) of one stats figure over the history, for timelines.
+
+        ``figure`` is a `MemoryStats` property ("allocated", "reserved", ...) or a raw stats key.
+        Samples without stats are skipped. Times are ``time.time()`` seconds.
+        """
+        times, values = [], []
+        for s in self.samples():
+            if s.stats is None:
+                continue
+            if figure in s.stats:
+                v = s.stats[figure]
+            else:
+                v = getattr(s.stats, figure, None)
+                if v is None:
+                    continue
+            times.append(s.time)
+            values.append(v)
+        return np.asarray(times, dtype=np.float64), np.asarray(values, dtype=np.int64)
+
+
+class _Read:
+    """One read of the source on its own short-lived thread (so a hang can be abandoned)."""
+
+    __slots__ = ("cancelled", "cpu", "done", "error", "result", "started", "thread")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.cancelled = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.cpu = 0.0
+        self.started = time.monotonic()
+        self.thread: threading.Thread | None = None
+
+
+class Sampler:
+    """Reads a source in the background into a bounded history; feeds listeners.
+
+    Nothing starts by itself: call `start`. Tests use `sample_once`.
+
+    Parameters
+    ----------
+    source : Source
+        Where samples come from (see `gpumemviz.sources`).
+    interval : float
+        Seconds between ticks; stats are read every tick (default 0.5).
+    segment_interval : float
+        Shortest gap between segment-state reads (default 2 s); the CPU budget and the source's
+        ``segment_interval_hint`` can stretch it, never shrink it.
+    cpu_budget : float
+        Share of one core the reading thread may use (default 0.02 = 2 %).
+    history_bytes : int
+        Bound of the history ring in bytes (default 64 MiB).
+    keyframe_interval : float
+        Seconds between segment states the history keeps in full (default 60).
+    read_timeout : float, optional
+        A read taking longer is abandoned as hung (default ``max(2 s, 4 intervals)``).
+
+    Examples
+    --------
+    >>> from gpumemviz.sources import UnavailableSource
+    >>> s = Sampler(UnavailableSource(0, "no GPU here"), interval=0.1)
+    >>> s.sample_once().state
+    'unavailable'
+    >>> s.start()
+    True
+    >>> s.stop()
+    True
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        interval: float = 0.5,
+        *,
+        segment_interval: float = 2.0,
+        cpu_budget: float = 0.02,
+        history_bytes: int = 64 * MiB,
+        keyframe_interval: float = 60.0,
+        read_timeout: float | None = None,
+    ) -> None:
+        if not callable(getattr(source, "sample", None)):
+            raise TypeError(f"source must have a sample() method, got {type(source).__name__}")
+        for name, value in (("interval", interval), ("segment_interval", segment_interval)):
+            if not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not isinstance(cpu_budget, (int, float)) or not 0 < cpu_budget <= 1:
+            raise ValueError(
+                f"cpu_budget must be a share of one core in (0, 1], got {cpu_budget!r}"
+            )
+        self.source = source
+        self.interval = float(interval)
+        self.segment_interval = float(segment_interval)
+        self.cpu_budget = float(cpu_budget)
+        self.read_timeout = float(read_timeout) if read_timeout else max(2.0, 4 * self.interval)
+        self.history = History(history_bytes, keyframe_interval)
+        self.segments_wanted = True  # a panel sets this False while it is hidden
+        self._listeners: tuple[Listener, ...] = ()
+        self._lock = threading.Lock()  # start/stop/listeners
+        self._read_lock = threading.Lock()  # one read at a time
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._paused = False
+        self._current: _Read | None = None
+        self._hung: _Read | None = None  # an abandoned read whose thread may still be alive
+        self._ooms: collections.deque[OomEvent] = collections.deque(maxlen=16)
+        self._notes: list[str] = []
+        self._seq = itertools.count()
+        self._next_segment = 0.0
+        self._stats_cpu = 0.0  # EMA of CPU seconds of a stats-only read
+        self._segment_cpu = 0.0  # EMA of the extra CPU seconds a segment read costs
+        self.segment_gap = self.segment_interval  # the gap in force now
+        self.budget_limited = False
+        self.counters = collections.Counter(
+            ticks=0, segment_reads=0, errors=0, listener_errors=0, hung_reads=0, abandoned=0
+        )
+        self.last_error: str | None = None
+
+    # lifecycle ---------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        t = self._thread
+        return t is not None and t.is_alive()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def start(self) -> bool:
+        """Start the background thread (idempotent). Returns whether it is running."""
+        with self._lock:
+            if self.running:
+                return True
+            self._stop.clear()
+            self._wake.clear()
+            set_handler = getattr(self.source, "set_oom_handler", None)
+            if callable(set_handler):
+                try:
+                    set_handler(self._on_oom)
+                except Exception as exc:
+                    self._note(f"OOM capture not available: {_one_line(exc)}")
+            name = f"gpumemviz-sampler-{getattr(self.source, 'device', '?')}"
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
+            return True
+
+    def stop(self) -> bool:
+        """Stop within one interval, even if a source call hangs. Returns True when stopped.
+
+        A hung read's thread cannot be killed: it is abandoned (a daemon thread that exits when the
+        call returns), counted in ``counters["abandoned"]`` and named in ``last_error``.
+        """
+        deadline = time.monotonic() + self.interval
+        with self._lock:
+            self._stop.set()
+            self._wake.set()
+            current = self._current
+            if current is not None:
+                current.cancelled = True
+                current.done.set()
+            set_handler = getattr(self.source, "set_oom_handler", None)
+            if callable(set_handler):
+                try:
+                    set_handler(None)
+                except Exception as exc:
+                    self._count_error(f"removing the OOM handler: {_one_line(exc)}")
+            thread = self._thread
+            if thread is threading.current_thread():  # stop() from a listener: just signal
+                return True
+            if thread is not None:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            if current is not None and current.thread is not None and current.thread.ident:
+                current.thread.join(max(0.0, deadline - time.monotonic()))
+                if current.thread.is_alive():
+                    self.counters["abandoned"] += 1
+                    self.last_error = "a source read was still running at stop: thread abandoned"
+                    self._hung = current
+            stopped = thread is None or not thread.is_alive()
+            if stopped:
+                self._thread = None
+            return stopped
+
+    def pause(self) -> None:
+        """Stop reading until `resume` (the thread keeps its schedule)."""
+        self._paused = True
+
+    def resume(self) -> None:
+        self._paused = False
+        self._wake.set()
+
+    def close(self) -> None:
+        """Stop, then close the source."""
+        self.stop()
+        try:
+            self.source.close()
+        except Exception as exc:
+            self._count_error(f"closing the source: {_one_line(exc)}")
+
+    # listeners ---------------------------------------------------------------------------------
+    def add_listener(self, fn: Listener) -> None:
+        """Call ``fn(sample)`` with every new sample, on the sampler thread (keep it quick)."""
+        if not callable(fn):
+            raise TypeError(f"a listener must be callable, got {type(fn).__name__}")
+        with self._lock:
+            if fn not in self._listeners:
+                self._listeners = (*self._listeners, fn)
+
+    def remove_listener(self, fn: Listener) -> None:
+        with self._lock:
+            self._listeners = tuple(f for f in self._listeners if f != fn)
+
+    # reading -----------------------------------------------------------------------------------
+    def sample_once(self, *, segments: bool | None = None) -> Sample:
+        """Read once now, store and publish the sample; never raises.
+
+        ``segments`` forces (True) or skips (False) segment state; by default it follows the
+        schedule like a tick does.
+        """
+        try:
+            return self._tick(force_segments=segments)
+        except Exception as exc:  # a bug here must still not reach the user
+            self._count_error(f"sampler: {_one_line(exc)}")
+            return Sample.failed(self._device(), self.last_error or "sampler error")
+
+    def status(self) -> dict[str, Any]:
+        """Counters and the schedule in force, for the panel's footer and tests."""
+        return {
+            "running": self.running,
+            "paused": self._paused,
+            **self.counters,
+            "segment_gap": self.segment_gap,
+            "budget_limited": self.budget_limited,
+            "cpu_share": self.cpu_share,
+            "history_bytes": self.history.nbytes,
+            "history_len": len(self.history),
+            "last_error": self.last_error,
+        }
+
+    @property
+    def cpu_share(self) -> float:
+        """Estimated share of one core the reads use at the current schedule."""
+        return self._stats_cpu / self.interval + self._segment_cpu / max(self.segment_gap, 1e-9)
+
+    # internals ---------------------------------------------------------------------------------
+    def _device(self) -> int:
+        d = getattr(self.source, "device", 0)
+        return d if isinstance(d, int) else 0
+
+    def _label(self) -> str:
+        return str(getattr(self.source, "label", type(self.source).__name__))
+
+    def _note(self, text: str) -> None:
+        self._notes.append(text)
+        del self._notes[:-8]
+
+    def _count_error(self, text: str) -> None:
+        self.counters["errors"] += 1
+        self.last_error = text
+
+    def _on_oom(self, event: OomEvent) -> None:
+        """Called by the source in the user's allocating thread: queue and wake, nothing more."""
+        self._ooms.append(event)
+        self._wake.set()
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        k = 0
+        while not self._stop.is_set():
+            try:
+                self._drain_ooms()
+                if not self._paused:
+                    self._tick(force_segments=None)
+            except Exception as exc:  # never let the thread die
+                self._count_error(f"sampler: {_one_line(exc)}")
+            # Drift-free: ticks sit on the grid start + k * interval; missed ticks are skipped.
+            now = time.monotonic()
+            k = max(k + 1, math.floor((now - start) / self.interval) + 1)
+            while not self._stop.is_set():
+                delay = start + k * self.interval - time.monotonic()
+                if delay <= 0:
+                    break
+                self._wake.wait(delay)
+                self._wake.clear()
+                if self._ooms:
+                    self._drain_ooms()
+
+    def _drain_ooms(self) -> None:
+        while self._ooms:
+            event = self._ooms.popleft()
+            make = getattr(self.source, "oom_sample", None)
+            try:
+                sample = make(event) if callable(make) else None
+            except Exception as exc:
+                self._count_error(f"OOM sample: {_one_line(exc)}")
+                sample = None
+            if not isinstance(sample, Sample):
+                sample = Sample(
+                    time=event.time,
+                    monotonic=time.monotonic(),
+                    device=event.device,
+                    stats=None,
+                    source_label=self._label(),
+                    oom=event,
+                )
+            self._publish(sample)
+
+    def _segments_due(self, now: float) -> bool:
+        caps = getattr(self.source, "capabilities", frozenset())
+        return self.segments_wanted and "segments" in caps and now >= self._next_segment
+
+    def _tick(self, *, force_segments: bool | None) -> Sample:
+        with self._read_lock:
+            now = time.monotonic()
+            want = self._segments_due(now) if force_segments is None else force_segments
+            sample = self._read(want)
+            if sample is None:  # cancelled by stop()
+                return Sample.failed(self._device(), "stopped", source_label=self._label())
+            self.counters["ticks"] += 1
+            got_segments = sample.segments is not None
+            if want:
+                self.counters["segment_reads"] += 1
+                if got_segments:
+                    extra = max(0.0, sample.cpu_time - self._stats_cpu)
+                    self._segment_cpu = _ema(
+                        self._segment_cpu, extra, self.counters["segment_reads"]
+                    )
+            elif sample.state != "error":
+                self._stats_cpu = _ema(self._stats_cpu, sample.cpu_time, self.counters["ticks"])
+            if want:
+                self._reschedule_segments(now)
+            return self._publish(sample)
+
+    def _reschedule_segments(self, now: float) -> None:
+        floor = max(
+            self.segment_interval, float(getattr(self.source, "segment_interval_hint", 0) or 0)
+        )
+        room = self.cpu_budget - self._stats_cpu / self.interval
+        if self._segment_cpu <= 0:
+            gap = floor
+        elif room <= 0:
+            gap = _MAX_SEGMENT_GAP_S
+        else:
+            gap = self._segment_cpu / room
+        self.budget_limited = gap > floor
+        self.segment_gap = min(max(gap, floor), _MAX_SEGMENT_GAP_S)
+        self._next_segment = now + self.segment_gap
+
+    def _read(self, segments: bool) -> Sample | None:
+        """Run ``source.sample`` on a fresh thread; wait at most ``read_timeout``."""
+        device, label = self._device(), self._label()
+        hung = self._hung
+        if hung is not None:
+            if hung.thread is not None and hung.thread.is_alive():
+                waited = time.monotonic() - hung.started
+                msg = f"source call still hung after {waited:.0f} s: not reading until it returns"
+                self._count_error(msg)
+                return Sample.failed(device, msg, source_label=label)
+            self._hung = None
+        job = _Read()
+        source = self.source
+
+        def run() -> None:
+            t0 = time.thread_time()
+            try:
+                job.result = source.sample(segments=segments)
+            except BaseException as exc:  # a source must not take the thread down
+                job.error = exc
+            finally:
+                job.cpu = time.thread_time() - t0
+                job.done.set()
+
+        job.thread = threading.Thread(target=run, name="gpumemviz-read", daemon=True)
+        self._current = job
+        if self._stop.is_set() and threading.current_thread() is self._thread:
+            self._current = None
+            return None  # stop() came between the tick's start and here
+        job.thread.start()
+        finished = job.done.wait(self.read_timeout)
+        self._current = None
+        if job.cancelled:
+            return None
+        if not finished:
+            self._hung = job
+            self.counters["hung_reads"] += 1
+            self.counters["abandoned"] += 1
+            msg = (
+                f"source read did not return within {self.read_timeout:g} s: its thread was "
+                "abandoned (Python cannot kill a thread)"
+            )
+            self._count_error(msg)
+            return Sample.failed(device, msg, source_label=label)
+        if job.error is not None:
+            self._count_error(f"source raised {_one_line(job.error)}")
+            return Sample.failed(device, self.last_error or "", source_label=label).replace(
+                cpu_time=job.cpu
+            )
+        result = job.result
+        if not isinstance(result, Sample):
+            msg = f"source returned {type(result).__name__}, not a Sample"
+            self._count_error(msg)
+            return Sample.failed(device, msg, source_label=label).replace(cpu_time=job.cpu)
+        if result.errors:
+            self.counters["errors"] += len(result.errors)
+            self.last_error = result.errors[-1]
+        return result.replace(cpu_time=job.cpu)
+
+    def _publish(self, sample: Sample) -> Sample:
+        notes = list(sample.notes)
+        if self.budget_limited:
+            notes.append(
+                f"segment map every {self.segment_gap:.1f} s to stay within the "
+                f"{self.cpu_budget:.0%} CPU budget (a read costs {self._segment_cpu * 1e3:.1f} ms)"
+            )
+        if self._notes:
+            notes.extend(self._notes)
+            self._notes.clear()
+        sample = sample.replace(seq=next(self._seq), notes=tuple(notes))
+        stored = self.history.append(sample)
+        for fn in self._listeners:
+            try:
+                fn(stored)
+            except Exception as exc:
+                self.counters["listener_errors"] += 1
+                name = getattr(fn, "__qualname__", type(fn).__name__)
+                self._note(
+                    f"listener {name} raised {_one_line(exc)} "
+                    f"({self.counters['listener_errors']} so far)"
+                )
+        return stored
+
+
+def _ema(old: float, new: float, n: int) -> float:
+    return new if n <= 1 or old == 0 else (1 - _EMA) * old + _EMA * new
+
+
+_SHARED: dict[int, Sampler] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared(device: int = 0) -> Sampler:
+    """The one sampler per device that panels share (created on first use, not started).
+
+    Parameters
+    ----------
+    device : int
+        CUDA device index.
+
+    Returns
+    -------
+    Sampler
+        Reading `gpumemviz.sources.default_source` for that device.
+
+    Examples
+    --------
+    >>> shared(0) is shared(0)
+    True
+    """
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ValueError(f"device must be a non-negative int, got {device!r}")
+    with _SHARED_LOCK:
+        sampler = _SHARED.get(device)
+        if sampler is None:
+            from gpumemviz.sources import default_source
+
+            sampler = Sampler(default_source(device))
+            _SHARED[device] = sampler
+        return sampler
