@@ -1,0 +1,231 @@
+"""Exact replay of recorded traces through the allocator model (issue 4), and what-if runs."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REAL_FILES, read_real
+from gpumemviz.allocator.config import AllocatorConfig
+from gpumemviz.allocator.replay import ReplayError, drive, replay
+from gpumemviz.allocator.rules import MIB
+from gpumemviz.allocator.timeline import Timeline
+
+DATA = Path(__file__).resolve().parent / "data"
+HAND_BUILT = sorted(DATA.glob("replay_*.json"))
+
+
+def _real(fragment: str) -> dict:
+    found = [p for p in REAL_FILES if fragment in p.name]
+    if not found:
+        pytest.skip(f"no real snapshot matching {fragment!r} in shared/")
+    return read_real(found[0])
+
+
+def _hand(name: str) -> dict:
+    return json.loads((DATA / f"replay_{name}.json").read_text())
+
+
+def _traced(d) -> bool:
+    return isinstance(d, dict) and any(len(t) > 0 for t in d.get("device_traces") or [])
+
+
+# --------------------------------------------------------------------------- acceptance figures
+
+
+def test_every_real_trace_replays_exactly(real_dict):
+    """Every alloc at its recorded address (end to end and per decision), every new segment,
+    every release burst in order, the final layout, and the recorded OOM."""
+    if not _traced(real_dict):
+        pytest.skip("no trace in this file")
+    r = replay(real_dict)
+    assert not r.what_if
+    for dev, d in r.devices.items():
+        trace = real_dict["device_traces"][dev]
+        n_alloc = sum(e["action"] == "alloc" for e in trace)
+        n_grow = sum(e["action"] in ("segment_alloc", "segment_map") for e in trace)
+        assert d.allocs == n_alloc
+        assert d.allocs_matched == n_alloc, d.mismatches
+        assert d.allocs_matched_per_decision == n_alloc
+        assert (d.segments_recorded, d.segments_matched) == (n_grow, n_grow), d.mismatches
+        assert d.bursts_matched == d.bursts, d.mismatches
+        assert d.final_matched, d.mismatches
+        assert d.oom == d.recorded_oom
+        assert d.mismatches == []
+        assert len(d.reserved) == len(trace)
+        np.testing.assert_array_equal(d.reserved, r.timelines[dev].reserved)
+        np.testing.assert_array_equal(d.allocated, r.timelines[dev].allocated)
+
+
+def test_the_recorded_oom_is_reproduced_with_the_inferred_capacity():
+    d = _real("expandable_oom")
+    r = replay(d)
+    dev1 = r.devices[1]
+    oom_at = next(i for i, e in enumerate(d["device_traces"][1]) if e["action"] == "oom")
+    assert dev1.capacity_known and dev1.recorded_oom == dev1.oom == oom_at
+    # reserved just before the oom plus the device_free the oom entry carries
+    assert dev1.capacity == r.timelines[1].reserved[oom_at - 1] + 95_682_560
+    assert not r.devices[0].capacity_known and r.devices[0].capacity is None
+    # the six unmaps before the failing map were the model's own release-and-retry
+    assert dev1.bursts == dev1.bursts_matched == 1 and dev1.explicit_bursts == []
+    assert "capacity unknown" in r.summary() and "84,298,432,512 B" in r.summary()
+
+
+def _scramble(addr: int) -> int:
+    """A one-to-one renaming of 64-bit ids that does not keep their order."""
+    return (addr * 0x9E3779B97F4A7C15 ^ 0x5DEECE66D) & ((1 << 64) - 1)
+
+
+def test_the_model_does_not_read_recorded_addresses():
+    """Renaming every allocation id (one-to-one, order scrambled) gives the same choices."""
+    for fragment in ("10streams", "expandable_oom"):
+        d = _real(fragment)
+        for dev, trace in enumerate(d["device_traces"]):
+            if not trace:
+                continue
+            tl = Timeline.from_snapshot(d, dev)
+            cfg = AllocatorConfig.from_settings(d.get("allocator_settings"))
+            plain, choices = drive(tl, cfg, None)
+            scrambled, renamed = drive(tl, cfg, None, rename=_scramble)
+            assert renamed == choices
+            assert scrambled.allocs_matched == plain.allocs_matched == plain.allocs
+
+
+def test_a_wrong_rule_is_caught_by_the_scores():
+    """The negative control: with streams erased the 10-stream trace no longer matches."""
+    d = copy.deepcopy(_real("10streams"))
+    for s in d["segments"]:
+        s["stream"] = 0
+    for e in d["device_traces"][0]:
+        e["stream"] = 0
+    dev = replay(d).devices[0]
+    assert dev.allocs_matched < 0.6 * dev.allocs
+    assert dev.allocs_matched < dev.allocs_matched_per_decision < 0.9 * dev.allocs
+    assert not dev.final_matched and dev.mismatches
+
+
+# --------------------------------------------------------------------------- hand-built traces
+
+
+@pytest.mark.parametrize("path", HAND_BUILT, ids=[p.stem for p in HAND_BUILT])
+def test_hand_built_traces_replay_exactly(path):
+    d = json.loads(path.read_text())
+    r = replay(d)
+    dev = r.devices[0]
+    assert dev.exact, dev.mismatches
+    assert dev.allocs == sum(e["action"] == "alloc" for e in d["device_traces"][0])
+
+
+def test_equal_size_candidates_on_two_streams():
+    d = _hand("two_streams")
+    tl = Timeline.from_snapshot(d)
+    _, choices = drive(tl, AllocatorConfig(), None)
+    base = 0x7F0000000000
+    got = [c for c in choices if c is not None]
+    # stream 1 skips the lower block of stream 2; then best fit takes the 16 MiB remainder
+    assert got[:3] == [base + 32 * MIB, base, base + 32 * MIB + 4_000_256]
+    assert got[3] == base - 32 * MIB  # the new segment, at the recorded driver address
+
+
+def test_expandable_allocation_starts_at_the_free_tail_below_the_new_map():
+    d = _hand("expandable_tail")
+    r = replay(d)
+    base = 0x7F0000000000
+    trace = d["device_traces"][0]
+    assert trace[0] == {**trace[0], "action": "segment_map", "addr": base + 20 * MIB}
+    assert trace[1]["addr"] == base + 12 * MIB  # below the map
+    assert r.devices[0].exact
+    assert [s["total_size"] for s in r.devices[0].final_segments] == [40 * MIB, 4 * MIB]
+
+
+def test_release_burst_order_across_both_pools_is_checked():
+    d = _hand("release_burst")
+    assert replay(d).devices[0].bursts_matched == 1
+    shuffled = copy.deepcopy(d)
+    trace = shuffled["device_traces"][0]
+    trace[1:6] = [trace[4], *trace[1:4], trace[5]]  # a small segment first: not torch's order
+    dev = replay(shuffled).devices[0]
+    assert (dev.bursts, dev.bursts_matched) == (1, 0)
+    assert dev.mismatches[0][1] == "burst"
+
+
+# --------------------------------------------------------------------------- what-if
+
+
+def test_what_if_without_expandable_segments_runs_out_sooner():
+    d = _real("expandable_oom")
+    r = replay(d, config="expandable_segments:False")
+    assert r.what_if and r.recorded_config == "expandable_segments:True"
+    dev1, rec1 = r.devices[1], r.recorded[1]
+    assert dev1.what_if and dev1.capacity == rec1.capacity
+    assert dev1.oom is not None and dev1.oom < rec1.recorded_oom
+    assert len(dev1.reserved) == dev1.oom + 1  # the program would have stopped there
+    assert dev1.peak_reserved <= dev1.capacity
+    # devices that never ran out keep going to the end
+    assert r.devices[0].oom is None and len(r.devices[0].reserved) == len(d["device_traces"][0])
+
+
+def test_what_if_invents_descending_addresses_and_keeps_address_free_figures():
+    d = _real("10streams")
+    r = replay(d, config="expandable_segments:True")
+    dev = r.devices[0]
+    tl = r.timelines[0]
+    assert dev.what_if and dev.oom is None and dev.allocs == r.recorded[0].allocs
+    assert len(dev.reserved) == len(tl)
+    # allocated bytes do not depend on placement: same as recorded after every entry
+    np.testing.assert_array_equal(dev.allocated, tl.allocated)
+    assert dev.peak_reserved != int(tl.reserved.max())
+    recorded = {s["address"] for s in r.snapshot_at(-1)["segments"]}
+    new = [s["address"] for s in dev.final_segments if s["address"] not in recorded]
+    assert new and min(new) > 1 << 59  # invented, far from every recorded address
+
+
+def test_what_if_with_a_smaller_capacity_stops_at_the_first_oom():
+    d = _real("10streams")
+    tl = Timeline.from_snapshot(d)
+    cap = 18 << 30  # above the 13 GiB at the start of the trace, below the 21 GiB recorded peak
+    assert tl.start.totals()[0] < cap < int(tl.reserved.max())
+    r = replay(d, capacity=cap)
+    dev = r.devices[0]
+    assert r.what_if and dev.capacity_known and dev.capacity == cap
+    assert dev.oom is not None and r.oom == dev.oom and len(dev.reserved) == dev.oom + 1
+    assert int(dev.reserved.max()) <= cap
+    assert d["device_traces"][0][dev.oom]["action"] == "alloc"
+
+
+# --------------------------------------------------------------------------- time travel, errors
+
+
+def test_snapshot_at_walks_the_recorded_history():
+    d = _real("10streams")
+    r = replay(d)
+    tl = r.timelines[0]
+    last = r.snapshot_at(len(tl) - 1)
+    final = sorted((s["address"], s["total_size"]) for s in d["segments"])
+    assert sorted((s["address"], s["total_size"]) for s in last["segments"]) == final
+    assert len(last["device_traces"][0]) == len(tl)
+    for i in (0, 1000, 5000):
+        snap = r.snapshot_at(i)
+        reserved = sum(s["total_size"] for s in snap["segments"])
+        allocated = sum(s["allocated_size"] for s in snap["segments"])
+        assert (reserved, allocated) == (tl.reserved[i], tl.allocated[i])
+    with pytest.raises(IndexError):
+        r.snapshot_at(len(tl))
+    with pytest.raises(ReplayError, match="device 3 has no trace"):
+        r.snapshot_at(0, device=3)
+
+
+def test_a_snapshot_without_trace_is_refused():
+    with pytest.raises(ReplayError, match="no trace to replay"):
+        replay({"segments": [], "device_traces": [[]]})
+
+
+def test_an_inconsistent_trace_names_device_and_entry():
+    d = _hand("two_streams")
+    d["device_traces"][0][0]["addr"] += 4096  # an alloc in the middle of a block
+    with pytest.raises(ReplayError, match=r"device 0: trace event \d+"):
+        replay(d)
