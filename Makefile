@@ -28,6 +28,7 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
 test: lint system-deps
+	cd js && node --test test/
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)

@@ -1,0 +1,152 @@
+"""The panel in a real JupyterLab and Chromium: rows, pixels and screenshots of real snapshots."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpumemviz.io import loads_restricted
+from gpumemviz.render.rows import KIND_ALLOCATED, KIND_PENDING, KIND_RELEASABLE, KIND_TRAPPED
+from gpumemviz.render.rows import build_rows as _build_rows
+from gpumemviz.snapshot import Snapshot
+
+pytestmark = pytest.mark.browser
+
+REAL_DIR = Path(__file__).resolve().parents[3] / "shared" / "real-snapshots"
+DOCS_PNG = Path(__file__).resolve().parents[2] / "docs" / "panel.png"
+PICTURE = REAL_DIR / "cranberrii__ftcourse__memory_snapshot.pickle"  # mixed, 215 rows, 2 groups
+BIG = REAL_DIR / "kkaitlyn111__cs336-a2-systems__memory_snapshot.pickle"  # 1,457 rows
+
+# page-side helpers: the first panel view on the page and its segment map
+VIEW = "() => Object.values(window.__gpumemviz.views)[0]"
+
+
+def read_real(path: Path):
+    """The raw torch dict, through the restricted loader (plain types only)."""
+    return loads_restricted(path.read_bytes())
+
+
+def _kind(seg: dict, block: dict) -> int:
+    """A block's colour class from the raw torch dict (independent of render/rows.py)."""
+    if block["state"] == "active_allocated":
+        return KIND_ALLOCATED
+    if block["state"] == "active_pending_free":
+        return KIND_PENDING
+    if any(b["state"] != "inactive" for b in seg["blocks"]):
+        return KIND_TRAPPED
+    return KIND_RELEASABLE
+
+
+def _pick_segment(segs: list[dict]) -> int:
+    """The non-expandable segment whose wide blocks (>= 2% of it) show the most kinds."""
+
+    def score(i: int) -> tuple[int, int]:
+        wide = [b for b in segs[i]["blocks"] if b["size"] * 50 >= segs[i]["total_size"]]
+        return len({_kind(segs[i], b) for b in wide}), len(wide)
+
+    return max((i for i, s in enumerate(segs) if not s.get("is_expandable")), key=score)
+
+
+def _panel_cell(path: Path, title: str) -> str:
+    return (
+        "from gpumemviz.io import load_snapshot\n"
+        "from gpumemviz.widget import MemoryPanel\n"
+        f"panel = MemoryPanel.from_snapshot(load_snapshot({str(path)!r}), title={title!r})\n"
+        "panel"
+    )
+
+
+def _wait_drawn(page, row: int | None = None) -> None:
+    page.wait_for_function(
+        """([view, row]) => {
+            const v = eval(view)();
+            if (!v || !v.root.dataset.seq) return false;
+            const c = v.map.canvas;
+            if (!(Number(c.dataset.drawnRows) > 0)) return false;
+            return row === null || v.map.cached(row) !== null;
+        }""",
+        arg=[VIEW, row],
+        timeout=60_000,
+    )
+
+
+@pytest.mark.skipif(not PICTURE.exists(), reason="real snapshots are not available")
+def test_real_snapshot_pixels_match_its_blocks(page, notebook, artifacts):
+    raw = read_real(PICTURE)
+    segs = raw["segments"]
+    rows = _build_rows(Snapshot.from_torch(raw))
+    seg_index = _pick_segment(segs)
+    row = int(list(rows.segment).index(seg_index))
+
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    nb = notebook("pixels.ipynb", [_panel_cell(PICTURE, PICTURE.name.split("__")[0])])
+    nb.run(0)
+    _wait_drawn(page)
+    assert page.evaluate(f"() => ({VIEW})().root.dataset.rows") == str(len(segs))
+
+    page.evaluate(f"(row) => ({VIEW})().map.scrollToRow(row)", row)
+    _wait_drawn(page, row)
+    got = page.evaluate(
+        """([view, row]) => {
+            const v = eval(view)();
+            v.map.drawNow();
+            const r = v.map.rowRect(row);
+            const ctx = v.map.canvas.getContext('2d');
+            const px = ctx.getImageData(r.x, r.y + Math.floor(r.h / 2), r.w, 1).data;
+            const rgb = [];
+            for (let i = 0; i < px.length; i += 4) rgb.push([px[i], px[i + 1], px[i + 2]]);
+            return { rgb, cells: r.w, kinds: v.map.palette.kinds,
+                     label: v.map.cached(row).meta.total_size };
+        }""",
+        [VIEW, row],
+    )
+    seg = segs[seg_index]
+    assert got["label"] == seg["total_size"]
+    cells, total = got["cells"], seg["total_size"]
+    assert len(got["rgb"]) == cells
+    checked, colours = 0, set()
+    offset = 0
+    for b in seg["blocks"]:
+        lo = -(-offset * cells // total)
+        hi = (offset + b["size"]) * cells // total
+        offset += b["size"]
+        if hi - lo < 3:
+            continue
+        want = got["kinds"][_kind(seg, b)]
+        for c in range(lo + 1, hi - 1):
+            assert got["rgb"][c] == want, (c, b, got["rgb"][c], want)
+        colours.add(tuple(want))
+        checked += 1
+    assert checked >= 3 and len(colours) >= 2
+
+    root = page.locator(".gmv-root").first
+    root.scroll_into_view_if_needed()
+    page.evaluate(f"() => ({VIEW})().map.scrollToRow(0)")
+    _wait_drawn(page, 0)
+    page.evaluate(f"() => ({VIEW})().map.drawNow()")
+    root.screenshot(path=str(artifacts / "panel_real_snapshot.png"))
+    DOCS_PNG.parent.mkdir(exist_ok=True)
+    shutil.copyfile(artifacts / "panel_real_snapshot.png", DOCS_PNG)
+
+
+@pytest.mark.skipif(not BIG.exists(), reason="real snapshots are not available")
+def test_thousands_of_rows_scroll_virtually(page, notebook, artifacts):
+    n = len(read_real(BIG)["segments"])
+    nb = notebook("rows.ipynb", [_panel_cell(BIG, "1,457 segments")])
+    nb.run(0)
+    _wait_drawn(page)
+    state = page.evaluate(
+        f"""() => {{ const v = ({VIEW})();
+            return {{ rows: v.root.dataset.rows, nRows: v.map.nRows,
+                      drawn: Number(v.map.canvas.dataset.drawnRows) }}; }}"""
+    )
+    assert state["rows"] == str(n) and state["nRows"] == n
+    assert 0 < state["drawn"] < 100  # only the rows in view are drawn
+    page.evaluate(f"(row) => ({VIEW})().map.scrollToRow(row)", n - 1)
+    _wait_drawn(page, n - 1)
+    frames = page.evaluate("() => window.__gpumemviz.log.filter(e => e.event === 'frame')")
+    assert frames and max(f["bytes"] for f in frames) <= 256 << 10
+    page.evaluate(f"() => ({VIEW})().map.drawNow()")
+    page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_last_rows.png"))
