@@ -180,51 +180,41 @@ def build_rows(snap: Snapshot, device: int | None = None) -> RowTable:
     b_size = np.asarray(blk.size, np.int64)
     b_state = np.asarray(blk.state, np.uint8)
     b_offset = np.asarray(blk.address, np.int64) - address[b_seg] if len(b_seg) else b_seg.copy()
-    active = np.bincount(b_seg, weights=(b_state != _INACTIVE) * b_size, minlength=n_seg)
+    active = _run_sums(np.where(b_state != _INACTIVE, b_size, 0), b_first, b_count)
 
-    # the blocks of the kept segments, in row order
+    # the blocks of the kept segments, in row order (usually the file's order already)
     rows_n = len(order)
-    blk_idx = _ranges(b_first[order], b_count[order])
-    row_of_blk = np.repeat(np.arange(rows_n), b_count[order])
-    seg_of_blk = order[row_of_blk]
-
-    state = b_state[blk_idx]
-    size = b_size[blk_idx]
-    start = b_offset[blk_idx]
+    if rows_n == n_seg and bool((order == np.arange(n_seg)).all()):
+        row_of_blk = seg_of_blk = b_seg
+        state, size, start = b_state, b_size, b_offset
+        requested = np.asarray(blk.requested_size, np.int64)
+    else:
+        blk_idx = _ranges(b_first[order], b_count[order])
+        row_of_blk = np.repeat(np.arange(rows_n), b_count[order])
+        seg_of_blk = order[row_of_blk]
+        state, size, start = b_state[blk_idx], b_size[blk_idx], b_offset[blk_idx]
+        requested = np.asarray(blk.requested_size, np.int64)[blk_idx]
     end = start + size
-    kind = np.full(len(blk_idx), KIND_TRAPPED, np.uint8)
+    kind = np.full(len(state), KIND_TRAPPED, np.uint8)
     kind[state == _ALLOCATED] = KIND_ALLOCATED
     kind[state == _PENDING] = KIND_PENDING
     free = state == _INACTIVE
     kind[free & (active[seg_of_blk] == 0) & ~expandable[seg_of_blk]] = KIND_RELEASABLE
 
-    # free blocks of expandable segments: the whole pages inside are releasable, slivers trapped
-    page = np.where(small[seg_of_blk], _SMALL_PAGE, _LARGE_PAGE)
-    exp_free = free & expandable[seg_of_blk]
-    lo = -(-start // page) * page
-    hi = end // page * page
-    has_pages = exp_free & (lo < hi)
-    cut0 = np.where(has_pages, lo, end)
-    cut1 = np.where(has_pages, hi, end)
-    kind0 = np.where(exp_free, KIND_TRAPPED, kind).astype(np.uint8)
-    n_b = len(blk_idx)
-    piece_start = np.concatenate([start, cut0, cut1])
-    piece_end = np.concatenate([cut0, cut1, end])
-    piece_kind = np.concatenate(
-        [kind0, np.full(n_b, KIND_RELEASABLE, np.uint8), np.full(n_b, KIND_TRAPPED, np.uint8)]
-    )
-    piece_row = np.tile(row_of_blk, 3)
-    piece_order = np.tile(np.arange(n_b) * 3, 3) + np.repeat(np.arange(3), n_b)
-    nonempty = piece_end > piece_start
-    sel = np.flatnonzero(nonempty)
-    sel = sel[np.argsort(piece_order[sel], kind="stable")]
-
-    span_row = piece_row[sel]
-    span_start = piece_start[sel]
-    span_size = piece_end[sel] - piece_start[sel]
-    span_kind = piece_kind[sel]
-    kind_bytes = np.zeros((rows_n, 4), np.int64)
-    np.add.at(kind_bytes, (span_row, span_kind.astype(np.int64)), span_size)
+    if expandable.any():
+        span_row, span_start, span_size, span_kind = _split_pages(
+            row_of_blk, start, end, kind, free & expandable[seg_of_blk], small[seg_of_blk]
+        )
+    else:  # one span per block
+        span_row, span_start, span_size, span_kind = row_of_blk, start, size, kind
+    span_first = np.searchsorted(span_row, np.arange(rows_n))
+    span_count = np.diff(np.append(span_first, len(span_row)))
+    kind_bytes = np.column_stack(
+        [
+            _run_sums(np.where(span_kind == k, span_size, 0), span_first, span_count)
+            for k in range(4)
+        ]
+    ).reshape(rows_n, 4)
 
     first_in_rows = np.concatenate([[0], np.cumsum(b_count[order])[:-1]]) if rows_n else b_count[:0]
     return RowTable(
@@ -244,7 +234,7 @@ def build_rows(snap: Snapshot, device: int | None = None) -> RowTable:
         span_kind=span_kind,
         block_offset=start,
         block_size=size,
-        block_requested=np.asarray(blk.requested_size, np.int64)[blk_idx],
+        block_requested=requested,
         block_state=state,
         groups=_groups(seg_dev[order], small[order], stream[order]),
     )
@@ -331,6 +321,45 @@ def _encode_chunk(rows: RowTable, part: np.ndarray, bounds: np.ndarray, cells: i
         at = np.interp(edges, xp, fp).reshape(k, cells + 1)
         cover.append(np.maximum(np.diff(at, axis=1), 0.0))
     return _bytes(*cover)
+
+
+def _split_pages(
+    row: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    kind: np.ndarray,
+    exp_free: np.ndarray,
+    small: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Spans for blocks where free blocks of expandable segments become up to three pieces:
+    a trapped sliver, the whole pages that empty_cache unmaps (releasable), a trapped sliver."""
+    page = np.where(small, _SMALL_PAGE, _LARGE_PAGE)
+    lo = -(-start // page) * page
+    hi = end // page * page
+    has_pages = exp_free & (lo < hi)
+    cut0 = np.where(has_pages, lo, end)
+    cut1 = np.where(has_pages, hi, end)
+    kind0 = np.where(exp_free, KIND_TRAPPED, kind).astype(np.uint8)
+    n_b = len(start)
+    piece_start = np.concatenate([start, cut0, cut1])
+    piece_end = np.concatenate([cut0, cut1, end])
+    piece_kind = np.concatenate(
+        [kind0, np.full(n_b, KIND_RELEASABLE, np.uint8), np.full(n_b, KIND_TRAPPED, np.uint8)]
+    )
+    piece_row = np.tile(row, 3)
+    piece_order = np.tile(np.arange(n_b) * 3, 3) + np.repeat(np.arange(3), n_b)
+    sel = np.flatnonzero(piece_end > piece_start)
+    sel = sel[np.argsort(piece_order[sel], kind="stable")]
+    return piece_row[sel], piece_start[sel], piece_end[sel] - piece_start[sel], piece_kind[sel]
+
+
+def _run_sums(values: np.ndarray, first: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """Sums of ``values[first[i] : first[i] + count[i]]`` for runs that tile ``values`` in order."""
+    out = np.zeros(len(first), np.int64)
+    nz = count > 0
+    if nz.any():
+        out[nz] = np.add.reduceat(values.astype(np.int64, copy=False), first[nz])
+    return out
 
 
 def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:

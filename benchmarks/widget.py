@@ -1,0 +1,150 @@
+"""What the panel's wire costs: bytes per frame and Python time per frame, 10^3..10^6 blocks.
+
+Synthetic segment states (large segments of B blocks in 512-byte multiples, 70 % allocated,
+no two free blocks adjacent) go through the code the panel runs on every sample: build_rows
+(all blocks), then Wire frames for one view of 48 rows x 1,024 cells (the panel's default height
+is ~28 rows; 48 leaves room). Columns:
+
+  rows_ms     build_rows over every block (runs once per sample)
+  open        first frame after a view opens: bytes, Python ms (rows in view + prefetch)
+  steady      a sample in which 1 % of the blocks changed state: bytes of the largest frame
+              sent, number of frames, Python ms for build_rows + frames
+  same        a sample equal to the previous one: bytes sent (must be 0), Python ms
+  all_ms      encode_cells of *every* row (not on the wire; what a full redraw would cost)
+
+Targets (issue 6): steady frames <= 64 KiB at 10^6 blocks, the first frame <= 256 KiB, rows of
+10^6 blocks encoded in well under 100 ms. Chromium's draw time per frame is measured by the
+browser tests (canvas data-draw-ms); not here.
+
+Run: .venv/bin/python benchmarks/widget.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from gpumemviz.render.rows import build_rows, encode_cells
+from gpumemviz.render.wire import FIRST_FRAME_LIMIT, FRAME_LIMIT, Wire
+from gpumemviz.snapshot import ALLOCATED, INACTIVE, PENDING_FREE, Snapshot
+
+VIEW_ROWS = 48
+CELLS = 1024
+
+
+def synthetic(n_blocks: int, per_segment: int, seed: int, flip: float = 0.0) -> Snapshot:
+    rng = np.random.default_rng(seed)
+    n_seg = max(1, n_blocks // per_segment)
+    units = rng.integers(1, 4096, size=(n_seg, per_segment))
+    size = (units * 512).ravel()
+    state = np.where(rng.random(size.size) < 0.7, ALLOCATED, INACTIVE).astype(np.uint8)
+    state[1:][(state[1:] == INACTIVE) & (state[:-1] == INACTIVE)] = ALLOCATED
+    if flip:
+        idx = np.random.default_rng(seed + 1).choice(size.size, int(size.size * flip), False)
+        state[idx] = np.where(state[idx] == ALLOCATED, PENDING_FREE, ALLOCATED)
+    return Snapshot.from_columns(
+        device=np.zeros(n_seg, np.int64),
+        address=np.arange(n_seg, dtype=np.int64) << 36,
+        total_size=units.sum(axis=1) * 512,
+        stream=np.zeros(n_seg, np.int64),
+        is_small=np.zeros(n_seg, bool),
+        block_count=np.full(n_seg, per_segment),
+        size=size,
+        requested_size=size,
+        state=state,
+    )
+
+
+def best(fn, repeat: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeat):
+        t = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t)
+    return min(times) * 1e3, out
+
+
+def measure(n_blocks: int, per_segment: int, repeat: int) -> dict:
+    base = synthetic(n_blocks, per_segment, seed=0)
+    changed = synthetic(n_blocks, per_segment, seed=0, flip=0.01)
+    rows_ms, rows = best(lambda: build_rows(base), repeat)
+
+    def open_view():
+        wire = Wire()
+        wire.set_rows(rows)
+        return wire, wire.set_view("bench", first=0, count=VIEW_ROWS, cells=CELLS)
+
+    open_ms, (wire, opened) = best(open_view, repeat)
+
+    def steady():
+        w = Wire()
+        w.set_rows(rows)
+        w.set_view("bench", first=0, count=VIEW_ROWS, cells=CELLS)
+        t = time.perf_counter()
+        w.set_rows(build_rows(changed))
+        frames = w.update()
+        return (time.perf_counter() - t) * 1e3, frames
+
+    runs = [steady() for _ in range(repeat)]
+    steady_ms = min(r[0] for r in runs)
+    frames = runs[0][1]
+
+    def same():
+        wire.set_rows(build_rows(base))
+        return wire.update()
+
+    same_ms, same_frames = best(same, repeat)
+    all_ms, _ = best(lambda: encode_cells(rows), 1)
+    return {
+        "blocks": len(base.blocks),
+        "rows": rows.n_rows,
+        "rows_ms": rows_ms,
+        "open_kib": max(f.nbytes for f in opened) / 1024,
+        "open_ms": open_ms,
+        "steady_kib": max((f.nbytes for f in frames), default=0) / 1024,
+        "steady_n": len(frames),
+        "steady_ms": steady_ms,
+        "same_b": sum(f.nbytes for f in same_frames),
+        "same_ms": same_ms,
+        "all_ms": all_ms,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions, up to 10^5 blocks")
+    args = ap.parse_args(argv)
+    sizes = [10**3, 10**4, 10**5] if args.quick else [10**3, 10**4, 10**5, 10**6]
+    repeat = 2 if args.quick else 5
+    head = (
+        f"{'blocks':>9} {'per_row':>7} {'rows':>6} {'rows_ms':>8} {'open_KiB':>9} {'open_ms':>8} "
+        f"{'steady_KiB':>10} {'frames':>6} {'steady_ms':>9} {'same_B':>6} {'same_ms':>8} "
+        f"{'all_ms':>8}"
+    )
+    print(head)
+    ok = True
+    for n in sizes:
+        for per in (100, 1000):
+            if per > n:
+                continue
+            r = measure(n, per, repeat)
+            print(
+                f"{r['blocks']:>9,} {per:>7} {r['rows']:>6} {r['rows_ms']:>8.1f} "
+                f"{r['open_kib']:>9.1f} {r['open_ms']:>8.1f} {r['steady_kib']:>10.1f} "
+                f"{r['steady_n']:>6} {r['steady_ms']:>9.1f} {r['same_b']:>6} {r['same_ms']:>8.1f} "
+                f"{r['all_ms']:>8.1f}"
+            )
+            ok &= r["open_kib"] * 1024 <= FIRST_FRAME_LIMIT
+            ok &= r["steady_kib"] * 1024 <= FRAME_LIMIT and r["same_b"] == 0
+    print(
+        f"targets: first frame <= {FIRST_FRAME_LIMIT >> 10} KiB, steady frames <= "
+        f"{FRAME_LIMIT >> 10} KiB, unchanged samples send 0 B: {'met' if ok else 'MISSED'}"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
