@@ -1,0 +1,557 @@
+"""Workload programs for the allocator model: demos, tests and notebooks without a GPU.
+
+A workload is plain data: a name, the memory the process can get, the allocator settings, a
+description, and `ops()`, a deterministic program of ``("malloc", id, size, stream)``,
+``("free", id)``, ``("empty_cache",)`` and ``("mark", label)`` steps. Sizes come from a model
+shape (hidden size, layers, heads, sequence length, dtype), as a PyTorch program would request
+them. `run` drives a `CachingAllocator` through a workload and returns the outcome as numbers.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from . import stats as _stats
+from .model import CachingAllocator, OutOfMemory
+
+__all__ = [
+    "WORKLOADS",
+    "Op",
+    "Outcome",
+    "TransformerShape",
+    "Workload",
+    "inference_server",
+    "run",
+    "training_loop",
+]
+
+GIB = 1 << 30
+_SEGMENTS_ALL = 3 * _stats.SEGMENT  # segment.all.current in DeviceStats.cur
+Op = tuple[str, int, int, int] | tuple[str, int] | tuple[str] | tuple[str, str]
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """A decoder-only transformer, enough to size its tensors."""
+
+    hidden: int
+    layers: int
+    heads: int
+    vocab: int
+    ffn: int = 0  # MLP width; 0 means 4 × hidden
+    dtype_bytes: int = 2  # bf16 / fp16
+    gated: bool = False  # SwiGLU MLP (gate, up and down projections), as in Llama
+
+    @property
+    def mlp(self) -> int:
+        return self.ffn or 4 * self.hidden
+
+    def layer_weights(self) -> list[int]:
+        """Byte sizes of one layer's parameter tensors (qkv, out proj, MLP in/out, norms)."""
+        h, f, d = self.hidden, self.mlp, self.dtype_bytes
+        sizes = [3 * h * h * d, 3 * h * d, h * h * d, h * d, h * f * d, f * d, f * h * d, h * d]
+        return [*sizes, h * f * d] if self.gated else sizes
+
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer for one token."""
+        return 2 * self.layers * self.hidden * self.dtype_bytes
+
+
+# GPT-2 medium (355M parameters) and a Llama-2-7B-like shape
+GPT2_MEDIUM = TransformerShape(hidden=1024, layers=24, heads=16, vocab=50257)
+LLAMA_7B = TransformerShape(hidden=4096, layers=32, heads=32, vocab=32000, ffn=11008, gated=True)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A program of allocator calls with the capacity and settings it runs under.
+
+    Attributes
+    ----------
+    name, description
+        What it is and the effect a user should learn from it.
+    capacity
+        Bytes of device memory the process can get.
+    config
+        ``PYTORCH_CUDA_ALLOC_CONF`` settings.
+    program, params
+        ``program(**params)`` yields the steps; `ops()` calls it.
+    """
+
+    name: str
+    capacity: int
+    config: str
+    description: str
+    program: Callable[..., Iterator[Op]] = field(repr=False)
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def ops(self) -> Iterator[Op]:
+        """The steps, freshly generated (deterministic: the same every time)."""
+        return self.program(**self.params)
+
+    def with_config(self, config: str) -> Workload:
+        """The same program under other allocator settings."""
+        return replace(self, config=config, name=f"{self.name} [{config or 'default'}]")
+
+
+# --------------------------------------------------------------------------- training
+
+
+class _Ids:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self) -> int:
+        self.n += 1
+        return self.n
+
+
+def _training_program(
+    shape: TransformerShape,
+    batch: int,
+    seq_lens: tuple[int, ...],
+    checkpointing: bool,
+    keep_grads: bool = False,
+) -> Iterator[Op]:
+    """An eager training loop: AdamW, all tensors in one dtype, grads set to None each step."""
+    s_ = shape
+    d = s_.dtype_bytes
+    new = _Ids()
+    yield ("mark", "weights")
+    weights = [(new(), size) for _ in range(s_.layers) for size in s_.layer_weights()]
+    embed = (new(), s_.vocab * s_.hidden * d)
+    params = [embed, *weights]
+    for pid, size in params:
+        yield ("malloc", pid, size, 0)
+    adam: list[int] = []
+    grads: list[int] = []
+    for it, s in enumerate(seq_lens):
+        yield ("mark", f"iteration {it} (seq {s})")
+        tok = batch * s * s_.hidden * d  # one activation of the residual width
+        att = batch * s_.heads * s * s * d  # attention scores / probabilities
+        mlp = batch * s * s_.mlp * d
+        ids = new()
+        yield ("malloc", ids, batch * s * 8, 0)
+        x = new()
+        yield ("malloc", x, tok, 0)  # embedding output
+        saved: list[list[int]] = []
+        for _layer in range(s_.layers):
+            if checkpointing:
+                # only the layer input is kept; the layer runs without saving, then frees
+                keep = new()
+                yield ("malloc", keep, tok, 0)
+                tmp = []
+                for size in (tok, 3 * tok, att, att, tok, tok, mlp, mlp):
+                    t = new()
+                    tmp.append(t)
+                    yield ("malloc", t, size, 0)
+                for t in tmp:
+                    yield ("free", t)
+                saved.append([keep])
+                continue
+            layer = []
+            for size in (tok, 3 * tok):  # ln1, qkv
+                t = new()
+                layer.append(t)
+                yield ("malloc", t, size, 0)
+            scores = new()
+            yield ("malloc", scores, att, 0)
+            probs = new()
+            yield ("malloc", probs, att, 0)
+            yield ("free", scores)
+            layer.append(probs)
+            for size in (tok, tok, tok, mlp, mlp):  # context, residual, ln2, fc1, gelu
+                t = new()
+                layer.append(t)
+                yield ("malloc", t, size, 0)
+            saved.append(layer)
+        logits = new()
+        yield ("malloc", logits, batch * s * s_.vocab * d, 0)
+        loss32 = new()
+        yield ("malloc", loss32, batch * s * s_.vocab * 4, 0)  # fp32 log-softmax for the loss
+        yield ("mark", f"backward {it}")
+        dlogits = new()
+        yield ("malloc", dlogits, batch * s * s_.vocab * d, 0)
+        yield ("free", loss32)
+        yield ("free", logits)
+        dx = new()
+        yield ("malloc", dx, tok, 0)
+        yield ("free", dlogits)
+        first = not grads
+        if first:
+            g = new()
+            grads.append(g)
+            yield ("malloc", g, embed[1], 0)
+        for layer_i in range(s_.layers - 1, -1, -1):
+            if checkpointing:  # recompute the layer's activations, then as below
+                recomputed = []
+                for size in (tok, 3 * tok, att, tok, tok, tok, mlp, mlp):
+                    t = new()
+                    recomputed.append(t)
+                    yield ("malloc", t, size, 0)
+                saved[layer_i] = saved[layer_i] + recomputed
+            if first:
+                for size in reversed(s_.layer_weights()):
+                    g = new()
+                    grads.append(g)
+                    yield ("malloc", g, size, 0)
+            temps = []
+            for size in (mlp, mlp, att, att, 3 * tok):
+                t = new()
+                temps.append(t)
+                yield ("malloc", t, size, 0)
+            for t in saved[layer_i]:
+                yield ("free", t)
+            for t in temps:
+                yield ("free", t)
+            nx = new()
+            yield ("malloc", nx, tok, 0)
+            yield ("free", dx)
+            dx = nx
+        yield ("free", dx)
+        yield ("free", x)
+        yield ("free", ids)
+        yield ("mark", f"optimizer step {it}")
+        if not adam:  # AdamW state (exp_avg, exp_avg_sq) appears at the first step
+            for _pid, size in params:
+                for _ in range(2):
+                    a = new()
+                    adam.append(a)
+                    yield ("malloc", a, size, 0)
+        if not keep_grads:  # zero_grad(set_to_none=True)
+            for g in grads:
+                yield ("free", g)
+            grads = []
+
+
+def training_loop(
+    *,
+    shape: TransformerShape = GPT2_MEDIUM,
+    batch: int = 8,
+    iterations: int = 12,
+    min_seq: int = 128,
+    max_seq: int = 1024,
+    checkpointing: bool = False,
+    config: str = "",
+    capacity: int = 37 * GIB // 2,
+    seed: int = 5,
+    name: str | None = None,
+) -> Workload:
+    """A transformer training loop whose sequence length changes every iteration.
+
+    Parameters
+    ----------
+    shape
+        Model shape (default GPT-2 medium, bf16).
+    batch, iterations
+        Batch size and number of training steps.
+    min_seq, max_seq
+        Sequence lengths are drawn (seeded) from multiples of 64 in this range.
+    checkpointing
+        Activation checkpointing: keep only each layer's input, recompute in backward.
+    config, capacity
+        Allocator settings and the bytes the process can get.
+    seed
+        Seed of the sequence-length draw.
+
+    Returns
+    -------
+    Workload
+
+    Examples
+    --------
+    >>> w = training_loop(iterations=2)
+    >>> sum(1 for op in w.ops() if op[0] == "malloc") > 1000
+    True
+    """
+    rng = random.Random(seed)
+    seq_lens = tuple(rng.randrange(min_seq, max_seq + 1, 64) for _ in range(iterations))
+    what = "with activation checkpointing" if checkpointing else f"batch {batch}"
+    return Workload(
+        name=name or f"training ({what})",
+        capacity=capacity,
+        config=config,
+        description=(
+            f"GPT-style training ({shape.layers} layers, hidden {shape.hidden}), {what}, "
+            f"sequence length varying in [{min_seq}, {max_seq}]: activations of changing sizes "
+            "are carved from segments that gradients and optimizer state also land in."
+        ),
+        program=_training_program,
+        params={
+            "shape": shape,
+            "batch": batch,
+            "seq_lens": seq_lens,
+            "checkpointing": checkpointing,
+        },
+    )
+
+
+# --------------------------------------------------------------------------- inference
+
+
+def _server_program(
+    shape: TransformerShape,
+    requests: tuple[tuple[int, int], ...],
+    concurrency: int,
+    max_new_tokens: int,
+    page_tokens: int,
+) -> Iterator[Op]:
+    """Continuous batching: each request prefills, decodes, and frees its KV cache."""
+    per_token = shape.kv_bytes_per_token()
+    d = shape.dtype_bytes
+    new = _Ids()
+    yield ("mark", "weights")
+    for _ in range(shape.layers):
+        for size in shape.layer_weights():
+            yield ("malloc", new(), size, 0)
+    yield ("malloc", new(), shape.vocab * shape.hidden * d, 0)
+    queue = list(enumerate(requests))
+    active: dict[int, dict[str, Any]] = {}
+    step = 0
+    while queue or active:
+        while queue and len(active) < concurrency:
+            rid, (prompt, out) = queue.pop(0)
+            yield ("mark", f"request {rid} arrives (prompt {prompt}, output {out})")
+            r: dict[str, Any] = {"tokens": prompt, "left": out, "pages": []}
+            if page_tokens:
+                for _ in range(-(-prompt // page_tokens)):
+                    p = new()
+                    r["pages"].append(p)
+                    yield ("malloc", p, page_tokens * per_token, 0)
+            else:  # reserve prompt + max_new_tokens up front, as a static cache does
+                p = new()
+                r["pages"].append(p)
+                yield ("malloc", p, (prompt + max_new_tokens) * per_token, 0)
+            act = new()  # prefill activations
+            yield ("malloc", act, prompt * shape.hidden * d * 4, 0)
+            yield ("free", act)
+            active[rid] = r
+        # one decode step for the batch: a small activation, and new pages where needed
+        step += 1
+        act = new()
+        yield ("malloc", act, len(active) * shape.vocab * d, 0)
+        for rid in list(active):
+            r = active[rid]
+            r["tokens"] += 1
+            r["left"] -= 1
+            if page_tokens and r["tokens"] > len(r["pages"]) * page_tokens:
+                p = new()
+                r["pages"].append(p)
+                yield ("malloc", p, page_tokens * per_token, 0)
+            if r["left"] == 0:
+                yield ("mark", f"request {rid} done")
+                for p in r["pages"]:
+                    yield ("free", p)
+                del active[rid]
+        yield ("free", act)
+
+
+def inference_server(
+    *,
+    paged: bool,
+    shape: TransformerShape = LLAMA_7B,
+    n_requests: int = 48,
+    concurrency: int = 12,
+    max_new_tokens: int = 1024,
+    page_tokens: int = 32,
+    capacity: int = 22 * GIB,
+    config: str = "",
+    seed: int = 0,
+    name: str | None = None,
+) -> Workload:
+    """An LLM server with continuous batching; KV cache contiguous per request, or paged.
+
+    Parameters
+    ----------
+    paged
+        False: each request reserves one contiguous KV buffer for prompt + max_new_tokens.
+        True: the cache grows in fixed blocks of `page_tokens` tokens (vLLM's PagedAttention).
+    shape
+        Model shape (default a Llama-2-7B-like model in fp16).
+    n_requests, concurrency
+        Requests served, and how many run at once.
+    max_new_tokens
+        The generation limit (what a contiguous cache must reserve).
+    page_tokens
+        Tokens per KV block when paged.
+    capacity, config
+        Bytes the process can get, allocator settings.
+    seed
+        Seed of the prompt and output lengths.
+
+    Returns
+    -------
+    Workload
+
+    Examples
+    --------
+    >>> w = inference_server(paged=True, n_requests=2)
+    >>> next(w.ops())
+    ('mark', 'weights')
+    """
+    rng = random.Random(seed)
+    requests = tuple(
+        (rng.randrange(32, 1025), rng.randrange(16, max_new_tokens + 1)) for _ in range(n_requests)
+    )
+    how = f"paged in blocks of {page_tokens} tokens" if paged else "contiguous per request"
+    return Workload(
+        name=name or f"inference server (KV cache {how})",
+        capacity=capacity,
+        config=config,
+        description=(
+            f"{n_requests} requests, {concurrency} at a time, KV cache {how}: a contiguous "
+            "cache reserves the whole generation limit and leaves holes of every size; "
+            "fixed-size blocks hold only the tokens made and any freed block fits any request."
+        ),
+        program=_server_program,
+        params={
+            "shape": shape,
+            "requests": requests,
+            "concurrency": concurrency,
+            "max_new_tokens": max_new_tokens,
+            "page_tokens": page_tokens if paged else 0,
+        },
+    )
+
+
+# --------------------------------------------------------------------------- running
+
+
+@dataclass
+class Outcome:
+    """What a workload did to the allocator, as numbers.
+
+    ``reserved``, ``allocated`` and ``segments`` hold the figures after every malloc/free step
+    (``steps`` of them); ``marks`` are (step, label) pairs.
+    """
+
+    workload: str
+    config: str
+    capacity: int
+    completed: bool
+    oom_step: int | None
+    oom: OutOfMemory | None
+    peak_reserved: int
+    peak_allocated: int
+    steps: int
+    reserved: np.ndarray
+    allocated: np.ndarray
+    segments: np.ndarray
+    marks: list[tuple[int, str]]
+    allocator: CachingAllocator = field(repr=False)
+
+    @property
+    def free_in_segments_at_oom(self) -> int | None:
+        """Reserved but unallocated bytes when the OOM hit (None without an OOM)."""
+        return None if self.oom is None else self.oom.reserved - self.oom.allocated
+
+    def summary(self) -> str:
+        """One line: completed or where it ran out, and the peaks."""
+        gib = 1 << 30
+        head = f"{self.workload}: "
+        if self.completed:
+            head += f"completed {self.steps} steps"
+        else:
+            free = self.free_in_segments_at_oom or 0
+            head += (
+                f"OOM at step {self.oom_step} with {free / gib:.2f} GiB free inside reserved "
+                "segments"
+            )
+        return (
+            f"{head}; peak reserved {self.peak_reserved / gib:.2f} GiB, peak allocated "
+            f"{self.peak_allocated / gib:.2f} GiB of {self.capacity / gib:.2f} GiB"
+        )
+
+
+def run(workload: Workload, allocator: CachingAllocator | None = None) -> Outcome:
+    """Drive an allocator through `workload` until it ends or runs out of memory.
+
+    Parameters
+    ----------
+    workload
+        The program, capacity and settings.
+    allocator
+        The model to drive (default: a fresh `CachingAllocator(workload.capacity,
+        workload.config)`).
+
+    Returns
+    -------
+    Outcome
+
+    Examples
+    --------
+    >>> o = run(training_loop(iterations=1))
+    >>> o.completed, o.peak_reserved >= o.peak_allocated > 0
+    (True, True)
+    """
+    a = allocator or CachingAllocator(workload.capacity, workload.config, record_trace=False)
+    where: dict[int, int] = {}
+    reserved: list[int] = []
+    allocated: list[int] = []
+    segments: list[int] = []
+    marks: list[tuple[int, str]] = []
+    oom: OutOfMemory | None = None
+    oom_step: int | None = None
+    stats = a.stats
+    step = 0
+    for op in workload.ops():
+        kind = op[0]
+        if kind == "malloc":
+            try:
+                where[op[1]] = a.malloc(op[2], op[3])
+            except OutOfMemory as err:
+                oom, oom_step = err, step
+                break
+        elif kind == "free":
+            a.free(where.pop(op[1]))
+        elif kind == "empty_cache":
+            a.empty_cache()
+        elif kind == "mark":
+            marks.append((step, op[1]))
+            continue
+        else:
+            raise ValueError(f"workload {workload.name!r}: unknown step {op!r}")
+        reserved.append(a.reserved)
+        allocated.append(a.allocated)
+        segments.append(stats.cur[_SEGMENTS_ALL])
+        step += 1
+    ms = a.memory_stats()
+    return Outcome(
+        workload=workload.name,
+        config=workload.config,
+        capacity=workload.capacity,
+        completed=oom is None,
+        oom_step=oom_step,
+        oom=oom,
+        peak_reserved=ms["reserved_bytes.all.peak"],
+        peak_allocated=ms["allocated_bytes.all.peak"],
+        steps=step,
+        reserved=np.asarray(reserved, np.int64),
+        allocated=np.asarray(allocated, np.int64),
+        segments=np.asarray(segments, np.int64),
+        marks=marks,
+        allocator=a,
+    )
+
+
+def _catalogue() -> dict[str, Workload]:
+    train = training_loop(name="training")
+    return {
+        w.name: w
+        for w in (
+            train,
+            replace(train.with_config("expandable_segments:True"), name="training_expandable"),
+            training_loop(checkpointing=True, name="training_checkpointed"),
+            training_loop(batch=4, name="training_small_batch"),
+            inference_server(paged=False, name="inference_contiguous"),
+            inference_server(paged=True, name="inference_paged"),
+        )
+    }
+
+
+WORKLOADS: dict[str, Workload] = _catalogue()

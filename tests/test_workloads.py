@@ -1,0 +1,137 @@
+"""Workload programs: realistic sizes, determinism, and the effect each one teaches, as numbers."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+from gpumemviz.allocator.workloads import (
+    GIB,
+    GPT2_MEDIUM,
+    LLAMA_7B,
+    WORKLOADS,
+    Workload,
+    inference_server,
+    run,
+    training_loop,
+)
+
+
+def _check_program(w: Workload) -> dict[str, int]:
+    """Every free names a live id, ids are not reused, sizes are positive ints."""
+    live: set[int] = set()
+    seen: set[int] = set()
+    counts = {"malloc": 0, "free": 0, "mark": 0, "empty_cache": 0}
+    for op in w.ops():
+        counts[op[0]] += 1
+        if op[0] == "malloc":
+            _, i, size, stream = op
+            assert i not in seen and isinstance(size, int) and size > 0 and stream == 0
+            seen.add(i)
+            live.add(i)
+        elif op[0] == "free":
+            live.remove(op[1])
+    return counts
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_programs_are_well_formed_and_deterministic(name):
+    w = WORKLOADS[name]
+    counts = _check_program(w)
+    assert counts["malloc"] > 1000 and counts["mark"] > 0
+    assert list(w.ops()) == list(w.ops())
+    assert w.capacity > 0 and w.description
+
+
+def test_sizes_follow_the_model_shape():
+    # GPT-2 medium: ~355 M parameters in bf16 are the first mallocs of the training loop
+    ops = list(training_loop(iterations=1).ops())
+    n_weights = GPT2_MEDIUM.layers * len(GPT2_MEDIUM.layer_weights()) + 1
+    weights = [op[2] for op in ops if op[0] == "malloc"][:n_weights]
+    assert 350e6 < sum(weights) / 2 < 360e6
+    # attention scores: batch × heads × seq² × 2 bytes, for the drawn sequence length
+    s = training_loop(iterations=1).params["seq_lens"][0]
+    att = 8 * GPT2_MEDIUM.heads * s * s * 2
+    assert sum(1 for op in ops if op[0] == "malloc" and op[2] == att) >= GPT2_MEDIUM.layers
+    # Llama-7B-like: ~6.6 G parameters in fp16; a token's K and V over 32 layers is 512 KiB
+    assert LLAMA_7B.kv_bytes_per_token() == 512 * 1024
+    per_layer = sum(LLAMA_7B.layer_weights()) / 2
+    assert 6.4e9 < per_layer * LLAMA_7B.layers + LLAMA_7B.vocab * LLAMA_7B.hidden < 6.9e9
+
+
+def test_the_seed_changes_the_sequence_lengths():
+    a = training_loop(seed=1).params["seq_lens"]
+    b = training_loop(seed=2).params["seq_lens"]
+    assert a != b and all(128 <= s <= 1024 and s % 64 == 0 for s in a + b)
+
+
+def test_training_ooms_with_gigabytes_free_unless_segments_are_expandable():
+    plain = run(WORKLOADS["training"])
+    assert not plain.completed and isinstance(plain.oom, OutOfMemory)
+    assert plain.free_in_segments_at_oom > 2 * GIB
+    assert plain.oom.reserved <= plain.capacity
+    assert "reserved by PyTorch but unallocated" in str(plain.oom)
+    expandable = run(WORKLOADS["training_expandable"])
+    assert expandable.capacity == plain.capacity
+    assert expandable.completed and expandable.oom_step is None
+    assert expandable.peak_reserved < plain.capacity
+    # the same program: it needs less memory than the capacity, fragmentation made it fail
+    assert expandable.peak_allocated < plain.capacity - GIB
+
+
+def test_checkpointing_and_a_smaller_batch_lower_peak_reserved():
+    plain = run(replace(WORKLOADS["training"], capacity=64 * GIB))  # room to finish
+    ckpt = run(WORKLOADS["training_checkpointed"])
+    small = run(WORKLOADS["training_small_batch"])
+    assert plain.completed and ckpt.completed and small.completed
+    assert ckpt.peak_reserved < 0.6 * plain.peak_reserved
+    assert small.peak_reserved < 0.75 * plain.peak_reserved
+    assert ckpt.peak_allocated < small.peak_allocated < plain.peak_allocated
+
+
+def test_a_paged_kv_cache_serves_what_a_contiguous_one_cannot():
+    contiguous = run(WORKLOADS["inference_contiguous"])
+    paged = run(WORKLOADS["inference_paged"])
+    assert contiguous.capacity == paged.capacity
+    assert not contiguous.completed and paged.completed
+    assert paged.peak_reserved < paged.capacity - 2 * GIB
+    # with fewer requests at once both finish, and paging needs gigabytes less
+    c8 = run(inference_server(paged=False, concurrency=8))
+    p8 = run(inference_server(paged=True, concurrency=8))
+    assert c8.completed and p8.completed
+    assert p8.peak_reserved < c8.peak_reserved - 4 * GIB
+
+
+def test_outcome_figures_are_per_step_and_consistent():
+    o = run(training_loop(iterations=2, capacity=64 * GIB))
+    assert len(o.reserved) == len(o.allocated) == len(o.segments) == o.steps
+    assert np.all(o.reserved >= o.allocated)
+    assert int(o.reserved.max()) == o.peak_reserved
+    assert int(o.allocated.max()) == o.peak_allocated
+    assert o.marks[0] == (0, "weights") and any("backward 1" in m for _, m in o.marks)
+    stats = o.allocator.memory_stats()
+    assert stats["reserved_bytes.all.current"] == o.reserved[-1]
+    assert stats["segment.all.current"] == o.segments[-1]
+    assert "completed" in o.summary()
+
+
+def test_run_drives_a_given_allocator():
+    w = WORKLOADS["training"]
+    a = CachingAllocator(w.capacity, "max_split_size_mb:256")
+    o = run(w, a)
+    assert o.allocator is a and o.completed  # oversize blocks stay whole: no OOM either
+
+
+def test_with_config_keeps_the_program():
+    w = WORKLOADS["inference_paged"].with_config("expandable_segments:True")
+    assert w.config == "expandable_segments:True" and "expandable" in w.name
+    assert list(w.ops())[:50] == list(WORKLOADS["inference_paged"].ops())[:50]
+
+
+def test_an_unknown_step_is_refused():
+    w = Workload("bad", GIB, "", "broken", program=lambda: iter([("launch", 1)]))
+    with pytest.raises(ValueError, match="unknown step"):
+        run(w)
