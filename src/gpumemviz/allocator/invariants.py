@@ -83,14 +83,20 @@ def check_invariants(snapshot: Mapping[str, Any] | list) -> list[str]:
         small = seg.get("segment_type") == "small"
         expandable = bool(seg.get("is_expandable"))
         total = seg.get("total_size", 0)
-        sizes = [b.get("size", 0) for b in blocks]
+        size_sum = alloc = active = 0
+        for b in blocks:
+            size = b.get("size", 0)
+            size_sum += size
+            state = b.get("state")
+            if state != "inactive":
+                active += size
+                if state == "active_allocated":
+                    alloc += size
         # 1
-        if sum(sizes) != total and bad(
-            f"{where}: blocks add up to {sum(sizes)} bytes, total_size is {total}"
+        if size_sum != total and bad(
+            f"{where}: blocks add up to {size_sum} bytes, total_size is {total}"
         ):
             break
-        alloc = sum(b["size"] for b in blocks if b.get("state") == "active_allocated")
-        active = sum(b["size"] for b in blocks if b.get("state") != "inactive")
         if (
             "allocated_size" in seg
             and alloc != seg["allocated_size"]
@@ -127,22 +133,22 @@ def check_invariants(snapshot: Mapping[str, Any] | list) -> list[str]:
         prev_state = None
         stop = False
         for bi, b in enumerate(blocks):
-            bw = f"{where}, block {bi}"
-            size, requested = _block_sizes(b)
+            size = b["size"]
             state = b.get("state")
             # 2
             if "address" in b and b["address"] != addr:
-                stop = bad(f"{bw}: address {b['address']:#x}, expected {addr:#x} (contiguous)")
+                stop = bad(f"{where}, block {bi}: address {b['address']:#x}, expected {addr:#x}")
             addr += size
             # 3
             if size % K_MIN_BLOCK_SIZE:
-                stop = stop or bad(f"{bw}: size {size} is not a multiple of 512")
+                stop = stop or bad(f"{where}, block {bi}: size {size} is not a multiple of 512")
             # 6
             if state == "inactive" and prev_state == "inactive":
-                stop = stop or bad(f"{bw}: two adjacent inactive blocks")
+                stop = stop or bad(f"{where}, block {bi}: two adjacent inactive blocks")
             prev_state = state
             # 7
             if state == "active_allocated":
+                requested = _block_sizes(b)[1]
                 r = _round_size(requested, divisions) if requested > 0 else K_MIN_BLOCK_SIZE
                 extra = size - r
                 if small or r <= K_SMALL_SIZE or expandable:
@@ -154,12 +160,12 @@ def check_invariants(snapshot: Mapping[str, Any] | list) -> list[str]:
                     allowed = K_SMALL_SIZE
                 if extra < 0 or extra > allowed:
                     stop = stop or bad(
-                        f"{bw}: size {size} for a request of {requested} (round_size {r}): "
-                        f"leftover {extra} is outside [0, {allowed}]"
+                        f"{where}, block {bi}: size {size} for a request of {requested} "
+                        f"(round_size {r}): leftover {extra} is outside [0, {allowed}]"
                     )
             # 8
             if state == "inactive" and b.get("frames"):
-                stop = stop or bad(f"{bw}: inactive block carries frames")
+                stop = stop or bad(f"{where}, block {bi}: inactive block carries frames")
             if stop:
                 return problems
     # 9

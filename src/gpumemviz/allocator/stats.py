@@ -166,31 +166,37 @@ def walk_stats(segments: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     >>> s["inactive_split_bytes.small_pool.current"], s["segment.all.current"]
     (2096640, 1)
     """
-    out = {f"{a}.{p}.current": 0 for a in ARRAYS for p in POOLS}
-
-    def add(array: str, pool: str, v: int) -> None:
-        out[f"{array}.all.current"] += v
-        out[f"{array}.{pool}.current"] += v
-
+    # acc[array][pool index]: pool 1 small, 2 large; "all" is filled in at the end
+    acc = [[0, 0, 0] for _ in ARRAYS]
+    seg_a, act_a, actb_a = acc[SEGMENT], acc[ACTIVE], acc[ACTIVE_BYTES]
+    req_a, alc_a, alcb_a = acc[REQUESTED_BYTES], acc[ALLOCATION], acc[ALLOCATED_BYTES]
+    isp_a, ispb_a, res_a = acc[INACTIVE_SPLIT], acc[INACTIVE_SPLIT_BYTES], acc[RESERVED_BYTES]
     for seg in segments:
-        pool = "small_pool" if seg.get("segment_type") == "small" else "large_pool"
+        p = SMALL if seg.get("segment_type") == "small" else LARGE
         expandable = bool(seg.get("is_expandable"))
-        add("reserved_bytes", pool, seg["total_size"])
+        res_a[p] += seg["total_size"]
         if not expandable:
-            add("segment", pool, 1)
+            seg_a[p] += 1
         blocks = seg["blocks"]
-        split = len(blocks) > 1
+        split = len(blocks) > 1 and not expandable
         for b in blocks:
             state = b["state"]
             if state == "inactive":
-                if split and not expandable:
-                    add("inactive_split", pool, 1)
-                    add("inactive_split_bytes", pool, b["size"])
+                if split:
+                    isp_a[p] += 1
+                    ispb_a[p] += b["size"]
                 continue
-            add("active", pool, 1)
-            add("active_bytes", pool, b["size"])
-            add("requested_bytes", pool, b["requested_size"])
+            size = b["size"]
+            act_a[p] += 1
+            actb_a[p] += size
+            req_a[p] += b["requested_size"]
             if state == "active_allocated":
-                add("allocation", pool, 1)
-                add("allocated_bytes", pool, b["size"])
+                alc_a[p] += 1
+                alcb_a[p] += size
+    out = {}
+    for a, name in enumerate(ARRAYS):
+        v = acc[a]
+        out[f"{name}.all.current"] = v[1] + v[2]
+        out[f"{name}.small_pool.current"] = v[1]
+        out[f"{name}.large_pool.current"] = v[2]
     return out

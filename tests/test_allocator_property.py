@@ -1,0 +1,117 @@
+"""Random programs against the model: after every step the state is sound (seeded hypothesis).
+
+Checked after each of >= 10^5 operations: the invariants of section 3.9, incremental stats equal
+to a walk of the blocks, no two adjacent free blocks in non-expandable segments, allocated blocks
+never overlap, reserved memory never exceeds the capacity (or the fraction cap).
+"""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpumemviz.allocator.invariants import check_invariants
+from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+from gpumemviz.allocator.rules import MIB
+from gpumemviz.allocator.stats import walk_stats
+
+CONFIGS = [
+    "",
+    "expandable_segments:True",
+    "max_split_size_mb:24",
+    "max_split_size_mb:32,max_non_split_rounding_mb:40",
+    "roundup_power2_divisions:[1:2,4:8,>:4]",
+    "garbage_collection_threshold:0.7,per_process_memory_fraction:0.8",
+    "large_segment_size_mb:32,expandable_segments:True",
+    "expandable_segments:True,max_split_size_mb:64,roundup_power2_divisions:2",
+]
+EXAMPLES = 40
+OPS = 2500  # per example: 40 x 2500 = 100,000 operations in total
+DONE = {"ops": 0}
+
+
+def _check(a: CachingAllocator, step: int) -> None:
+    snap = a.snapshot(include_traces=False, record=False)
+    segs = snap["segments"]
+    problems = check_invariants(snap)
+    assert problems == [], (step, problems[:3])
+    stats = a.memory_stats()
+    for k, v in walk_stats(segs).items():
+        assert stats[k] == v, (step, k, stats[k], v)
+    assert stats["reserved_bytes.all.current"] == a.reserved <= a.capacity
+    if a._allowed is not None:
+        assert a.reserved <= a._allowed
+    end = 0  # segments come sorted by address; walk every block in address order
+    for s in segs:
+        assert s["address"] >= end, (step, "segments overlap")
+        prev = None
+        for b in s["blocks"]:
+            assert b["address"] >= end, (step, "blocks overlap")
+            end = b["address"] + b["size"]
+            state = b["state"]
+            if state == "inactive" and prev == "inactive" and not s["is_expandable"]:
+                raise AssertionError((step, "two adjacent free blocks", hex(b["address"])))
+            prev = state
+
+
+def _program(seed: int, conf: str) -> None:
+    rng = random.Random(seed)
+    capacity = rng.choice([64, 192, 512]) * MIB
+    a = CachingAllocator(capacity, conf)
+    live: list[int] = []
+    streams = [0, 0, 0, 0x10, 0x20][: rng.choice([3, 4, 5])]
+    big = rng.choice([8, 40, 120]) * MIB
+    for step in range(OPS):
+        r = rng.random()
+        if r < 0.52 or not live:
+            kind = rng.random()
+            if kind < 0.45:
+                size = rng.randint(1, 16 * 1024)
+            elif kind < 0.75:
+                size = rng.randint(16 * 1024, 3 * MIB)
+            elif kind < 0.97:
+                size = rng.randint(3 * MIB, big)
+            else:
+                size = rng.choice([0, 512, MIB, 2 * MIB, 20 * MIB])
+            try:
+                p = a.malloc(size, rng.choice(streams))
+            except OutOfMemory as e:
+                assert e.alloc_size >= e.rounded_size or a.config.expandable_segments
+            else:
+                if p:
+                    live.append(p)
+                    if rng.random() < 0.04:
+                        a.record_stream(p, rng.choice([0x30, 0x40, 0x10]))
+        elif r < 0.93:
+            a.free(live.pop(rng.randrange(len(live))))
+        elif r < 0.97:
+            a.complete_events(rng.choice([None, 0x30, 0x40]), process=rng.random() < 0.3)
+        elif r < 0.99:
+            a.empty_cache()
+        else:
+            a.reset_peak_stats()
+        _check(a, step)
+        DONE["ops"] += 1
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(seed=st.integers(0, 2**32 - 1), conf=st.sampled_from(CONFIGS))
+def test_random_programs_keep_the_state_sound(seed, conf):
+    _program(seed, conf)
+
+
+def test_the_property_run_covered_1e5_operations():
+    # runs after the property test in file order; on its own it has nothing to count
+    if DONE["ops"] == 0:
+        _program(7, CONFIGS[1])
+        assert DONE["ops"] == OPS
+    else:
+        assert DONE["ops"] >= 100_000
