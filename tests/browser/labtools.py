@@ -58,5 +58,29 @@ class Notebook:
         )
         assert error is None, error
 
+    def start(self, index: int) -> None:
+        """Start running cell `index` without waiting for it (see `wait_idle`)."""
+        self.page.evaluate(
+            """i => {
+                const nb = window.jupyterapp.shell.currentWidget;
+                nb.content.activeCellIndex = i;
+                window.__gmvRun = window.jupyterapp.commands.execute('notebook:run-cell');
+            }""",
+            index,
+        )
+
+    def kernel_status(self) -> str:
+        return self.page.evaluate(
+            "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status"
+        )
+
+    def wait_idle(self, timeout: float = 120_000) -> None:
+        """Wait for the cell started by `start` to finish."""
+        self.page.evaluate(
+            """async timeout => { await Promise.race([window.__gmvRun, new Promise((_, no) =>
+                setTimeout(() => no(new Error('cell timed out')), timeout))]); }""",
+            timeout,
+        )
+
     def shutdown(self) -> None:
         self.page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")

@@ -121,6 +121,27 @@ def test_real_snapshot_pixels_match_its_blocks(page, notebook, artifacts):
         checked += 1
     assert checked >= 3 and len(colours) >= 2
 
+    # hover: the tooltip names the exact block under the pointer
+    from gpumemviz.units import format_size
+
+    wide = max(range(len(seg["blocks"])), key=lambda j: seg["blocks"][j]["size"])
+    start = sum(b["size"] for b in seg["blocks"][:wide])
+    mid_cell = (start + seg["blocks"][wide]["size"] // 2) * cells // total
+    box = page.evaluate(
+        """([view, row]) => { const v = eval(view)(); const r = v.map.rowRect(row);
+            const c = v.map.canvas.getBoundingClientRect();
+            return { x: c.left + r.x, y: c.top + r.y + r.h / 2 }; }""",
+        [VIEW, row],
+    )
+    page.mouse.move(box["x"] + mid_cell + 0.5, box["y"])
+    tip = page.locator(".gmv-tip").first
+    tip.wait_for(state="visible", timeout=5000)
+    text = tip.text_content()
+    want_block = seg["blocks"][wide]
+    assert f"{format_size(want_block['size'])} {want_block['state']}" in text, text
+    assert f"block +{format_size(start)}:" in text, text
+    page.mouse.move(0, 0)
+
     root = page.locator(".gmv-root").first
     root.scroll_into_view_if_needed()
     page.evaluate(f"() => ({VIEW})().map.scrollToRow(0)")
@@ -150,3 +171,81 @@ def test_thousands_of_rows_scroll_virtually(page, notebook, artifacts):
     assert frames and max(f["bytes"] for f in frames) <= 256 << 10
     page.evaluate(f"() => ({VIEW})().map.drawNow()")
     page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_last_rows.png"))
+
+
+LIVE_CELL = """
+import threading
+from gpumemviz.snapshot import Snapshot
+from gpumemviz.widget import MemoryPanel
+
+MiB = 1 << 20
+
+
+def state(k):
+    n = k % 12 + 1  # n allocated 2 MiB blocks at the start of a 40 MiB segment
+    sizes = [2 * MiB] * n + [(40 - 2 * n) * MiB]
+    return Snapshot.from_columns(device=[0], address=[1 << 32], total_size=[40 * MiB], stream=[0],
+        is_small=[False], block_count=[n + 1], size=sizes, requested_size=sizes,
+        state=[1] * n + [0])
+
+
+panel = MemoryPanel(title="fed from a thread")
+panel.show_snapshot(state(0))
+stop = threading.Event()
+
+
+def feed():
+    k = 0
+    while not stop.wait(0.35):
+        k += 1
+        panel.show_snapshot(state(k))
+
+
+threading.Thread(target=feed, daemon=True).start()
+panel
+"""
+
+
+def test_panel_updates_while_another_cell_runs(page, notebook):
+    from gpumemviz.render.rows import build_rows, encode_cells
+
+    nb = notebook("live.ipynb", [LIVE_CELL, "import time\nfor _ in range(6):\n    time.sleep(1)"])
+    nb.run(0)
+    _wait_drawn(page, 0)
+    nb.start(1)
+    seen: dict[int, list[int]] = {}
+    allocated: set[int] = set()
+    busy_polls = 0
+    deadline = page.evaluate("() => Date.now()") + 6000
+    while page.evaluate("() => Date.now()") < deadline:
+        got = page.evaluate(
+            f"""() => {{ const v = ({VIEW})(); const row = v.map.cached(0);
+                const fig = v.root.querySelector('[data-fig=allocated]');
+                return {{ cells: row ? Array.from(row.cells) : null,
+                         allocated: fig ? Number(fig.dataset.value) : null }}; }}"""
+        )
+        if nb.kernel_status() == "busy" and got["cells"] is not None:
+            busy_polls += 1
+            n = round(got["cells"].count(63) / len(got["cells"]) * 20)
+            seen.setdefault(n, got["cells"])
+            allocated.add(got["allocated"])
+        page.wait_for_timeout(150)
+    nb.wait_idle()
+    assert busy_polls >= 10
+    assert len(seen) >= 5, sorted(seen)
+    # the header's allocated figure follows: n x 2 MiB for the states the thread produced
+    assert len(allocated) >= 5 and all(a % (2 << 20) == 0 and 0 < a <= 24 << 20 for a in allocated)
+    for n, cells in seen.items():  # every state drawn is one the thread produced, exactly
+        sizes = [2 << 20] * n + [(40 - 2 * n) << 20]
+        snap = Snapshot.from_columns(
+            device=[0],
+            address=[1 << 32],
+            total_size=[40 << 20],
+            stream=[0],
+            is_small=[False],
+            block_count=[n + 1],
+            size=sizes,
+            requested_size=sizes,
+            state=[1] * n + [0],
+        )
+        assert cells == encode_cells(build_rows(snap), cells=len(cells))[0].tolist()
