@@ -11,6 +11,7 @@ dicts are built only in `snapshot()` and `memory_stats()`.
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -334,8 +335,9 @@ class CachingAllocator:
         self._record = record_trace
         self._trace: deque[tuple[int, int, int, int, int]] = deque(maxlen=trace_max_entries)
         self._trace_count = 0
-        self._clock = clock
-        self._now = 0
+        # time_us of trace entries: by default a counter that ticks once per entry
+        self._default_clock = clock is None
+        self._clock = clock or itertools.count(1).__next__
         if cfg.per_process_memory_fraction < 1.0:
             self.set_memory_fraction(cfg.per_process_memory_fraction)
 
@@ -389,11 +391,10 @@ class CachingAllocator:
             raise ValueError(f"free: {addr:#x} is not the address of an allocated block")
         b.allocated = False
         st = self.stats
-        p = b.pool.index
-        st.dec(S.ALLOCATION, p, 1)
-        st.dec(S.ALLOCATED_BYTES, p, b.size)
+        st.on_free_requested(b.pool.index, b.size)
         if self._record:
-            self._emit(FREE_REQUESTED, b.ptr, b.requested, b.stream)
+            self._trace.append((FREE_REQUESTED, b.ptr, b.requested, b.stream, self._clock()))
+            self._trace_count += 1
         if b.size >= self._mss:
             st.dec1(S.OVERSIZE_ALLOCATIONS)
         if b.stream_uses:
@@ -530,9 +531,13 @@ class CachingAllocator:
             np_.blocks = [(a, b, c, clones[id(d)]) for a, b, c, d in old_pool.blocks]
             np_.unmapped = [(a, b, clones[id(c)]) for a, b, c in old_pool.unmapped]
         for name, value in self.__dict__.items():
-            if name in ("_small", "_large", "_allocated", "_pending", "_events", "stats"):
+            if name in ("_small", "_large", "_allocated", "_pending", "_events", "stats", "_clock"):
                 continue
             setattr(new, name, copy.deepcopy(value, memo))
+        # the default clock ticked once per entry: the copy's own counter goes on from there
+        new._clock = (
+            itertools.count(self._trace_count + 1).__next__ if self._default_clock else self._clock
+        )
         new._small = pools[id(self._small)]
         new._large = pools[id(self._large)]
         new._allocated = {p: clones[id(b)] for p, b in self._allocated.items()}
@@ -786,12 +791,7 @@ class CachingAllocator:
     # ------------------------------------------------------------------ internals: allocation
 
     def _emit(self, action: int, addr: int, size: int, stream: int) -> None:
-        if self._clock is None:
-            self._now += 1
-            t = self._now
-        else:
-            t = self._clock()
-        self._trace.append((action, addr, size, stream, t))
+        self._trace.append((action, addr, size, stream, self._clock()))
         self._trace_count += 1
 
     def _all_blocks(self) -> list[_Block]:
@@ -877,14 +877,11 @@ class CachingAllocator:
         block.requested = orig
         ptr = block.ptr
         if self._record:
-            self._emit(ALLOC, ptr, orig, block.stream)
+            self._trace.append((ALLOC, ptr, orig, block.stream, self._clock()))
+            self._trace_count += 1
         self._allocated[ptr] = block
         bsize = block.size
-        st.inc(S.ALLOCATION, p, 1)
-        st.inc(S.ALLOCATED_BYTES, p, bsize)
-        st.inc(S.ACTIVE, p, 1)
-        st.inc(S.ACTIVE_BYTES, p, bsize)
-        st.inc(S.REQUESTED_BYTES, p, orig)
+        st.on_alloc(p, bsize, orig)
         if bsize >= self._mss:
             st.inc1(S.OVERSIZE_ALLOCATIONS)
         return ptr
@@ -925,7 +922,8 @@ class CachingAllocator:
     def _free_block(self, b: _Block) -> None:
         """`free_block`: merge with free neighbours, back into the pool (section 2.10)."""
         if self._record:
-            self._emit(FREE_COMPLETED, b.ptr, b.requested, b.stream)
+            self._trace.append((FREE_COMPLETED, b.ptr, b.requested, b.stream, self._clock()))
+            self._trace_count += 1
         orig_size = b.size
         pool = b.pool
         net_blocks = 0
@@ -956,9 +954,7 @@ class CachingAllocator:
                 st.inc(S.INACTIVE_SPLIT_BYTES, p, net_size)
             elif net_size < 0:
                 st.dec(S.INACTIVE_SPLIT_BYTES, p, -net_size)
-        st.dec(S.ACTIVE, p, 1)
-        st.dec(S.ACTIVE_BYTES, p, orig_size)
-        st.dec(S.REQUESTED_BYTES, p, b.requested)
+        st.on_free_completed(p, orig_size, b.requested)
 
     def _try_merge(self, dst: _Block, src: _Block | None) -> int:
         """`try_merge_blocks`: absorb a free neighbour in the same mapped state; its size."""

@@ -99,6 +99,33 @@ class DeviceStats:
     def dec1(self, stat: int, amount: int = 1) -> None:
         self.cur[3 * stat] -= amount
 
+    # Unrolled updates for the hot paths (generated below: one call instead of five).
+    def on_alloc(self, p: int, size: int, requested: int) -> None:
+        """A block handed out: allocation, allocated_bytes, active, active_bytes, requested."""
+        raise NotImplementedError  # replaced by the generated version
+
+    def on_free_requested(self, p: int, size: int) -> None:
+        """A user free: allocation and allocated_bytes go down."""
+        cur = self.cur
+        cur[0] -= 1
+        cur[p] -= 1
+        i = 3 * ALLOCATED_BYTES
+        cur[i] -= size
+        cur[i + p] -= size
+
+    def on_free_completed(self, p: int, size: int, requested: int) -> None:
+        """A block back in its pool: active, active_bytes and requested_bytes go down."""
+        cur = self.cur
+        i = 3 * ACTIVE
+        cur[i] -= 1
+        cur[i + p] -= 1
+        i = 3 * ACTIVE_BYTES
+        cur[i] -= size
+        cur[i + p] -= size
+        i = 3 * REQUESTED_BYTES
+        cur[i] -= requested
+        cur[i + p] -= requested
+
     def current(self, array: int, pool: int = 0) -> int:
         return self.cur[3 * array + pool]
 
@@ -149,6 +176,34 @@ class DeviceStats:
             name, pool, _ = key.split(".")
             i = 3 * ARRAYS.index(name) + POOLS.index(pool)
             self.cur[i] = self.peak[i] = self.alloc[i] = v
+
+
+def _generate_on_alloc() -> None:
+    """Write `DeviceStats.on_alloc` out in full: no loop, no calls, one entry at a time."""
+    terms = [(ALLOCATION, "1"), (ALLOCATED_BYTES, "size"), (ACTIVE, "1")]
+    terms += [(ACTIVE_BYTES, "size"), (REQUESTED_BYTES, "requested")]
+    lines = [
+        "def on_alloc(self, p, size, requested):",
+        "    cur = self.cur; peak = self.peak; alloc = self.alloc",
+    ]
+    for array, amount in terms:
+        for index in (str(3 * array), f"{3 * array} + p"):
+            lines += [
+                f"    i = {index}",
+                f"    c = cur[i] + {amount}",
+                "    cur[i] = c",
+                "    if c > peak[i]:",
+                "        peak[i] = c",
+                f"    alloc[i] += {amount}",
+            ]
+    namespace: dict[str, Any] = {}
+    exec("\n".join(lines), namespace)  # fixed text built above from constants, no input
+    fn = namespace["on_alloc"]
+    fn.__doc__ = DeviceStats.on_alloc.__doc__
+    DeviceStats.on_alloc = fn  # type: ignore[method-assign]
+
+
+_generate_on_alloc()
 
 
 def walk_stats(segments: Iterable[Mapping[str, Any]]) -> dict[str, int]:
