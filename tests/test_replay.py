@@ -229,3 +229,17 @@ def test_an_inconsistent_trace_names_device_and_entry():
     d["device_traces"][0][0]["addr"] += 4096  # an alloc in the middle of a block
     with pytest.raises(ReplayError, match=r"device 0: trace event \d+"):
         replay(d)
+
+
+def test_snapshot_at_equals_a_walk_from_the_start_in_any_order():
+    """Checkpoints are copy-on-write: jumping around must never leak one state into another."""
+    d = _real("expandable_oom")  # maps and unmaps split and join segments
+    for dev in (0, 1):
+        tl = Timeline.from_snapshot(d, dev, every=16)
+        walk = Timeline.from_snapshot(d, dev, every=10**9)  # no checkpoint but the start
+        n = len(tl)
+        order = [n - 1, 3, n // 2, 17, n // 2 + 1, 0, n - 1, 16, 15, n // 3, -1, n // 2]
+        for i in order:
+            got = tl.snapshot_at(i)["segments"]
+            assert got == walk.layout_at(i).to_segments(dev), (dev, i)
+        assert tl.snapshot_at(n - 1)["segments"] == tl.final.to_segments(dev)

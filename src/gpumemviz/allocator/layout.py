@@ -34,13 +34,14 @@ class Seg:
     are in place and copies are cheap.
     """
 
-    __slots__ = ("blocks", "expandable", "small", "stream")
+    __slots__ = ("blocks", "cached", "expandable", "small", "stream")
 
     def __init__(self, stream: int, small: bool, expandable: bool, blocks: list[list[int]]):
         self.stream = stream
         self.small = small
         self.expandable = expandable
         self.blocks = blocks
+        self.cached: dict[str, Any] | None = None  # its torch dict, while unchanged
 
     @property
     def address(self) -> int:
@@ -60,13 +61,19 @@ class Seg:
 
 
 class Layout:
-    """Segments of one device keyed by base address, with the primitive moves of a trace."""
+    """Segments of one device keyed by base address, with the primitive moves of a trace.
 
-    __slots__ = ("bases", "segs")
+    Copies are copy-on-write: a copy shares every `Seg` with its original, and whichever
+    layout changes a shared segment first gets its own copy of it. So checkpoints cost little,
+    and a segment that did not change keeps its exported dict.
+    """
+
+    __slots__ = ("bases", "owned", "segs")
 
     def __init__(self) -> None:
         self.bases: list[int] = []  # sorted segment base addresses
         self.segs: dict[int, Seg] = {}
+        self.owned: set[Seg] = set()  # segments no other layout shares (safe to change)
 
     # -- construction and export --------------------------------------------------------------
     @classmethod
@@ -90,11 +97,18 @@ class Layout:
             lay._insert(Seg(int(s["stream"]), small, bool(s.get("is_expandable")), blocks))
         return lay
 
-    def to_segments(self, device: int = 0) -> list[dict[str, Any]]:
-        """Torch 2.11 segment dicts in address order (what `torch.cuda.memory_snapshot` gives)."""
+    def to_segments(self, device: int = 0, *, shared: bool = False) -> list[dict[str, Any]]:
+        """Torch 2.11 segment dicts in address order (what `torch.cuda.memory_snapshot` gives).
+
+        With `shared`, a segment unchanged since an earlier call returns the same dict as then
+        (fast for scrubbing; the caller must not modify it).
+        """
         out = []
         for base in self.bases:
             seg = self.segs[base]
+            if shared and seg.cached is not None and seg.cached["device"] == device:
+                out.append(seg.cached)
+                continue
             blocks, allocated, active, requested = [], 0, 0, 0
             for addr, size, state, req in seg.blocks:
                 if state:
@@ -111,29 +125,42 @@ class Layout:
                         "frames": [],
                     }
                 )
-            out.append(
-                {
-                    "device": device,
-                    "address": base,
-                    "total_size": seg.size,
-                    "allocated_size": allocated,
-                    "active_size": active,
-                    "requested_size": requested,
-                    "stream": seg.stream,
-                    "segment_type": "small" if seg.small else "large",
-                    "segment_pool_id": (0, 0),
-                    "is_expandable": seg.expandable,
-                    "frames": [],
-                    "blocks": blocks,
-                }
-            )
+            d = {
+                "device": device,
+                "address": base,
+                "total_size": seg.size,
+                "allocated_size": allocated,
+                "active_size": active,
+                "requested_size": requested,
+                "stream": seg.stream,
+                "segment_type": "small" if seg.small else "large",
+                "segment_pool_id": (0, 0),
+                "is_expandable": seg.expandable,
+                "frames": [],
+                "blocks": blocks,
+            }
+            if shared:
+                seg.cached = d
+            out.append(d)
         return out
 
     def copy(self) -> Layout:
+        """A copy sharing every segment until one side changes it (copy-on-write)."""
         lay = Layout()
         lay.bases = self.bases[:]
-        lay.segs = {k: s.copy() for k, s in self.segs.items()}
+        lay.segs = dict(self.segs)
+        self.owned = set()  # everything is shared now
         return lay
+
+    def _own(self, seg: Seg) -> Seg:
+        """`seg` made safe to change: this layout's own copy, its cached dict dropped."""
+        if seg in self.owned:
+            seg.cached = None
+            return seg
+        mine = seg.copy()
+        self.segs[mine.address] = mine
+        self.owned.add(mine)
+        return mine
 
     def key(self) -> list[tuple]:
         """A comparable summary: (base, stream, small, expandable, blocks as tuples) per segment."""
@@ -181,6 +208,7 @@ class Layout:
         b = seg.blocks[i]
         if b[2] != INACTIVE or addr + size > b[0] + b[1]:
             raise LayoutError(f"{what}: [{addr:#x}, +{size}) is not inside one free block")
+        seg = self._own(seg)
         new = [[addr, size, state, requested]]
         if addr > b[0]:
             new.insert(0, [b[0], addr - b[0], INACTIVE, 0])
@@ -202,10 +230,11 @@ class Layout:
     def release(self, addr: int, what: str) -> None:
         """Make the block at `addr` free and merge it with free neighbours."""
         seg, i = self.block_at(addr, what)
+        if seg.blocks[i][2] == INACTIVE:
+            raise LayoutError(f"{what}: block at {addr:#x} is already free")
+        seg = self._own(seg)
         blocks = seg.blocks
         b = blocks[i]
-        if b[2] == INACTIVE:
-            raise LayoutError(f"{what}: block at {addr:#x} is already free")
         b[2], b[3] = INACTIVE, 0
         if i + 1 < len(blocks) and blocks[i + 1][2] == INACTIVE:
             b[1] += blocks[i + 1][1]
@@ -214,11 +243,14 @@ class Layout:
             blocks[i - 1][1] += b[1]
             del blocks[i]
 
-    def set_state(self, addr: int, state: int, what: str) -> None:
+    def set_state(self, addr: int, state: int, what: str) -> int:
+        """Change an active block's state; returns its size."""
         seg, i = self.block_at(addr, what)
         if seg.blocks[i][2] == INACTIVE:
             raise LayoutError(f"{what}: block at {addr:#x} is free")
+        seg = self._own(seg)
         seg.blocks[i][2] = state
+        return seg.blocks[i][1]
 
     # -- segment moves ----------------------------------------------------------------------
     def _insert(self, seg: Seg) -> None:
@@ -227,10 +259,17 @@ class Layout:
             raise LayoutError(f"two segments at {base:#x}")
         bisect.insort(self.bases, base)
         self.segs[base] = seg
+        self.owned.add(seg)
 
-    def _remove(self, base: int) -> Seg:
+    def _remove(self, base: int, keep: bool = True) -> Seg:
+        """Take a segment out; with `keep`, the caller gets a copy it may change freely."""
         self.bases.pop(bisect.bisect_left(self.bases, base))
-        return self.segs.pop(base)
+        seg = self.segs.pop(base)
+        if seg in self.owned or not keep:
+            self.owned.discard(seg)
+            seg.cached = None
+            return seg
+        return seg.copy()
 
     def add_segment(self, addr: int, size: int, stream: int, small: bool, what: str) -> None:
         """A new, entirely free, non-expandable segment."""
@@ -245,7 +284,7 @@ class Layout:
             raise LayoutError(f"{what}: no segment at {addr:#x}")
         if len(seg.blocks) != 1 or seg.blocks[0][2] != INACTIVE or seg.blocks[0][1] != size:
             raise LayoutError(f"{what}: segment at {addr:#x} is not one free block of {size} B")
-        return self._remove(addr)
+        return self._remove(addr, keep=False)
 
     def map_range(self, addr: int, size: int, stream: int, small: bool, what: str) -> None:
         """Map [addr, addr+size) of an expandable segment: free, joined to touching runs."""
@@ -254,7 +293,7 @@ class Layout:
         blocks = [[addr, size, INACTIVE, 0]]
         below = self.segment_at(addr - 1)
         if below is not None and below.expandable and below.stream == stream:
-            self._remove(below.address)
+            below = self._remove(below.address)
             small = below.small
             if below.blocks[-1][2] == INACTIVE:
                 below.blocks[-1][1] += size
@@ -263,7 +302,7 @@ class Layout:
                 blocks = below.blocks + blocks
         above = self.segs.get(addr + size)
         if above is not None and above.expandable and above.stream == stream:
-            self._remove(above.address)
+            above = self._remove(above.address)
             small = above.small
             if above.blocks[0][2] == INACTIVE:
                 blocks[-1][1] += above.blocks[0][1]
@@ -281,7 +320,7 @@ class Layout:
         b = seg.blocks[i]
         if b[2] != INACTIVE or addr + size > b[0] + b[1]:
             raise LayoutError(f"{what}: [{addr:#x}, +{size}) is not inside one free block")
-        self._remove(seg.address)
+        seg = self._remove(seg.address)
         lower = seg.blocks[:i]
         if addr > b[0]:
             lower.append([b[0], addr - b[0], INACTIVE, 0])

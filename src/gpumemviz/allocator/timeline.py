@@ -6,6 +6,7 @@ This is the ground truth the model is scored against, and what the panel scrubs 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,15 +47,12 @@ def apply_step(lay: Layout, steps: Sequence[Step], i: int, rules: Rules) -> int:
         return bsize
     if action == "free_requested":
         seg, k = lay.block_at(addr, "free_requested")
-        b = seg.blocks[k]
-        if b[2] != ALLOCATED:
+        if seg.blocks[k][2] != ALLOCATED:
             raise LayoutError(f"block at {addr:#x} is not allocated")
-        b[2] = PENDING_FREE
-        return -b[1]
+        return -lay.set_state(addr, PENDING_FREE, "free_requested")
     if action == "free_completed":
         seg, k = lay.block_at(addr, "free_completed")
-        was = seg.blocks[k][2]
-        size_was = seg.blocks[k][1]
+        was, size_was = seg.blocks[k][2], seg.blocks[k][1]
         lay.release(addr, "free_completed")
         return -size_was if was == ALLOCATED else 0
     if action == "segment_alloc":
@@ -118,6 +116,7 @@ class Timeline:
             self.allocated[i] = allocated
             self.segments[i] = len(lay.segs)
         self.final = lay
+        self._trace: list[dict[str, Any]] | None = None
 
     @classmethod
     def from_snapshot(cls, snapshot: Mapping[str, Any], device: int = 0, **kw: Any) -> Timeline:
@@ -156,6 +155,7 @@ class Timeline:
         steps = steps_of(trace)
         start = reconstruct_layout(final, steps, rules)
         tl = cls(start, steps, rules, device=device, settings=settings, **kw)
+        tl._trace = list(trace)
         if tl.final.key() != final.key():
             raise LayoutError(
                 f"device {device}: replaying the trace from the reconstructed start does not "
@@ -182,17 +182,31 @@ class Timeline:
     def snapshot_at(self, event_index: int) -> dict[str, Any]:
         """The torch snapshot dict of this device after trace entry `event_index`.
 
-        ``device_traces`` holds the entries up to and including `event_index`.
+        ``device_traces`` holds the entries up to and including `event_index`. Segments that
+        did not change between jumps are the same dicts as before: read them, do not modify.
         """
-        lay = self.layout_at(event_index)
+        was = gc.isenabled()
+        gc.disable()  # thousands of short-lived lists: the cyclic GC only slows this down
+        try:
+            lay = self.layout_at(event_index)
+            segments = lay.to_segments(self.device, shared=True)
+        finally:
+            if was:
+                gc.enable()
         traces: list[list[dict[str, Any]]] = [[] for _ in range(self.device + 1)]
-        traces[self.device] = [
-            {"action": a, "addr": x, "size": s, "stream": st}
-            if a != "oom"
-            else {"action": a, "device_free": x, "size": s, "stream": st}
-            for a, x, s, st in self.steps[: event_index + 1]
-        ]
-        out: dict[str, Any] = {"segments": lay.to_segments(self.device), "device_traces": traces}
+        traces[self.device] = self._entries()[: event_index + 1]
+        out: dict[str, Any] = {"segments": segments, "device_traces": traces}
         if self.settings is not None:
             out["allocator_settings"] = dict(self.settings)
         return out
+
+    def _entries(self) -> list[dict[str, Any]]:
+        """The trace as torch dicts (the recorded ones when built from a snapshot)."""
+        if self._trace is None:
+            self._trace = [
+                {"action": a, "addr": x, "size": s, "stream": st}
+                if a != "oom"
+                else {"action": a, "device_free": x, "size": s, "stream": st}
+                for a, x, s, st in self.steps
+            ]
+        return self._trace

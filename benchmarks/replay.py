@@ -1,0 +1,94 @@
+"""How fast is replay, and how fast can the panel scrub through a recorded trace?
+
+For every real trace in ../shared/real-snapshots/: the time to build the recorded timeline
+(reconstruct the start, replay forwards, checkpoints), the time of the full replay through the
+model (with its scores), trace events per second, and `snapshot_at` over random jumps (target:
+under 50 ms per jump on the largest trace). Then the workload programs: time per run.
+
+Run: .venv/bin/python benchmarks/replay.py [--jumps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from gpumemviz.allocator.replay import replay
+from gpumemviz.allocator.timeline import Timeline
+from gpumemviz.allocator.workloads import WORKLOADS, run
+from gpumemviz.io import loads_restricted
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_DIR = REPO.parent / "shared" / "real-snapshots"
+
+
+def _best(fn, repeat: int = 3) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jumps", type=int, default=200, help="random snapshot_at jumps per trace")
+    args = ap.parse_args()
+    files = sorted(REAL_DIR.glob("*.pickle")) if REAL_DIR.is_dir() else []
+    if not files:
+        print(f"no real snapshots in {REAL_DIR}")
+        return 1
+    rng = random.Random(0)
+    head = (
+        f"{'trace':<44} {'dev':>3} {'events':>7} {'timeline ms':>11} {'replay ms':>10} "
+        f"{'events/s':>9} {'match':>11} {'jump mean':>9} {'p99':>6} {'max ms':>6}"
+    )
+    print(head)
+    print("-" * len(head))
+    worst = 0.0
+    for path in files:
+        d = loads_restricted(path.read_bytes())
+        if not isinstance(d, dict):
+            continue
+        traced = [i for i, t in enumerate(d.get("device_traces") or []) if len(t) > 1]
+        if not traced:
+            continue
+        t_replay = _best(lambda d=d: replay(d))
+        result = replay(d)
+        for dev in traced:
+            tl_time = _best(lambda d=d, dev=dev: Timeline.from_snapshot(d, dev))
+            tl = result.timelines[dev]
+            jumps = []
+            for _ in range(args.jumps):
+                i = rng.randrange(-1, len(tl))
+                t = time.perf_counter()
+                tl.snapshot_at(i)
+                jumps.append((time.perf_counter() - t) * 1e3)
+            jumps.sort()
+            worst = max(worst, jumps[-1])
+            r = result.devices[dev]
+            n = len(tl)
+            share = t_replay * n / sum(len(d["device_traces"][k]) for k in traced)
+            print(
+                f"{path.stem[:44]:<44} {dev:>3} {n:>7} {tl_time * 1e3:>11.1f} "
+                f"{share * 1e3:>10.1f} {n / share:>9.0f} "
+                f"{f'{r.allocs_matched}/{r.allocs}':>11} {statistics.mean(jumps):>9.2f} "
+                f"{jumps[int(0.99 * (len(jumps) - 1))]:>6.1f} {jumps[-1]:>6.1f}"
+            )
+    print(f"\nworst snapshot_at jump: {worst:.1f} ms (target < 50 ms)")
+    print(f"\n{'workload':<24} {'steps':>7} {'ms':>7} {'outcome'}")
+    for name, w in WORKLOADS.items():
+        secs = _best(lambda w=w: run(w))
+        o = run(w)
+        outcome = "completed" if o.completed else f"OOM at step {o.oom_step}"
+        print(f"{name:<24} {o.steps:>7} {secs * 1e3:>7.1f} {outcome}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
