@@ -108,6 +108,7 @@ export function createHeatmap(host, opts) {
         }
       }
       ctx.putImageData(img, LABEL_W, y);
+      if (row.blocks) drawSeparators(ctx, row, cells, LABEL_W, y, palette.bg);
       ctx.fillStyle = palette.text;
       ctx.fillText(rowLabel(row.meta), 4, y + ROW_H / 2 + 1);
       if (row.meta.flags & 2) {
@@ -216,6 +217,32 @@ export function hoverText(row, c, cells) {
   const byte = row.cells[c];
   return `${head}\ncell +${formatSize(lo)}..+${formatSize(hi)}: ${Math.round(((byte & 63) / 63) * 100)}% allocated` +
     ((byte >> 6) ? `, rest ${KIND_NAMES[byte >> 6]}` : "");
+}
+
+/**
+ * A faint line where a block starts, so adjacent blocks of one kind stay distinguishable; only
+ * where blocks are at least 3 pixels apart (narrower ones show as intensity instead).
+ * @param {CanvasRenderingContext2D} ctx
+ * @param {Row} row
+ * @param {number} cells
+ * @param {number} x0
+ * @param {number} y
+ * @param {string} colour
+ */
+function drawSeparators(ctx, row, cells, x0, y, colour) {
+  const b = /** @type {import("./decode.js").Blocks} */ (row.blocks);
+  const total = row.meta.total_size;
+  ctx.fillStyle = colour;
+  ctx.globalAlpha = 0.6;
+  let last = -10;
+  for (let i = 1; i < b.offset.length; i++) {
+    const x = Math.floor((b.offset[i] * cells) / total);
+    if (x - last >= 3 && cells - x >= 2) {
+      ctx.fillRect(x0 + x, y, 1, ROW_H);
+      last = x;
+    }
+  }
+  ctx.globalAlpha = 1;
 }
 
 /** @param {HTMLElement} host */

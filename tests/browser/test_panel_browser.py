@@ -249,3 +249,29 @@ def test_panel_updates_while_another_cell_runs(page, notebook):
             state=[1] * n + [0],
         )
         assert cells == encode_cells(build_rows(snap), cells=len(cells))[0].tolist()
+
+
+@pytest.mark.skipif(not PICTURE.exists(), reason="real snapshots are not available")
+def test_palette_follows_the_dark_theme(page, notebook, artifacts):
+    nb = notebook("dark.ipynb", [_panel_cell(PICTURE, "dark theme")])
+    nb.run(0)
+    _wait_drawn(page)
+    light = page.evaluate(f"() => ({VIEW})().map.palette.kinds")
+    page.evaluate(
+        "() => window.jupyterapp.commands.execute('apputils:change-theme', "
+        "{theme: 'JupyterLab Dark'})"
+    )
+    page.wait_for_function(
+        f"""light => {{ const k = ({VIEW})().map.palette.kinds;
+            return JSON.stringify(k) !== JSON.stringify(light); }}""",
+        arg=light,
+        timeout=30_000,
+    )
+    dark = page.evaluate(f"() => ({VIEW})().map.palette.kinds")
+    assert len({tuple(c) for c in dark}) == 4  # four distinct colours in both themes
+    page.evaluate(f"() => ({VIEW})().map.drawNow()")
+    page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_dark.png"))
+    page.evaluate(
+        "() => window.jupyterapp.commands.execute('apputils:change-theme', "
+        "{theme: 'JupyterLab Light'})"
+    )
