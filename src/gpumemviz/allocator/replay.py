@@ -401,7 +401,7 @@ class _Driver:
                 k += 1
         for j in run[k:]:
             self.reserved[j], self.allocated[j], self.nsegs[j] = reserved, allocated, len(self.runs)
-        self.provider.sync()
+        self.provider.sync()  # the one place that forgets released segments
         return entries
 
     # -- scoring ----------------------------------------------------------------------------
@@ -563,8 +563,12 @@ class _Driver:
                 run = []
             elif action == "free_requested":
                 self._free_requested(i)
+                # frees never release segments: nothing for the provider to forget, and the
+                # model's trace ring may move on without it
+                self.provider.synced = self.model.trace_len()
             elif action == "free_completed":
                 self._free_completed(i)
+                self.provider.synced = self.model.trace_len()
             m = self.model
             reserved[i], allocated[i], nsegs[i] = m.reserved, m.allocated, len(self.runs)
             if self.what_if and self.out.oom is not None:
