@@ -20,6 +20,7 @@ _LAZY: dict[str, str] = {
     "format_size": "gpumemviz.units",
     "parse_size": "gpumemviz.units",
     "capture_oom": "gpumemviz.sources.torch_cuda",
+    "replay": "gpumemviz.allocator.replay",
 }
 
 __all__ = sorted([*_LAZY, "__version__"])
