@@ -1,0 +1,166 @@
+"""How fast is `gpumemviz.fragmentation()` on a torch dict, next to torch's `segsum` and the floor?
+
+The floor is a bare Python loop that reads each block's size, state and requested_size: no
+analysis can walk a torch dict faster than that. Each repetition gets a fresh copy of the dict
+(made outside the timed region), so no run profits from a previous one's caches. Target: within
+2x of the floor, and well ahead of segsum, at every size.
+
+Run: .venv/bin/python benchmarks/analyze.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import pickle
+import random
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpumemviz.fragmentation import fragmentation
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_DIR = REPO.parent / "shared" / "real-snapshots"
+MIB = 1 << 20
+
+
+class _NoGlobals(pickle.Unpickler):
+    """The real files hold plain types only; refuse anything else (never a plain pickle.load)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused global {module}.{name}")
+
+
+def read_plain(data: bytes) -> Any:
+    return _NoGlobals(io.BytesIO(data)).load()
+
+
+def floor(d: dict) -> int:
+    """Read each block's size, state and requested_size, and nothing else."""
+    n = 0
+    for seg in d["segments"]:
+        for b in seg["blocks"]:
+            size = b["size"]
+            state = b["state"]
+            req = b["requested_size"]
+            n += 1
+    del size, state, req
+    return n
+
+
+def run_segsum(d: dict) -> None:
+    from torch.cuda._memory_viz import segsum  # torch is slow to import
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        segsum(d)
+
+
+def synthetic(n_blocks: int, seed: int = 0) -> dict:
+    """A torch-2.11-shaped snapshot of about n_blocks blocks: real-looking segments and states.
+
+    Segments hold 1-8 blocks (mean about 4.5, the busiest real files hold 1.3-5), no two free
+    blocks are adjacent, about a third of the blocks are free, sizes are multiples of 512.
+    """
+    rng = random.Random(seed)
+    segs = []
+    addr = 0x7F0000000000
+    made = 0
+    while made < n_blocks:
+        nb = min(rng.randint(1, 8), n_blocks - made)
+        small = rng.random() < 0.2
+        blocks = []
+        prev_free = False
+        for _ in range(nb):
+            size = rng.randint(1, 2048) * 512 if small else rng.randint(2049, 40960) * 512
+            free = not prev_free and rng.random() < 0.35
+            prev_free = free
+            req = size - rng.randint(0, 511) if not free else rng.randint(1, size)
+            blocks.append(
+                {
+                    "address": addr + sum(b["size"] for b in blocks),
+                    "size": size,
+                    "requested_size": req,
+                    "state": "inactive" if free else "active_allocated",
+                    "frames": [],
+                }
+            )
+        total = sum(b["size"] for b in blocks)
+        allocated = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
+        segs.append(
+            {
+                "device": 0,
+                "address": addr,
+                "total_size": total,
+                "allocated_size": allocated,
+                "active_size": allocated,
+                "requested_size": sum(
+                    b["requested_size"] for b in blocks if b["state"] == "active_allocated"
+                ),
+                "stream": 0,
+                "segment_type": "small" if small else "large",
+                "segment_pool_id": (0, 0),
+                "is_expandable": False,
+                "frames": [],
+                "blocks": blocks,
+            }
+        )
+        addr += -(-total // (2 * MIB)) * 2 * MIB
+        made += nb
+    return {"segments": segs, "device_traces": [[]], "allocator_settings": None}
+
+
+def best_times(fns: list[Callable[[dict], Any]], blob: bytes, reps: int) -> list[float]:
+    """Smallest time of each function over reps, each call on a fresh copy unpickled outside the
+    timed region; the functions take turns, so a busy machine slows them alike."""
+    best = [float("inf")] * len(fns)
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            d = read_plain(blob)
+            t0 = time.perf_counter()
+            fn(d)
+            best[i] = min(best[i], time.perf_counter() - t0)
+            del d
+    return best
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions, no 10^6 case")
+    args = ap.parse_args(argv)
+    cases: list[tuple[str, bytes, int]] = []
+    for p in sorted(REAL_DIR.glob("*.pickle")) if REAL_DIR.is_dir() else []:
+        cases.append(
+            (p.name.split("__")[0][:14] + ":" + p.stem.split("__")[-1][:22], p.read_bytes(), 0)
+        )
+    sizes = (10**4, 10**5) if args.quick else (10**4, 10**5, 10**6)
+    for n in sizes:
+        cases.append((f"synthetic 10^{len(str(n)) - 1}", pickle.dumps(synthetic(n), 4), n))
+    head = (
+        f"{'snapshot':<40} {'blocks':>8} {'floor ms':>9} {'frag ms':>9} {'segsum ms':>10} "
+        f"{'frag/floor':>10} {'segsum/floor':>12} {'segsum/frag':>11}"
+    )
+    print(head)
+    print("-" * len(head))
+    worst = 0.0
+    for name, blob, _n in cases:
+        d = read_plain(blob)
+        n_blocks = sum(len(s["blocks"]) for s in d["segments"])
+        del d
+        reps = 3 if n_blocks >= 500_000 else (5 if args.quick else 15)
+        t_floor, t_frag, t_segsum = best_times([floor, fragmentation, run_segsum], blob, reps)
+        worst = max(worst, t_frag / t_floor)
+        print(
+            f"{name:<40} {n_blocks:>8} {t_floor * 1e3:>9.2f} {t_frag * 1e3:>9.2f} "
+            f"{t_segsum * 1e3:>10.2f} {t_frag / t_floor:>10.2f} {t_segsum / t_floor:>12.2f} "
+            f"{t_segsum / t_frag:>11.1f}"
+        )
+    print(f"\nworst fragmentation/floor ratio: {worst:.2f} (target: <= 2)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
