@@ -362,7 +362,24 @@ class CachingAllocator:
             rsize = round_size(size, self._div)
         small = rsize <= K_SMALL_SIZE
         pool = self._small if small else self._large
-        block = self._get_free_block(pool, stream, rsize)
+        # get_free_block, inlined for a non-expandable best fit (the common case)
+        if self._gc:
+            pool.gc_count += 1
+        blocks = pool.blocks
+        i = bisect_left(blocks, (stream, rsize))
+        block = None
+        if i < len(blocks):
+            k = blocks[i]
+            if k[0] == stream:
+                block = k[3]
+                if block.seg is not None:
+                    block = self._get_free_block(pool, stream, rsize, i)
+                elif (rsize < self._mss and k[1] >= self._mss) or (
+                    rsize >= self._mss and k[1] >= rsize + self._mnsr
+                ):
+                    block = None  # the oversize rules look at this one candidate only
+                else:
+                    del blocks[i]
         if block is None:
             alloc_size = allocation_size(rsize, self._lss)
             if self._gc:
@@ -375,12 +392,49 @@ class CachingAllocator:
                 block = self._alloc_block(pool, stream, rsize, alloc_size, True)
             if block is None:
                 self._oom(size, rsize, alloc_size, stream)
-        remaining = block.size - rsize  # rules.should_split, inlined for speed
+        # should_split + alloc_found_block (section 2.8), inlined for speed
+        st = self.stats
+        p = pool.index
+        seg = block.seg
+        remaining = block.size - rsize
         if small or self._expandable:
             split = remaining >= K_MIN_BLOCK_SIZE
         else:
             split = rsize < self._mss and remaining > K_SMALL_SIZE
-        return self._alloc_found(block, pool, rsize, size, split)
+        prev = block.prev
+        already_split = prev is not None or block.next is not None
+        if split:
+            rem = block
+            block = _Block(rem.ptr, rsize, stream, pool, seg)
+            block.prev = prev
+            if prev is not None:
+                prev.next = block
+            block.next = rem
+            rem.prev = block
+            rem.ptr += rsize
+            rem.size = remaining
+            rem.gc_base = pool.gc_count
+            insort(blocks, (stream, remaining, rem.ptr, rem))
+            if seg is None:
+                if already_split:
+                    st.dec(S.INACTIVE_SPLIT_BYTES, p, rsize)
+                else:
+                    st.new_split(p, remaining)
+        elif already_split and seg is None:
+            st.dec(S.INACTIVE_SPLIT_BYTES, p, block.size)
+            st.dec(S.INACTIVE_SPLIT, p, 1)
+        block.allocated = True
+        block.requested = size
+        ptr = block.ptr
+        if self._record:
+            self._trace.append((ALLOC, ptr, size, stream, self._clock()))
+            self._trace_count += 1
+        self._allocated[ptr] = block
+        bsize = block.size
+        st.on_alloc(p, bsize, size)
+        if bsize >= self._mss:
+            st.inc1(S.OVERSIZE_ALLOCATIONS)
+        return ptr
 
     def free(self, addr: int) -> None:
         """Free the block at `addr` (deferred while `record_stream` streams still use it)."""
@@ -801,19 +855,14 @@ class CachingAllocator:
         out += self._pending.values()
         return out
 
-    def _get_free_block(self, pool: _Pool, stream: int, size: int) -> _Block | None:
-        """`get_free_block` (section 2.7): best fit on this stream, then the oversize checks."""
-        if self._gc:
-            pool.gc_count += 1
+    def _get_free_block(self, pool: _Pool, stream: int, size: int, i: int) -> _Block | None:
+        """`get_free_block` (section 2.7) when the best fit `blocks[i]` is expandable.
+
+        The clock tick, the lower bound and the plain case are inlined in `malloc`.
+        """
         blocks = pool.blocks
-        i = bisect_left(blocks, (stream, size))
         n = len(blocks)
-        if i == n:
-            return None
-        k = blocks[i]
-        if k[0] != stream:
-            return None
-        b = k[3]
+        b = blocks[i][3]
         if b.seg is not None:
             if self._expandable:
                 exp = b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
@@ -845,46 +894,6 @@ class CachingAllocator:
             return None
         del blocks[i]
         return b
-
-    def _alloc_found(self, block: _Block, pool: _Pool, size: int, orig: int, split: bool) -> int:
-        """`alloc_found_block`: carve `size` bytes from the low end of `block` (section 2.8)."""
-        st = self.stats
-        p = pool.index
-        seg = block.seg
-        already_split = block.prev is not None or block.next is not None
-        if split:
-            rem = block
-            block = _Block(rem.ptr, size, rem.stream, pool, seg, True)
-            prev = rem.prev
-            block.prev = prev
-            if prev is not None:
-                prev.next = block
-            block.next = rem
-            rem.prev = block
-            rem.ptr += size
-            rem.size -= size
-            pool.insert(rem)
-            if seg is None:
-                if already_split:
-                    st.dec(S.INACTIVE_SPLIT_BYTES, p, size)
-                else:
-                    st.inc(S.INACTIVE_SPLIT_BYTES, p, rem.size)
-                    st.inc(S.INACTIVE_SPLIT, p, 1)
-        elif already_split and seg is None:
-            st.dec(S.INACTIVE_SPLIT_BYTES, p, block.size)
-            st.dec(S.INACTIVE_SPLIT, p, 1)
-        block.allocated = True
-        block.requested = orig
-        ptr = block.ptr
-        if self._record:
-            self._trace.append((ALLOC, ptr, orig, block.stream, self._clock()))
-            self._trace_count += 1
-        self._allocated[ptr] = block
-        bsize = block.size
-        st.on_alloc(p, bsize, orig)
-        if bsize >= self._mss:
-            st.inc1(S.OVERSIZE_ALLOCATIONS)
-        return ptr
 
     def _alloc_block(
         self, pool: _Pool, stream: int, size: int, alloc_size: int, retry: bool
@@ -929,31 +938,25 @@ class CachingAllocator:
         net_blocks = 0
         net_size = 0
         prev, nxt = b.prev, b.next
-        if prev is not None:
+        if prev is not None and not prev.allocated:  # the rest is checked in _try_merge
             sub = self._try_merge(b, prev)
             if sub:
                 net_blocks -= 1
                 net_size -= sub
-        if nxt is not None:
+        if nxt is not None and not nxt.allocated:
             sub = self._try_merge(b, nxt)
             if sub:
                 net_blocks -= 1
                 net_size -= sub
-        pool.insert(b)
+        b.gc_base = pool.gc_count
+        insort(pool.blocks, (b.stream, b.size, b.ptr, b))
         if b.prev is not None or b.next is not None:
             net_blocks += 1
             net_size += b.size
         st = self.stats
         p = pool.index
-        if b.seg is None:
-            if net_blocks > 0:
-                st.inc(S.INACTIVE_SPLIT, p, net_blocks)
-            elif net_blocks < 0:
-                st.dec(S.INACTIVE_SPLIT, p, -net_blocks)
-            if net_size > 0:
-                st.inc(S.INACTIVE_SPLIT_BYTES, p, net_size)
-            elif net_size < 0:
-                st.dec(S.INACTIVE_SPLIT_BYTES, p, -net_size)
+        if b.seg is None and (net_blocks or net_size):
+            st.split_change(p, net_blocks, net_size)
         st.on_free_completed(p, orig_size, b.requested)
 
     def _try_merge(self, dst: _Block, src: _Block | None) -> int:

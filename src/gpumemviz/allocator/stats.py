@@ -104,6 +104,22 @@ class DeviceStats:
         """A block handed out: allocation, allocated_bytes, active, active_bytes, requested."""
         raise NotImplementedError  # replaced by the generated version
 
+    def new_split(self, p: int, remaining: int) -> None:
+        """An unsplit block was split: one more inactive split block of `remaining` bytes."""
+        self.inc(INACTIVE_SPLIT_BYTES, p, remaining)
+        self.inc(INACTIVE_SPLIT, p, 1)
+
+    def split_change(self, p: int, blocks: int, nbytes: int) -> None:
+        """Net change of inactive_split / inactive_split_bytes after a free and its merges."""
+        if blocks > 0:
+            self.inc(INACTIVE_SPLIT, p, blocks)
+        elif blocks < 0:
+            self.dec(INACTIVE_SPLIT, p, -blocks)
+        if nbytes > 0:
+            self.inc(INACTIVE_SPLIT_BYTES, p, nbytes)
+        elif nbytes < 0:
+            self.dec(INACTIVE_SPLIT_BYTES, p, -nbytes)
+
     def on_free_requested(self, p: int, size: int) -> None:
         """A user free: allocation and allocated_bytes go down."""
         cur = self.cur
