@@ -243,3 +243,15 @@ def test_snapshot_at_equals_a_walk_from_the_start_in_any_order():
             got = tl.snapshot_at(i)["segments"]
             assert got == walk.layout_at(i).to_segments(dev), (dev, i)
         assert tl.snapshot_at(n - 1)["segments"] == tl.final.to_segments(dev)
+
+
+def test_a_model_oom_in_the_recorded_run_is_scored_and_survived():
+    """Recorded settings, too little memory: the miss is counted and the pass carries on."""
+    d = _real("10streams")
+    tl = Timeline.from_snapshot(d)
+    out, _ = drive(tl, AllocatorConfig(), 18 << 30, max_mismatches=10**6)
+    assert out.oom is not None and out.oom < len(tl) - 1
+    assert out.allocs == sum(e["action"] == "alloc" for e in d["device_traces"][0])
+    assert out.allocs_matched < out.allocs
+    assert any(kind == "oom" for _, kind, _ in out.mismatches)
+    assert len(out.reserved) == len(tl)  # the recorded run is scored to the end

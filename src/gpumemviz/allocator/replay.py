@@ -331,6 +331,7 @@ class _Driver:
             events=len(self.steps),
         )
         self.choices: list[int | None] = [None] * len(self.steps)
+        self.stopped = False  # a what-if ran out of memory on an alloc the program made
         n = len(self.steps)
         self.reserved = np.zeros(n, np.int64)  # the model's figures after each trace entry
         self.allocated = np.zeros(n, np.int64)
@@ -492,8 +493,14 @@ class _Driver:
             if oomed:
                 if out.oom is None:
                     out.oom = i
+                if self.what_if:
+                    self.stopped = True  # the program would have died here
+                    return
                 self._miss(i, "oom", f"the model ran out of memory on an alloc of {size} B")
-                differs = True
+                # the program got this block: carry on from the recorded state (so an OOM
+                # also ends the end-to-end run's own state)
+                self._resynchronise(i)
+                return
             else:
                 self.choices[i] = got
                 self.where[self.rename(addr)] = got
@@ -571,7 +578,7 @@ class _Driver:
                 self.provider.synced = self.model.trace_len()
             m = self.model
             reserved[i], allocated[i], nsegs[i] = m.reserved, m.allocated, len(self.runs)
-            if self.what_if and self.out.oom is not None:
+            if self.stopped:
                 done = i + 1
                 break
         if run and done == n:
