@@ -68,10 +68,6 @@ def _broken(edit) -> list[str]:
         (lambda d: _resize(d, 0, 15 * MIB), "20 MiB or a multiple of 2 MiB"),  # 4
         (lambda d: d["segments"][0]["blocks"][1].update(state="inactive"), "two adjacent"),  # 6
         (lambda d: d["segments"][0]["blocks"][0].update(requested_size=2_000_000), "leftover"),  # 7
-        (
-            lambda d: d["segments"][1]["blocks"][0].update(requested_size=1),
-            "round_size 512",
-        ),  # 7 ok
         (lambda d: d["segments"][1]["blocks"][1].update(frames=[{"name": "f"}]), "frames"),  # 8
         (lambda d: d["device_traces"][0][3].update(time_us=0), "time_us 0 is before 2"),  # 9
     ],
