@@ -255,3 +255,13 @@ def test_a_model_oom_in_the_recorded_run_is_scored_and_survived():
     assert out.allocs_matched < out.allocs
     assert any(kind == "oom" for _, kind, _ in out.mismatches)
     assert len(out.reserved) == len(tl)  # the recorded run is scored to the end
+
+
+def test_a_burst_the_model_did_not_cause_is_an_empty_cache_even_with_a_known_capacity():
+    """With a finite capacity the driver first lets the model try the alloc on a copy; here
+    the model finds room without releasing, so the recorded burst was an empty_cache."""
+    d = _hand("release_burst")
+    tl = Timeline.from_snapshot(d)
+    out, _ = drive(tl, AllocatorConfig(), 1 << 40)
+    assert out.exact and out.explicit_bursts == [1]
+    assert (out.bursts, out.bursts_matched) == (1, 1)

@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from . import stats as _stats
 from .model import CachingAllocator, OutOfMemory
 
 __all__ = [
@@ -31,7 +30,6 @@ __all__ = [
 ]
 
 GIB = 1 << 30
-_SEGMENTS_ALL = 3 * _stats.SEGMENT  # segment.all.current in DeviceStats.cur
 Op = tuple[str, int, int, int] | tuple[str, int] | tuple[str] | tuple[str, str]
 
 
@@ -497,7 +495,6 @@ def run(workload: Workload, allocator: CachingAllocator | None = None) -> Outcom
     marks: list[tuple[int, str]] = []
     oom: OutOfMemory | None = None
     oom_step: int | None = None
-    stats = a.stats
     step = 0
     for op in workload.ops():
         kind = op[0]
@@ -518,7 +515,7 @@ def run(workload: Workload, allocator: CachingAllocator | None = None) -> Outcom
             raise ValueError(f"workload {workload.name!r}: unknown step {op!r}")
         reserved.append(a.reserved)
         allocated.append(a.allocated)
-        segments.append(stats.cur[_SEGMENTS_ALL])
+        segments.append(a.n_segments)
         step += 1
     ms = a.memory_stats()
     return Outcome(
