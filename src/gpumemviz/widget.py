@@ -8,6 +8,7 @@ publishing from one background thread is.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import shutil
 import subprocess
@@ -159,6 +160,8 @@ class MemoryPanel(anywidget.AnyWidget):
         self._latest_lock = threading.Lock()
         self.wire_stats: dict[str, int] = {"frames": 0, "bytes": 0, "last_bytes": 0, "max_bytes": 0}
         self.on_msg(self._on_browser_msg)
+        # the kernel subshell that handles this panel's browser messages (None: the main shell)
+        self.subshell = _route_to_subshell(self.comm)
 
     @classmethod
     def from_snapshot(
@@ -201,6 +204,9 @@ class MemoryPanel(anywidget.AnyWidget):
         writer = getattr(self, "_writer", None)  # absent when __init__ failed half-way
         if writer is not None:
             writer.stop()
+        if getattr(self, "subshell", None):
+            _delete_subshell(self.subshell)
+            self.subshell = None
         super().close()
 
     # -- everything below runs on the writer thread, except the two entry points
@@ -287,3 +293,51 @@ def _as_snapshot(obj: Any) -> Snapshot:
     from gpumemviz.io import as_snapshot
 
     return as_snapshot(obj)
+
+
+def _control_request(msg_type: str, content: dict) -> dict | None:
+    """One request on our own kernel's control channel (which a running cell does not block)."""
+    from ipykernel.connect import get_connection_file
+    from jupyter_client import BlockingKernelClient
+
+    client = BlockingKernelClient()
+    client.load_connection_file(get_connection_file())
+    client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
+    try:
+        client.control_channel.send(client.session.msg(msg_type, content))
+        return client.control_channel.get_msg(timeout=5)["content"]
+    finally:
+        client.stop_channels()
+
+
+def _route_to_subshell(comm: Any) -> str | None:
+    """Handle the panel's browser messages on a kernel subshell, so scrolling (and later the
+    buttons) works while a cell runs (toolchain.md section 6).
+
+    ipykernel >= 7.4 routes an incoming comm message to the subshell the comm last published
+    from (the main shell here), overriding JupyterLab's own subshell routing; its private hook
+    ``_reply_subshell_for`` is pointed at a subshell of our own. Returns None, changing nothing,
+    outside ipykernel, without subshell support or without the hook (7.0-7.3 route by themselves).
+    """
+    try:
+        from ipykernel.kernelbase import Kernel
+
+        if not Kernel.initialized() or not getattr(
+            Kernel.instance(), "_supports_kernel_subshells", False
+        ):
+            return None
+        if comm is None or not hasattr(comm, "_reply_subshell_for"):
+            return None
+        reply = _control_request("create_subshell_request", {})
+        sid = reply.get("subshell_id") if reply else None
+        if not sid:
+            return None
+        comm._reply_subshell_for = lambda _data, _default: sid
+        return sid
+    except Exception:  # no kernel connection file, an old kernel: stay on the main shell
+        return None
+
+
+def _delete_subshell(sid: str) -> None:
+    with contextlib.suppress(Exception):
+        _control_request("delete_subshell_request", {"subshell_id": sid})

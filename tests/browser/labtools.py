@@ -64,15 +64,17 @@ class Notebook:
             """i => {
                 const nb = window.jupyterapp.shell.currentWidget;
                 nb.content.activeCellIndex = i;
-                window.__gmvRun = window.jupyterapp.commands.execute('notebook:run-cell');
+                window.__gmvRunning = true;
+                window.__gmvRun = window.jupyterapp.commands.execute('notebook:run-cell')
+                    .finally(() => { window.__gmvRunning = false; });
             }""",
             index,
         )
 
-    def kernel_status(self) -> str:
-        return self.page.evaluate(
-            "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status"
-        )
+    def running(self) -> bool:
+        """Whether the cell started by `start` still runs. (Lab's kernel status is no guide: it
+        shows "idle" once a subshell has answered, while the main shell still runs the cell.)"""
+        return self.page.evaluate("() => window.__gmvRunning === true")
 
     def wait_idle(self, timeout: float = 120_000) -> None:
         """Wait for the cell started by `start` to finish."""

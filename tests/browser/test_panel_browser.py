@@ -20,7 +20,7 @@ PICTURE = REAL_DIR / "cranberrii__ftcourse__memory_snapshot.pickle"  # mixed, 21
 BIG = REAL_DIR / "kkaitlyn111__cs336-a2-systems__memory_snapshot.pickle"  # 1,457 rows
 
 # page-side helpers: the first panel view on the page and its segment map
-VIEW = "() => Object.values(window.__gpumemviz.views)[0]"
+VIEW = "() => window.__gpumemviz && Object.values(window.__gpumemviz.views)[0]"
 
 
 def read_real(path: Path):
@@ -49,11 +49,12 @@ def _pick_segment(segs: list[dict]) -> int:
     return max((i for i, s in enumerate(segs) if not s.get("is_expandable")), key=score)
 
 
-def _panel_cell(path: Path, title: str) -> str:
+def _panel_cell(path: Path, title: str, extra: str = "") -> str:
     return (
         "from gpumemviz.io import load_snapshot\n"
         "from gpumemviz.widget import MemoryPanel\n"
         f"panel = MemoryPanel.from_snapshot(load_snapshot({str(path)!r}), title={title!r})\n"
+        f"{extra}\n"
         "panel"
     )
 
@@ -224,7 +225,7 @@ def test_panel_updates_while_another_cell_runs(page, notebook):
                 return {{ cells: row ? Array.from(row.cells) : null,
                          allocated: fig ? Number(fig.dataset.value) : null }}; }}"""
         )
-        if nb.kernel_status() == "busy" and got["cells"] is not None:
+        if nb.running() and got["cells"] is not None:
             busy_polls += 1
             n = round(got["cells"].count(63) / len(got["cells"]) * 20)
             seen.setdefault(n, got["cells"])
@@ -275,3 +276,27 @@ def test_palette_follows_the_dark_theme(page, notebook, artifacts):
         "() => window.jupyterapp.commands.execute('apputils:change-theme', "
         "{theme: 'JupyterLab Light'})"
     )
+
+
+@pytest.mark.skipif(not BIG.exists(), reason="real snapshots are not available")
+def test_scrolling_gets_rows_while_a_cell_runs(page, notebook):
+    """The view message reaches Python on a subshell, so far rows arrive during a busy cell."""
+    n = len(read_real(BIG)["segments"])
+    nb = notebook(
+        "busy.ipynb",
+        [_panel_cell(BIG, "busy kernel", "assert panel.subshell"), "import time\ntime.sleep(8)"],
+    )
+    nb.run(0)
+    _wait_drawn(page)
+    nb.start(1)
+    page.wait_for_function(
+        "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status"
+        " === 'busy'",
+        timeout=10_000,
+    )
+    page.wait_for_timeout(500)
+    target = n - 5
+    page.evaluate(f"(row) => ({VIEW})().map.scrollToRow(row)", target)
+    _wait_drawn(page, target)
+    assert nb.running()  # the rows came while the cell still ran
+    nb.wait_idle()
