@@ -265,3 +265,24 @@ def test_a_burst_the_model_did_not_cause_is_an_empty_cache_even_with_a_known_cap
     out, _ = drive(tl, AllocatorConfig(), 1 << 40)
     assert out.exact and out.explicit_bursts == [1]
     assert (out.bursts, out.bursts_matched) == (1, 1)
+
+
+@pytest.mark.parametrize("fragment", ["10streams", "expandable_oom"])
+def test_a_trace_cut_anywhere_still_replays_exactly(fragment):
+    """Ring buffers drop the oldest entries: a trace may start mid-pair, mid-burst, anywhere."""
+    d = _real(fragment)
+    trace = d["device_traces"][0]
+    pair = next(
+        k
+        for k in range(len(trace) - 1)
+        if trace[k]["action"] == "free_requested" and trace[k + 1]["action"] == "free_completed"
+    )
+    burst = next(
+        (k for k in range(len(trace)) if trace[k]["action"] in ("segment_free", "segment_map")),
+        1,
+    )
+    for cut in (pair + 1, burst + 1, len(trace) // 3, len(trace) - 7):
+        cut_d = {**d, "device_traces": [trace[cut:], *d["device_traces"][1:]]}
+        dev = replay(cut_d).devices[0]
+        assert dev.exact, (cut, dev.mismatches)
+        assert dev.allocs == sum(e["action"] == "alloc" for e in trace[cut:])

@@ -340,15 +340,18 @@ class _Driver:
 
     # -- state ------------------------------------------------------------------------------
     def _load(self, segments: list[dict[str, Any]]) -> None:
-        self.model = CachingAllocator.from_segments(
-            segments,
-            self.cap,
-            self.config,
-            self.tl.device,
-            self.total,
-            address_provider=self.provider,
-            trace_max_entries=1 << 12,
-        )
+        try:
+            self.model = CachingAllocator.from_segments(
+                segments,
+                self.cap,
+                self.config,
+                self.tl.device,
+                self.total,
+                address_provider=self.provider,
+                trace_max_entries=1 << 12,
+            )
+        except ValueError as err:  # e.g. segments of a private pool (CUDA graphs)
+            raise ReplayError(f"device {self.tl.device}: {err}") from None
         self.runs = _Runs(segments)
         self.provider.starts, self.provider.ends = [], []
         self.provider.model, self.provider.synced = self.model, self.model.trace_len()
@@ -546,9 +549,12 @@ class _Driver:
         self.deferred[self.rename(steps[i][1])] = fake
 
     def _free_completed(self, i: int) -> None:
-        fake = self.deferred.pop(self.rename(self.steps[i][1]), None)
+        key = self.rename(self.steps[i][1])
+        fake = self.deferred.pop(key, None)
         if fake is not None:
             self.model.complete_events(fake, process=True)
+        elif key in self.where:  # its free_requested fell off the start of the ring buffer
+            self.model.free(self.where.pop(key))
 
     # -- the pass ---------------------------------------------------------------------------
     def run(self) -> DeviceReplay:
