@@ -562,6 +562,10 @@ def test_bad_input_is_refused_clearly():
         a.free(12345)
     with pytest.raises(ValueError, match="size must be a non-negative int"):
         a.malloc(-1)
+    with pytest.raises(TypeError, match="size must be an int, got float"):
+        a.malloc(1.5)
+    with pytest.raises(TypeError, match="size must be an int, got True"):
+        a.malloc(True)
     with pytest.raises(ValueError, match="not the address"):
         a.record_stream(512, 3)
     with pytest.raises(ValueError, match="capacity"):

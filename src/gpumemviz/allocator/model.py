@@ -12,6 +12,7 @@ dicts are built only in `snapshot()` and `memory_stats()`.
 from __future__ import annotations
 
 import itertools
+import operator
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -239,6 +240,16 @@ class _Pool:
         del um[bisect_left(um, (b.stream, b.ptr))]
 
 
+def _as_size(size: Any) -> int:
+    """An int-like size (numpy integers included); bool, float and the rest are refused."""
+    if isinstance(size, bool):
+        raise TypeError(f"malloc: size must be an int, got {size!r}")
+    try:
+        return operator.index(size)
+    except TypeError:
+        raise TypeError(f"malloc: size must be an int, got {type(size).__name__}") from None
+
+
 def _link(b: _Block, before: _Block | None, after: _Block | None) -> None:
     """`splice`: put b between before and after."""
     if before is not None:
@@ -348,8 +359,10 @@ class CachingAllocator:
 
         Raises `OutOfMemory` (after the release-and-retry path, section 2.6) when it cannot.
         """
+        if type(size) is not int:
+            size = _as_size(size)
         if size <= 0:
-            if size == 0 and not isinstance(size, bool):
+            if size == 0:
                 return 0  # torch hands out a null pointer and records nothing
             raise ValueError(f"malloc: size must be a non-negative int, got {size!r}")
         if self._events:
@@ -444,14 +457,15 @@ class CachingAllocator:
                 return
             raise ValueError(f"free: {addr:#x} is not the address of an allocated block")
         b.allocated = False
-        st = self.stats
-        st.on_free_requested(b.pool.index, b.size)
         if self._record:
             self._trace.append((FREE_REQUESTED, b.ptr, b.requested, b.stream, self._clock()))
             self._trace_count += 1
         if b.size >= self._mss:
-            st.dec1(S.OVERSIZE_ALLOCATIONS)
-        if b.stream_uses:
+            self.stats.dec1(S.OVERSIZE_ALLOCATIONS)
+        if not b.stream_uses:
+            self._free_block(b, True)
+        else:
+            self.stats.on_free_requested(b.pool.index, b.size)
             streams = b.stream_uses
             b.stream_uses = None
             b.event_count += len(streams)
@@ -461,8 +475,6 @@ class CachingAllocator:
                 if q is None:
                     q = self._events[s] = deque()
                 q.append([b, False])
-        else:
-            self._free_block(b)
 
     def record_stream(self, addr: int, stream: int) -> None:
         """`recordStream`: the block is also used on `stream`; its free waits for that work."""
@@ -928,8 +940,11 @@ class CachingAllocator:
                 f"address_provider returned {ptr!r}: need a positive int, a multiple of 512"
             )
 
-    def _free_block(self, b: _Block) -> None:
-        """`free_block`: merge with free neighbours, back into the pool (section 2.10)."""
+    def _free_block(self, b: _Block, user_free: bool = False) -> None:
+        """`free_block`: merge with free neighbours, back into the pool (section 2.10).
+
+        `user_free`: called straight from `free`, whose allocation stats are updated here too.
+        """
         if self._record:
             self._trace.append((FREE_COMPLETED, b.ptr, b.requested, b.stream, self._clock()))
             self._trace_count += 1
@@ -957,7 +972,10 @@ class CachingAllocator:
         p = pool.index
         if b.seg is None and (net_blocks or net_size):
             st.split_change(p, net_blocks, net_size)
-        st.on_free_completed(p, orig_size, b.requested)
+        if user_free:
+            st.on_free(p, orig_size, b.requested)
+        else:
+            st.on_free_completed(p, orig_size, b.requested)
 
     def _try_merge(self, dst: _Block, src: _Block | None) -> int:
         """`try_merge_blocks`: absorb a free neighbour in the same mapped state; its size."""

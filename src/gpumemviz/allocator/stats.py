@@ -129,6 +129,24 @@ class DeviceStats:
         cur[i] -= size
         cur[i + p] -= size
 
+    def on_free(self, p: int, size: int, requested: int) -> None:
+        """`on_free_requested` and `on_free_completed` at once (a free without events)."""
+        cur = self.cur
+        cur[0] -= 1
+        cur[p] -= 1
+        i = 3 * ALLOCATED_BYTES
+        cur[i] -= size
+        cur[i + p] -= size
+        i = 3 * ACTIVE
+        cur[i] -= 1
+        cur[i + p] -= 1
+        i = 3 * ACTIVE_BYTES
+        cur[i] -= size
+        cur[i + p] -= size
+        i = 3 * REQUESTED_BYTES
+        cur[i] -= requested
+        cur[i + p] -= requested
+
     def on_free_completed(self, p: int, size: int, requested: int) -> None:
         """A block back in its pool: active, active_bytes and requested_bytes go down."""
         cur = self.cur
