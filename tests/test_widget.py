@@ -171,7 +171,7 @@ def test_a_bad_item_is_caught_and_the_panel_keeps_working(panel):
 
 
 def test_unknown_inputs_are_refused_with_a_clear_error():
-    with pytest.raises(ValueError, match="cannot load a snapshot from a int"):
+    with pytest.raises(ValueError, match=r"cannot load a snapshot from an? int"):
         MemoryPanel.from_snapshot(42)
 
 
@@ -204,3 +204,21 @@ def test_close_stops_the_writer():
     assert any(n.startswith("gpumemviz-panel") for n in names)
     p.close()
     assert p._writer._thread is None
+
+
+def test_a_sample_shows_its_own_device(panel):
+    segs = [
+        {
+            "device": d,
+            "address": 0,
+            "total_size": 2 * MiB,
+            "stream": 0,
+            "segment_type": "small",
+            "blocks": [{"size": 2 * MiB, "requested_size": 1, "state": "active_allocated"}],
+        }
+        for d in (0, 1)
+    ]
+    both = Snapshot.from_torch(segs)
+    panel.push_sample(Sample(time=0.0, device=1, stats=None, segments=both))
+    assert panel.flush()
+    assert [g["device"] for g in panel.map_layout["groups"]] == [1]

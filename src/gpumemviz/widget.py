@@ -256,11 +256,14 @@ class MemoryPanel(anywidget.AnyWidget):
             errors = getattr(sample, "errors", ())
             self.status = errors[0] if errors else (getattr(sample, "segments_note", None) or "")
             return
-        self._show(sample.segments, extra, status=getattr(sample, "source_label", "") or "live")
+        device = self._device if self._device is not None else sample.device
+        label = getattr(sample, "source_label", "") or "live"
+        self._show(sample.segments, extra, status=label, device=device)
 
-    def _show(self, snap: Snapshot, extra: dict[str, Any], status: str) -> None:
-        device = self._device
-        rows = build_rows(snap, device=device)
+    def _show(
+        self, snap: Snapshot, extra: dict[str, Any], status: str, device: int | None = None
+    ) -> None:
+        rows = build_rows(snap, device=self._device if device is None else device)
         if self._wire.set_rows(rows):
             self.map_layout = self._wire.layout()
         self.header = {**figures(rows), **extra}
