@@ -45,7 +45,7 @@ def _seg(blocks, *, address=0, device=0, stream=0, small=False, expandable=False
 
 def _oracle_kinds(seg: dict) -> list[int]:
     """Kind of each block from the raw dict, written independently of rows.py (no pages)."""
-    active = any(b["state"] != "inactive" for b in seg["blocks"])
+    active = any(b["state"] == "active_allocated" for b in seg["blocks"])
     out = []
     for b in seg["blocks"]:
         if b["state"] == "active_allocated":
@@ -141,19 +141,32 @@ def test_kinds_follow_empty_cache_rules():
     snap = Snapshot.from_torch(
         [
             _seg([(20 * MiB, "inactive")], address=0),  # wholly free: releasable
+            # empty_cache waits for pending frees first: this segment goes back whole
             _seg([(4 * MiB, "active_pending_free"), (16 * MiB, "inactive")], address=1 << 30),
             _seg([(10 * MiB, "active_allocated"), (10 * MiB, "inactive")], address=2 << 30),
+            _seg(
+                [
+                    (2 * MiB, "active_pending_free"),
+                    (8 * MiB, "inactive"),
+                    (10 * MiB, "active_allocated"),
+                ],
+                address=3 << 30,
+            ),
         ]
     )
     rows = build_rows(snap)
     kb = rows.kind_bytes
     assert kb[0].tolist() == [0, 0, 20 * MiB, 0]
-    assert kb[1].tolist() == [0, 4 * MiB, 0, 16 * MiB]
+    assert kb[1].tolist() == [0, 4 * MiB, 16 * MiB, 0]
     assert kb[2].tolist() == [10 * MiB, 0, 0, 10 * MiB]
+    assert kb[3].tolist() == [10 * MiB, 2 * MiB, 0, 8 * MiB]
     grid = encode_cells(rows, cells=20)
     assert set(grid[0].tolist()) == {PURE[KIND_RELEASABLE]}
     assert grid[1, :4].tolist() == [PURE[KIND_PENDING]] * 4
-    assert grid[1, 4:].tolist() == [PURE[KIND_TRAPPED]] * 16
+    assert grid[1, 4:].tolist() == [PURE[KIND_RELEASABLE]] * 16
+    assert grid[3].tolist() == [
+        PURE[k] for k in [KIND_PENDING] * 2 + [KIND_TRAPPED] * 8 + [KIND_ALLOCATED] * 10
+    ]
 
 
 def test_expandable_free_blocks_release_whole_pages_only():

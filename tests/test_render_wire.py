@@ -190,3 +190,18 @@ def test_figures_obey_conservation(real_dict):
 def test_decode_refuses_foreign_messages():
     with pytest.raises(ValueError, match="not a gpumemviz frame"):
         decode_frame({"kind": "ack"}, [])
+
+
+def test_figures_agree_with_the_fragmentation_report(real_dict):
+    from gpumemviz.fragmentation import fragmentation
+
+    snap = Snapshot.from_torch(real_dict)
+    mine = figures(build_rows(snap))
+    report = fragmentation(snap).total
+    assert mine["reserved"] == report.reserved
+    assert mine["allocated"] == report.allocated
+    assert mine["free"] == report.free
+    assert mine["largest_free"] == report.largest_free
+    assert mine["free_releasable"] == report.releasable + report.releasable_private
+    if not snap.segments.is_expandable.any():  # the report leaves expandable slivers out
+        assert mine["free_trapped"] == report.free_trapped

@@ -34,7 +34,7 @@ def _kind(seg: dict, block: dict) -> int:
         return KIND_ALLOCATED
     if block["state"] == "active_pending_free":
         return KIND_PENDING
-    if any(b["state"] != "inactive" for b in seg["blocks"]):
+    if any(b["state"] == "active_allocated" for b in seg["blocks"]):
         return KIND_TRAPPED
     return KIND_RELEASABLE
 

@@ -40,7 +40,7 @@ __all__ = [
 KIND_ALLOCATED = 0
 KIND_PENDING = 1
 KIND_RELEASABLE = 2  # free bytes that torch.cuda.empty_cache() would hand back to the driver
-KIND_TRAPPED = 3  # free bytes held in a segment that still has active blocks
+KIND_TRAPPED = 3  # free bytes held in a segment that still has allocated blocks
 KIND_NAMES = ("allocated", "pending_free", "free_releasable", "free_trapped")
 LEVELS = 63
 MAX_CELLS = 1024
@@ -180,7 +180,8 @@ def build_rows(snap: Snapshot, device: int | None = None) -> RowTable:
     b_size = np.asarray(blk.size, np.int64)
     b_state = np.asarray(blk.state, np.uint8)
     b_offset = np.asarray(blk.address, np.int64) - address[b_seg] if len(b_seg) else b_seg.copy()
-    active = _run_sums(np.where(b_state != _INACTIVE, b_size, 0), b_first, b_count)
+    # empty_cache() first waits for pending frees, so only allocated blocks keep a segment
+    allocated = _run_sums(np.where(b_state == _ALLOCATED, b_size, 0), b_first, b_count)
 
     # the blocks of the kept segments, in row order (usually the file's order already)
     rows_n = len(order)
@@ -199,7 +200,7 @@ def build_rows(snap: Snapshot, device: int | None = None) -> RowTable:
     kind[state == _ALLOCATED] = KIND_ALLOCATED
     kind[state == _PENDING] = KIND_PENDING
     free = state == _INACTIVE
-    kind[free & (active[seg_of_blk] == 0) & ~expandable[seg_of_blk]] = KIND_RELEASABLE
+    kind[free & (allocated[seg_of_blk] == 0) & ~expandable[seg_of_blk]] = KIND_RELEASABLE
 
     if expandable.any():
         span_row, span_start, span_size, span_kind = _split_pages(
