@@ -405,7 +405,14 @@ class _Driver:
                 k += 1
         for j in run[k:]:
             self.reserved[j], self.allocated[j], self.nsegs[j] = reserved, allocated, len(self.runs)
-        self.provider.sync()  # the one place that forgets released segments
+        provider = self.provider  # forget released segments the provider has not yet seen
+        if provider.synced < mark:
+            provider.sync()
+        else:
+            for e in entries[provider.synced - mark :]:
+                if e[0] == "segment_free":
+                    provider.drop(e[1])
+            provider.synced = mark + len(entries)
         return entries
 
     # -- scoring ----------------------------------------------------------------------------
