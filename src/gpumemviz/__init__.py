@@ -21,6 +21,10 @@ _LAZY: dict[str, str] = {
     "parse_size": "gpumemviz.units",
     "capture_oom": "gpumemviz.sources.torch_cuda",
     "replay": "gpumemviz.allocator.replay",
+    "fragmentation": "gpumemviz.fragmentation",
+    "FragmentationReport": "gpumemviz.fragmentation",
+    "advise": "gpumemviz.advice",
+    "Advice": "gpumemviz.advice",
 }
 
 __all__ = sorted([*_LAZY, "__version__"])
@@ -30,7 +34,10 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'gpumemviz' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    mod = importlib.import_module(module)
+    # A module named like its function (gpumemviz.fragmentation) is callable and stands for it:
+    # binding the function here would break `import gpumemviz.fragmentation as m`.
+    value = mod if module == f"{__name__}.{name}" else getattr(mod, name)
     globals()[name] = value
     return value
 

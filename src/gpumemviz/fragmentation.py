@@ -14,6 +14,8 @@ columns. Full validation belongs to `load_snapshot`; the dict path checks only w
 
 from __future__ import annotations
 
+import sys
+import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -1254,3 +1256,14 @@ def _run_shape(r: FragmentationReport, row: int) -> tuple[int, int, int]:
     lead = int(sizes[offs == 0].sum())
     tail = int(sizes[offs + sizes == total].sum())
     return lead, tail, total
+
+
+class _CallableModule(types.ModuleType):
+    """`gpumemviz.fragmentation` names both this module and its function: once the submodule
+    is imported, Python binds the package attribute to the module, so calling it must work."""
+
+    def __call__(self, snapshot: Any) -> FragmentationReport:
+        return fragmentation(snapshot)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,294 @@
+"""Advice backed by evidence: what to change when the allocator wastes memory, and why.
+
+Each rule reads a `FragmentationReport` (plus, where given, torch's `memory_stats()` and the
+device's capacity) and returns an `Advice` carrying the numbers that triggered it. A rule never
+suggests a setting that the recorded `allocator_settings` (or the PYTORCH_CUDA_ALLOC_CONF string
+you pass) already turn on. Thresholds are named constants; each comment says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .allocator.config import AllocatorConfig, ConfigError
+from .allocator.rules import UNLIMITED
+from .fragmentation import FragmentationReport, MemoryFigures, fragmentation
+from .units import format_size
+
+__all__ = [
+    "ADVICE_KINDS",
+    "EXTERNAL_FRAGMENTATION_HIGH",
+    "FREE_BYTES_MIN",
+    "FREE_SHARE_MIN",
+    "NEAR_CAPACITY",
+    "OVERSIZE_SPLIT_SHARE",
+    "RETRIES_CLIMBING",
+    "Advice",
+    "advise",
+    "oom_device_free",
+]
+
+ADVICE_KINDS = (
+    "expandable_segments",
+    "max_split_size_mb",
+    "no_empty_cache_in_loop",
+    "smaller_batch_or_checkpointing",
+)
+
+# Half the cached free bytes cannot serve a request as large as the largest free block: past
+# this point a request bigger than that block needs new memory although the total would do.
+EXTERNAL_FRAGMENTATION_HIGH = 0.5
+# Free memory below this share of reserved is too little to be worth a setting change.
+FREE_SHARE_MIN = 0.10
+# ...and below this many bytes (a dozen default 20 MiB segments), likewise.
+FREE_BYTES_MIN = 256 << 20
+# Oversize splits "dominate" when most of the trapped free bytes sit in segments larger than
+# large_segment_size (made for one big request) that smaller requests then split.
+OVERSIZE_SPLIT_SHARE = 0.5
+# One flush-and-retry can be warm-up; from the third, the allocator flushes as a habit, and each
+# one synchronises the device.
+RETRIES_CLIMBING = 3
+# Live tensors alone fill this share of the device: no allocator setting can make room.
+NEAR_CAPACITY = 0.9
+
+
+@dataclass(frozen=True)
+class Advice:
+    """One suggestion: its `kind` (see `ADVICE_KINDS`), a sentence, and the numbers behind it."""
+
+    kind: str
+    message: str
+    evidence: Mapping[str, int | float] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "evidence": dict(self.evidence)}
+
+
+def advise(
+    report: Any,
+    settings: Mapping[str, Any] | str | None = None,
+    stats: Mapping[str, Any] | None = None,
+    *,
+    device_total: int | None = None,
+    device: int | None = None,
+) -> list[Advice]:
+    """Suggest allocator settings or program changes, each with its evidence.
+
+    Parameters
+    ----------
+    report : FragmentationReport or anything `fragmentation()` accepts
+        The analysed snapshot.
+    settings : dict or str, optional
+        The allocator settings in force: a snapshot's `allocator_settings` dict or a
+        PYTORCH_CUDA_ALLOC_CONF string. Default: those recorded in the snapshot.
+    stats : mapping, optional
+        `torch.cuda.memory_stats(device)`; enables the flush-and-retry rule.
+    device_total : int, optional
+        Bytes PyTorch can use on the device (for example reserved + device_free at an OOM);
+        enables the near-capacity rule.
+    device : int, optional
+        Only this device (default: every device in the report).
+
+    Returns
+    -------
+    list of Advice
+        Most bytes at stake first; empty when nothing is worth changing.
+
+    Examples
+    --------
+    >>> used = {"size": 2**20, "requested_size": 2**20, "state": "active_allocated"}
+    >>> seg = {"device": 0, "address": 0, "total_size": 2**30, "stream": 0,
+    ...        "segment_type": "large", "blocks": [
+    ...     {"size": 2**28, "requested_size": 0, "state": "inactive"}, used,
+    ...     {"size": 2**28, "requested_size": 0, "state": "inactive"}, used,
+    ...     {"size": 2**29 - 2**21, "requested_size": 0, "state": "inactive"}]}
+    >>> [a.kind for a in advise({"segments": [seg]})]
+    ['expandable_segments', 'max_split_size_mb']
+    >>> advise({"segments": [seg]}, "expandable_segments:True")
+    []
+    """
+    if not isinstance(report, FragmentationReport):
+        report = fragmentation(report)
+    config = _config(report, settings)
+    out: list[tuple[int, Advice]] = []
+    figures = report.devices if device is None else {device: report.device(device)}
+    for d, f in figures.items():
+        name = f"device {d}" if len(report.devices) > 1 else "the device"
+        for rule in (_expandable, _max_split):
+            a = rule(report, f, d, config, name)
+            if a is not None:
+                out.append(a)
+        if device_total is not None:
+            a = _near_capacity(f, d, device_total, name)
+            if a is not None:
+                out.append(a)
+    if stats is not None:
+        a = _retries(stats)
+        if a is not None:
+            out.append(a)
+    out.sort(key=lambda x: -x[0])
+    return [a for _, a in out]
+
+
+def _config(report: FragmentationReport, settings: Mapping[str, Any] | str | None) -> Any:
+    """What is already on: the recorded settings, or the ones the caller names."""
+    if settings is None:
+        return report.config
+    if isinstance(settings, str):
+        try:
+            return AllocatorConfig.parse(settings, cuda_build=False)
+        except ConfigError as e:
+            raise ValueError(f"not a PYTORCH_CUDA_ALLOC_CONF string: {e}") from None
+    if isinstance(settings, Mapping):
+        return AllocatorConfig.from_settings(settings)
+    raise TypeError(f"settings must be a dict or a str, got {type(settings).__name__}")
+
+
+def _expandable(
+    r: FragmentationReport, f: MemoryFigures, d: int, config: Any, name: str
+) -> tuple[int, Advice] | None:
+    if config.expandable_segments or (r.expandable_mode and config is r.config):
+        return None  # on already (recorded, or seen in the segments when nothing was recorded)
+    if not _free_matters(f) or f.external_fragmentation < EXTERNAL_FRAGMENTATION_HIGH:
+        return None
+    stuck = max(f.free - f.releasable, f.free_trapped)
+    msg = (
+        f"External fragmentation on {name} is {f.external_fragmentation:.0%}: "
+        f"{format_size(f.free)} is cached free but the largest block is "
+        f"{format_size(f.largest_free)}, and {format_size(f.free_trapped)} is trapped in "
+        "partly used segments. Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True so "
+        "segments grow in place instead of leaving holes."
+    )
+    evidence = {
+        "device": d,
+        "external_fragmentation": f.external_fragmentation,
+        "free": f.free,
+        "largest_free": f.largest_free,
+        "free_trapped": f.free_trapped,
+        "reserved": f.reserved,
+    }
+    return stuck, Advice("expandable_segments", msg, evidence)
+
+
+def _max_split(
+    r: FragmentationReport, f: MemoryFigures, d: int, config: Any, name: str
+) -> tuple[int, Advice] | None:
+    if config.max_split_size != UNLIMITED or config.expandable_segments:
+        return None
+    if not _free_matters(f) or f.free_trapped < FREE_BYTES_MIN:
+        return None
+    c = r.per_segment
+    big = (
+        (c.device == d)
+        & ~c.is_expandable
+        & ~c.is_small
+        & (c.allocated > 0)
+        & (c.total_size > config.large_segment_size)
+    )
+    trapped_big = int(c.free[big].sum())
+    if trapped_big < OVERSIZE_SPLIT_SHARE * f.free_trapped:
+        return None
+    median_mib = float(np.median(c.total_size[big])) / (1 << 20)
+    mib = max(32, 1 << (int(median_mib).bit_length() - 1))
+    msg = (
+        f"On {name}, {format_size(trapped_big)} of the {format_size(f.free_trapped)} trapped "
+        f"free memory sits in {int(big.sum())} large segments (median "
+        f"{format_size(median_mib * (1 << 20))}) that smaller requests have split. Set "
+        f"PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:{mib} so blocks of {mib} MiB or more are "
+        "kept whole for large requests."
+    )
+    evidence = {
+        "device": d,
+        "free_trapped": f.free_trapped,
+        "trapped_in_large_split_segments": trapped_big,
+        "large_split_segments": int(big.sum()),
+        "suggested_max_split_size_mb": mib,
+    }
+    return trapped_big, Advice("max_split_size_mb", msg, evidence)
+
+
+def _retries(stats: Mapping[str, Any]) -> tuple[int, Advice] | None:
+    def get(key: str) -> int:
+        v = stats.get(key, 0) if hasattr(stats, "get") else 0
+        return int(v or 0)
+
+    retries = get("num_alloc_retries")
+    if retries < RETRIES_CLIMBING:
+        return None
+    syncs = get("num_sync_all_streams")
+    manual = max(syncs - retries, 0)
+    msg = (
+        f"The allocator has flushed its cache and retried cudaMalloc {retries} times "
+        f"(num_alloc_retries), each a full device sync"
+        + (f", and the cache was emptied {manual} more times by hand" if manual else "")
+        + ". Keep torch.cuda.empty_cache() out of the training loop and lower peak memory, so "
+        "the cache can settle."
+    )
+    evidence = {
+        "num_alloc_retries": retries,
+        "num_sync_all_streams": syncs,
+        "manual_flushes": manual,
+        "num_device_alloc": get("num_device_alloc"),
+        "num_device_free": get("num_device_free"),
+    }
+    return get("reserved_bytes.all.current"), Advice("no_empty_cache_in_loop", msg, evidence)
+
+
+def _near_capacity(
+    f: MemoryFigures, d: int, device_total: int, name: str
+) -> tuple[int, Advice] | None:
+    if device_total <= 0 or f.allocated < NEAR_CAPACITY * device_total:
+        return None
+    msg = (
+        f"Live tensors alone take {format_size(f.allocated)} of the "
+        f"{format_size(device_total)} {name} offers ({f.allocated / device_total:.0%}): no "
+        "allocator setting can make room. Use a smaller batch, activation checkpointing "
+        "(torch.utils.checkpoint) or lower precision."
+    )
+    evidence = {"device": d, "allocated": f.allocated, "device_total": device_total}
+    return f.allocated, Advice("smaller_batch_or_checkpointing", msg, evidence)
+
+
+def _free_matters(f: MemoryFigures) -> bool:
+    return f.free >= FREE_BYTES_MIN and f.free >= FREE_SHARE_MIN * max(f.reserved, 1)
+
+
+def oom_device_free(snapshot: Any) -> dict[int, int]:
+    """Per device, the `device_free` of the last `oom` trace entry (what the driver had left).
+
+    With the snapshot taken at the OOM, reserved + device_free is what PyTorch could use: pass
+    it to `advise(..., device_total=...)`.
+
+    Examples
+    --------
+    >>> oom_device_free({"segments": [], "device_traces": [[
+    ...     {"action": "oom", "device_free": 1024, "size": 4096, "stream": 0}]]})
+    {0: 1024}
+    """
+    out: dict[int, int] = {}
+    traces = getattr(snapshot, "traces", None)
+    if isinstance(traces, Mapping):  # a Snapshot: numpy columns
+        for d, t in traces.items():
+            names = list(getattr(t, "action_names", ()))
+            if "oom" not in names or not len(t):
+                continue
+            hits = np.flatnonzero(np.asarray(t.action) == names.index("oom"))
+            if len(hits) and int(t.device_free[hits[-1]]) >= 0:
+                out[int(d)] = int(t.device_free[hits[-1]])
+        return out
+    if isinstance(snapshot, Mapping):
+        for d, entries in enumerate(snapshot.get("device_traces") or []):
+            for e in reversed(entries or []):
+                if isinstance(e, Mapping) and e.get("action") == "oom":
+                    free = e.get("device_free")
+                    if isinstance(free, int):
+                        out[d] = free
+                    break
+    return out

@@ -1,0 +1,480 @@
+"""fragmentation(): figures against torch's own segsum arithmetic on every real file, the two
+input paths against each other, hand-computed cases, and can_fit against the allocator model."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import pickle
+from contextlib import redirect_stdout
+from dataclasses import fields
+
+import numpy as np
+import pytest
+from torch.cuda import _memory_viz
+
+from conftest import read_real
+from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+from gpumemviz.allocator.rules import allocation_size, round_size
+from gpumemviz.fragmentation import VERDICTS, FragmentationReport, fragmentation
+from gpumemviz.snapshot import Snapshot, SnapshotError
+from gpumemviz.units import format_size
+
+MIB = 1 << 20
+BASE = 0x7F0000000000
+
+
+def blk(size: int, state: str = "inactive", requested: int | None = None) -> dict:
+    return {
+        "size": size,
+        "requested_size": size if requested is None else requested,
+        "state": state,
+        "frames": [],
+    }
+
+
+def seg(blocks: list[dict], address: int = BASE, **kw) -> dict:
+    """A torch-2.11-shaped segment whose sums are derived from its blocks."""
+    total = sum(b["size"] for b in blocks)
+    off = 0
+    for b in blocks:
+        b["address"] = address + off
+        off += b["size"]
+    alloc = [b for b in blocks if b["state"] == "active_allocated"]
+    active = [b for b in blocks if b["state"] != "inactive"]
+    d = {
+        "device": 0,
+        "address": address,
+        "total_size": total,
+        "allocated_size": sum(b["size"] for b in alloc),
+        "active_size": sum(b["size"] for b in active),
+        "requested_size": sum(b["requested_size"] for b in active),
+        "stream": 0,
+        "segment_type": "small" if total == 2 * MIB else "large",
+        "segment_pool_id": (0, 0),
+        "is_expandable": False,
+        "frames": [],
+        "blocks": blocks,
+    }
+    d.update(kw)
+    return d
+
+
+def snap(*segments: dict, settings: dict | None = None, traces: int = 1) -> dict:
+    d = {"segments": list(segments), "device_traces": [[] for _ in range(traces)]}
+    if settings is not None:
+        d["allocator_settings"] = settings
+    return d
+
+
+# ---------------------------------------------------------------- real files
+
+
+def _segsum_oracle(d) -> tuple[int, int, int]:
+    """total_reserved, total_allocated, total_free as torch's segsum computes them."""
+    reserved = allocated = free = 0
+    for s in d["segments"]:
+        reserved += s["total_size"]
+        for b in s["blocks"]:
+            if b["state"] == "active_allocated":
+                _, req = _memory_viz._block_extra(b)
+                allocated += req
+                free += b["size"] - req
+            else:
+                free += b["size"]
+    return reserved, allocated, free
+
+
+def test_reconciles_with_segsum_on_real_files(real_dict):
+    with redirect_stdout(io.StringIO()):
+        _memory_viz.segsum(real_dict)  # torch's own check passes on the file
+    r = fragmentation(real_dict)
+    reserved, requested, total_free = _segsum_oracle(real_dict)
+    assert r.reserved == reserved
+    assert r.requested == requested
+    assert r.free + r.pending_free + r.internal_waste == total_free
+    assert r.violations == ()
+
+
+def test_figures_match_a_plain_walk_of_real_files(real_dict):
+    r = fragmentation(real_dict)
+    segs = real_dict["segments"]
+    for dev, f in r.devices.items():
+        mine = [s for s in segs if s["device"] == dev]
+        blocks = [b for s in mine for b in s["blocks"]]
+        free = [b["size"] for b in blocks if b["state"] == "inactive"]
+        assert f.reserved == sum(s["total_size"] for s in mine)
+        assert f.allocated == sum(s["allocated_size"] for s in mine)
+        assert f.active == sum(s["active_size"] for s in mine)
+        assert f.free == sum(free)
+        assert f.largest_free == max(free, default=0)
+        assert f.segments == len(mine) and f.blocks == len(blocks)
+        assert f.blocks_free == len(free)
+        trapped = sum(
+            b["size"]
+            for s in mine
+            if not s.get("is_expandable") and s["allocated_size"] > 0
+            for b in s["blocks"]
+            if b["state"] == "inactive"
+        )
+        assert f.free_trapped == trapped
+        empty = sum(
+            s["total_size"] for s in mine if not s.get("is_expandable") and s["allocated_size"] == 0
+        )
+        assert f.releasable >= empty
+        if free:
+            assert f.external_fragmentation == pytest.approx(1 - max(free) / sum(free))
+            sq = sum(x * x for x in free) / sum(free) ** 2
+            assert f.fragmentation_sq == pytest.approx(1 - sq)
+    assert r.total.reserved == sum(s["total_size"] for s in segs)
+    assert r.largest_free == max((f.largest_free for f in r.devices.values()), default=0)
+
+
+def test_snapshot_path_gives_the_identical_report(real_dict):
+    by_dict = fragmentation(real_dict)
+    by_snap = fragmentation(Snapshot.from_torch(copy.deepcopy(real_dict)))
+    assert by_dict.to_dict() == by_snap.to_dict()
+    for f in fields(by_dict.per_segment):
+        a, b = getattr(by_dict.per_segment, f.name), getattr(by_snap.per_segment, f.name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), f.name
+    assert by_dict.total == by_snap.total
+
+
+def test_path_and_bytes_go_through_io(real_path):
+    by_path = fragmentation(real_path)
+    by_bytes = fragmentation(real_path.read_bytes())
+    by_dict = fragmentation(read_real(real_path))
+    assert by_path.to_dict() == by_bytes.to_dict() == by_dict.to_dict()
+
+
+def test_json_shape_on_real_files(real_dict):
+    out = json.loads(json.dumps(fragmentation(real_dict).to_dict()))
+    assert set(out) >= {"total", "devices"}
+    for figs in [out["total"], *out["devices"].values()]:
+        for key in ("reserved", "allocated", "free", "pending_free", "largest_free"):
+            assert type(figs[key]) is int
+        for key in ("segments", "blocks"):
+            assert type(figs[key]) is int
+        for key in ("external_fragmentation", "fragmentation_sq"):
+            assert type(figs[key]) is float and 0.0 <= figs[key] <= 1.0
+
+
+# ---------------------------------------------------------------- hand-computed
+
+
+def test_the_reference_minimal_example():
+    d = snap(
+        seg([blk(4 * MIB, "active_allocated", 4_000_000), blk(16 * MIB)]),
+        seg(
+            [
+                blk(512, "active_allocated", 100),
+                blk(512, "active_pending_free", 500),
+                blk(2 * MIB - 1024),
+            ],
+            address=BASE + 32 * MIB,
+        ),
+    )
+    r = fragmentation(d)
+    assert r.reserved == 22 * MIB
+    assert r.allocated == 4 * MIB + 512
+    assert r.active == 4 * MIB + 1024
+    assert r.pending_free == 512
+    assert r.requested == 4_000_100
+    assert r.internal_waste == 4 * MIB + 512 - 4_000_100
+    assert r.free == 18 * MIB - 1024
+    assert r.free_trapped == r.free  # both segments still hold an allocated block
+    assert r.releasable == 0
+    assert r.largest_free == 16 * MIB
+    assert r.external_fragmentation == pytest.approx(1 - 16 * MIB / (18 * MIB - 1024))
+    free = [16 * MIB, 2 * MIB - 1024]
+    assert r.fragmentation_sq == pytest.approx(1 - sum(x * x for x in free) / sum(free) ** 2)
+    assert (r.blocks, r.blocks_allocated, r.blocks_pending_free, r.blocks_free) == (5, 2, 1, 2)
+    assert r.segments == 2
+    small = r.devices[0].largest_free_by_pool
+    assert {(k.pool, v) for k, v in small.items()} == {("large", 16 * MIB), ("small", free[1])}
+
+
+def test_releasable_counts_pending_free_and_keeps_private_pools_apart():
+    d = snap(
+        seg([blk(20 * MIB)]),  # fully free: released
+        seg([blk(4 * MIB, "active_pending_free"), blk(16 * MIB)], address=BASE + 20 * MIB),
+        seg([blk(4 * MIB, "active_allocated"), blk(16 * MIB)], address=BASE + 40 * MIB),
+        seg([blk(2 * MIB)], address=BASE + 60 * MIB, segment_pool_id=(1, 3)),
+    )
+    r = fragmentation(d)
+    assert r.releasable == 40 * MIB  # empty_cache syncs events first
+    assert r.releasable_private == 2 * MIB
+    assert r.free_trapped == 16 * MIB
+    assert r.blocks_pending_free == 1
+    assert r.per_segment.releasable.tolist() == [20 * MIB, 20 * MIB, 0, 2 * MIB]
+
+
+def test_expandable_segments_release_whole_free_pages():
+    # a 60 MiB mapped run of 20 MiB pages: free bytes [5, 55) MiB hold one whole page [20, 40)
+    run = seg(
+        [blk(5 * MIB, "active_allocated"), blk(50 * MIB), blk(5 * MIB, "active_allocated")],
+        is_expandable=True,
+    )
+    # a small-pool run: 2 MiB pages, a free tail of 5 MiB from offset 3 MiB -> pages [4, 8)
+    small = seg(
+        [blk(3 * MIB, "active_allocated"), blk(5 * MIB)],
+        address=BASE + 1024 * MIB,
+        is_expandable=True,
+        segment_type="small",
+    )
+    r = fragmentation(snap(run, small, settings={"expandable_segments": True}))
+    assert r.per_segment.releasable.tolist() == [20 * MIB, 4 * MIB]
+    assert r.releasable == 24 * MIB
+    assert r.free_trapped == 0  # trapped is a non-expandable notion
+    assert r.per_segment.stuck_free.tolist() == [30 * MIB, 1 * MIB]
+
+
+def test_a_broken_segment_is_reported_not_raised():
+    bad = seg([blk(4 * MIB, "active_allocated"), blk(16 * MIB)])
+    bad["total_size"] = 22 * MIB
+    r = fragmentation(snap(seg([blk(2 * MIB)], address=BASE + 64 * MIB), bad))
+    (v,) = r.violations
+    assert (v.index, v.total_size, v.blocks_sum) == (1, 22 * MIB, 20 * MIB)
+    assert "segment 1" in v.message and "total_size" in v.message
+    assert r.devices[0].violations == (v,)
+
+
+def test_legacy_blocks_take_their_requested_size_from_history():
+    b = {"size": 2 * MIB, "requested_size": 7, "state": "active_allocated"}
+    b["history"] = [{"addr": BASE, "real_size": 1_500_000}]
+    legacy = {
+        "device": 0,
+        "address": BASE,
+        "total_size": 22 * MIB,
+        "allocated_size": 2 * MIB,
+        "active_size": 2 * MIB,
+        "requested_size": 7,
+        "stream": 0,
+        "segment_type": "large",
+        "blocks": [b, {"size": 20 * MIB, "requested_size": 0, "state": "inactive"}],
+    }
+    d = {"segments": [legacy], "device_traces": [[]]}
+    r = fragmentation(d)
+    assert r.requested == _memory_viz._block_extra(b)[1] == 1_500_000
+    assert r.internal_waste == 2 * MIB - 1_500_000
+
+
+def test_bare_segment_list_and_old_keys():
+    bare = [
+        {"address": 0, "total_size": 2 * MIB, "blocks": [{"size": 2 * MIB, "state": "inactive"}]}
+    ]
+    r = fragmentation(bare)
+    assert (r.reserved, r.free, r.releasable, r.per_segment.is_small.tolist()) == (
+        2 * MIB,
+        2 * MIB,
+        2 * MIB,
+        [True],
+    )
+
+
+def test_multiple_devices_and_the_total():
+    d = snap(
+        seg([blk(4 * MIB, "active_allocated"), blk(16 * MIB)]),
+        seg([blk(30 * MIB)], address=BASE, device=1),
+        traces=3,
+    )
+    r = fragmentation(d)
+    assert list(r.devices) == [0, 1]  # device 2 has neither a segment nor a trace entry
+    assert r.devices[1].largest_free == r.largest_free == 30 * MIB
+    assert r.total.free == 46 * MIB and r.total.device is None
+    assert r.external_fragmentation == pytest.approx(1 - 30 / 46)
+    with pytest.raises(ValueError, match=r"no device 2 in this snapshot \(devices: 0, 1\)"):
+        r.device(2)
+    assert json.loads(json.dumps(r.to_dict()))["devices"]["1"]["reserved"] == 30 * MIB
+
+
+def test_worst_segments_rank_by_free_that_empty_cache_cannot_return():
+    d = snap(
+        seg([blk(2 * MIB, "active_allocated"), blk(18 * MIB)]),
+        seg([blk(20 * MIB)], address=BASE + 20 * MIB),  # releasable: not stuck
+        seg([blk(2 * MIB, "active_allocated"), blk(38 * MIB)], address=BASE + 40 * MIB),
+    )
+    worst = fragmentation(d).worst_segments
+    assert [(w.index, w.stuck_free) for w in worst] == [(2, 38 * MIB), (0, 18 * MIB)]
+    assert worst[0].external_fragmentation == 0.0
+
+
+@pytest.mark.parametrize(
+    ("segments", "message"),
+    [
+        ([{"address": 0, "total_size": 512}], "segment 0: no 'blocks'"),
+        ([{"address": 0, "total_size": 512, "blocks": [{"state": "inactive"}]}], "block 0: no"),
+        (
+            [{"address": 0, "total_size": 512, "blocks": [{"size": 512, "state": "gone"}]}],
+            "segment 0, block 0: unknown block state 'gone'",
+        ),
+        ([7], "segment 0: not a segment dict"),
+    ],
+)
+def test_bad_input_says_what_and_where(segments, message):
+    with pytest.raises(SnapshotError, match=message) as info:
+        fragmentation({"segments": segments})
+    assert "\n" not in str(info.value)
+
+
+def test_the_second_segment_is_named():
+    good = seg([blk(2 * MIB)])
+    bad = seg([blk(512, "active_allocated"), blk(512)], address=BASE + 2 * MIB)
+    del bad["blocks"][1]["size"]
+    with pytest.raises(SnapshotError, match=r"segment 1, block 1: no integer 'size'"):
+        fragmentation(snap(good, bad))
+
+
+# ---------------------------------------------------------------- can_fit, by hand
+
+
+def _cached_layout() -> dict:
+    return snap(
+        seg([blk(4 * MIB, "active_allocated"), blk(16 * MIB)], address=BASE + 40 * MIB),
+        seg([blk(4 * MIB, "active_allocated"), blk(16 * MIB)], address=BASE),
+        seg([blk(2 * MIB, "active_allocated"), blk(18 * MIB)], address=BASE + 80 * MIB),
+        seg([blk(2 * MIB)], address=BASE + 120 * MIB, stream=7),
+    )
+
+
+def test_can_fit_best_fit_lowest_address_on_ties():
+    r = fragmentation(_cached_layout())
+    a = r.can_fit(10 * MIB)
+    assert (a.verdict, a.fits, a.block_address, a.block_size) == (
+        "cached",
+        True,
+        BASE + 4 * MIB,
+        16 * MIB,
+    )
+    assert "16.00 MiB" in a.explanation and f"0x{BASE + 4 * MIB:x}" in a.explanation
+    assert str(a) == a.explanation
+    assert r.can_fit(17 * MIB).block_address == BASE + 82 * MIB  # the 18 MiB block
+
+
+def test_can_fit_respects_streams_and_pools():
+    r = fragmentation(_cached_layout())
+    # the 2 MiB block belongs to stream 7's small pool: stream 0 small requests need a segment
+    a = r.can_fit(1000, stream=0)
+    assert (a.verdict, a.new_bytes, a.pool) == ("room_unknown", 2 * MIB, "small")
+    assert r.can_fit(1000, stream=7).block_address == BASE + 120 * MIB
+    assert "stream 7's small pool" in r.can_fit(1000, stream=7).explanation
+
+
+def test_can_fit_new_segment_flush_and_oom():
+    r = fragmentation(
+        snap(
+            seg([blk(4 * MIB, "active_allocated"), blk(16 * MIB)]),
+            seg([blk(20 * MIB)], address=BASE + 20 * MIB),  # releasable
+        )
+    )
+    need = allocation_size(round_size(30 * MIB))
+    b = r.can_fit(30 * MIB, device_free=need)
+    assert (b.verdict, b.fits, b.new_bytes) == ("new_segment", True, need)
+    c = r.can_fit(30 * MIB, device_free=need - 20 * MIB)
+    assert (c.verdict, c.fits, c.releasable) == ("flush_and_retry", True, 20 * MIB)
+    assert "num_alloc_retries" in c.explanation
+    d = r.can_fit(30 * MIB, device_free=need - 20 * MIB - 512)
+    assert (d.verdict, d.fits) == ("out_of_memory", False)
+    assert "empty_cache would not help" in d.explanation
+    assert format_size(need - 20 * MIB - 512) in d.explanation
+    u = r.can_fit("30MiB")
+    assert (u.verdict, u.fits, u.device_free) == ("room_unknown", None, None)
+    assert "unknown" in u.explanation
+    assert {a.verdict for a in (b, c, d, u)} <= set(VERDICTS)
+
+
+def test_can_fit_oversize_rules_refuse_the_best_fit_block():
+    settings = {"max_split_size": 64 * MIB, "expandable_segments": False}
+    r = fragmentation(snap(seg([blk(100 * MIB)]), settings=settings))
+    small_req = r.can_fit(30 * MIB)  # an oversize block never serves a smaller request
+    assert small_req.verdict == "room_unknown" and "max_split_size" in small_req.explanation
+    assert r.can_fit(90 * MIB).verdict == "cached"  # waste 10 MiB < 20 MiB
+    assert r.can_fit(70 * MIB).verdict == "room_unknown"  # waste 30 MiB: refused
+
+
+def test_can_fit_rounds_with_the_recorded_divisions():
+    settings = {"roundup_power2_divisions": {str(1 << k): 4 for k in range(16)}}
+    r = fragmentation(
+        snap(seg([blk(4 * MIB, "active_allocated"), blk(5 * MIB)]), settings=settings)
+    )
+    a = r.can_fit(5_000_000)
+    assert a.rounded == round_size(5_000_000, [4] * 16) == 5 * MIB
+    assert "rounded to 5.00 MiB" in a.explanation
+
+
+def test_can_fit_maps_pages_after_the_free_tail():
+    run = seg([blk(15 * MIB, "active_allocated"), blk(5 * MIB)], is_expandable=True)
+    r = fragmentation(snap(run, settings={"expandable_segments": True}))
+    a = r.can_fit(30 * MIB, device_free=40 * MIB)
+    assert (a.verdict, a.new_bytes) == ("new_segment", 40 * MIB)  # 25 MiB more: two pages
+    assert "free tail" in a.explanation
+
+
+def test_can_fit_rejects_unknown_device_and_bad_sizes():
+    r = fragmentation(_cached_layout())
+    with pytest.raises(ValueError, match="no device 3"):
+        r.can_fit(512, device=3)
+    with pytest.raises(ValueError, match="not a size"):
+        r.can_fit("lots")
+
+
+# ---------------------------------------------------------------- can_fit against the model
+
+_SIZES = [1, 600, 1 * MIB, 1 * MIB + 1, 3 * MIB, 9 * MIB, 15 * MIB, 40 * MIB, 130 * MIB, 2 << 30]
+
+
+def _model_outcome(model: CachingAllocator, size: int, stream: int) -> tuple[str, int, int]:
+    m = copy.deepcopy(model)
+    before = m.reserved
+    retries = m.memory_stats()["num_alloc_retries"]
+    try:
+        addr = m.malloc(size, stream)
+    except OutOfMemory:
+        return "out_of_memory", 0, 0
+    if m.memory_stats()["num_alloc_retries"] > retries:
+        return "flush_and_retry", addr, 0
+    if m.reserved == before:
+        return "cached", addr, 0
+    return "new_segment", addr, m.reserved - before
+
+
+def test_can_fit_agrees_with_the_allocator_model_on_real_files(real_dict):
+    r = fragmentation(real_dict)
+    settings = real_dict.get("allocator_settings") or {}
+    conf = settings.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    checked = 0
+    for dev, figs in r.devices.items():
+        segs = [s for s in real_dict["segments"] if s["device"] == dev]
+        if not segs or any(tuple(s.get("segment_pool_id", (0, 0))) != (0, 0) for s in segs):
+            continue
+        streams = sorted({s["stream"] for s in segs})[:2]
+        for room in (0, 64 * MIB, 1 << 40):
+            # device_total sizes the expandable address reservations, which a snapshot does not
+            # record; can_fit assumes room after the last mapped run, so give the model plenty
+            model = CachingAllocator.from_segments(
+                copy.deepcopy(segs), figs.reserved + room, conf, device=dev, device_total=1 << 44
+            )
+            for stream in streams:
+                for size in [*_SIZES, figs.largest_free, figs.largest_free + 1]:
+                    if size <= 0:
+                        continue
+                    ans = r.can_fit(size, stream=stream, device=dev, device_free=room)
+                    verdict, addr, grew = _model_outcome(model, size, stream)
+                    assert ans.verdict == verdict, (size, stream, room, ans.explanation)
+                    if verdict == "cached":
+                        assert ans.block_address == addr
+                    if verdict == "new_segment":
+                        assert ans.new_bytes == grew
+                    checked += 1
+    assert checked or not r.devices
+
+
+def test_report_is_frozen_and_names_its_figures():
+    r = fragmentation(_cached_layout())
+    assert isinstance(r, FragmentationReport)
+    with pytest.raises(AttributeError):
+        r.total = None  # type: ignore[misc]
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        _ = r.nonsense
+    assert pickle.loads(pickle.dumps(r.total)) == r.total
