@@ -27,14 +27,14 @@ import pickle
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpumemviz.sample import DeviceInfo, MemoryStats, NvmlInfo, OomEvent, Sample
 from gpumemviz.sources.base import SourceCommandError, short_error
 from gpumemviz.sources.nvml import NvmlReader, normalize_uuid
-from gpumemviz.units import format_size
+from gpumemviz.sources.oom import classify_oom, oom_request_size
 
 __all__ = ["OomCapture", "TorchCudaSource", "capture_oom", "classify_oom"]
 
@@ -47,110 +47,12 @@ _SLOW_SNAPSHOT_S = 0.02  # a segment read costing more than this gets spaced out
 _SNAPSHOT_DUTY = 0.01  # at most 1 % of wall time in fallback segment reads
 _RECORDING_GAP_S = 10.0  # gap between segment reads while the user records history
 _REPEAT_WINDOW_S = 1.0  # observer calls this close together are one failure (cuDNN retries)
-_OUTSIDE_SHARE = 0.2  # "memory outside PyTorch" when it exceeds this share of the device
 
 
 def _torch() -> Any:
     import torch  # lazily: `import gpumemviz` never imports torch
 
     return torch
-
-
-# --------------------------------------------------------------------------------------------
-# OOM classification: a pure function of the torch snapshot dict (runs in the user's thread).
-# --------------------------------------------------------------------------------------------
-def classify_oom(
-    segments: Iterable[Mapping[str, Any]],
-    device: int,
-    *,
-    alloc_size: int,
-    device_total: int,
-    device_free: int,
-    request_size: int | None = None,
-) -> dict[str, Any]:
-    """Why an allocation failed: capacity, fragmentation, or memory outside PyTorch.
-
-    Judged on the segment state taken inside the OOM observer, that is after the allocator
-    released every fully free cached segment. ``alloc_size`` is the segment size torch tried;
-    ``request_size`` (the rounded request from the ``oom`` trace entry) is used when known.
-
-    Returns
-    -------
-    dict
-        ``cause`` ("capacity" | "fragmentation" | "outside"), ``explanation`` (one sentence) and
-        the figures: reserved, allocated, free_in_segments, largest_free_block, outside_bytes.
-
-    Examples
-    --------
-    >>> MiB = 1 << 20
-    >>> free, used = {"size": 10 * MiB, "state": "inactive"}, {"size": 10 * MiB, "state": "x"}
-    >>> seg = {"device": 0, "total_size": 40 * MiB, "allocated_size": 20 * MiB,
-    ...        "blocks": [free, used, free, used]}
-    >>> classify_oom([seg], 0, alloc_size=16 * MiB, device_total=48 * MiB,
-    ...              device_free=2 * MiB)["cause"]
-    'fragmentation'
-    """
-    reserved = allocated = free = largest = 0
-    for seg in segments:
-        if seg.get("device", device) != device:
-            continue
-        reserved += int(seg.get("total_size", 0))
-        allocated += int(seg.get("allocated_size", 0))
-        for blk in seg.get("blocks", ()):
-            if blk.get("state") == "inactive":
-                size = int(blk.get("size", 0))
-                free += size
-                largest = max(largest, size)
-    need = int(request_size) if request_size else int(alloc_size)
-    outside = max(0, int(device_total) - int(device_free) - reserved)
-    basis = (
-        f"the request of {format_size(need)}"
-        if request_size
-        else f"the {format_size(need)} segment torch tried (request size unknown without history)"
-    )
-    if device_total and outside >= need and outside > _OUTSIDE_SHARE * device_total:
-        cause = "outside"
-        explanation = (
-            f"{format_size(outside)} of the device is used outside PyTorch's allocator (other "
-            f"processes, NCCL, the CUDA context): without it {basis} would fit"
-        )
-    elif free >= need and largest < need:
-        cause = "fragmentation"
-        explanation = (
-            f"{format_size(free)} is free inside reserved segments but the largest free block is "
-            f"{format_size(largest)}, smaller than {basis}"
-        )
-    else:
-        cause = "capacity"
-        explanation = (
-            f"{format_size(allocated)} is allocated of {format_size(reserved)} reserved with "
-            f"{format_size(int(device_free))} left on the device: {basis} does not fit"
-        )
-    return {
-        "cause": cause,
-        "explanation": explanation,
-        "reserved": reserved,
-        "allocated": allocated,
-        "free_in_segments": free,
-        "largest_free_block": largest,
-        "outside_bytes": outside,
-    }
-
-
-def _oom_request_size(snapshot: Mapping[str, Any] | None, device: int) -> int | None:
-    """The rounded request from the ``oom`` trace entry of that device, if recorded.
-
-    Inside the observer that entry is the newest one (other threads may add a few after it).
-    """
-    if not snapshot:
-        return None
-    traces = snapshot.get("device_traces") or []
-    if device >= len(traces):
-        return None
-    for entry in reversed(traces[device][-256:]):
-        if entry.get("action") == "oom":
-            return int(entry.get("size", 0)) or None
-    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,7 +116,7 @@ def _build_event(device: int, alloc_size: int, device_limit: int, device_free: i
         snapshot = torch.cuda.memory._snapshot()
     except Exception as exc:
         snap_error = short_error(exc)
-    request = _oom_request_size(snapshot, device)
+    request = oom_request_size(snapshot, device)
     total = _device_total(torch, device, device_limit)
     if snapshot is not None:
         facts = classify_oom(
