@@ -7,6 +7,11 @@ expandable-segment control flow, the same stats and trace entries. Only the driv
 
 Hot paths are written for speed (bisect over sorted lists of tuples, trace entries as tuples);
 dicts are built only in `snapshot()` and `memory_stats()`.
+
+Not modelled: private pools (CUDA graphs, MemPool, use_on_oom pools), FreeMemoryCallbacks,
+graph-capture deferral, `throw_on_cudamalloc_oom` rejections, the cudaMallocAsync backend, and
+the physical-memory fragmentation of the driver (a map or cudaMalloc fits iff reserved + size
+<= capacity). Frames are not recorded (`frames` is always []).
 """
 
 from __future__ import annotations
