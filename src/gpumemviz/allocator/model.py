@@ -641,7 +641,8 @@ class CachingAllocator:
             )
         if n == 0:
             return []
-        tail = list(self._trace)[-n:]
+        tail = list(itertools.islice(reversed(self._trace), n))  # O(n), not O(ring)
+        tail.reverse()
         return [(ACTIONS[a], addr, size, s, t) for a, addr, size, s, t in tail]
 
     def snapshot(self, *, include_traces: bool = True, record: bool = True) -> dict[str, Any]:
