@@ -1,0 +1,586 @@
+"""One pass of one device's recorded trace through the allocator model, scored.
+
+The model is handed only what a running program gives the allocator: size and stream for each
+malloc, frees by allocation id, and, when it asks for a new segment, the base address the driver
+gave (the trace's next segment_alloc / segment_map). Recorded alloc addresses are read only by
+the scorer. `replay` (replay.py) builds on this.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .config import AllocatorConfig
+from .model import CachingAllocator, DescendingAddresses, OutOfMemory
+from .reconstruct import SEGMENT_ACTIONS, Step
+from .timeline import Timeline
+
+__all__ = ["DeviceReplay", "ReplayError", "drive"]
+
+_RELEASES = ("segment_free", "segment_unmap")
+_GROWS = ("segment_alloc", "segment_map")
+_DELTA = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+_UNKNOWN_TOTAL = 1 << 40  # device_total when nothing recorded says it (sizes the expandable VA)
+_INVENTED_TOP = 1 << 60  # invented addresses live far above any real one
+
+
+class ReplayError(ValueError):
+    """A snapshot that cannot be replayed (no trace, an inconsistent trace); one line."""
+
+
+@dataclass
+class DeviceReplay:
+    """One device's replay: decision scores, and the model's figures after every trace entry."""
+
+    device: int
+    config: str
+    what_if: bool
+    capacity: int | None
+    capacity_known: bool
+    events: int
+    allocs: int = 0
+    allocs_matched: int = 0  # end to end: the model ran on its own state throughout
+    allocs_matched_per_decision: int = 0  # re-synchronised to the recorded state after a miss
+    segments_recorded: int = 0  # segment_alloc + segment_map entries the trace shows
+    segments_matched: int = 0  # the model made the same one (action, address, size) there
+    bursts: int = 0  # runs of segment_free / segment_unmap in the trace
+    bursts_matched: int = 0  # the model released the same ranges in the same order
+    explicit_bursts: list[int] = field(default_factory=list)  # replayed as empty_cache
+    final_matched: bool | None = None  # the model's final segments equal the recorded ones
+    oom: int | None = None  # trace index where the model ran out of memory (what-if: stop)
+    recorded_oom: int | None = None  # trace index of the recorded oom entry, if any
+    peak_reserved: int = 0
+    peak_allocated: int = 0
+    reserved: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    allocated: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    segments: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    mismatches: list[tuple[int, str, str]] = field(default_factory=list)  # first few
+    final_segments: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        """Every decision as recorded (only meaningful with the recorded settings)."""
+        return (
+            self.allocs_matched == self.allocs
+            and self.allocs_matched_per_decision == self.allocs
+            and self.segments_matched == self.segments_recorded
+            and self.bursts_matched == self.bursts
+            and self.final_matched is not False
+            and self.oom == self.recorded_oom
+        )
+
+
+class _Provider:
+    """Segment base addresses for the model: the recorded ones, else invented (descending).
+
+    It remembers the address ranges the model holds, so that a model that went its own way
+    is never handed a recorded address it already uses (it gets an invented one instead).
+    """
+
+    def __init__(self, steps: Sequence[Step], invent: bool):
+        self.steps = steps
+        self.window: list[int] = []  # indices of the segment entries next to the current alloc
+        self.used: set[int] = set()
+        self.invent = invent
+        self.fallback = DescendingAddresses(_INVENTED_TOP)
+        self.surprises = 0  # the model asked when the trace shows nothing to answer with
+        self.starts: list[int] = []  # ranges the model holds (segments, reservations), sorted
+        self.ends: list[int] = []
+        self.model: CachingAllocator | None = None
+        self.synced = 0  # the model's trace_len() when its releases were last read
+
+    def sync(self) -> None:
+        """Forget the segments the model released since the last look."""
+        model = self.model
+        if model is None:
+            return
+        for e in model.trace_since(self.synced):
+            if e[0] == "segment_free":
+                self.drop(e[1])
+        self.synced = model.trace_len()
+
+    def __call__(self, kind: str, size: int, stream: int) -> int:
+        self.sync()
+        if not self.invent:
+            want = "segment_alloc" if kind == "segment" else "segment_map"
+            for j in self.window:
+                if j not in self.used and self.steps[j][0] == want:
+                    self.used.add(j)
+                    addr = self.steps[j][1]
+                    # an expandable reservation's extent depends on the device total, which may
+                    # be unknown: only its base is checked
+                    span = size if kind == "segment" else 1
+                    if not self.overlaps(addr, span):
+                        self.hold(addr, span)
+                        return addr
+                    break
+            self.surprises += 1
+        addr = self.fallback(kind, size, stream)
+        self.hold(addr, size if kind == "segment" else 1)
+        return addr
+
+    def overlaps(self, addr: int, size: int) -> bool:
+        i = bisect.bisect_right(self.starts, addr)
+        if i > 0 and self.ends[i - 1] > addr:
+            return True
+        return i < len(self.starts) and self.starts[i] < addr + size
+
+    def hold(self, addr: int, size: int) -> None:
+        i = bisect.bisect_left(self.starts, addr)
+        self.starts.insert(i, addr)
+        self.ends.insert(i, addr + size)
+
+    def drop(self, addr: int) -> None:
+        i = bisect.bisect_left(self.starts, addr)
+        if i < len(self.starts) and self.starts[i] == addr:
+            del self.starts[i], self.ends[i]
+
+    def state(self) -> tuple[list[int], list[int], int]:
+        return self.starts[:], self.ends[:], self.synced
+
+
+class _Runs:
+    """Count of segments as snapshots show them (expandable: one per mapped run)."""
+
+    def __init__(self, segments: Sequence[Mapping[str, Any]]):
+        self.plain = 0
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        for s in sorted(segments, key=lambda s: s["address"]):
+            if s.get("is_expandable"):
+                self.map(s["address"], s["total_size"])
+            else:
+                self.plain += 1
+
+    def __len__(self) -> int:
+        return self.plain + len(self.starts)
+
+    def map(self, addr: int, size: int) -> None:
+        end = addr + size
+        i = bisect.bisect_left(self.starts, addr)
+        if i > 0 and self.ends[i - 1] == addr:
+            i -= 1
+            addr = self.starts[i]
+            del self.starts[i], self.ends[i]
+        if i < len(self.starts) and self.starts[i] == end:
+            end = self.ends[i]
+            del self.starts[i], self.ends[i]
+        self.starts.insert(i, addr)
+        self.ends.insert(i, end)
+
+    def unmap(self, addr: int, size: int) -> None:
+        i = bisect.bisect_right(self.starts, addr) - 1
+        if i < 0 or self.ends[i] < addr + size:
+            return  # not ours to count (a model bug shows up in the scores instead)
+        s, e = self.starts[i], self.ends[i]
+        del self.starts[i], self.ends[i]
+        for a, b in ((addr + size, e), (s, addr)):
+            if b > a:
+                self.starts.insert(i, a)
+                self.ends.insert(i, b)
+
+    def apply(self, entries: Sequence[tuple]) -> None:
+        for e in entries:
+            a = e[0]
+            if a == "segment_alloc":
+                self.plain += 1
+            elif a == "segment_free":
+                self.plain -= 1
+            elif a == "segment_map":
+                self.map(e[1], e[2])
+            elif a == "segment_unmap":
+                self.unmap(e[1], e[2])
+
+
+def _layout_key(segments: Sequence[Mapping[str, Any]]) -> list[tuple]:
+    return sorted(
+        (
+            s["address"],
+            s["total_size"],
+            s["stream"],
+            bool(s.get("is_expandable")),
+            tuple((b["address"], b["size"], b["state"]) for b in s["blocks"]),
+        )
+        for s in segments
+    )
+
+
+class _Driver:
+    """One pass over one device's trace with a fresh model (see `drive`)."""
+
+    def __init__(
+        self,
+        timeline: Timeline,
+        config: AllocatorConfig,
+        capacity: int | None,
+        *,
+        what_if: bool,
+        resync: bool,
+        explicit: Collection[int],
+        rename: Callable[[int], int] | None,
+        device_total: int | None,
+        max_mismatches: int,
+    ):
+        self.tl = timeline
+        self.steps = timeline.steps
+        self.config = config
+        self.capacity = capacity
+        self.cap = capacity if capacity is not None else 1 << 62
+        self.total = device_total or capacity or _UNKNOWN_TOTAL
+        self.what_if = what_if
+        self.resync = resync
+        self.explicit = explicit
+        self.rename = rename or (lambda a: a)
+        self.max_mismatches = max_mismatches
+        self.provider = _Provider(self.steps, invent=what_if)
+        self.out = DeviceReplay(
+            device=timeline.device,
+            config=config.settings,
+            what_if=what_if,
+            capacity=capacity,
+            capacity_known=capacity is not None,
+            events=len(self.steps),
+        )
+        self.choices: list[int | None] = [None] * len(self.steps)
+        self.stopped = False  # a what-if ran out of memory on an alloc the program made
+        n = len(self.steps)
+        self.reserved = np.zeros(n, np.int64)  # the model's figures after each trace entry
+        self.allocated = np.zeros(n, np.int64)
+        self.nsegs = np.zeros(n, np.int64)
+        self._load(timeline.start.to_segments(timeline.device))
+
+    # -- state ------------------------------------------------------------------------------
+    def _load(self, segments: list[dict[str, Any]]) -> None:
+        try:
+            self.model = CachingAllocator.from_segments(
+                segments,
+                self.cap,
+                self.config,
+                self.tl.device,
+                self.total,
+                address_provider=self.provider,
+                trace_max_entries=1 << 12,
+            )
+        except ValueError as err:  # e.g. segments of a private pool (CUDA graphs)
+            raise ReplayError(f"device {self.tl.device}: {err}") from None
+        self.runs = _Runs(segments)
+        self.provider.starts, self.provider.ends = [], []
+        self.provider.model, self.provider.synced = self.model, self.model.trace_len()
+        for seg in sorted(segments, key=lambda s: s["address"]):
+            if not self.provider.overlaps(seg["address"], seg["total_size"]):
+                self.provider.hold(seg["address"], seg["total_size"])
+        # allocation id -> model address; blocks alive at the start keep their recorded address
+        self.where = {
+            self.rename(b["address"]): b["address"]
+            for s in segments
+            for b in s["blocks"]
+            if b["state"] != "inactive"
+        }
+        self.deferred: dict[int, int] = {}  # id -> the made-up stream its free waits on
+
+    def _miss(self, i: int, kind: str, detail: str) -> None:
+        if len(self.out.mismatches) < self.max_mismatches:
+            self.out.mismatches.append((i, kind, detail))
+
+    def _resynchronise(self, i: int) -> None:
+        """Per-decision scoring: continue from the recorded layout after entry i."""
+        self._load(self.tl.layout_at(i).to_segments(self.tl.device))
+
+    def _take(self, i: int) -> int:
+        key = self.rename(self.steps[i][1])
+        a = self.where.pop(key, None)
+        if a is None:
+            raise ReplayError(f"trace event {i}: free of an allocation the replay never saw")
+        return a
+
+    def _own(self, mark: int, run: Sequence[int] = (), allocated: int = 0) -> list[tuple]:
+        """The model's entries since `mark`; fills the figures at the recorded `run` entries.
+
+        The entries of `run` are what the model did inside one call, so after the k-th of them
+        the figures are those after the model's k-th segment entry.
+        """
+        entries = self.model.trace_since(mark)
+        seg = [e for e in entries if e[0] in SEGMENT_ACTIONS]
+        reserved = self.model.reserved - sum(_DELTA[e[0]] * e[2] for e in seg)
+        k = 0
+        for e in seg:
+            reserved += _DELTA[e[0]] * e[2]
+            self.runs.apply((e,))
+            if k < len(run):
+                j = run[k]
+                self.reserved[j], self.allocated[j], self.nsegs[j] = (
+                    reserved,
+                    allocated,
+                    len(self.runs),
+                )
+                k += 1
+        for j in run[k:]:
+            self.reserved[j], self.allocated[j], self.nsegs[j] = reserved, allocated, len(self.runs)
+        provider = self.provider  # forget released segments the provider has not yet seen
+        if provider.synced < mark:
+            provider.sync()
+        else:
+            for e in entries[provider.synced - mark :]:
+                if e[0] == "segment_free":
+                    provider.drop(e[1])
+            provider.synced = mark + len(entries)
+        return entries
+
+    # -- scoring ----------------------------------------------------------------------------
+    def _score(self, i: int, own: Sequence[tuple], rec: Sequence[int]) -> bool:
+        """Compare the model's segment entries with the recorded run; True when equal."""
+        mine = [(e[0], e[1], e[2]) for e in own if e[0] in SEGMENT_ACTIONS]
+        theirs = [(self.steps[j][0], self.steps[j][1], self.steps[j][2]) for j in rec]
+        out = self.out
+        grow_m = [e for e in mine if e[0] in _GROWS]
+        grow_t = [e for e in theirs if e[0] in _GROWS]
+        out.segments_recorded += len(grow_t)
+        out.segments_matched += sum(1 for a, b in zip(grow_m, grow_t, strict=False) if a == b)
+        if grow_m != grow_t:
+            self._miss(i, "segment", f"model grew {grow_m[:3]}, recorded {grow_t[:3]}")
+        rel_t = [e for e in theirs if e[0] in _RELEASES]
+        rel_m = [e for e in mine if e[0] in _RELEASES]
+        if rel_t:
+            out.bursts += 1
+            if rel_m == rel_t:
+                out.bursts_matched += 1
+        if rel_m != rel_t:
+            self._miss(i, "burst", f"model released {len(rel_m)} ranges, recorded {len(rel_t)}")
+        return mine == theirs
+
+    # -- entries ----------------------------------------------------------------------------
+    def _standalone_run(self, run: list[int]) -> None:
+        """Segment entries no malloc caused: an explicit empty_cache."""
+        first = run[0]
+        if self.what_if:
+            if first in self.explicit:
+                mark = self.model.trace_len()
+                self.model.empty_cache()
+                self._own(mark, run, self.model.allocated)
+                self.out.explicit_bursts.append(first)
+            else:  # recorded segment entries mean nothing under other settings
+                self._own(self.model.trace_len(), run, self.model.allocated)
+            return
+        mark = self.model.trace_len()
+        self.model.empty_cache()
+        self.out.explicit_bursts.append(first)
+        own = self._own(mark, run, self.model.allocated)
+        if not self._score(run[-1], own, run) and self.resync:
+            self._resynchronise(run[-1])
+
+    def _malloc(self, i: int, run: list[int]) -> None:
+        """An alloc or a recorded oom, with the segment entries recorded just before it."""
+        action, addr, size, stream = self.steps[i]
+        model, provider = self.model, self.provider
+        provider.window, provider.used = run, set()
+        rels = [j for j in run if self.steps[j][0] in _RELEASES]
+        explicit = False
+        saved = None
+        if rels and self.what_if:
+            explicit = rels[0] in self.explicit
+        elif rels:
+            if self.capacity is None:
+                explicit = True  # nothing runs out, so only empty_cache releases
+            else:  # try it as the model's own release-and-retry first
+                saved = (
+                    copy.deepcopy(model, {id(provider): provider}),
+                    copy.deepcopy(self.runs),
+                    provider.state(),
+                )
+        mark = model.trace_len()
+        allocated_before = model.allocated
+        if explicit:
+            model.empty_cache()
+            self.out.explicit_bursts.append(rels[0])
+        got, oomed = self._try(size, stream)
+        if saved is not None and not any(
+            e[0] in _RELEASES for e in model.trace_since(mark)
+        ):  # the model did not cause the run: it was an empty_cache before this malloc
+            self.model, self.runs, (provider.starts, provider.ends, provider.synced) = saved
+            provider.model = self.model
+            model = self.model
+            provider.used = set()
+            mark = model.trace_len()
+            model.empty_cache()
+            self.out.explicit_bursts.append(rels[0])
+            got, oomed = self._try(size, stream)
+        own = self._own(mark, run, allocated_before)
+        differs = False
+        if not self.what_if:
+            differs = not self._score(i, own, run)
+        out = self.out
+        if action == "alloc":
+            out.allocs += 1
+            if oomed:
+                if out.oom is None:
+                    out.oom = i
+                if self.what_if:
+                    self.stopped = True  # the program would have died here
+                    return
+                self._miss(i, "oom", f"the model ran out of memory on an alloc of {size} B")
+                # the program got this block: carry on from the recorded state (so an OOM
+                # also ends the end-to-end run's own state)
+                self._resynchronise(i)
+                return
+            else:
+                self.choices[i] = got
+                self.where[self.rename(addr)] = got
+                if self.what_if:
+                    pass  # invented addresses: nothing to compare
+                elif got == addr:
+                    out.allocs_matched += 1
+                else:
+                    differs = True
+                    self._miss(i, "alloc", f"model chose {got:#x}, recorded {addr:#x}")
+        else:
+            if out.recorded_oom is None:
+                out.recorded_oom = i
+            if oomed:
+                if out.oom is None:
+                    out.oom = i
+            else:
+                self._miss(i, "oom", "the recorded OOM did not happen in the model")
+                assert got is not None
+                mark = model.trace_len()
+                model.free(got)  # the program never got this block
+                self._own(mark)
+                differs = True
+        if differs and self.resync and not self.what_if:
+            self._resynchronise(i)
+
+    def _try(self, size: int, stream: int) -> tuple[int | None, bool]:
+        try:
+            return self.model.malloc(size, stream), False
+        except OutOfMemory:
+            return None, True
+
+    def _free_requested(self, i: int) -> None:
+        a = self._take(i)
+        steps = self.steps
+        nxt = steps[i + 1] if i + 1 < len(steps) else None
+        if nxt is not None and nxt[0] == "free_completed" and nxt[1] == steps[i][1]:
+            self.model.free(a)
+            return
+        fake = -(1000 + i)  # the free waits on other streams' work until its free_completed
+        self.model.record_stream(a, fake)
+        self.model.free(a)
+        self.deferred[self.rename(steps[i][1])] = fake
+
+    def _free_completed(self, i: int) -> None:
+        key = self.rename(self.steps[i][1])
+        fake = self.deferred.pop(key, None)
+        if fake is not None:
+            self.model.complete_events(fake, process=True)
+        elif key in self.where:  # its free_requested fell off the start of the ring buffer
+            self.model.free(self.where.pop(key))
+
+    # -- the pass ---------------------------------------------------------------------------
+    def run(self) -> DeviceReplay:
+        steps = self.steps
+        n = len(steps)
+        reserved, allocated, nsegs = self.reserved, self.allocated, self.nsegs
+        run: list[int] = []  # segment entries waiting for the malloc that caused them
+        done = n
+        for i in range(n):
+            action = steps[i][0]
+            if action in SEGMENT_ACTIONS:
+                run.append(i)  # its figures are filled in when the run is replayed
+                continue
+            if run and action not in ("alloc", "oom"):
+                self._standalone_run(run)
+                run = []
+            if action in ("alloc", "oom"):
+                self._malloc(i, run)
+                run = []
+            elif action == "free_requested":
+                self._free_requested(i)
+                # frees never release segments: nothing for the provider to forget, and the
+                # model's trace ring may move on without it
+                self.provider.synced = self.model.trace_len()
+            elif action == "free_completed":
+                self._free_completed(i)
+                self.provider.synced = self.model.trace_len()
+            m = self.model
+            reserved[i], allocated[i], nsegs[i] = m.reserved, m.allocated, len(self.runs)
+            if self.stopped:
+                done = i + 1
+                break
+        if run and done == n:
+            self._standalone_run(run)
+        out = self.out
+        out.reserved, out.allocated, out.segments = reserved[:done], allocated[:done], nsegs[:done]
+        start_reserved, start_allocated, _ = self.tl.start.totals()
+        out.peak_reserved = max(int(out.reserved.max(initial=0)), start_reserved)
+        out.peak_allocated = max(int(out.allocated.max(initial=0)), start_allocated)
+        out.final_segments = self.model.snapshot(include_traces=False, record=False)["segments"]
+        if not self.what_if:
+            recorded = self.tl.final.to_segments(self.tl.device)
+            out.final_matched = _layout_key(out.final_segments) == _layout_key(recorded)
+            if not out.final_matched:
+                self._miss(n - 1, "final", "the model's final segments differ from the recorded")
+        if not self.resync:
+            out.allocs_matched_per_decision = out.allocs_matched
+        return out
+
+
+def drive(
+    timeline: Timeline,
+    config: AllocatorConfig,
+    capacity: int | None,
+    *,
+    what_if: bool = False,
+    resync: bool = False,
+    explicit: Collection[int] = (),
+    rename: Callable[[int], int] | None = None,
+    device_total: int | None = None,
+    max_mismatches: int = 20,
+) -> tuple[DeviceReplay, list[int | None]]:
+    """Run one device's trace through a fresh model; score it against the recorded addresses.
+
+    Parameters
+    ----------
+    timeline
+        The recorded history (start state, entries, recorded layouts for re-synchronising).
+    config
+        Settings the model runs with.
+    capacity
+        Bytes the process can get (None: unlimited, so the model never runs out).
+    what_if
+        Invent segment addresses instead of taking the recorded ones; recorded release runs
+        listed in `explicit` are replayed as empty_cache, other recorded segment entries are
+        ignored, and the pass stops at the model's first OOM.
+    resync
+        After any decision that differs from the recording, rebuild the model from the recorded
+        layout (the per-decision score). Without it the model runs on its own state.
+    explicit
+        What-if only: first indices of the release runs that were explicit empty_cache calls.
+    rename
+        Maps a recorded alloc/free address to the allocation id the driver files the model's
+        block under (default: the address itself). The model never sees ids, so any
+        one-to-one renaming must give the same choices.
+    device_total
+        The device's total memory (sizes the expandable address reservations).
+
+    Returns
+    -------
+    (DeviceReplay, choices)
+        ``choices[i]`` is the model's address for alloc entry i (None elsewhere).
+    """
+    d = _Driver(
+        timeline,
+        config,
+        capacity,
+        what_if=what_if,
+        resync=resync,
+        explicit=explicit,
+        rename=rename,
+        device_total=device_total,
+        max_mismatches=max_mismatches,
+    )
+    return d.run(), d.choices
