@@ -135,3 +135,12 @@ def test_an_unknown_step_is_refused():
     w = Workload("bad", GIB, "", "broken", program=lambda: iter([("launch", 1)]))
     with pytest.raises(ValueError, match="unknown step"):
         run(w)
+
+
+def test_kept_gradients_are_allocated_once():
+    def grads_mallocs(keep: bool) -> int:
+        ops = list(training_loop(iterations=3, keep_grads=keep).ops())
+        return sum(1 for op in ops if op[0] == "malloc")
+
+    per_step = 1 + GPT2_MEDIUM.layers * len(GPT2_MEDIUM.layer_weights())
+    assert grads_mallocs(False) - grads_mallocs(True) == 2 * per_step

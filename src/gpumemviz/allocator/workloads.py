@@ -10,7 +10,7 @@ them. `run` drives a `CachingAllocator` through a workload and returns the outco
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -109,6 +109,21 @@ class _Ids:
         return self.n
 
 
+def _mallocs(new: _Ids, sizes: Iterable[int]) -> Generator[Op, None, list[int]]:
+    """Allocate one tensor per size on stream 0; the generator's return value is their ids."""
+    ids = []
+    for size in sizes:
+        i = new()
+        ids.append(i)
+        yield ("malloc", i, size, 0)
+    return ids
+
+
+def _frees(ids: Iterable[int]) -> Iterator[Op]:
+    for i in ids:
+        yield ("free", i)
+
+
 def _training_program(
     shape: TransformerShape,
     batch: int,
@@ -116,114 +131,69 @@ def _training_program(
     checkpointing: bool,
     keep_grads: bool = False,
 ) -> Iterator[Op]:
-    """An eager training loop: AdamW, all tensors in one dtype, grads set to None each step."""
-    s_ = shape
-    d = s_.dtype_bytes
+    """An eager training loop: AdamW, all tensors in one dtype.
+
+    Per layer the forward saves ln1, qkv, softmax probabilities, context, residual, ln2, fc1 and
+    gelu (the scores are a temporary); backward allocates the gradient temporaries, frees the
+    layer's saved tensors, and (first step, or every step with grads set to None) the weight
+    gradients. AdamW's two states per parameter appear at the first optimizer step.
+    """
+    d = shape.dtype_bytes
     new = _Ids()
     yield ("mark", "weights")
-    weights = [(new(), size) for _ in range(s_.layers) for size in s_.layer_weights()]
-    embed = (new(), s_.vocab * s_.hidden * d)
-    params = [embed, *weights]
-    for pid, size in params:
-        yield ("malloc", pid, size, 0)
+    sizes = [shape.vocab * shape.hidden * d]
+    sizes += [size for _ in range(shape.layers) for size in shape.layer_weights()]
+    yield from _mallocs(new, sizes)
     adam: list[int] = []
     grads: list[int] = []
     for it, s in enumerate(seq_lens):
         yield ("mark", f"iteration {it} (seq {s})")
-        tok = batch * s * s_.hidden * d  # one activation of the residual width
-        att = batch * s_.heads * s * s * d  # attention scores / probabilities
-        mlp = batch * s * s_.mlp * d
-        ids = new()
-        yield ("malloc", ids, batch * s * 8, 0)
-        x = new()
-        yield ("malloc", x, tok, 0)  # embedding output
+        tok = batch * s * shape.hidden * d  # one activation of the residual width
+        att = batch * shape.heads * s * s * d  # attention scores / probabilities
+        mlp = batch * s * shape.mlp * d
+        logits = batch * s * shape.vocab * d
+        inputs = yield from _mallocs(new, (batch * s * 8, tok))  # token ids, embedding output
+        layer_acts = (tok, 3 * tok, att, tok, tok, tok, mlp, mlp)  # saved by one layer
         saved: list[list[int]] = []
-        for _layer in range(s_.layers):
-            if checkpointing:
-                # only the layer input is kept; the layer runs without saving, then frees
-                keep = new()
-                yield ("malloc", keep, tok, 0)
-                tmp = []
-                for size in (tok, 3 * tok, att, att, tok, tok, mlp, mlp):
-                    t = new()
-                    tmp.append(t)
-                    yield ("malloc", t, size, 0)
-                for t in tmp:
-                    yield ("free", t)
-                saved.append([keep])
+        for _layer in range(shape.layers):
+            if checkpointing:  # keep only the layer input; run the layer, free everything
+                keep = yield from _mallocs(new, (tok,))
+                tmp = yield from _mallocs(new, (*layer_acts, att))
+                yield from _frees(tmp)
+                saved.append(keep)
                 continue
-            layer = []
-            for size in (tok, 3 * tok):  # ln1, qkv
-                t = new()
-                layer.append(t)
-                yield ("malloc", t, size, 0)
-            scores = new()
-            yield ("malloc", scores, att, 0)
-            probs = new()
-            yield ("malloc", probs, att, 0)
-            yield ("free", scores)
-            layer.append(probs)
-            for size in (tok, tok, tok, mlp, mlp):  # context, residual, ln2, fc1, gelu
-                t = new()
-                layer.append(t)
-                yield ("malloc", t, size, 0)
+            layer = yield from _mallocs(new, (tok, 3 * tok))  # ln1, qkv
+            scores = yield from _mallocs(new, (att,))
+            layer += yield from _mallocs(new, (att,))  # softmax probabilities
+            yield from _frees(scores)
+            layer += yield from _mallocs(new, (tok, tok, tok, mlp, mlp))  # ctx, res, ln2, fc1, gelu
             saved.append(layer)
-        logits = new()
-        yield ("malloc", logits, batch * s * s_.vocab * d, 0)
-        loss32 = new()
-        yield ("malloc", loss32, batch * s * s_.vocab * 4, 0)  # fp32 log-softmax for the loss
+        head = yield from _mallocs(new, (logits, 2 * logits))  # logits, fp32 log-softmax
         yield ("mark", f"backward {it}")
-        dlogits = new()
-        yield ("malloc", dlogits, batch * s * s_.vocab * d, 0)
-        yield ("free", loss32)
-        yield ("free", logits)
-        dx = new()
-        yield ("malloc", dx, tok, 0)
-        yield ("free", dlogits)
+        dlogits = yield from _mallocs(new, (logits,))
+        yield from _frees(head)
+        dx = yield from _mallocs(new, (tok,))
+        yield from _frees(dlogits)
         first = not grads
         if first:
-            g = new()
-            grads.append(g)
-            yield ("malloc", g, embed[1], 0)
-        for layer_i in range(s_.layers - 1, -1, -1):
-            if checkpointing:  # recompute the layer's activations, then as below
-                recomputed = []
-                for size in (tok, 3 * tok, att, tok, tok, tok, mlp, mlp):
-                    t = new()
-                    recomputed.append(t)
-                    yield ("malloc", t, size, 0)
-                saved[layer_i] = saved[layer_i] + recomputed
+            grads += yield from _mallocs(new, sizes[:1])
+        for layer_i in range(shape.layers - 1, -1, -1):
+            if checkpointing:  # recompute the layer's activations first
+                saved[layer_i] += yield from _mallocs(new, layer_acts)
             if first:
-                for size in reversed(s_.layer_weights()):
-                    g = new()
-                    grads.append(g)
-                    yield ("malloc", g, size, 0)
-            temps = []
-            for size in (mlp, mlp, att, att, 3 * tok):
-                t = new()
-                temps.append(t)
-                yield ("malloc", t, size, 0)
-            for t in saved[layer_i]:
-                yield ("free", t)
-            for t in temps:
-                yield ("free", t)
-            nx = new()
-            yield ("malloc", nx, tok, 0)
-            yield ("free", dx)
+                grads += yield from _mallocs(new, reversed(shape.layer_weights()))
+            temps = yield from _mallocs(new, (mlp, mlp, att, att, 3 * tok))
+            yield from _frees(saved[layer_i])
+            yield from _frees(temps)
+            nx = yield from _mallocs(new, (tok,))
+            yield from _frees(dx)
             dx = nx
-        yield ("free", dx)
-        yield ("free", x)
-        yield ("free", ids)
+        yield from _frees((*dx, *inputs))
         yield ("mark", f"optimizer step {it}")
         if not adam:  # AdamW state (exp_avg, exp_avg_sq) appears at the first step
-            for _pid, size in params:
-                for _ in range(2):
-                    a = new()
-                    adam.append(a)
-                    yield ("malloc", a, size, 0)
+            adam += yield from _mallocs(new, (size for size in sizes for _ in range(2)))
         if not keep_grads:  # zero_grad(set_to_none=True)
-            for g in grads:
-                yield ("free", g)
+            yield from _frees(grads)
             grads = []
 
 
@@ -235,6 +205,7 @@ def training_loop(
     min_seq: int = 128,
     max_seq: int = 1024,
     checkpointing: bool = False,
+    keep_grads: bool = False,
     config: str = "",
     capacity: int = 37 * GIB // 2,
     seed: int = 5,
@@ -252,6 +223,9 @@ def training_loop(
         Sequence lengths are drawn (seeded) from multiples of 64 in this range.
     checkpointing
         Activation checkpointing: keep only each layer's input, recompute in backward.
+    keep_grads
+        ``zero_grad(set_to_none=False)``: gradients stay allocated from the first backward on
+        (default: set to None after each step, reallocated in the next backward).
     config, capacity
         Allocator settings and the bytes the process can get.
     seed
@@ -285,6 +259,7 @@ def training_loop(
             "batch": batch,
             "seq_lens": seq_lens,
             "checkpointing": checkpointing,
+            "keep_grads": keep_grads,
         },
     )
 
