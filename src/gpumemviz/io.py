@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
+
 from .snapshot import Snapshot, SnapshotError, validate
 from .units import format_size
 
@@ -122,22 +124,21 @@ def loads_restricted(
         raise SnapshotError(f"corrupt pickle ({type(e).__name__}: {e})") from None
     except MemoryError:
         raise SnapshotError("pickle needs more memory than is available") from None
-    check_plain(obj, max_depth=max_depth, budget=len(data))
+    check_plain(obj, max_depth=max_depth)
     return obj
 
 
-def check_plain(obj: Any, *, max_depth: int = DEFAULT_MAX_DEPTH, budget: int | None = None) -> None:
+def check_plain(obj: Any, *, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
     """Raise `SnapshotError` if `obj` holds anything but plain types or nests too deep.
 
-    Walks level by level with C-level passes, never recursing. A tree never has more items
-    than its file has bytes, so once the walk has seen `budget` items (the file size) the data
-    must share containers, and from then on each container is visited once per level: a small
-    file of shared references cannot blow the walk up. Cycles hit the depth limit.
+    Walks level by level with C-level passes, never recursing, and visits each container once
+    per level, so a small file of shared references cannot blow the walk up (and the frames
+    that real pickles share are walked once). Cycles hit the depth limit.
     """
     if type(obj) not in _PLAIN:
         raise SnapshotError(f"a value of type {type(obj).__name__} (only plain data allowed)")
     level, kinds = [obj], [type(obj)]
-    seen, depth = 0, 0
+    depth = 0
     while level:
         depth += 1
         if depth > max_depth:
@@ -160,14 +161,27 @@ def check_plain(obj: Any, *, max_depth: int = DEFAULT_MAX_DEPTH, budget: int | N
             )
         if types & _CONTAINERS:
             mask = map(_CONTAINERS.__contains__, map(type, items))
-            level = list(itertools.compress(items, mask))
+            level = _unique(list(itertools.compress(items, mask)))
             kinds = list(map(type, level))
         else:
             level, kinds = [], []
-        seen += len(items)
-        if budget is not None and seen > budget:
-            unique = dict(zip(map(id, level), zip(level, kinds, strict=True), strict=True))
-            level, kinds = [c for c, _ in unique.values()], [k for _, k in unique.values()]
+
+
+def _unique(objs: list) -> list:
+    """`objs` without repeats (by identity), in C: pickles share frames lists heavily."""
+    if len(objs) < 2:
+        return objs
+    ids = np.fromiter(map(id, objs), np.uint64, len(objs))
+    _, first = np.unique(ids, return_index=True)
+    if len(first) == len(objs):
+        return objs
+    first.sort()
+    return list(map(objs.__getitem__, first.tolist()))
+
+
+def _a(x: Any) -> str:
+    name = type(x).__name__
+    return f"an {name}" if name[:1] in "aeiou" else f"a {name}"
 
 
 def _names(types: set[type]) -> str:
@@ -197,7 +211,7 @@ def _loads_json(data: bytes, max_bytes: int, max_depth: int) -> Any:
         raise SnapshotError(
             f"data nested deeper than {max_depth} levels (max_depth={max_depth})"
         ) from None
-    check_plain(obj, max_depth=max_depth, budget=len(data))
+    check_plain(obj, max_depth=max_depth)
     return obj
 
 
@@ -269,7 +283,7 @@ def load_snapshot(
         return src
     if not isinstance(src, bytes | bytearray | memoryview | str | os.PathLike | dict | list):
         raise SnapshotError(
-            f"cannot load a snapshot from a {type(src).__name__} "
+            f"cannot load a snapshot from {_a(src)} "
             "(expected a path, bytes, a torch snapshot dict or list, or a Snapshot)"
         )
     # The GC stays off until the decoded objects are gone: they die by reference counting, so

@@ -1,0 +1,344 @@
+"""Safe file I/O: restricted unpickling, limits, bad input, JSON and pickle round trips, atomic
+saves."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+import gpumemviz
+from conftest import REAL_DIR, read_real
+from gpumemviz import io as gio
+from gpumemviz.io import as_snapshot, load_snapshot, loads_restricted, save_snapshot
+from gpumemviz.snapshot import Snapshot, SnapshotError
+from test_snapshot import minimal, needs_real, synthetic
+
+MAGMA = REAL_DIR / "MAGMA27__assignment2-systems__memory_snapshot.pickle"
+
+
+class _Mkdir:
+    """A pickle payload: unpickling it with plain `pickle.loads` creates the folder `path`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+# -- real files ---------------------------------------------------------------------------------
+
+
+def test_real_file_loads_by_path_and_bytes(real_path, real_dict, tmp_path):
+    bare = tmp_path / "snapshot"  # no suffix: content decides
+    shutil.copyfile(real_path, bare)
+    by_path = load_snapshot(bare)
+    by_bytes = load_snapshot(real_path.read_bytes())
+    for snap in (by_path, by_bytes):
+        assert snap.to_torch() == real_dict
+    assert load_snapshot(by_path) is by_path
+
+
+def test_real_file_round_trips_through_pickle(real_path, real_dict, tmp_path):
+    snap = load_snapshot(real_path)
+    pkl = save_snapshot(snap, tmp_path / "out.pickle")
+    assert pkl.read_bytes()[:2] == b"\x80\x04"  # protocol 4: MemoryViz.js rejects 5
+    assert pickle.loads(pkl.read_bytes()) == real_dict  # our own file, read by the oracle
+    assert load_snapshot(pkl).to_torch() == real_dict
+
+
+def _lighter(d: dict) -> dict:
+    """`d` with each trace cut to 200 entries plus every rarer action (segment_*, oom, ...).
+
+    JSON cannot share the frames that pickles share, so a full trace is 20-50x larger as JSON
+    (cranberrii: 2.6 MB pickle, 138 MB JSON); the cut keeps every layout and action.
+    """
+    common = {"alloc", "free_requested", "free_completed"}
+    traces = [
+        [e for i, e in enumerate(t) if i < 200 or e["action"] not in common]
+        for t in d["device_traces"]
+    ]
+    return {**d, "device_traces": traces}
+
+
+def test_real_file_round_trips_through_json(real_dict, tmp_path):
+    d = _lighter(real_dict)
+    js = save_snapshot(d, tmp_path / "out.json")
+    assert (
+        json.loads(js.read_text())["segments"][0]["total_size"] == (d["segments"][0]["total_size"])
+    )
+    back = load_snapshot(js).to_torch()
+    assert back == d  # tuples (segment_pool_id) come back as tuples
+    assert back == load_snapshot(save_snapshot(d, tmp_path / "out.pkl")).to_torch()
+
+
+@needs_real
+def test_full_torch_2_11_file_round_trips_through_json(tmp_path):
+    d = read_real(MAGMA)
+    back = load_snapshot(save_snapshot(d, tmp_path / "magma.json")).to_torch()
+    assert back == d
+    assert back["device_traces"][0][0]["compile_context"] == "N/A"
+
+
+@pytest.mark.parametrize("name", ["snap.pkl", "snap.pickle", "snap.json", "snap", "snap.bin"])
+def test_any_suffix_loads_the_same(tmp_path, name):
+    d = minimal()
+    path = tmp_path / name
+    path.write_bytes(pickle.dumps(d, protocol=4))
+    assert load_snapshot(path).to_torch() == d
+    path.write_text(json.dumps(d))
+    assert load_snapshot(path).to_torch() == d
+
+
+def test_old_pickle_protocols_load(tmp_path):
+    d = minimal()
+    for protocol in (0, 2, 5):
+        assert loads_restricted(pickle.dumps(d, protocol=protocol)) == d
+        assert load_snapshot(pickle.dumps(d, protocol=protocol)).to_torch() == d
+
+
+def test_synthetic_blocks_through_files(tmp_path):
+    d = synthetic(20_000)  # the 10^5-block round trip is in test_snapshot
+    path = save_snapshot(d, tmp_path / "big.pkl")
+    assert load_snapshot(path).to_torch() == d
+
+
+# -- the restricted unpickler -------------------------------------------------------------------
+
+
+def test_malicious_pickle_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps({"segments": [], "x": _Mkdir(marker)}, protocol=4)
+    with pytest.raises(SnapshotError, match=r"^refused global posix\.mkdir"):
+        load_snapshot(payload)
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(payload)
+    with pytest.raises(SnapshotError, match=r"^refused global posix\.mkdir"):
+        load_snapshot(path)
+    with pytest.raises(SnapshotError, match=r"^refused global posix\.mkdir"):
+        loads_restricted(pickle.dumps(_Mkdir(marker), protocol=0))
+    assert not marker.exists()
+    # the payload is real: plain pickle runs it
+    live = tmp_path / "live"
+    pickle.loads(pickle.dumps(_Mkdir(live)))
+    assert live.is_dir()
+
+
+def test_every_global_is_refused():
+    for obj, name in [(Path("/x"), "pathlib.PosixPath"), (set, "builtins.set"),
+                      (ValueError("x"), "builtins.ValueError")]:  # fmt: skip
+        with pytest.raises(SnapshotError, match=f"^refused global {name}"):
+            loads_restricted(pickle.dumps(obj, protocol=4))
+
+
+def test_non_plain_types_built_without_globals_are_refused():
+    with pytest.raises(SnapshotError, match=r"^a value of type set"):
+        loads_restricted(pickle.dumps({"segments": [], "s": {1, 2}}, protocol=4))
+    with pytest.raises(SnapshotError, match=r"^a value of type bytearray"):
+        loads_restricted(pickle.dumps([bytearray(b"ab")], protocol=5))
+    with pytest.raises(SnapshotError, match=r"^a dict key of type frozenset"):
+        loads_restricted(pickle.dumps({frozenset({1}): 1}, protocol=4))
+
+
+def test_size_limit(tmp_path):
+    data = pickle.dumps(minimal(), protocol=4)
+    with pytest.raises(
+        SnapshotError, match=r"^pickle is .* over the 100 bytes limit \(max_bytes=100"
+    ):
+        load_snapshot(data, max_bytes=100)
+    path = tmp_path / "s.pkl"
+    path.write_bytes(data)
+    with pytest.raises(SnapshotError, match=r"s\.pkl is .* over the 100 bytes limit"):
+        load_snapshot(path, max_bytes=100)
+    assert load_snapshot(path, max_bytes=len(data)).n_blocks == 5
+
+
+def test_nesting_limit():
+    deep: list = []
+    for _ in range(200):
+        deep = [deep]
+    message = r"^data nested deeper than 64 levels \(max_depth=64\)"
+    with pytest.raises(SnapshotError, match=message):
+        load_snapshot(pickle.dumps({"segments": [], "x": deep}, protocol=4))
+    with pytest.raises(SnapshotError, match=message):
+        load_snapshot(json.dumps({"segments": [], "x": deep}).encode())
+    with pytest.raises(SnapshotError, match=message):
+        load_snapshot(b"[" * 100_000 + b"]" * 100_000)  # deeper than the JSON parser's stack
+    cyclic: list = []
+    cyclic.append(cyclic)
+    with pytest.raises(SnapshotError, match=message):
+        load_snapshot(pickle.dumps(cyclic, protocol=4))
+    d = minimal()  # top dict, segments, segment, blocks, block, frames, frame: 7 levels
+    assert load_snapshot(pickle.dumps(d), max_depth=7).to_torch() == d
+    with pytest.raises(SnapshotError, match=r"max_depth=6\)"):
+        load_snapshot(pickle.dumps(d), max_depth=6)
+
+
+def test_shared_references_cannot_blow_up_the_walk():
+    layer: list = [0]
+    for _ in range(60):  # 2^60 paths through 60 shared lists: a walk by path would never end
+        layer = [layer, layer]
+    data = pickle.dumps({"segments": [], "x": layer}, protocol=4)
+    assert len(data) < 2000
+    assert loads_restricted(data)["segments"] == []
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+
+def _segment3(d: dict) -> str:
+    s = d["segments"][3]
+    return f"segment 3 (device {s['device']}, {s['address']:#x})"
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "^empty input: no snapshot to read$"),
+        (b"  \n", "^empty input"),
+        (pickle.dumps(minimal(), protocol=4)[:-40], r"^truncated or corrupt pickle \("),
+        (b"\x80\x04\x95", r"^truncated or corrupt pickle \("),
+        (b"hello, world", r"^not a pickle or JSON snapshot \(starts with b'hello, world'\)$"),
+        (b"\x00\x01\x02", r"^not a pickle or JSON snapshot"),
+        (b'{"segments": [', r"^invalid JSON at line 1, column 15: Expecting value$"),
+        (b'{"segs": []}', r"^not a snapshot: a dict without 'segments' \(keys: 'segs'\)$"),
+        (pickle.dumps("text"), r"^not a snapshot: a str"),
+        (b"[1]", r"^segment 0 is an int, not a dict$"),
+    ],
+)
+def test_bad_bytes_get_one_line_errors(data, message):
+    with pytest.raises(SnapshotError, match=message) as err:
+        load_snapshot(data)
+    assert "\n" not in str(err.value)
+
+
+def _drop(d: dict, *path):
+    target = d
+    for key in path[:-1]:
+        target = target[key]
+    del target[path[-1]]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: _drop(d, "segments"), "not a snapshot: a dict without 'segments'"),
+        (lambda d: _drop(d, "segments", 3, "blocks", 7, "size"), "{seg3}: block 7 has no size"),
+        (lambda d: d["segments"].__setitem__(3, "seg"), "segment 3 is a str, not a dict"),
+        (
+            lambda d: d["segments"][3].update(total_size=d["segments"][3]["total_size"] + 512),
+            "{seg3}: blocks sum to",
+        ),
+        (
+            lambda d: d["segments"][3]["blocks"][7].update(address=0),
+            "{seg3}: block 7 is at 0x0, expected",
+        ),
+        (
+            lambda d: d["segments"][3]["blocks"][7].update(state="freed"),
+            "{seg3}: block 7 has unknown state 'freed'",
+        ),
+    ],
+)
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_bad_files_name_what_and_where(tmp_path, mutate, message, fmt):
+    d = synthetic(80, per_segment=10)
+    where = _segment3(d)
+    mutate(d)
+    path = tmp_path / f"bad.{fmt}"
+    if fmt == "json":
+        path.write_text(json.dumps(d))
+    else:
+        path.write_bytes(pickle.dumps(d, protocol=4))
+    with pytest.raises(SnapshotError) as err:
+        load_snapshot(path)
+    assert str(err.value).startswith(message.format(seg3=where))
+
+
+def test_missing_path_folder_and_wrong_type(tmp_path):
+    with pytest.raises(SnapshotError, match=r"^no such file: .*nope.pickle$"):
+        load_snapshot(tmp_path / "nope.pickle")
+    with pytest.raises(SnapshotError, match="is a folder, not a snapshot file"):
+        load_snapshot(tmp_path)
+    with pytest.raises(SnapshotError, match=r"^cannot load a snapshot from an int"):
+        load_snapshot(3)  # type: ignore[arg-type]
+    with pytest.raises(SnapshotError, match=r"^cannot load a snapshot from a float"):
+        as_snapshot(1.5)
+    path = save_snapshot([], tmp_path / "ok.pkl")
+    assert load_snapshot(str(path)).n_segments == 0  # a str path works too
+
+
+# -- coercion and saving ------------------------------------------------------------------------
+
+
+def test_as_snapshot_accepts_every_form(tmp_path):
+    d = minimal()
+    snap = Snapshot.from_torch(d)
+    path = save_snapshot(d, tmp_path / "m.pickle")
+    assert as_snapshot(snap) is snap
+    for form in (d, d["segments"], path, str(path), path.read_bytes()):
+        assert as_snapshot(form).to_torch()["segments"] == d["segments"]
+
+
+def test_public_names():
+    assert gpumemviz.load_snapshot is load_snapshot
+    assert gpumemviz.save_snapshot is save_snapshot
+    assert gpumemviz.Snapshot is Snapshot and gpumemviz.SnapshotError is SnapshotError
+    assert issubclass(SnapshotError, ValueError)
+
+
+def test_save_replaces_atomically_and_keeps_mode(tmp_path):
+    path = tmp_path / "s.pickle"
+    path.write_bytes(b"old")
+    path.chmod(0o640)
+    save_snapshot(minimal(), path)
+    assert load_snapshot(path).to_torch() == minimal()
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.pickle"]
+
+
+@pytest.mark.parametrize("suffix", [".pickle", ".json"])
+def test_failed_save_leaves_old_file_and_no_temp(tmp_path, monkeypatch, suffix):
+    path = tmp_path / f"run{suffix}"
+    save_snapshot(minimal(), path)
+    before = path.read_bytes()
+    writer = "_write_json" if suffix == ".json" else "_write_pickle"
+
+    def half_then_fail(data, f):
+        f.write(b"\x80\x04partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(gio, writer, half_then_fail)
+    with pytest.raises(OSError, match="disk full"):
+        save_snapshot(synthetic(100), path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_failed_fsync_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
+    path = tmp_path / "run.pickle"
+    save_snapshot(minimal(), path)
+    before = path.read_bytes()
+
+    def fail(fd):
+        raise OSError("I/O error")
+
+    monkeypatch.setattr(gio.os, "fsync", fail)
+    with pytest.raises(OSError, match="I/O error"):
+        save_snapshot(synthetic(100), path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_json_refuses_bytes_values_cleanly(tmp_path):
+    d = minimal()
+    d["blob"] = b"\x00"
+    with pytest.raises(SnapshotError, match=r"^cannot write JSON: .*bytes.*save as \.pickle"):
+        save_snapshot(d, tmp_path / "x.json")
+    assert list(tmp_path.iterdir()) == []
+    save_snapshot(d, tmp_path / "x.pickle")
+    assert load_snapshot(tmp_path / "x.pickle").to_torch() == d
