@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from labtools import Lab, Notebook
+
+from .labtools import Lab, Notebook
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
