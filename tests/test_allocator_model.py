@@ -641,3 +641,48 @@ def test_deepcopy_is_independent():
     a.free(live[0])
     assert b.snapshot(record=False) == a.snapshot(record=False)
     assert b.memory_stats() == a.memory_stats()
+
+
+def test_expandable_blocks_are_skipped_when_expandable_is_off():
+    # state recorded with expandable segments, continued with them off (a run-time toggle)
+    a = exp_alloc()
+    p = a.malloc(4_000_000)
+    segs = a.snapshot(record=False)["segments"]
+    b = CachingAllocator.from_segments(segs, GIB, "", address_provider=fixed(B))
+    q = b.malloc(1_500_000)  # the free expandable tail would fit; a new segment is made instead
+    assert q == B and b.n_segments == 1
+    b.free(p)  # the expandable block is still freed and merged as usual
+    assert b.empty_cache() == 20 * MIB  # its page is unmapped; the 20 MiB segment stays in use
+    check(b)
+
+
+def test_oversize_rule_applies_to_expandable_best_fit():
+    a = CachingAllocator(
+        GIB, "expandable_segments:True,max_split_size_mb:32", address_provider=fixed(R)
+    )
+    p = a.malloc(50 * MIB)  # three 20 MiB pages; 10 MiB free after it
+    q = a.malloc(MIB + 512)  # from that free tail
+    assert q == R + 50 * MIB
+    a.free(p)  # a free 50 MiB block that cannot grow (oversize)
+    i = a.trace_len()
+    r = a.malloc(8 * MIB)
+    # best fit is the growable tail, the expandable walk moves to the 50 MiB block, the oversize
+    # rule refuses it, and find_expandable_block hands back the tail without mapping anything
+    assert [x[0] for x in a.trace_since(i)] == ["alloc"]
+    assert r == q + MIB + 512
+    check(a)
+
+
+@pytest.mark.parametrize(
+    ("blocks_", "message"),
+    [
+        ([], "has no blocks"),
+        ([{"size": 2 * MIB, "state": "busy"}], "unknown state 'busy'"),
+        ([{"size": MIB, "state": "inactive"}], "add up to 1048576 bytes, total_size says"),
+    ],
+)
+def test_from_segments_refuses_malformed_segments(blocks_, message):
+    seg = {"address": B, "total_size": 2 * MIB, "stream": 0, "segment_type": "small",
+           "blocks": blocks_}  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        CachingAllocator.from_segments([seg], GIB)
