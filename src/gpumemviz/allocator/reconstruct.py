@@ -52,7 +52,28 @@ class Rules:
 
 
 def steps_of(trace: Sequence[Mapping[str, Any]]) -> list[Step]:
-    """Trace dicts as (action, addr, size, stream) tuples; an ``oom`` carries device_free."""
+    """Trace dicts as compact tuples, the form every walk over a trace uses.
+
+    Parameters
+    ----------
+    trace
+        One device's ``device_traces`` entries.
+
+    Returns
+    -------
+    list of (action, addr, size, stream)
+        For an ``oom`` entry the addr field holds ``device_free``.
+
+    Raises
+    ------
+    LayoutError
+        When an entry lacks its action or has a non-integer field.
+
+    Examples
+    --------
+    >>> steps_of([{"action": "oom", "device_free": 5, "size": 512, "stream": 0}])
+    [('oom', 5, 512, 0)]
+    """
     out = []
     for i, e in enumerate(trace):
         try:
@@ -123,7 +144,27 @@ def _pool_of_range(lay: Layout, steps: Sequence[Step], i: int, rules: Rules) -> 
 
 
 def reconstruct_layout(final: Layout, steps: Sequence[Step], rules: Rules) -> Layout:
-    """Undo `steps` from the last to the first on a copy of `final`; return the start layout."""
+    """Undo `steps` from the last to the first on a copy of `final`.
+
+    Parameters
+    ----------
+    final
+        The layout after the last step (left unchanged).
+    steps
+        The trace as `steps_of` gives it.
+    rules
+        Rounding and max_split_size of the recorded settings.
+
+    Returns
+    -------
+    Layout
+        The layout before the first step.
+
+    Raises
+    ------
+    LayoutError
+        When a step does not fit (its index and what is wrong are in the message).
+    """
     lay = final.copy()
     hints = _Hints(steps)
     for i in range(len(steps) - 1, -1, -1):

@@ -28,7 +28,30 @@ def _pool_ahead(steps: Sequence[Step], i: int, rules: Rules) -> bool:
 
 
 def apply_step(lay: Layout, steps: Sequence[Step], i: int, rules: Rules) -> int:
-    """Apply step `i` forwards at its recorded address; return the change in allocated bytes."""
+    """Apply step `i` forwards at its recorded address.
+
+    Parameters
+    ----------
+    lay
+        The layout before the step (changed in place).
+    steps
+        The whole trace (a new mapping's pool is read from the alloc that follows it).
+    i
+        Which step.
+    rules
+        Rounding and max_split_size: an alloc's block is the request rounded, or the whole
+        free block where torch would not split it.
+
+    Returns
+    -------
+    int
+        The change in allocated bytes.
+
+    Raises
+    ------
+    LayoutError
+        When the step does not fit the layout.
+    """
     action, addr, size, stream = steps[i]
     if action == "alloc":
         seg, start, end = lay.free_region(addr)
