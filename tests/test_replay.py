@@ -164,6 +164,9 @@ def test_what_if_without_expandable_segments_runs_out_sooner():
     assert dev1.what_if and dev1.capacity == rec1.capacity
     assert dev1.oom is not None and dev1.oom < rec1.recorded_oom
     assert len(dev1.reserved) == dev1.oom + 1  # the program would have stopped there
+    fig = r.figures(1)
+    assert len(fig["recorded_reserved"]) == len(d["device_traces"][1]) > len(fig["reserved"])
+    assert fig["reserved"][-1] <= dev1.capacity
     assert dev1.peak_reserved <= dev1.capacity
     # devices that never ran out keep going to the end
     assert r.devices[0].oom is None and len(r.devices[0].reserved) == len(d["device_traces"][0])

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .config import AllocatorConfig
 from .drive import DeviceReplay, ReplayError, drive
 from .layout import LayoutError
@@ -71,6 +73,25 @@ class ReplayResult:
         if device not in self.timelines:
             raise ReplayError(f"device {device} has no trace (traced: {sorted(self.timelines)})")
         return self.timelines[device].snapshot_at(event_index)
+
+    def figures(self, device: int | None = None) -> dict[str, np.ndarray]:
+        """The model's figures beside the recorded ones, per trace entry, ready to plot.
+
+        Keys ``reserved``, ``allocated``, ``segments`` (this run; a what-if that ran out of
+        memory stops at its OOM, so these may be shorter) and ``recorded_reserved``,
+        ``recorded_allocated``, ``recorded_segments`` (the whole trace).
+        """
+        if device is None:
+            device = min(self.devices)
+        d, tl = self.devices[device], self.timelines[device]
+        return {
+            "reserved": d.reserved,
+            "allocated": d.allocated,
+            "segments": d.segments,
+            "recorded_reserved": tl.reserved,
+            "recorded_allocated": tl.allocated,
+            "recorded_segments": tl.segments,
+        }
 
     def recorded_peak_reserved(self, device: int) -> int:
         """Peak reserved bytes of the recording itself (the trace's start included)."""
