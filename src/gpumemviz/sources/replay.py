@@ -1,0 +1,205 @@
+"""A recorded snapshot played back as a live source, through replay's time travel.
+
+The panel then shows a run that happened elsewhere (a file from a cluster, a colleague's OOM) the
+way it would have looked live: segment state after each trace entry, rebuilt by
+`allocator.timeline.Timeline` (reconstruct the start, replay forwards at the recorded addresses).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from gpumemviz.allocator.timeline import Timeline
+from gpumemviz.sample import DeviceInfo, MemoryStats, Sample
+from gpumemviz.sources.base import SourceCommandError, short_error
+
+__all__ = ["ReplaySource"]
+
+
+def _as_dict(snapshot: Any) -> dict:
+    """The torch dict, from a dict, a Snapshot, a path or bytes (restricted loader)."""
+    if isinstance(snapshot, dict):
+        return snapshot
+    if isinstance(snapshot, list):
+        raise ValueError(
+            "a bare segment list has no recorded history to replay "
+            "(record with torch.cuda.memory._record_memory_history())"
+        )
+    to_torch = getattr(snapshot, "to_torch", None)
+    if callable(to_torch):
+        return to_torch()
+    if isinstance(snapshot, (str, bytes, os.PathLike)):
+        from gpumemviz.io import load_snapshot
+
+        return load_snapshot(snapshot).to_torch()
+    raise TypeError(f"cannot replay a {type(snapshot).__name__}: give a snapshot dict or file")
+
+
+class ReplaySource:
+    """Plays a recorded trace back as samples, at ``speed`` trace entries per second.
+
+    Parameters
+    ----------
+    snapshot : dict, Snapshot, str or path
+        A torch snapshot with recorded history (``device_traces``).
+    device : int, optional
+        The device to replay (default: the one with the longest trace).
+    speed : float, optional
+        Trace entries per second (default: the whole trace in ``duration`` seconds).
+    duration : float
+        Seconds a full pass takes when ``speed`` is not given (default 30).
+    loop : bool
+        Start again at the end (default True); otherwise stay on the last entry.
+
+    Examples
+    --------
+    >>> MiB = 1 << 20
+    >>> seg = {"device": 0, "address": 1 << 30, "total_size": 2 * MiB, "allocated_size": 0,
+    ...        "active_size": 0, "requested_size": 0, "stream": 0, "segment_type": "small",
+    ...        "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+    ...        "blocks": [{"address": 1 << 30, "size": 2 * MiB, "requested_size": 0,
+    ...                    "state": "inactive", "frames": []}]}
+    >>> trace = [{"action": "alloc", "addr": 1 << 30, "size": 512, "stream": 0},
+    ...          {"action": "free_requested", "addr": 1 << 30, "size": 512, "stream": 0},
+    ...          {"action": "free_completed", "addr": 1 << 30, "size": 512, "stream": 0}]
+    >>> src = ReplaySource({"segments": [seg], "device_traces": [trace]}, speed=1.0)
+    >>> src.seek(0); src.sample().stats.allocated
+    512
+    """
+
+    demo = False
+    capabilities = frozenset({"segments", "export", "time_travel"})
+
+    def __init__(
+        self,
+        snapshot: Any,
+        *,
+        device: int | None = None,
+        speed: float | None = None,
+        duration: float = 30.0,
+        loop: bool = True,
+    ) -> None:
+        raw = _as_dict(snapshot)
+        traces = raw.get("device_traces") or []
+        if device is None:
+            lengths = [len(t) for t in traces]
+            if not lengths or max(lengths) == 0:
+                raise ValueError(
+                    "this snapshot has no recorded history (device_traces are empty): nothing "
+                    "to replay; record with torch.cuda.memory._record_memory_history()"
+                )
+            device = lengths.index(max(lengths))
+        if speed is not None and not speed > 0:
+            raise ValueError(f"speed must be a positive number of entries per second, got {speed}")
+        self.raw = raw
+        self.device = device
+        self.timeline = Timeline.from_snapshot(raw, device=device)
+        self.n = len(self.timeline)
+        self.speed = float(speed) if speed else max(1.0, self.n / max(duration, 1e-3))
+        self.loop = loop
+        self.label = f"replay of a recorded trace (device {device}, {self.n} entries)"
+        self._trace = traces[device] if device < len(traces) else []
+        self._lock = threading.Lock()
+        self._anchor_pos = -1.0
+        self._anchor_t = time.monotonic()
+        self._playing = True
+
+    # time travel -------------------------------------------------------------------------------
+    @property
+    def position(self) -> int:
+        """The trace entry shown now (-1: the state before the first entry)."""
+        with self._lock:
+            pos = self._anchor_pos
+            if self._playing:
+                pos += (time.monotonic() - self._anchor_t) * self.speed
+        if self.n == 0:
+            return -1
+        if self.loop:
+            return int((pos + 1) % (self.n + 1)) - 1
+        return min(int(pos), self.n - 1)
+
+    def seek(self, index: int) -> None:
+        """Show the state after entry ``index`` (-1: before the first); pauses playback."""
+        if not -1 <= index < self.n:
+            raise ValueError(f"entry {index} is outside this trace (-1 .. {self.n - 1})")
+        with self._lock:
+            self._anchor_pos = float(index)
+            self._anchor_t = time.monotonic()
+            self._playing = False
+
+    def play(self, speed: float | None = None) -> None:
+        """Continue from the current entry (optionally at a new speed)."""
+        pos = self.position
+        with self._lock:
+            if speed is not None:
+                if not speed > 0:
+                    raise ValueError(f"speed must be positive, got {speed}")
+                self.speed = float(speed)
+            self._anchor_pos = float(pos)
+            self._anchor_t = time.monotonic()
+            self._playing = True
+
+    def pause(self) -> None:
+        self.seek(self.position)
+
+    # Source protocol -------------------------------------------------------------------------
+    def sample(self, *, segments: bool = True) -> Sample:
+        """The state at the current entry; never raises."""
+        t, mono = time.time(), time.monotonic()
+        i = self.position
+        try:
+            tl = self.timeline
+            if i < 0:
+                reserved, allocated, n_seg = tl.start.totals()
+            else:
+                reserved, allocated, n_seg = tl.reserved[i], tl.allocated[i], tl.segments[i]
+            stats = MemoryStats.from_torch(
+                {
+                    "reserved_bytes.all.current": int(reserved),
+                    "allocated_bytes.all.current": int(allocated),
+                    "segment.all.current": int(n_seg),
+                }
+            )
+            snap = None
+            if segments:
+                from gpumemviz.snapshot import Snapshot
+
+                snap = Snapshot.from_torch(tl.snapshot_at(i)["segments"])
+        except Exception as exc:
+            return Sample.failed(
+                self.device, f"replay: {short_error(exc)}", source_label=self.label
+            )
+        note = f"replay: entry {i + 1} of {self.n}"
+        if 0 <= i < len(self._trace) and self._trace[i].get("time_us"):
+            stamp = time.strftime("%H:%M:%S", time.gmtime(self._trace[i]["time_us"] / 1e6))
+            note += f" ({self._trace[i].get('action')}, recorded at {stamp} UTC)"
+        settings = self.raw.get("allocator_settings") or {}
+        return Sample(
+            time=t,
+            monotonic=mono,
+            device=self.device,
+            stats=stats,
+            segments=snap,
+            source_label=self.label,
+            device_info=DeviceInfo(
+                index=self.device,
+                name="recorded trace",
+                allocator_settings=str(settings.get("PYTORCH_CUDA_ALLOC_CONF", "")),
+            ),
+            segments_note=None if segments else "segment state not read this tick",
+            notes=(note,),
+        )
+
+    def empty_cache(self) -> dict[int, int]:
+        raise SourceCommandError("a replay shows a recorded run: there is no cache to empty")
+
+    def export(self) -> dict:
+        """The recorded snapshot, as given."""
+        return self.raw
+
+    def close(self) -> None:
+        with self._lock:
+            self._playing = False

@@ -1,0 +1,102 @@
+"""sources/simulated.py: the allocator model running a workload, as demo data."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from torch.cuda import _memory_viz
+
+from gpumemviz.sample import OomEvent
+from gpumemviz.sampler import Sampler
+from gpumemviz.sources import Source, default_source
+from gpumemviz.sources.simulated import SimulatedSource
+
+
+def run_to_end(src: SimulatedSource) -> int:
+    n = 0
+    while True:
+        ran = src.step(2000)
+        n += ran
+        if ran < 2000:
+            return n
+
+
+def test_is_a_source_labelled_as_demo_data():
+    src = SimulatedSource(autostart=False)
+    assert isinstance(src, Source)
+    s = src.sample()
+    assert s.demo and "demo data" in s.source_label
+    assert s.nvml.synthetic
+    assert s.state == "ok" and s.stats.reserved == 0
+
+
+def test_default_source_without_cuda_is_the_simulation():
+    src = default_source(0)
+    try:
+        assert isinstance(src, SimulatedSource)
+    finally:
+        src.close()
+
+
+def test_training_workload_fragments_and_its_oom_is_classified():
+    src = SimulatedSource("training", autostart=False)
+    events: list[OomEvent] = []
+    src.set_oom_handler(events.append)
+    steps = run_to_end(src)
+    assert steps == 10_886  # deterministic: the OOM is the 10,886th allocator call
+    assert len(events) == 1 and src.ooms == events
+    ev = events[0]
+    assert ev.cause == "fragmentation", ev.explanation
+    assert ev.free_in_segments >= ev.request_size > ev.largest_free_block
+    assert ev.snapshot["device_traces"][0][-1]["action"] == "oom"
+    oom = src.oom_sample(ev)
+    assert oom.keyframe and oom.oom is ev
+    assert int(oom.segments.segments.total_size.sum()) == ev.reserved
+    # the sample after the OOM obeys the conservation law
+    s = src.sample()
+    assert int(s.segments.segments.total_size.sum()) == s.stats.reserved
+    assert int(s.segments.segments.allocated_size.sum()) == s.stats.allocated
+
+
+def test_commands_act_on_the_model():
+    src = SimulatedSource("training", autostart=False)
+    src.step(3000)
+    before = src.sample().stats
+    released = src.empty_cache()
+    after = src.sample().stats
+    assert released == {0: before.reserved - after.reserved}
+    exported = src.export()
+    assert "device_traces" in exported and exported["device_traces"][0]
+    # torch's own memory_viz reads the export
+    assert "Summary of segments" in _memory_viz.segsum(exported)
+
+
+def test_unknown_workload_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown workload 'trainig'; known: \\["):
+        SimulatedSource("trainig")
+    with pytest.raises(ValueError, match="steps_per_second must be positive"):
+        SimulatedSource(steps_per_second=0)
+
+
+def test_runs_on_its_own_thread_and_the_sampler_sees_the_oom():
+    src = SimulatedSource("training", steps_per_second=200_000, pause_after_oom=0.2)
+    s = Sampler(src, interval=0.05, segment_interval=0.1)
+    got: list = []
+    s.add_listener(lambda x: got.append(x) if x.oom is not None else None)
+    s.start()
+    try:
+        end = time.monotonic() + 20
+        while not got and time.monotonic() < end:
+            time.sleep(0.05)
+        assert got, "no OOM sample within 20 s"
+        assert got[0].oom.cause == "fragmentation" and got[0].keyframe and got[0].demo
+        end = time.monotonic() + 10
+        while src.runs < 2 and time.monotonic() < end:  # then the workload starts again
+            time.sleep(0.05)
+        assert src.runs >= 2
+    finally:
+        s.close()
+    assert not any(t.name == "gpumemviz-simulated" for t in threading.enumerate())
+    assert s.sample_once().state == "ok"  # a closed simulation still answers, frozen
