@@ -105,3 +105,34 @@ def test_recorded_empty_cache_from_a_second_thread_was_safe():
     assert facts["calls"] > 10
     assert facts["errors"] == []
     assert facts["losses_finite"]
+
+
+def test_the_recorders_fragmentation_recipe_is_a_fragmentation_oom_on_the_model():
+    """record_fixtures.py's `oom` part, run on the CPU model of the allocator: the recipe (8 MiB
+    pairs until the cap, free every second one, ask for 24 MiB) must give the OOM it is meant to
+    record, and classify_oom must call it fragmentation."""
+    from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+
+    MiB = 1 << 20
+    a = CachingAllocator(2 << 30)
+    keep, holes = [], []
+    with pytest.raises(OutOfMemory):
+        while True:
+            keep.append(a.malloc(8 * MiB))
+            holes.append(a.malloc(8 * MiB))
+    for h in holes:
+        a.free(h)
+    with pytest.raises(OutOfMemory) as info:
+        a.malloc(24 * MiB)
+    err = info.value
+    snap = a.snapshot()
+    got = classify_oom(
+        snap["segments"],
+        0,
+        alloc_size=err.alloc_size,
+        device_total=err.capacity,
+        device_free=err.free,
+        request_size=err.rounded_size,
+    )
+    assert got["cause"] == "fragmentation", got["explanation"]
+    assert got["largest_free_block"] == 12 * MiB
