@@ -175,3 +175,21 @@ def test_a_free_outside_every_segment_names_the_entry():
 def test_a_malformed_entry_is_a_clear_error():
     with pytest.raises(LayoutError, match="trace entry 1: malformed"):
         steps_of([{"action": "alloc", "addr": 0, "size": 1}, {"addr": 5}])
+
+
+def test_every_reconstructed_and_scrubbed_state_passes_the_invariant_checker(real_dict):
+    """The model engineer's section-3.9 checker, as an independent oracle on our states."""
+    from gpumemviz.allocator.invariants import check_invariants
+    from gpumemviz.allocator.timeline import Timeline
+
+    if isinstance(real_dict, list) or not _traced_devices(real_dict):
+        pytest.skip("no trace in this file")
+    settings = real_dict.get("allocator_settings")
+    for dev in _traced_devices(real_dict):
+        tl = Timeline.from_snapshot(real_dict, dev)
+        n = len(tl)
+        for i in sorted({-1, 0, n // 4, n // 2, 3 * n // 4, n - 1}):
+            snap = tl.snapshot_at(i)
+            snap["device_traces"] = [[]]  # time_us is not the point here
+            snap["allocator_settings"] = settings
+            assert check_invariants(snap) == [], (dev, i)
