@@ -229,7 +229,6 @@ class OomEvent:
     outside_bytes: int = 0
     snapshot: dict | None = field(default=None, repr=False)  # the full torch _snapshot() dict
     snapshot_error: str | None = None
-    repeats: int = 0  # observer calls dropped as repeats of this failure
 
 
 @dataclass(frozen=True, slots=True)
