@@ -32,11 +32,13 @@ function render({ model, el }) {
   /** @param {any} msg @param {DataView[]} buffers */
   const onMsg = (msg, buffers) => {
     if (!msg || msg.kind !== "frame" || msg.view !== id) return;
+    const t0 = performance.now();
     const frame = decodeFrame(msg, buffers);
     map.applyFrame(frame);
     root.dataset.seq = String(frame.seq);
     w.__gpumemviz.log.push({ t: Date.now(), event: "frame", view: id, seq: frame.seq,
-      rows: frame.rows.length, bytes: buffers.reduce((n, b) => n + b.byteLength, 0) });
+      rows: frame.rows.length, bytes: buffers.reduce((n, b) => n + b.byteLength, 0),
+      ms: performance.now() - t0 });
   };
   model.on("change:header", onHeader);
   model.on("change:title", onHeader);

@@ -7,34 +7,13 @@ through Lab's commands rather than through clicks.
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .labtools import Lab, Notebook
+from .labtools import CHROMIUM, CHROMIUM_ARGS, Lab, Notebook, running_lab
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 
 
@@ -59,75 +38,11 @@ def browser_type_launch_args(browser_type_launch_args):
     return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory) -> Iterator[Lab]:
     """JupyterLab for the whole session, in temporary dirs; stopped at the end."""
-    base = tmp_path_factory.mktemp("lab")
-    root = base / "notebooks"
-    settings = base / "settings"
-    root.mkdir()
-    notif = settings / "@jupyterlab" / "apputils-extension"
-    notif.mkdir(parents=True)
-    (notif / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False})
-    )
-    port, token = _free_port(), secrets.token_hex(16)
-    env = {
-        **os.environ,
-        "JUPYTER_CONFIG_DIR": str(base / "config"),
-        "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
-        "JUPYTER_DATA_DIR": str(base / "data"),
-        "IPYTHONDIR": str(base / "ipython"),
-    }
-    jupyter = Path(sys.executable).with_name("jupyter")
-    cmd = [
-        str(jupyter) if jupyter.exists() else shutil.which("jupyter") or "jupyter",
-        "lab",
-        "--no-browser",
-        f"--port={port}",
-        "--ServerApp.ip=127.0.0.1",
-        f"--IdentityProvider.token={token}",
-        f"--ServerApp.root_dir={root}",
-        "--ServerApp.port_retries=0",
-        "--allow-root",
-        "--LabApp.expose_app_in_browser=True",
-        "--LabApp.extension_manager=readonly",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        f"--LabApp.user_settings_dir={settings}",
-        f"--LabApp.workspaces_dir={base / 'workspaces'}",
-    ]
-    log = (base / "lab.log").open("wb")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"jupyter lab exited: {(base / 'lab.log').read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("jupyter lab did not answer within 90 s")
-            time.sleep(0.25)
-        yield Lab(url=url, token=token, root=root)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    with running_lab(tmp_path_factory.mktemp("lab")) as handle:
+        yield handle
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,32 @@
 
 from __future__ import annotations
 
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @dataclass(frozen=True)
@@ -86,3 +110,77 @@ class Notebook:
 
     def shutdown(self) -> None:
         self.page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_lab(base: Path) -> Iterator[Lab]:
+    """JupyterLab on 127.0.0.1 with its config, data and notebooks under `base`; stopped on exit.
+
+    Flags from toolchain.md section 4: a token, --allow-root (CI runs as root), a read-only
+    extension manager (no PyPI), no update checks, and `window.jupyterapp` exposed.
+    """
+    root = base / "notebooks"
+    settings = base / "settings"
+    root.mkdir()
+    notif = settings / "@jupyterlab" / "apputils-extension"
+    notif.mkdir(parents=True)
+    (notif / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {
+        **os.environ,
+        "JUPYTER_CONFIG_DIR": str(base / "config"),
+        "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+        "JUPYTER_DATA_DIR": str(base / "data"),
+        "IPYTHONDIR": str(base / "ipython"),
+    }
+    jupyter = Path(sys.executable).with_name("jupyter")
+    cmd = [
+        str(jupyter) if jupyter.exists() else shutil.which("jupyter") or "jupyter",
+        "lab",
+        "--no-browser",
+        f"--port={port}",
+        "--ServerApp.ip=127.0.0.1",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        "--ServerApp.port_retries=0",
+        "--allow-root",
+        "--LabApp.expose_app_in_browser=True",
+        "--LabApp.extension_manager=readonly",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        f"--LabApp.user_settings_dir={settings}",
+        f"--LabApp.workspaces_dir={base / 'workspaces'}",
+    ]
+    log = (base / "lab.log").open("wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited: {(base / 'lab.log').read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("jupyter lab did not answer within 90 s")
+            time.sleep(0.25)
+        yield Lab(url=url, token=token, root=root)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
