@@ -279,6 +279,22 @@ def test_a_raising_listener_is_counted_and_reported_not_fatal(real_source):
         s.add_listener(3)  # type: ignore[arg-type]
 
 
+def test_a_listener_may_read_again_without_deadlock(real_source):
+    s = Sampler(real_source, interval=0.5)
+    inner: list[Sample] = []
+    calls = []
+
+    def again(sample):
+        calls.append(sample.seq)
+        if len(calls) == 1:  # only the first time: the inner read calls this listener too
+            inner.append(s.sample_once(segments=False))
+
+    s.add_listener(again)
+    first = s.sample_once()
+    assert inner[0].state == "ok" and inner[0].seq == first.seq + 1
+    assert calls == [first.seq, first.seq + 1]
+
+
 def test_stop_from_inside_a_listener_does_not_deadlock(real_source):
     s = Sampler(real_source, interval=0.02)
     s.add_listener(lambda sample: s.stop())

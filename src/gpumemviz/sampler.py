@@ -265,7 +265,7 @@ class Sampler:
         self.segments_wanted = True  # a panel sets this False while it is hidden
         self._listeners: tuple[Listener, ...] = ()
         self._lock = threading.Lock()  # start/stop/listeners
-        self._read_lock = threading.Lock()  # one read at a time
+        self._read_lock = threading.RLock()  # one read at a time; a listener may sample_once
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -310,7 +310,12 @@ class Sampler:
                     self._note(f"OOM capture not available: {_one_line(exc)}")
             name = f"gpumemviz-sampler-{getattr(self.source, 'device', '?')}"
             self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-            self._thread.start()
+            try:
+                self._thread.start()
+            except RuntimeError as exc:  # "can't start new thread": say so, do not raise
+                self._thread = None
+                self._count_error(f"sampler thread not started: {_one_line(exc)}")
+                return False
             return True
 
     def stop(self) -> bool:
