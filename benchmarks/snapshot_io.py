@@ -1,0 +1,120 @@
+"""How fast are `load_snapshot`, `Snapshot.from_torch` and `to_torch`, next to a bare unpickle?
+
+The floor is the C unpickler with every global refused and the GC paused: no safe reader can
+be faster. `load_snapshot` adds the plain-data/nesting walk, `from_torch` (columns) and
+`validate`. Times are CPU seconds (time.process_time), the best of a few repetitions, so a
+busy machine distorts them less. Targets: `from_torch` about 1 µs per block, `load_snapshot`
+within ~5x of the floor.
+
+Run: .venv/bin/python benchmarks/snapshot_io.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import pickle
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpumemviz.io import check_plain, load_snapshot
+from gpumemviz.snapshot import Snapshot, validate
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_DIR = REPO.parent / "shared" / "real-snapshots"
+MIB = 1 << 20
+
+
+class _NoGlobals(pickle.Unpickler):
+    """The floor: the C unpickler refusing globals (never a plain pickle.load)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused global {module}.{name}")
+
+
+def floor(data: bytes) -> Any:
+    gc.disable()
+    try:
+        return _NoGlobals(io.BytesIO(data)).load()
+    finally:
+        gc.enable()
+
+
+def synthetic(n_blocks: int, per_segment: int = 10) -> dict:
+    """A consistent torch-2.11-shaped dict; each block has its own (empty) frames list."""
+    segments = []
+    address = 1 << 40
+    for s in range(n_blocks // per_segment):
+        blocks, offset, allocated, requested = [], 0, 0, 0
+        for j in range(per_segment):
+            state = "inactive" if j % 3 == 2 else "active_allocated"
+            blocks.append({"address": address + offset, "size": MIB, "requested_size": MIB - 8,
+                           "state": state, "frames": []})  # fmt: skip
+            offset += MIB
+            if state != "inactive":
+                allocated += MIB
+                requested += MIB - 8
+        segments.append({"device": 0, "address": address, "total_size": offset,
+                         "allocated_size": allocated, "active_size": allocated,
+                         "requested_size": requested, "stream": 0, "segment_type": "large",
+                         "segment_pool_id": (0, 0), "is_expandable": s % 7 == 0, "frames": [],
+                         "blocks": blocks})  # fmt: skip
+        address += offset + 2 * MIB
+    return {"segments": segments, "device_traces": [[]]}
+
+
+def best(fn: Callable[[], Any], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.process_time()
+        result = fn()
+        times.append(time.process_time() - t0)
+        del result
+    return min(times)
+
+
+def row(name: str, data: bytes, reps: int) -> None:
+    d = floor(data)
+    snap = Snapshot.from_torch(d)
+    n = max(snap.n_blocks, 1)
+    t_floor = best(lambda: floor(data), reps)
+    t_walk = best(lambda: check_plain(d), reps)
+    t_cols = best(lambda: Snapshot.from_torch(d), reps)
+    t_valid = best(lambda: validate(snap), reps)
+    t_back = best(snap.to_torch, reps)
+    t_load = best(lambda: load_snapshot(data), reps)
+    print(
+        f"{name:<34} {len(data) / 1e6:>7.1f} {snap.n_blocks:>9,} {t_floor * 1e3:>9.1f} "
+        f"{t_walk * 1e3:>9.1f} {t_cols * 1e3:>9.1f} {t_cols / n * 1e6:>6.2f} "
+        f"{t_valid * 1e3:>8.1f} {t_back * 1e3:>9.1f} {t_load * 1e3:>9.1f} "
+        f"{t_load / t_floor:>6.1f}x"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="skip 10^6 blocks, one repetition")
+    args = parser.parse_args()
+    reps = 1 if args.quick else 3
+    print(
+        f"{'snapshot':<34} {'MB':>7} {'blocks':>9} {'floor ms':>9} {'walk ms':>9} "
+        f"{'cols ms':>9} {'µs/blk':>6} {'valid ms':>8} {'to_torch':>9} {'load ms':>9} "
+        f"{'/floor':>7}"
+    )
+    for path in sorted(REAL_DIR.glob("*.pickle")):
+        row(path.name.split("__")[0][:20] + ":" + path.stem.split("__")[-1][:13],
+            path.read_bytes(), reps)  # fmt: skip
+    sizes = (10**4, 10**5) if args.quick else (10**4, 10**5, 10**6)
+    for n in sizes:
+        row(f"synthetic {n:,} blocks", pickle.dumps(synthetic(n), protocol=4), reps)
+    print(
+        "floor: restricted C unpickle, GC paused; walk: check_plain (types, depth); "
+        "cols: from_torch; load: load_snapshot (unpickle + walk + cols + validate). CPU times."
+    )
+
+
+if __name__ == "__main__":
+    main()
