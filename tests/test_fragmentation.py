@@ -318,6 +318,21 @@ def test_bad_input_says_what_and_where(segments, message):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda s: s.update(address=1 << 64), "segment 1: a size or address does not fit in 64"),
+        (lambda s: s.update(total_size="big"), "segment 1: 'total_size' is not an integer"),
+        (lambda s: s["blocks"][0].update(requested_size=None), "segment 1, block 0: no integer"),
+    ],
+)
+def test_values_that_are_not_64_bit_integers(change, message):
+    bad = seg([blk(512, "active_allocated"), blk(512)], address=BASE + 2 * MIB)
+    change(bad)
+    with pytest.raises(SnapshotError, match=message):
+        fragmentation(snap(seg([blk(2 * MIB)]), bad))
+
+
 def test_the_second_segment_is_named():
     good = seg([blk(2 * MIB)])
     bad = seg([blk(512, "active_allocated"), blk(512)], address=BASE + 2 * MIB)

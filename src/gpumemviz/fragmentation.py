@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import types
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -420,14 +421,14 @@ def _from_dict(segs: list, settings: Any, traced: tuple[int, ...]) -> Fragmentat
         walked = _walk_careful(segs) if legacy else _walk_fast(segs)
     except _BadState as e:
         raise _error(segs, f"unknown block state {e.args[0]!r}") from None
-    except (KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError, AttributeError, OverflowError):
         # an older or hand-made file (no frames, is_expandable, segment_pool_id...): walk it
         # again the careful way, which raises a located SnapshotError on what is truly missing
         walked = _walk_careful(segs)
     per_seg, free_pos, pend_pos, smalls, odd = walked
     n = len(segs)
     try:
-        flat = np.fromiter(per_seg, np.int64, _PER_SEG * n + 1)
+        flat = np.frombuffer(per_seg, np.int64)
         per = flat[:-1].reshape(n, _PER_SEG)
         device = np.zeros(n, dtype=np.int64)
         stream = np.zeros(n, dtype=np.int64)
@@ -445,15 +446,13 @@ def _from_dict(segs: list, settings: Any, traced: tuple[int, ...]) -> Fragmentat
     is_small[smalls] = True
     seg_start = flat[4:-1:_PER_SEG]
     blocks_end = np.append(seg_start[1:], flat[-1])  # the next segment's start
-    free = _located("free", free_pos, seg_start)
-    pend = _located("pend", pend_pos, seg_start)
+    free = _located(free_pos, seg_start)
+    pend = _located(pend_pos, seg_start)
     # allocated bytes = what the blocks cover, less the free and pending-free blocks
-    allocated = (
-        blocks_end
-        - seg_start
-        - _group(free["free_segment"], free["free_size"], n, np.add)
-        - _group(pend["pend_segment"], pend["pend_size"], n, np.add)
-    )
+    allocated = blocks_end - seg_start
+    for part in (free, pend):
+        seg, size = part["segment"], part["size"]
+        allocated -= _group(seg, _starts(seg), size, n, np.add)
     cols = _Columns(
         device=device,
         address=per[:, 1],
@@ -465,28 +464,30 @@ def _from_dict(segs: list, settings: Any, traced: tuple[int, ...]) -> Fragmentat
         is_small=is_small,
         is_expandable=is_exp,
         pool_id=pool_id,
-        **free,
-        **pend,
+        **{f"free_{k}": v for k, v in free.items()},
+        **{f"pend_{k}": v for k, v in pend.items()},
     )
     return _reduce(cols, settings, traced)
 
 
+_Walked = tuple[array, array, array, list[int], list[int]]
 # per segment: requested, address, total_size, n_blocks, position of its first block in the
 # concatenation of all blocks, and (last segment only, appended after the walk) the end position
 _PER_SEG = 5
 _DEFAULT_POOL = (0, 0)
 
 
-def _walk_fast(segs: list) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+def _walk_fast(segs: list) -> _Walked:
     """The hot loop, for torch >= 2.1 dicts.
 
-    It appends only ints (a tuple per block would wake the garbage collector, which then walks
-    the whole freshly loaded snapshot), and records the rare things (another device, stream,
-    pool, expandable segments) as row numbers, to read them again afterwards.
+    It stores machine integers straight into `array`s while each value is in the CPU cache (a
+    tuple per block would also wake the garbage collector, which then walks the whole freshly
+    loaded snapshot), and records the rare things (another device, stream, pool, expandable
+    segments) as row numbers, to read them again afterwards.
     """
-    per_seg: list[int] = []
-    free_pos: list[int] = []  # (position, size) pairs, flat
-    pend_pos: list[int] = []
+    per_seg = array("q")
+    free_pos = array("q")  # (position, size) pairs, flat
+    pend_pos = array("q")
     smalls: list[int] = []
     odd: list[int] = []
     put = per_seg.append
@@ -531,57 +532,68 @@ def _walk_fast(segs: list) -> tuple[list[int], list[int], list[int], list[int], 
     return per_seg, free_pos, pend_pos, smalls, odd
 
 
-def _walk_careful(segs: Any) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+def _walk_careful(segs: Any) -> _Walked:
     """Any generation, optional keys defaulted; torch 2.0 requested sizes come from `history`
     as in `_memory_viz._block_extra_legacy`. Raises a SnapshotError saying where."""
-    per_seg: list[int] = []
-    free_pos: list[int] = []
-    pend_pos: list[int] = []
+    per_seg = array("q")
+    free_pos = array("q")
+    pend_pos = array("q")
     smalls: list[int] = []
     odd: list[int] = []
     base = 0
     if not isinstance(segs, list):
         raise _snapshot_error("'segments' is not a list")
-    for si, seg in enumerate(segs):
-        where = f"segment {si}"
-        if not isinstance(seg, Mapping):
-            raise _snapshot_error(f"{where}: not a segment dict ({type(seg).__name__})")
-        for key in ("blocks", "address", "total_size"):
-            if key not in seg:
-                raise _snapshot_error(f"{where}: no {key!r}")
-        blocks = seg["blocks"]
-        if not isinstance(blocks, list):
-            raise _snapshot_error(f"{where}: 'blocks' is not a list")
-        r = off = 0
-        for bi, b in enumerate(blocks):
-            if not isinstance(b, Mapping):
-                raise _snapshot_error(f"{where}, block {bi}: not a block dict")
-            size = b.get("size")
-            st = b.get("state")
-            if not isinstance(size, int) or isinstance(size, bool):
-                raise _snapshot_error(f"{where}, block {bi}: no integer 'size'")
-            if st == _ALLOCATED:
-                r += _requested(b, size, f"{where}, block {bi}")
-            elif st == _INACTIVE:
-                free_pos.extend((base + off, size))
-            elif st == _PENDING:
-                pend_pos.extend((base + off, size))
-            else:
-                raise _snapshot_error(f"{where}, block {bi}: unknown block state {st!r}")
-            off += size
-        per_seg.extend((r, seg["address"], seg["total_size"], len(blocks), base))
-        base += off
-        seg_type = seg.get("segment_type")
-        if (seg_type == _SMALL) if seg_type is not None else seg["total_size"] == K_SMALL_BUFFER:
-            smalls.append(si)
-        pid = seg.get("segment_pool_id")
-        if (
-            seg.get("device")
-            or seg.get("stream")
-            or seg.get("is_expandable")
-            or (pid and tuple(pid) != _DEFAULT_POOL)
-        ):
-            odd.append(si)
+    si = -1
+    try:
+        for si, seg in enumerate(segs):
+            where = f"segment {si}"
+            if not isinstance(seg, Mapping):
+                raise _snapshot_error(f"{where}: not a segment dict ({type(seg).__name__})")
+            for key in ("blocks", "address", "total_size"):
+                if key not in seg:
+                    raise _snapshot_error(f"{where}: no {key!r}")
+            blocks = seg["blocks"]
+            if not isinstance(blocks, list):
+                raise _snapshot_error(f"{where}: 'blocks' is not a list")
+            r = off = 0
+            for bi, b in enumerate(blocks):
+                if not isinstance(b, Mapping):
+                    raise _snapshot_error(f"{where}, block {bi}: not a block dict")
+                size = b.get("size")
+                st = b.get("state")
+                if not isinstance(size, int) or isinstance(size, bool):
+                    raise _snapshot_error(f"{where}, block {bi}: no integer 'size'")
+                if st == _ALLOCATED:
+                    r += _requested(b, size, f"{where}, block {bi}")
+                elif st == _INACTIVE:
+                    free_pos.extend((base + off, size))
+                elif st == _PENDING:
+                    pend_pos.extend((base + off, size))
+                else:
+                    raise _snapshot_error(f"{where}, block {bi}: unknown block state {st!r}")
+                off += size
+            for key in ("address", "total_size"):
+                if not isinstance(seg[key], int):
+                    raise _snapshot_error(f"{where}: {key!r} is not an integer")
+            per_seg.extend((r, seg["address"], seg["total_size"], len(blocks), base))
+            base += off
+            seg_type = seg.get("segment_type")
+            if (
+                (seg_type == _SMALL)
+                if seg_type is not None
+                else seg["total_size"] == K_SMALL_BUFFER
+            ):
+                smalls.append(si)
+            pid = seg.get("segment_pool_id")
+            if (
+                seg.get("device")
+                or seg.get("stream")
+                or seg.get("is_expandable")
+                or (pid and tuple(pid) != _DEFAULT_POOL)
+            ):
+                odd.append(si)
+    except OverflowError:
+        raise _snapshot_error(f"segment {si}: a size or address does not fit in 64 bits") from None
     per_seg.append(base)
     return per_seg, free_pos, pend_pos, smalls, odd
 
@@ -596,21 +608,18 @@ def _requested(b: Mapping[str, Any], size: int, where: str) -> int:
             except (KeyError, TypeError, IndexError, ValueError):
                 raise _snapshot_error(f"{where}: malformed 'history'") from None
         return b.get("requested_size", size)
-    if "requested_size" not in b:
-        raise _snapshot_error(f"{where}: no 'requested_size'")
-    return b["requested_size"]
+    req = b.get("requested_size")
+    if not isinstance(req, int):
+        raise _snapshot_error(f"{where}: no integer 'requested_size'")
+    return req
 
 
-def _located(prefix: str, flat: list[int], seg_start: np.ndarray) -> dict[str, np.ndarray]:
+def _located(flat: array, seg_start: np.ndarray) -> dict[str, np.ndarray]:
     """(position, size) pairs -> segment row, offset in the segment, size."""
-    pairs = np.fromiter(flat, np.int64, len(flat)).reshape(-1, 2)
+    pairs = np.frombuffer(flat, np.int64).reshape(-1, 2)
     pos = pairs[:, 0]
     seg = np.searchsorted(seg_start, pos, side="right") - 1
-    return {
-        f"{prefix}_segment": seg,
-        f"{prefix}_offset": pos - seg_start[seg],
-        f"{prefix}_size": pairs[:, 1],
-    }
+    return {"segment": seg, "offset": pos - seg_start[seg], "size": pairs[:, 1]}
 
 
 _SMALL = "small"
@@ -636,15 +645,29 @@ def _error(segs: Any, what: str) -> Exception:
 
 
 def _settings(settings: Any) -> tuple[AllocatorConfig, bool]:
-    """The recorded allocator settings; a malformed settings string falls back to the dict."""
+    """The recorded allocator settings; a malformed settings string falls back to the dict.
+
+    Parsed configs are remembered by the settings' repr (a sampler analyses the same settings
+    twice a second, and parsing costs more than analysing a small snapshot).
+    """
     if not isinstance(settings, Mapping):
-        return AllocatorConfig(), False
-    try:
-        config = AllocatorConfig.from_settings(settings)
-    except ConfigError:
-        rest = {k: v for k, v in settings.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
-        config = AllocatorConfig.from_settings(rest)
+        return _DEFAULT_CONFIG, False
+    key = repr(settings)
+    config = _CONFIGS.get(key)
+    if config is None:
+        try:
+            config = AllocatorConfig.from_settings(settings)
+        except ConfigError:
+            rest = {k: v for k, v in settings.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
+            config = AllocatorConfig.from_settings(rest)
+        if len(_CONFIGS) >= 64:
+            _CONFIGS.clear()
+        _CONFIGS[key] = config
     return config, config.expandable_segments
+
+
+_DEFAULT_CONFIG = AllocatorConfig()
+_CONFIGS: dict[str, AllocatorConfig] = {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -701,16 +724,24 @@ def _seg_sum(values: np.ndarray, start: np.ndarray, count: np.ndarray) -> np.nda
 # Shared: columns -> report
 
 
-def _group(seg: np.ndarray, values: np.ndarray, n: int, ufunc: np.ufunc) -> np.ndarray:
-    """Reduce `values` per segment; `seg` is ascending (blocks come in file order)."""
+def _starts(seg: np.ndarray) -> np.ndarray:
+    """Where each segment's run of blocks begins in `seg` (ascending: blocks come in file order)."""
+    if not len(seg):
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.concatenate(([True], seg[1:] != seg[:-1])))
+
+
+def _group(
+    seg: np.ndarray, starts: np.ndarray, values: np.ndarray, n: int, ufunc: np.ufunc
+) -> np.ndarray:
+    """Reduce `values` per segment (zero where a segment has none)."""
     out = np.zeros(n, dtype=values.dtype)
-    if len(seg):
-        starts = np.flatnonzero(np.concatenate(([True], seg[1:] != seg[:-1])))
+    if len(starts):
         out[seg[starts]] = ufunc.reduceat(values, starts)
     return out
 
 
-def _free_sq(seg: np.ndarray, size: np.ndarray, n: int) -> np.ndarray:
+def _free_sq(seg: np.ndarray, starts: np.ndarray, size: np.ndarray, n: int) -> np.ndarray:
     """Per-segment sum of squared free block sizes, as float64.
 
     Squares of real block sizes overflow int64 (an 80 GiB block squared is 2^72), so the sum is
@@ -722,7 +753,7 @@ def _free_sq(seg: np.ndarray, size: np.ndarray, n: int) -> np.ndarray:
         return np.zeros(n, dtype=np.float64)
     units = size >> 9
     if not np.any(size & 511) and int(size.max()) < (1 << 40):
-        exact = _group(seg, units * units, n, np.add)
+        exact = _group(seg, starts, units * units, n, np.add)
         if int(exact.max()) < (1 << 62):
             return exact.astype(np.float64) * float(1 << 18)
     out = [0] * n
@@ -736,8 +767,10 @@ def _reduce(cols: _Columns, settings: Any, devices: tuple[int, ...]) -> Fragment
     n = len(cols.total_size)
     if not expandable_mode and not isinstance(settings, Mapping):
         expandable_mode = bool(cols.is_expandable.any())
-    free = _group(cols.free_segment, cols.free_size, n, np.add)
-    pend = _group(cols.pend_segment, cols.pend_size, n, np.add)
+    fseg, fsize = cols.free_segment, cols.free_size
+    fstarts = _starts(fseg)
+    free = _group(fseg, fstarts, fsize, n, np.add)
+    pend = _group(cols.pend_segment, _starts(cols.pend_segment), cols.pend_size, n, np.add)
     # Whole segments come back when nothing in them is allocated (empty_cache syncs first).
     releasable = np.where(cols.allocated == 0, cols.total_size, 0)
     for row in np.flatnonzero(cols.is_expandable).tolist():
@@ -751,8 +784,8 @@ def _reduce(cols: _Columns, settings: Any, devices: tuple[int, ...]) -> Fragment
         pending_free=pend,
         requested=cols.requested,
         free=free,
-        largest_free=_group(cols.free_segment, cols.free_size, n, np.maximum),
-        free_sq=_free_sq(cols.free_segment, cols.free_size, n),
+        largest_free=_group(fseg, fstarts, fsize, n, np.maximum),
+        free_sq=_free_sq(fseg, fstarts, fsize, n),
         releasable=releasable,
         n_blocks=cols.n_blocks,
         stream=cols.stream,
@@ -938,7 +971,8 @@ def _largest_by_pool(c: SegmentFigures, rows: np.ndarray | None) -> dict[PoolKey
     small = c.is_small[idx]
     lfree = c.largest_free[idx]
     out: dict[PoolKey, int] = {}
-    if all(bool((k == k[0]).all()) for k in keys):  # the usual case: one stream, one pool
+    uniform = not (keys[1].any() or keys[2].any() or keys[3].any())  # stream 0, default pool
+    if uniform and (rows is not None or not (keys[0] != keys[0][0]).any()):
         d, s, pa, pb = (int(k[0]) for k in keys)
         for flag in (False, True):
             sel = lfree[small == flag]
