@@ -202,6 +202,7 @@ def test_figures_agree_with_the_fragmentation_report(real_dict):
     assert mine["allocated"] == report.allocated
     assert mine["free"] == report.free
     assert mine["largest_free"] == report.largest_free
+    assert mine["fragmentation"] == pytest.approx(report.external_fragmentation)
     assert mine["free_releasable"] == report.releasable + report.releasable_private
     if not snap.segments.is_expandable.any():  # the report leaves expandable slivers out
         assert mine["free_trapped"] == report.free_trapped

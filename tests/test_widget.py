@@ -222,3 +222,28 @@ def test_a_sample_shows_its_own_device(panel):
     panel.push_sample(Sample(time=0.0, device=1, stats=None, segments=both))
     assert panel.flush()
     assert [g["device"] for g in panel.map_layout["groups"]] == [1]
+
+
+def test_stats_only_samples_refresh_figures_and_keep_the_map(panel):
+    stats = MemoryStats.from_torch(
+        {"allocated_bytes.all.current": 6 * MiB, "reserved_bytes.all.current": 20 * MiB}
+    )
+    panel.push_sample(Sample(time=0.0, device=0, stats=stats, segments=_snap(3), source_label="x"))
+    assert panel.flush()
+    later = MemoryStats.from_torch(
+        {"allocated_bytes.all.current": 8 * MiB, "reserved_bytes.all.current": 20 * MiB}
+    )
+    panel.push_sample(Sample(time=1.0, device=0, stats=later, segments_note="not due"))
+    assert panel.flush()
+    assert panel.header["allocated"] == 8 * MiB
+    assert panel.map_layout["n_rows"] == 1 and panel.status == "x"
+
+
+def test_views_report_what_the_browser_shows(panel):
+    panel.show_snapshot(_snap(1))
+    panel._handle_custom_msg({"kind": "view", "view": "a", "first": 0, "count": 7, "cells": 99}, [])
+    assert panel.flush()
+    assert panel.views == {"a": {"first": 0, "count": 7, "cells": 99}}
+    panel._handle_custom_msg({"kind": "close", "view": "a"}, [])
+    assert panel.flush()
+    assert panel.views == {}

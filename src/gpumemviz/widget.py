@@ -195,6 +195,11 @@ class MemoryPanel(anywidget.AnyWidget):
         return self._writer.wait(timeout)
 
     @property
+    def views(self) -> dict[str, dict[str, int]]:
+        """The browser views of this panel and the rows each shows: {id: {first, count, cells}}."""
+        return self._wire.view_state()
+
+    @property
     def errors(self) -> tuple[str, ...]:
         """Errors the writer thread caught (the panel never raises into user code)."""
         return tuple(self._writer.errors)
@@ -245,20 +250,18 @@ class MemoryPanel(anywidget.AnyWidget):
         if state == "waiting":
             self.status = "waiting for CUDA"
             return
+        errors = tuple(getattr(sample, "errors", ()))
+        label = getattr(sample, "source_label", "") or "live"
         if sample.segments is None:
+            # a stats-only tick (segment state is read less often): fresh totals, same map
             if stats is not None:
-                self.header = {
-                    **self.header,
-                    **extra,
-                    "allocated": stats.allocated,
-                    "reserved": stats.reserved,
-                }
-            errors = getattr(sample, "errors", ())
-            self.status = errors[0] if errors else (getattr(sample, "segments_note", None) or "")
+                extra |= {"allocated": stats.allocated, "reserved": stats.reserved}
+            self.header = {**self.header, **extra}
+            if errors or self._wire.rows is None:
+                self.status = errors[0] if errors else (sample.segments_note or label)
             return
         device = self._device if self._device is not None else sample.device
-        label = getattr(sample, "source_label", "") or "live"
-        self._show(sample.segments, extra, status=label, device=device)
+        self._show(sample.segments, extra, status=errors[0] if errors else label, device=device)
 
     def _show(
         self, snap: Snapshot, extra: dict[str, Any], status: str, device: int | None = None

@@ -109,6 +109,13 @@ class Wire:
         above = range(first - 1, lo - 1, -1)
         return self._frames(view, v, range(first, first + count), [*below, *above], limit)
 
+    def view_state(self) -> dict[str, dict[str, int]]:
+        """Each view's rows: {view: {first, count, cells}} (a copy)."""
+        return {
+            k: {"first": v.first, "count": v.count, "cells": v.cells}
+            for k, v in self._views.items()
+        }
+
     def drop_view(self, view: str) -> None:
         self._views.pop(view, None)
 
@@ -187,6 +194,8 @@ def figures(rows: RowTable) -> dict:
     reserved by construction."""
     t = rows.totals()
     free = rows.block_state == 0
+    largest = int(rows.block_size[free].max()) if free.any() else 0
+    free_bytes = t["free_releasable"] + t["free_trapped"]
     return {
         "reserved": t["reserved"],
         "allocated": t["allocated"],
@@ -194,7 +203,9 @@ def figures(rows: RowTable) -> dict:
         "free": t["free_releasable"] + t["free_trapped"],
         "free_releasable": t["free_releasable"],
         "free_trapped": t["free_trapped"],
-        "largest_free": int(rows.block_size[free].max()) if free.any() else 0,
+        "largest_free": largest,
+        # external fragmentation, as fragmentation.MemoryFigures: 1 - largest free / free
+        "fragmentation": 1.0 - largest / free_bytes if free_bytes else 0.0,
         "segments": rows.n_rows,
         "blocks": len(rows.block_size),
     }
