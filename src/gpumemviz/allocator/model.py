@@ -449,7 +449,10 @@ class CachingAllocator:
             self._trace_count += 1
         self._allocated[ptr] = block
         bsize = block.size
-        st.on_alloc(p, bsize, size)
+        if small:
+            st.on_alloc_1(bsize, size)
+        else:
+            st.on_alloc_2(bsize, size)
         if bsize >= self._mss:
             st.inc1(S.OVERSIZE_ALLOCATIONS)
         return ptr
