@@ -129,3 +129,21 @@ def test_snapshot_bytes_are_estimated_from_numpy_columns(real_dict):
     assert est >= 40 * snap.n_blocks
     with_segments = Sample.failed(0, "x").replace(segments=snap)
     assert with_segments.nbytes - Sample.failed(0, "x").nbytes == est
+
+
+def test_an_oom_snapshot_counts_towards_the_sample_bytes():
+    from gpumemviz.sample import OomEvent
+
+    trace = [{"action": "alloc", "addr": i, "size": 512, "stream": 0} for i in range(1000)]
+    ev = OomEvent(
+        time=0.0,
+        device=0,
+        alloc_size=1,
+        device_limit=1,
+        device_free=0,
+        cause="capacity",
+        explanation="x",
+        snapshot={"segments": [], "device_traces": [trace]},
+    )
+    plain = Sample.failed(0, "x")
+    assert plain.replace(oom=ev).nbytes - plain.nbytes >= 300 * 1000

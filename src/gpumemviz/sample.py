@@ -298,7 +298,10 @@ class Sample:
         if self.nvml is not None:
             n += 200 + 64 * len(self.nvml.processes)
         if self.oom is not None and self.oom.snapshot is not None:
-            n += 200 * len(self.oom.snapshot.get("segments", ())) + 50_000
+            # the raw torch dict: ~200 B a segment dict, ~300 B a trace entry (frames shared)
+            raw = self.oom.snapshot
+            entries = sum(len(t) for t in raw.get("device_traces") or () if isinstance(t, list))
+            n += 200 * len(raw.get("segments") or ()) + 300 * entries + 50_000
         return n
 
 

@@ -82,8 +82,7 @@ def _trampoline(device: int, alloc_size: int, device_limit: int, device_free: in
         now = time.monotonic()
         last = _OOM["last"].get(device)
         if last is not None and now - last < _REPEAT_WINDOW_S:
-            _OOM["dropped"] += 1
-            _OOM["last"][device] = now
+            _OOM["dropped"] += 1  # a retry of the failure just captured (window not extended)
             return
         _OOM["last"][device] = now
         event = _build_event(int(device), int(alloc_size), int(device_limit), int(device_free))
