@@ -304,3 +304,29 @@ def test_replay_reads_paths_and_snapshots_like_dicts():
         )
     with pytest.raises(ReplayError, match="no 'segments' key"):
         replay({"device_traces": []})
+
+
+@pytest.mark.parametrize(
+    ("iterations", "config", "capacity_gib", "bursts"),
+    [
+        (4, "max_split_size_mb:256", 14, 8),  # oversize releases first (release_available)
+        (5, "", 14, 2),  # runs out at last: a recorded oom entry gives the capacity
+        (5, "expandable_segments:True", 14, 1),  # unmaps before the oom
+        (4, "roundup_power2_divisions:[256:8,>:2]", 14, 1),
+    ],
+)
+def test_traces_the_model_recorded_replay_exactly(iterations, config, capacity_gib, bursts):
+    """Settings no real trace covers: the model records a workload, replay must reproduce it
+    from a third of the way in (so the start is reconstructed), release paths included."""
+    from gpumemviz.allocator.model import CachingAllocator
+    from gpumemviz.allocator.workloads import run, training_loop
+
+    w = training_loop(iterations=iterations, capacity=capacity_gib << 30)
+    a = CachingAllocator(w.capacity, config)
+    run(w, a)
+    snap = a.snapshot(record=False)
+    trace = snap["device_traces"][0]
+    dev = replay({**snap, "device_traces": [trace[len(trace) // 3 :]]}).devices[0]
+    assert dev.exact, dev.mismatches
+    assert dev.bursts >= bursts
+    assert dev.recorded_oom == dev.oom

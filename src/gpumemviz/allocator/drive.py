@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .config import AllocatorConfig
+from .layout import INACTIVE
 from .model import CachingAllocator, DescendingAddresses, OutOfMemory
 from .reconstruct import SEGMENT_ACTIONS, Step
 from .timeline import Timeline
@@ -381,13 +382,15 @@ class _Driver:
         provider.window, provider.used = run, set()
         rels = [j for j in run if self.steps[j][0] in _RELEASES]
         explicit = False
+        pinch: int | None = None  # the capacity that makes this malloc run out, as recorded
         saved = None
         if rels and self.what_if:
             explicit = rels[0] in self.explicit
         elif rels:
             if self.capacity is None:
-                explicit = True  # nothing runs out, so only empty_cache releases
-            else:  # try it as the model's own release-and-retry first
+                pinch = self._pinch(run, rels)
+                explicit = pinch is None
+            if not explicit:  # try it as the model's own release-and-retry first
                 saved = (
                     copy.deepcopy(model, {id(provider): provider}),
                     copy.deepcopy(self.runs),
@@ -398,10 +401,12 @@ class _Driver:
         if explicit:
             model.empty_cache()
             self.out.explicit_bursts.append(rels[0])
+        if pinch is not None:
+            model.capacity = pinch
         got, oomed = self._try(size, stream)
-        if saved is not None and not any(
-            e[0] in _RELEASES for e in model.trace_since(mark)
-        ):  # the model did not cause the run: it was an empty_cache before this malloc
+        model.capacity = self.cap
+        if saved is not None and not self._same_releases(model.trace_since(mark), rels):
+            # the model did not cause the run: it was an empty_cache before this malloc
             self.model, self.runs, (provider.starts, provider.ends, provider.synced) = saved
             provider.model = self.model
             model = self.model
@@ -453,6 +458,37 @@ class _Driver:
                 differs = True
         if differs and self.resync and not self.what_if:
             self._resynchronise(i)
+
+    def _same_releases(self, own: Sequence[tuple], rels: Sequence[int]) -> bool:
+        mine = [(e[0], e[1], e[2]) for e in own if e[0] in _RELEASES]
+        return mine == [(self.steps[j][0], self.steps[j][1], self.steps[j][2]) for j in rels]
+
+    def _pinch(self, run: Sequence[int], rels: Sequence[int]) -> int | None:
+        """With no capacity known, the capacity under which this malloc would have released
+        the recorded run itself, or None when an empty_cache explains the run.
+
+        An empty_cache frees every entirely free segment, large pool first, in (stream, size,
+        address) order (reference 9.3); a run that is not that, followed by a new segment, is
+        the allocator's own release after a failed cudaMalloc (with max_split_size, the
+        oversize blocks first). The process then had room for the new segment only after the
+        release: capacity = reserved - released + new.
+        """
+        steps = self.steps
+        if any(steps[j][0] == "segment_unmap" for j in rels):
+            return None  # only release_cached_blocks unmaps: the same as an empty_cache
+        grown = sum(steps[j][2] for j in run if steps[j][0] in _GROWS and j > rels[-1])
+        if not grown:
+            return None  # nothing was allocated after it: nothing ran out
+        before = self.tl.layout_at(run[0] - 1)
+        free = sorted(
+            (seg.small, seg.stream, seg.size, seg.address)
+            for seg in before.segs.values()
+            if not seg.expandable and len(seg.blocks) == 1 and seg.blocks[0][2] == INACTIVE
+        )
+        if [(a, s) for _, _, s, a in free] == [(steps[j][1], steps[j][2]) for j in rels]:
+            return None
+        released = sum(steps[j][2] for j in rels)
+        return self.model.reserved - released + grown
 
     def _try(self, size: int, stream: int) -> tuple[int | None, bool]:
         try:
