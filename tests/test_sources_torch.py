@@ -387,8 +387,10 @@ def test_oom_observer_takes_the_snapshot_once_per_failure(serve):
     device, size, total, free = _oom_args(raw)
     observer = attached[0]
     observer(device, size, total, free)
+    captured_at = tc._OOM["last"][device]
     observer(device, size // 2, total, free)  # a retry with a smaller workspace: same failure
     assert len(events) == 1
+    assert tc._OOM["last"][device] == captured_at  # a retry does not extend the window
     ev = events[0]
     assert (ev.device, ev.alloc_size, ev.device_free) == (1, size, free)
     assert ev.request_size == size  # read back from the real `oom` trace entry
