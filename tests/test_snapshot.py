@@ -242,6 +242,15 @@ def test_torch_1x_blocks_without_requested_size():
     assert snap.to_torch()["segments"] == [seg]
 
 
+def test_blocks_with_and_without_address_in_one_file():
+    d = minimal()
+    del d["segments"][1]["blocks"][1]["address"]
+    snap = Snapshot.from_torch(d)
+    assert snap.blocks.address.tolist()[2:] == [BASE + 32 * MiB + k for k in (0, 512, 1024)]
+    assert snap.to_torch() == d
+    validate(snap)
+
+
 def test_json_style_lists_become_tuples():
     d = minimal()
     for seg in d["segments"]:
@@ -407,6 +416,10 @@ def _seg3() -> str:
         (
             lambda d: d["segments"][3]["blocks"][7].update(state="active_awaiting_free"),
             "{seg3}: block 7 has unknown state 'active_awaiting_free'",
+        ),
+        (
+            lambda d: d["segments"][3]["blocks"][7].update(state=["inactive"]),
+            r"{seg3}: block 7 has unknown state \['inactive'\]",
         ),
         (
             lambda d: d["segments"][3]["blocks"][7].update(size="1MiB"),

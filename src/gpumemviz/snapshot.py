@@ -361,12 +361,14 @@ class Trace:
             k: ([e.get(k) for e in entries] if k in present else None)
             for k in ("frames", "compile_context", "user_metadata")
         }
-        return cls(_readonly(action), **cols, action_names=action_names, _objects=objects,
-                   _shape=shape)  # fmt: skip
+        return cls(
+            _readonly(action), **cols, action_names=action_names, _objects=objects, _shape=shape
+        )
 
     @classmethod
     def from_columns(
         cls,
+        *,
         action: Sequence[int] | np.ndarray,
         addr: Sequence[int] | np.ndarray,
         size: Sequence[int] | np.ndarray,
@@ -399,11 +401,13 @@ class Trace:
         oom = ACTIONS.index("oom")
         layouts = (tuple(base), tuple(k if k != "addr" else "device_free" for k in base))
         is_oom = act == oom
-        shape = _Shape(layouts, _readonly(is_oom.astype(np.uint8)), {}) if is_oom.any() else (
-            _Shape.uniform(layouts[0]))  # fmt: skip
+        if is_oom.any():
+            shape = _Shape(layouts, _readonly(is_oom.astype(np.uint8)), {})
+        else:
+            shape = _Shape.uniform(layouts[0])
         objects = {"frames": list(frames) if frames is not None else None}
-        return cls(_readonly(act.copy()), col(addr), col(size), col(stream), col(time_us),
-                   col(device_free), _objects=objects, _shape=shape)  # fmt: skip
+        columns = [col(v) for v in (addr, size, stream, time_us, device_free)]
+        return cls(_readonly(act.copy()), *columns, _objects=objects, _shape=shape)
 
     def _values(self) -> dict[str, Any]:
         names = self.action_names
@@ -735,8 +739,8 @@ class Snapshot:
             )
         if m and st.max() > PENDING_FREE:
             raise SnapshotError(f"from_columns: unknown state code {int(st.max())}")
-        for name, lst, want in (("segment_frames", segment_frames, n), ("block_frames",
-                                block_frames, m)):  # fmt: skip
+        frame_lists = (("segment_frames", segment_frames, n), ("block_frames", block_frames, m))
+        for name, lst, want in frame_lists:
             if lst is not None and len(lst) != want:
                 raise SnapshotError(f"from_columns: {name} has {len(lst)} rows, expected {want}")
         if traces is None:
@@ -771,7 +775,7 @@ def _assemble(
     *,
     seg: dict[str, np.ndarray],
     blk: dict[str, np.ndarray],
-    blk_address: np.ndarray | None,
+    blk_address: np.ndarray | tuple[np.ndarray, np.ndarray] | None,
     traces: dict[int, Trace],
     allocator_settings: dict | None,
     external_annotations: list | None,
@@ -796,8 +800,11 @@ def _assemble(
     if m:
         np.cumsum(size[:-1], out=excl[1:])
     computed = seg["address"][segment] + excl - (excl[start[segment]] if m else 0)
-    if blk_address is None:
+    if blk_address is None:  # torch computes them the same way (reference §3.4)
         blk_address = computed
+    elif isinstance(blk_address, tuple):
+        given, has = blk_address
+        blk_address = np.where(has, given, computed)
     sums = {}
     cs = np.zeros(m + 1, np.int64)
     for name, mask in (
@@ -968,7 +975,9 @@ def _pool_column(segs: list, seg_at) -> np.ndarray:
 
 def _block_columns(
     blocks: list, count: np.ndarray, segs: list
-) -> tuple[dict[str, np.ndarray], np.ndarray | None, list | None, _Shape]:
+) -> tuple[
+    dict[str, np.ndarray], np.ndarray | tuple[np.ndarray, np.ndarray] | None, list | None, _Shape
+]:
     """Block columns. The common case (every block has exactly torch's five keys) costs a few
     C-level passes; anything else (legacy `history`, unknown keys) takes the general path."""
     m = len(blocks)
@@ -1005,31 +1014,19 @@ def _block_columns(
     try:
         state = np.fromiter(map(_STATE_CODE.__getitem__, cols["state"]), np.uint8, m)
     except (KeyError, TypeError):
-        j = next(j for j, s in enumerate(cols["state"]) if s not in _STATE_CODE)
+        j = next(
+            j for j, s in enumerate(cols["state"]) if type(s) is not str or s not in _STATE_CODE
+        )
         raise SnapshotError(f"{at(j)} has unknown state {cols['state'][j]!r}") from None
     addr_has = shape.has("address", m)
-    address = None
+    address: np.ndarray | tuple[np.ndarray, np.ndarray] | None = None
     if addr_has.all():
         address = _int_column(cols["address"], "address", at)
-    elif addr_has.any():
+    elif addr_has.any():  # some blocks without an address: `_assemble` fills those in
         fill = [a if a is not None else 0 for a in cols["address"]]
-        address = _int_column(fill, "address", at)
-        address = np.where(addr_has, address, _computed_addresses(segs, count, size))
+        address = (_int_column(fill, "address", at), addr_has)
     frames = cols["frames"] if shape.has("frames", m).any() else None
     return {"size": size, "requested_size": requested, "state": state}, address, frames, shape
-
-
-def _computed_addresses(segs: list, count: np.ndarray, size: np.ndarray) -> np.ndarray:
-    base = np.array([s["address"] for s in segs], np.int64)
-    n, m = len(count), len(size)
-    seg_of = np.repeat(np.arange(n), count)
-    excl = np.zeros(m, np.int64)
-    if m:
-        np.cumsum(size[:-1], out=excl[1:])
-    start = np.zeros(n, np.int64)
-    if n:
-        np.cumsum(count[:-1], out=start[1:])
-    return base[seg_of] + excl - excl[start[seg_of]]
 
 
 def _trace_columns(raw: Any) -> dict[int, Trace]:
