@@ -32,7 +32,12 @@ OPS = 2500  # per example: 40 x 2500 = 100,000 operations in total
 DONE = {"ops": 0}
 
 
-def _check(a: CachingAllocator, step: int) -> None:
+# stats that only rise on a malloc and only fall on free paths: their peak is the largest value
+# seen between operations, so a walk after every step gives the exact peak too
+MONOTONE = ("allocation", "allocated_bytes", "active", "active_bytes", "requested_bytes")
+
+
+def _check(a: CachingAllocator, step: int, peaks: dict[str, int]) -> dict[str, int]:
     snap = a.snapshot(include_traces=False, record=False)
     segs = snap["segments"]
     problems = check_invariants(snap)
@@ -40,6 +45,10 @@ def _check(a: CachingAllocator, step: int) -> None:
     stats = a.memory_stats()
     for k, v in walk_stats(segs).items():
         assert stats[k] == v, (step, k, stats[k], v)
+        if k.split(".")[0] in MONOTONE:
+            peak = k.replace(".current", ".peak")
+            peaks[peak] = max(peaks.get(peak, 0), v)
+            assert stats[peak] == peaks[peak], (step, peak, stats[peak], peaks[peak])
     assert stats["reserved_bytes.all.current"] == a.reserved <= a.capacity
     if a._allowed is not None:
         assert a.reserved <= a._allowed
@@ -54,6 +63,7 @@ def _check(a: CachingAllocator, step: int) -> None:
             if state == "inactive" and prev == "inactive" and not s["is_expandable"]:
                 raise AssertionError((step, "two adjacent free blocks", hex(b["address"])))
             prev = state
+    return stats
 
 
 def _program(seed: int, conf: str) -> None:
@@ -63,6 +73,8 @@ def _program(seed: int, conf: str) -> None:
     live: list[int] = []
     streams = [0, 0, 0, 0x10, 0x20][: rng.choice([3, 4, 5])]
     big = rng.choice([8, 40, 120]) * MIB
+    peaks: dict[str, int] = {}
+    n_alloc = n_free = 0
     for step in range(OPS):
         r = rng.random()
         if r < 0.52 or not live:
@@ -81,18 +93,23 @@ def _program(seed: int, conf: str) -> None:
                 assert e.alloc_size >= e.rounded_size or a.config.expandable_segments
             else:
                 if p:
+                    n_alloc += 1
                     live.append(p)
                     if rng.random() < 0.04:
                         a.record_stream(p, rng.choice([0x30, 0x40, 0x10]))
         elif r < 0.93:
             a.free(live.pop(rng.randrange(len(live))))
+            n_free += 1
         elif r < 0.97:
             a.complete_events(rng.choice([None, 0x30, 0x40]), process=rng.random() < 0.3)
         elif r < 0.99:
             a.empty_cache()
         else:
             a.reset_peak_stats()
-        _check(a, step)
+            peaks.clear()  # peak = current from here on
+        stats = _check(a, step, peaks)
+        assert stats["allocation.all.allocated"] == n_alloc
+        assert stats["allocation.all.freed"] == n_free
         DONE["ops"] += 1
 
 
