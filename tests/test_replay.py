@@ -333,3 +333,40 @@ def test_traces_the_model_recorded_replay_exactly(iterations, config, capacity_g
     assert dev.exact, dev.mismatches
     assert dev.bursts >= bursts
     assert dev.recorded_oom == dev.oom
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_random_programs_with_record_stream_replay_exactly(seed):
+    """Deferred frees (record_stream), three streams, empty_cache: what no real trace shows."""
+    import random
+
+    from gpumemviz.allocator.model import CachingAllocator
+
+    rng = random.Random(seed)
+    a = CachingAllocator(8 << 30)
+    live: list[int] = []
+    for _ in range(2500):
+        r = rng.random()
+        if r < 0.5 or not live:
+            big = rng.random() < 0.5
+            size = rng.randrange(1 << 20, 64 << 20) if big else rng.randrange(1, 1 << 20)
+            p = a.malloc(size, rng.choice([0, 7, 9]))
+            live.append(p)
+            if rng.random() < 0.2:
+                a.record_stream(p, rng.choice([0, 7, 9, 11]))
+        elif r < 0.9:
+            a.free(live.pop(rng.randrange(len(live))))
+        elif r < 0.97:
+            a.complete_events(rng.choice([None, 7, 11]))
+        else:
+            a.empty_cache()
+    for p in live[:20]:  # leave some frees waiting at the end
+        a.record_stream(p, 13)
+        a.free(p)
+    snap = a.snapshot(record=False)
+    states = [b["state"] for s in snap["segments"] for b in s["blocks"]]
+    assert "active_pending_free" in states
+    trace = snap["device_traces"][0]
+    for start in (0, len(trace) // 3):
+        dev = replay({**snap, "device_traces": [trace[start:]]}).devices[0]
+        assert dev.exact and dev.bursts > 0, (start, dev.mismatches)
