@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -300,3 +301,93 @@ def test_scrolling_gets_rows_while_a_cell_runs(page, notebook):
     _wait_drawn(page, target)
     assert nb.running()  # the rows came while the cell still ran
     nb.wait_idle()
+
+
+SIMULATED_CELL = """
+from gpumemviz.sampler import Sampler
+from gpumemviz.sources.simulated import SimulatedSource
+from gpumemviz.widget import MemoryPanel
+
+panel = MemoryPanel(title="simulated training")
+produced, allocated = [], []
+
+
+def keep(sample):
+    if sample.stats is not None:
+        allocated.append(sample.stats.allocated)
+    if sample.segments is not None:
+        produced.append(sample.segments)
+
+
+sampler = Sampler(SimulatedSource(), interval=0.3, segment_interval=0.3, cpu_budget=0.5)
+sampler.add_listener(keep)
+sampler.add_listener(panel.push_sample)
+sampler.start()
+panel
+"""
+SAVE_CELL = """
+import json, pickle
+sampler.stop()
+with open("produced.pickle", "wb") as f:
+    pickle.dump([s.to_torch() for s in produced], f, protocol=4)
+with open("allocated.json", "w") as f:
+    json.dump(allocated, f)
+"""
+
+
+def test_simulated_source_states_reach_the_canvas(page, notebook, lab, artifacts):
+    """Acceptance (issue 6): a 10-second loop runs in the next cell; the browser shows at least 5
+    distinct segment maps, each one the source produced, and the allocated figure follows."""
+    from gpumemviz.render.rows import build_rows, encode_cells
+
+    nb = notebook(
+        "simulated.ipynb",
+        [SIMULATED_CELL, "import time\nfor _ in range(10):\n    time.sleep(1)", SAVE_CELL],
+    )
+    nb.run(0)
+    _wait_drawn(page)
+    nb.start(1)
+    states: dict[tuple, int] = {}
+    figures: set[int] = set()
+    polls = 0
+    while True:
+        running = nb.running()
+        got = page.evaluate(
+            f"""() => {{ const v = ({VIEW})(); const rows = {{}};
+                for (let r = v.map.view.first; r < v.map.view.first + v.map.view.count; r++) {{
+                    const c = v.map.cached(r); if (c) rows[r] = Array.from(c.cells); }}
+                const fig = v.root.querySelector('[data-fig=allocated]');
+                const demo = !v.root.querySelector('.gmv-badge').hidden;
+                return {{ rows, cells: v.map.view.cells, demo,
+                         allocated: fig ? Number(fig.dataset.value) : null }}; }}"""
+        )
+        if not running:
+            break
+        polls += 1
+        key = tuple(sorted((int(r), tuple(c)) for r, c in got["rows"].items()))
+        if key:
+            states.setdefault(key, got["cells"])
+        figures.add(got["allocated"])
+        page.wait_for_timeout(200)
+    nb.wait_idle()
+    assert got["demo"]  # simulated data is labelled as such
+    page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_simulated.png"))
+    nb.run(2)
+    produced = [Snapshot.from_torch(d) for d in read_real(lab.root / "produced.pickle")]
+    allocated = set(json.loads((lab.root / "allocated.json").read_text()))
+    assert polls >= 10
+    assert len(states) >= 5, len(states)
+    encoded: dict[int, list[dict[int, tuple]]] = {}
+    for key, cells in states.items():
+        if cells not in encoded:
+            encoded[cells] = []
+            for snap in produced:
+                rows = build_rows(snap, device=0)
+                grid = encode_cells(rows, cells=cells)
+                encoded[cells].append({r: tuple(grid[r].tolist()) for r in range(rows.n_rows)})
+        assert any(all(m.get(r) == c for r, c in key) for m in encoded[cells]), key[:2]
+    # the header's allocated figure follows the source (stats, or the snapshot's blocks)
+    for snap in produced:
+        allocated.add(int(snap.blocks.size[snap.blocks.state == 1].sum()))
+    assert len(figures - {None}) >= 5
+    assert figures - {None} <= allocated
