@@ -214,3 +214,11 @@ def test_bad_types():
         AllocatorConfig.parse(5)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="must be a dict"):
         AllocatorConfig.from_settings([1])  # type: ignore[arg-type]
+
+
+def test_from_settings_keeps_cuda_keys_and_skips_unknown_ones():
+    s = "garbage_collection_threshold:0.6,per_process_memory_fraction:0.8"
+    back = AllocatorConfig.from_settings(AllocatorConfig.parse(s).to_settings())
+    assert back.per_process_memory_fraction == 0.8 and back.garbage_collection_threshold == 0.6
+    newer = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,some_future_key:7"}
+    assert AllocatorConfig.from_settings(newer).expandable_segments is True

@@ -224,10 +224,15 @@ class AllocatorConfig:
         >>> AllocatorConfig.parse("roundup_power2_divisions:[256:8,>:2]").roundup_power2_divisions
         (8, 8, 8, 8, 8, 8, 8, 8, 8, 2, 2, 2, 2, 2, 2, 2)
         """
+        return cls._parse(s, cuda_keys=cuda_build, reject_unknown=cuda_build)
+
+    @classmethod
+    def _parse(cls, s: str | None, *, cuda_keys: bool, reject_unknown: bool) -> AllocatorConfig:
         if s is None:
             s = ""
         if not isinstance(s, str):
             raise ConfigError(f"allocator settings must be a str, got {type(s).__name__}")
+        cuda_build = reject_unknown
         v: dict[str, Any] = {"settings": s}
         tok = _Tokens(s)
         n = len(tok)
@@ -290,7 +295,7 @@ class AllocatorConfig:
                 i += 1
             i += 1
         v["roundup_power2_divisions"] = tuple(divisions)
-        if cuda_build:
+        if cuda_keys:
             _parse_cuda(tok, v)
         return replace(cls(), **v)
 
@@ -299,7 +304,9 @@ class AllocatorConfig:
         """Read a snapshot's `allocator_settings` dict (None or {} gives the defaults).
 
         The settings string is parsed first (it carries keys the dict lacks, such as
-        large_segment_size_mb); the dict's own values win where both exist.
+        large_segment_size_mb or per_process_memory_fraction), with the CUDA keys a CUDA build
+        knows and skipping keys newer than torch 2.13; the dict's own values win where both
+        exist.
 
         Examples
         --------
@@ -311,7 +318,9 @@ class AllocatorConfig:
             return cls()
         if not isinstance(d, Mapping):
             raise ConfigError(f"allocator_settings must be a dict, got {type(d).__name__}")
-        conf = cls.parse(d.get("PYTORCH_CUDA_ALLOC_CONF") or "", cuda_build=False)
+        conf = cls._parse(
+            d.get("PYTORCH_CUDA_ALLOC_CONF") or "", cuda_keys=True, reject_unknown=False
+        )
         v: dict[str, Any] = {}
         mss = d.get("max_split_size")
         if isinstance(mss, int) and not isinstance(mss, bool):
