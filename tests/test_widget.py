@@ -204,6 +204,8 @@ def test_close_stops_the_writer():
     assert any(n.startswith("gpumemviz-panel") for n in names)
     p.close()
     assert p._writer._thread is None
+    p.show_snapshot(_snap(3))  # a listener still attached after close: ignored, no new thread
+    assert p._writer._thread is None and p.flush(1)
 
 
 def test_a_sample_shows_its_own_device(panel):

@@ -57,7 +57,7 @@ function render({ model, el }) {
     model.off("change:demo", onHeader);
     model.off("change:map_layout", onLayout);
     model.off("msg:custom", onMsg);
-    model.send({ kind: "close", view: id });
+    try { model.send({ kind: "close", view: id }); } catch { /* the model is gone already */ }
     map.destroy();
     header.destroy();
     root.remove();

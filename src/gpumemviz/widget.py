@@ -79,10 +79,14 @@ class _Writer:
         self._name = name
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._stopped = False
         self.errors: list[str] = []
 
     def submit(self, job: Callable[[], None]) -> None:
+        """Queue a job; after `stop` (the panel closed) jobs are dropped."""
         with self._lock:
+            if self._stopped:
+                return
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
@@ -101,6 +105,7 @@ class _Writer:
 
     def stop(self) -> None:
         with self._lock:
+            self._stopped = True
             thread, self._thread = self._thread, None
         if thread is not None:
             self._queue.put(None)

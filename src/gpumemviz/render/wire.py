@@ -111,10 +111,8 @@ class Wire:
 
     def view_state(self) -> dict[str, dict[str, int]]:
         """Each view's rows: {view: {first, count, cells}} (a copy)."""
-        return {
-            k: {"first": v.first, "count": v.count, "cells": v.cells}
-            for k, v in self._views.items()
-        }
+        views = dict(self._views)  # one C-level copy: callable from any thread
+        return {k: {"first": v.first, "count": v.count, "cells": v.cells} for k, v in views.items()}
 
     def drop_view(self, view: str) -> None:
         self._views.pop(view, None)
