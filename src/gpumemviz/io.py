@@ -44,6 +44,7 @@ DEFAULT_MAX_DEPTH = 64
 
 _PLAIN = frozenset({dict, list, tuple, str, int, float, bool, type(None), bytes})
 _CONTAINERS = frozenset({dict, list, tuple})
+_SAMPLE = 4096  # items looked at to decide whether a level is mostly shared references
 _KEY_TYPES = frozenset({str, int, float, bool, type(None), bytes})
 
 
@@ -154,6 +155,11 @@ def check_plain(obj: Any, *, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
         if bad_keys:
             raise SnapshotError(f"a dict key of type {_names(bad_keys)} (only plain data allowed)")
         items = list(itertools.chain.from_iterable(itertools.chain(map(dict.values, dicts), seqs)))
+        sample = items[:: max(1, len(items) // _SAMPLE)]
+        if len(items) > _SAMPLE and len(set(map(id, sample))) < len(sample) // 2:
+            # mostly references to a few shared objects (frames in real pickles: 700k
+            # references to 800 dicts): check each object once
+            items = list(dict(zip(map(id, items), items, strict=True)).values())
         types = set(map(type, items))
         if types - _PLAIN:
             raise SnapshotError(
