@@ -59,6 +59,8 @@ ACTIONS = (
     "oom",
 )
 _ALIGN = 2 << 20
+_IS = 3 * S.INACTIVE_SPLIT  # index of inactive_split.all in DeviceStats.cur
+_ISB = 3 * S.INACTIVE_SPLIT_BYTES
 _DEFAULT_TOP = 0x7F0000000000
 
 AddressProvider = Callable[[str, int, int], int]
@@ -434,13 +436,18 @@ class CachingAllocator:
             rem.gc_base = pool.gc_count
             insort(blocks, (stream, remaining, rem.ptr, rem))
             if seg is None:
-                if already_split:
-                    st.dec(S.INACTIVE_SPLIT_BYTES, p, rsize)
+                if already_split:  # inactive_split_bytes -= rsize, inlined
+                    cur = st.cur
+                    cur[_ISB] -= rsize
+                    cur[_ISB + p] -= rsize
                 else:
                     st.new_split(p, remaining)
         elif already_split and seg is None:
-            st.dec(S.INACTIVE_SPLIT_BYTES, p, block.size)
-            st.dec(S.INACTIVE_SPLIT, p, 1)
+            cur = st.cur  # one inactive split block fewer, inlined
+            cur[_ISB] -= block.size
+            cur[_ISB + p] -= block.size
+            cur[_IS] -= 1
+            cur[_IS + p] -= 1
         block.allocated = True
         block.requested = size
         ptr = block.ptr
@@ -980,7 +987,14 @@ class CachingAllocator:
         st = self.stats
         p = pool.index
         if b.seg is None and (net_blocks or net_size):
-            st.split_change(p, net_blocks, net_size)
+            if net_blocks <= 0 and net_size <= 0:  # merges only: decreases, inlined
+                cur = st.cur
+                cur[_IS] += net_blocks
+                cur[_IS + p] += net_blocks
+                cur[_ISB] += net_size
+                cur[_ISB + p] += net_size
+            else:
+                st.split_change(p, net_blocks, net_size)
         if user_free:
             st.on_free(p, orig_size, b.requested)
         else:

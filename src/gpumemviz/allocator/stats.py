@@ -114,19 +114,23 @@ class DeviceStats:
 
     def new_split(self, p: int, remaining: int) -> None:
         """An unsplit block was split: one more inactive split block of `remaining` bytes."""
-        self.inc(INACTIVE_SPLIT_BYTES, p, remaining)
-        self.inc(INACTIVE_SPLIT, p, 1)
+        self.split_change(p, 1, remaining)
 
     def split_change(self, p: int, blocks: int, nbytes: int) -> None:
-        """Net change of inactive_split / inactive_split_bytes after a free and its merges."""
-        if blocks > 0:
-            self.inc(INACTIVE_SPLIT, p, blocks)
-        elif blocks < 0:
-            self.dec(INACTIVE_SPLIT, p, -blocks)
-        if nbytes > 0:
-            self.inc(INACTIVE_SPLIT_BYTES, p, nbytes)
-        elif nbytes < 0:
-            self.dec(INACTIVE_SPLIT_BYTES, p, -nbytes)
+        """Net change of inactive_split and inactive_split_bytes, in one call (a hot path)."""
+        cur, peak, alloc = self.cur, self.peak, self.alloc
+        for i, d in (
+            (3 * INACTIVE_SPLIT, blocks),
+            (3 * INACTIVE_SPLIT + p, blocks),
+            (3 * INACTIVE_SPLIT_BYTES, nbytes),
+            (3 * INACTIVE_SPLIT_BYTES + p, nbytes),
+        ):
+            c = cur[i] + d
+            cur[i] = c
+            if d > 0:
+                if c > peak[i]:
+                    peak[i] = c
+                alloc[i] += d
 
     def on_free_requested(self, p: int, size: int) -> None:
         """A user free: allocation and allocated_bytes go down."""
