@@ -258,6 +258,31 @@ class _Driver:
 
     # -- state ------------------------------------------------------------------------------
     def _load(self, segments: list[dict[str, Any]]) -> None:
+        """A fresh model holding `segments`; blocks alive there keep their recorded address.
+
+        A block waiting on events (active_pending_free) is loaded allocated and then freed
+        behind an event of its own made-up stream, so that its free_completed can finish
+        exactly that block.
+        """
+        pending = [
+            b["address"]
+            for s in segments
+            for b in s["blocks"]
+            if b["state"] == "active_pending_free"
+        ]
+        if pending:
+            segments = [
+                {
+                    **s,
+                    "blocks": [
+                        {**b, "state": "active_allocated"}
+                        if b["state"] == "active_pending_free"
+                        else b
+                        for b in s["blocks"]
+                    ],
+                }
+                for s in segments
+            ]
         try:
             self.model = CachingAllocator.from_segments(
                 segments,
@@ -271,12 +296,7 @@ class _Driver:
         except ValueError as err:  # e.g. segments of a private pool (CUDA graphs)
             raise ReplayError(f"device {self.tl.device}: {err}") from None
         self.runs = _Runs(segments)
-        self.provider.starts, self.provider.ends = [], []
-        self.provider.model, self.provider.synced = self.model, self.model.trace_len()
-        for seg in sorted(segments, key=lambda s: s["address"]):
-            if not self.provider.overlaps(seg["address"], seg["total_size"]):
-                self.provider.hold(seg["address"], seg["total_size"])
-        # allocation id -> model address; blocks alive at the start keep their recorded address
+        # allocation id -> model address
         self.where = {
             self.rename(b["address"]): b["address"]
             for s in segments
@@ -284,6 +304,16 @@ class _Driver:
             if b["state"] != "inactive"
         }
         self.deferred: dict[int, int] = {}  # id -> the made-up stream its free waits on
+        for k, addr in enumerate(pending):
+            fake = -(1 << 40) - k
+            self.model.record_stream(addr, fake)
+            self.model.free(self.where.pop(self.rename(addr)))
+            self.deferred[self.rename(addr)] = fake
+        self.provider.starts, self.provider.ends = [], []
+        self.provider.model, self.provider.synced = self.model, self.model.trace_len()
+        for seg in sorted(segments, key=lambda s: s["address"]):
+            if not self.provider.overlaps(seg["address"], seg["total_size"]):
+                self.provider.hold(seg["address"], seg["total_size"])
 
     def _miss(self, i: int, kind: str, detail: str) -> None:
         if len(self.out.mismatches) < self.max_mismatches:
@@ -516,24 +546,57 @@ class _Driver:
         elif key in self.where:  # its free_requested fell off the start of the ring buffer
             self.model.free(self.where.pop(key))
 
+    def _release_follows(self, i: int) -> bool:
+        """Do the free_completed entries from i lead into segment_free / segment_unmap?"""
+        steps = self.steps
+        j = i + 1
+        while j < len(steps) and steps[j][0] == "free_completed":
+            j += 1
+        return j < len(steps) and steps[j][0] in _RELEASES
+
+    def _finish_synced(self, synced: Sequence[int]) -> None:
+        """Deferred frees whose events a release synchronised: the model's own release did the
+        same (and then this does nothing), an explicit empty_cache did too."""
+        m = self.model
+        for j in synced:
+            fake = self.deferred.pop(self.rename(self.steps[j][1]), None)
+            if fake is not None:
+                m.complete_events(fake, process=True)
+            self.reserved[j], self.allocated[j], self.nsegs[j] = (
+                m.reserved,
+                m.allocated,
+                len(self.runs),
+            )
+        self.provider.synced = m.trace_len()
+
     # -- the pass ---------------------------------------------------------------------------
     def run(self) -> DeviceReplay:
         steps = self.steps
         n = len(steps)
         reserved, allocated, nsegs = self.reserved, self.allocated, self.nsegs
         run: list[int] = []  # segment entries waiting for the malloc that caused them
+        synced: list[int] = []  # deferred frees completed inside that run (events synced)
         done = n
         for i in range(n):
             action = steps[i][0]
             if action in SEGMENT_ACTIONS:
                 run.append(i)  # its figures are filled in when the run is replayed
                 continue
+            if (
+                action == "free_completed"
+                and self.rename(steps[i][1]) in self.deferred
+                and (run or self._release_follows(i))
+            ):  # a release (empty_cache, or the last retry) synchronised the events first
+                synced.append(i)
+                continue
             if run and action not in ("alloc", "oom"):
                 self._standalone_run(run)
-                run = []
+                self._finish_synced(synced)
+                run, synced = [], []
             if action in ("alloc", "oom"):
                 self._malloc(i, run)
-                run = []
+                self._finish_synced(synced)
+                run, synced = [], []
             elif action == "free_requested":
                 self._free_requested(i)
                 # frees never release segments: nothing for the provider to forget, and the
@@ -549,6 +612,7 @@ class _Driver:
                 break
         if run and done == n:
             self._standalone_run(run)
+            self._finish_synced(synced)
         out = self.out
         out.reserved, out.allocated, out.segments = reserved[:done], allocated[:done], nsegs[:done]
         start_reserved, start_allocated, _ = self.tl.start.totals()
