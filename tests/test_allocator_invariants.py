@@ -104,3 +104,9 @@ def test_oversize_blocks_may_waste_up_to_max_non_split_rounding():
     assert any("leftover" in p for p in check_invariants(d))  # no max_split_size: too much
     d["allocator_settings"] = {"max_split_size": 32 * MIB, "PYTORCH_CUDA_ALLOC_CONF": ""}
     assert check_invariants(d) == []
+
+
+def test_unreadable_input_is_one_problem_not_a_crash():
+    d = _good()
+    del d["segments"][0]["blocks"][1]["state"]
+    assert check_invariants(d) == ["not a snapshot this checker can read: KeyError 'state'"]

@@ -19,11 +19,23 @@ __all__ = ["check_invariants"]
 _LIMIT = 50  # problems reported before giving up (a broken file would list thousands)
 
 
+_CACHE: dict[str, AllocatorConfig] = {}
+
+
 def _settings(snapshot: Mapping[str, Any]) -> AllocatorConfig:
-    try:
-        return AllocatorConfig.from_settings(snapshot.get("allocator_settings"))
-    except (ConfigError, ValueError, TypeError):
-        return AllocatorConfig()
+    """The settings a snapshot was recorded with (parsed once per distinct settings dict)."""
+    d = snapshot.get("allocator_settings")
+    key = repr(d)
+    cfg = _CACHE.get(key)
+    if cfg is None:
+        try:
+            cfg = AllocatorConfig.from_settings(d)
+        except (ConfigError, ValueError, TypeError):
+            cfg = AllocatorConfig()
+        if len(_CACHE) > 64:
+            _CACHE.clear()
+        _CACHE[key] = cfg
+    return cfg
 
 
 def _block_sizes(b: Mapping[str, Any]) -> tuple[int, int]:
@@ -65,6 +77,14 @@ def check_invariants(snapshot: Mapping[str, Any] | list) -> list[str]:
     >>> check_invariants({"segments": [seg]})[0]
     'segment 0 (0x0): blocks add up to 2096640 bytes, total_size is 2097152'
     """
+    try:
+        return _check(snapshot)
+    except (KeyError, TypeError, AttributeError) as e:
+        return [f"not a snapshot this checker can read: {type(e).__name__} {e}"]
+
+
+def _check(snapshot: Mapping[str, Any] | list) -> list[str]:
+    """The checks of `check_invariants`; malformed input raises (caught by the caller)."""
     if isinstance(snapshot, list):
         snapshot = {"segments": snapshot}
     cfg = _settings(snapshot)
@@ -77,24 +97,70 @@ def check_invariants(snapshot: Mapping[str, Any] | list) -> list[str]:
         problems.append(msg)
         return len(problems) >= _LIMIT
 
+    plain_rounding = divisions is None
     for si, seg in enumerate(snapshot.get("segments") or []):
-        where = f"segment {si} ({seg.get('address', 0):#x})"
         blocks = seg.get("blocks") or []
         small = seg.get("segment_type") == "small"
         expandable = bool(seg.get("is_expandable"))
         total = seg.get("total_size", 0)
-        size_sum = alloc = active = 0
-        for b in blocks:
-            size = b.get("size", 0)
-            size_sum += size
-            state = b.get("state")
-            if state != "inactive":
+        base = seg.get("address", 0)
+        where = f"segment {si} ({base:#x})"
+        addr = base
+        alloc = active = 0
+        prev_state = None
+        stop = False
+        for bi, b in enumerate(blocks):  # one pass: rules 2, 3, 6, 7, 8 and the sums of rule 1
+            size = b["size"]
+            state = b["state"]
+            # 2
+            if "address" in b and b["address"] != addr:
+                stop = bad(f"{where}, block {bi}: address {b['address']:#x}, expected {addr:#x}")
+            addr += size
+            # 3
+            if size % K_MIN_BLOCK_SIZE:
+                stop = stop or bad(f"{where}, block {bi}: size {size} is not a multiple of 512")
+            if state == "inactive":
+                # 6
+                if prev_state == "inactive":
+                    stop = stop or bad(f"{where}, block {bi}: two adjacent inactive blocks")
+                # 8
+                if b.get("frames"):
+                    stop = stop or bad(f"{where}, block {bi}: inactive block carries frames")
+            else:
                 active += size
                 if state == "active_allocated":
                     alloc += size
+                    # 7
+                    requested = _block_sizes(b)[1]
+                    if requested <= K_MIN_BLOCK_SIZE:
+                        r = K_MIN_BLOCK_SIZE
+                    elif plain_rounding:
+                        r = (
+                            (requested + K_MIN_BLOCK_SIZE - 1)
+                            // K_MIN_BLOCK_SIZE
+                            * K_MIN_BLOCK_SIZE
+                        )
+                    else:
+                        r = _round_size(requested, divisions)
+                    extra = size - r
+                    if small or r <= K_SMALL_SIZE or expandable:
+                        allowed = K_MIN_BLOCK_SIZE - 1
+                    elif r >= mss:
+                        # oversize: whole segments, waste under max_non_split_rounding
+                        allowed = max(cfg.max_non_split_rounding_size, 2 * MIB) - 1
+                    else:
+                        allowed = K_SMALL_SIZE
+                    if extra < 0 or extra > allowed:
+                        stop = stop or bad(
+                            f"{where}, block {bi}: size {size} for a request of {requested} "
+                            f"(round_size {r}): leftover {extra} is outside [0, {allowed}]"
+                        )
+            prev_state = state
+            if stop:
+                return problems
         # 1
-        if size_sum != total and bad(
-            f"{where}: blocks add up to {size_sum} bytes, total_size is {total}"
+        if addr - base != total and bad(
+            f"{where}: blocks add up to {addr - base} bytes, total_size is {total}"
         ):
             break
         if (
@@ -129,45 +195,6 @@ def check_invariants(snapshot: Mapping[str, Any] | list) -> list[str]:
             rule = "20 MiB or a multiple of 2 MiB >= 10 MiB (large pool)"
         if not ok and bad(f"{where}: total_size {total} is not {rule}"):
             break
-        addr = seg.get("address", 0)
-        prev_state = None
-        stop = False
-        for bi, b in enumerate(blocks):
-            size = b["size"]
-            state = b.get("state")
-            # 2
-            if "address" in b and b["address"] != addr:
-                stop = bad(f"{where}, block {bi}: address {b['address']:#x}, expected {addr:#x}")
-            addr += size
-            # 3
-            if size % K_MIN_BLOCK_SIZE:
-                stop = stop or bad(f"{where}, block {bi}: size {size} is not a multiple of 512")
-            # 6
-            if state == "inactive" and prev_state == "inactive":
-                stop = stop or bad(f"{where}, block {bi}: two adjacent inactive blocks")
-            prev_state = state
-            # 7
-            if state == "active_allocated":
-                requested = _block_sizes(b)[1]
-                r = _round_size(requested, divisions) if requested > 0 else K_MIN_BLOCK_SIZE
-                extra = size - r
-                if small or r <= K_SMALL_SIZE or expandable:
-                    allowed = K_MIN_BLOCK_SIZE - 1
-                elif r >= mss:
-                    # oversize: whole segments, waste under max_non_split_rounding
-                    allowed = max(cfg.max_non_split_rounding_size, 2 * MIB) - 1
-                else:
-                    allowed = K_SMALL_SIZE
-                if extra < 0 or extra > allowed:
-                    stop = stop or bad(
-                        f"{where}, block {bi}: size {size} for a request of {requested} "
-                        f"(round_size {r}): leftover {extra} is outside [0, {allowed}]"
-                    )
-            # 8
-            if state == "inactive" and b.get("frames"):
-                stop = stop or bad(f"{where}, block {bi}: inactive block carries frames")
-            if stop:
-                return problems
     # 9
     for d, trace in enumerate(snapshot.get("device_traces") or []):
         last = None
