@@ -178,6 +178,15 @@ def measure_slowdown(n_blocks: int, segment_interval: float, loop_n: int, pairs:
     return statistics.median(ratios) - 1.0
 
 
+def measure_noise(loop_n: int, pairs: int) -> tuple[float, float, float]:
+    """The same pairing with no sampler in either run: (median - 1, lowest, highest ratio)."""
+    ratios = []
+    for i in range(pairs):
+        a, b = busy_loop(loop_n), busy_loop(loop_n)
+        ratios.append(b / a if i % 2 == 0 else a / b)
+    return statistics.median(ratios) - 1.0, min(ratios), max(ratios)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="shorter runs (noisier figures)")
@@ -209,11 +218,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{n:>8,} {every['stats_ms']:>9.2f}ms {every['seg_ms']:>11.2f}ms "
             f"{every['share']:>14.2%} {default['share']:>13.2%} {slow:>18.1%}"
         )
+    noise, lo, hi = measure_noise(loop_n, reps)
     ten_k = next(r for r in rows if r[0] == 10**4)
     print()
     print("core @2Hz segs: segment state read every tick; core default: stats every tick,")
     print("segment state every 2 s (the default). slowdown: CPU-bound loop in the main thread")
     print("with the sampler reading segment state every tick, versus without a sampler.")
+    print(
+        f"noise floor (same pairing, no sampler in either run): median {noise:+.1%}, "
+        f"single pairs {lo - 1:+.0%} .. {hi - 1:+.0%}"
+    )
     ok = ten_k[2]["share"] <= 0.01
     print(
         f"target <= 1.00% of a core at 2 Hz with 10^4 blocks (default schedule): "

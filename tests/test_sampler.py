@@ -22,8 +22,22 @@ MiB = 1 << 20
 STATE_FILE = REAL_DIR / "kkaitlyn111__cs336-a2-systems__memory_snapshot.pickle"
 
 
+_BASELINE: set[threading.Thread] = set()
+
+
+@pytest.fixture(autouse=True)
+def thread_baseline():
+    """Threads alive before the test (other test files may leave their own running)."""
+    _BASELINE.clear()
+    _BASELINE.update(threading.enumerate())
+    yield
+
+
 def sampler_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("gpumemviz-")]
+    """gpumemviz threads this test started and that are still alive."""
+    return [
+        t for t in threading.enumerate() if t.name.startswith("gpumemviz-") and t not in _BASELINE
+    ]
 
 
 def wait_for(cond, timeout: float = 5.0) -> bool:

@@ -81,6 +81,7 @@ def test_unknown_workload_is_a_clear_error():
 
 
 def test_runs_on_its_own_thread_and_the_sampler_sees_the_oom():
+    before = set(threading.enumerate())
     src = SimulatedSource("training", steps_per_second=200_000, pause_after_oom=0.2)
     s = Sampler(src, interval=0.05, segment_interval=0.1)
     got: list = []
@@ -98,5 +99,7 @@ def test_runs_on_its_own_thread_and_the_sampler_sees_the_oom():
         assert src.runs >= 2
     finally:
         s.close()
-    assert not any(t.name == "gpumemviz-simulated" for t in threading.enumerate())
+    assert not [
+        t for t in threading.enumerate() if t not in before and t.name.startswith("gpumemviz")
+    ]
     assert s.sample_once().state == "ok"  # a closed simulation still answers, frozen
