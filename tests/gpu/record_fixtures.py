@@ -538,9 +538,8 @@ def main(argv: list[str] | None = None) -> int:
     t_all = time.monotonic()
     for name in parts:
         spec = PARTS[name]
-        env = {**os.environ, **spec["env"], "PYTHONUNBUFFERED": "1"}
-        if not spec["env"]:
-            env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        env = {k: v for k, v in os.environ.items() if not k.endswith("ALLOC_CONF")}
+        env.update(spec["env"], PYTHONUNBUFFERED="1")  # each part sets its own allocator conf
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
