@@ -686,3 +686,20 @@ def test_from_segments_refuses_malformed_segments(blocks_, message):
            "blocks": blocks_}  # fmt: skip
     with pytest.raises(ValueError, match=message):
         CachingAllocator.from_segments([seg], GIB)
+
+
+def test_large_segment_size_sets_segment_and_page_size():
+    a = CachingAllocator(GIB, "large_segment_size_mb:32", address_provider=fixed(B))
+    a.malloc(4_000_000)
+    assert actions(a)[0] == ("segment_alloc", B, 32 * MIB)
+    e = CachingAllocator(GIB, "large_segment_size_mb:32,expandable_segments:True")
+    e.malloc(4_000_000)
+    assert e.trace_since(0)[0][:1] == ("segment_map",) and e.reserved == 32 * MIB
+
+
+def test_max_non_split_rounding_widens_rule_2():
+    conf = "max_split_size_mb:32,max_non_split_rounding_mb:64"
+    a = CachingAllocator(GIB, conf, address_provider=fixed(B, B - 256 * MIB))
+    a.free(a.malloc(100 * MIB))
+    assert a.malloc(40 * MIB) == B  # 100 < 40 + 64: the cached block serves it, whole
+    assert blocks(a)[0] == (B, 100 * MIB, "active_allocated")
