@@ -120,7 +120,9 @@ def should_split(
 ) -> bool:
     """Whether handing out `size` bytes of a `block_size` free block leaves a separate block (2.8).
 
-    Small pool or expandable mode: split when at least 512 bytes remain. Large pool: only for
+    Small pool or expandable mode: split when at least 512 bytes remain. `expandable` is the
+    allocator's setting (`expandable_segments:True`), not whether this block lies in an
+    expandable segment: torch's `should_split` reads the config flag. Large pool: only for
     requests below max_split_size, and only when strictly more than 1 MiB remains, so a large
     block can be handed out whole with up to 1 MiB of internal waste.
     """
