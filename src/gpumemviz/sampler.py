@@ -339,20 +339,22 @@ class Sampler:
                 except Exception as exc:
                     self._count_error(f"removing the OOM handler: {_one_line(exc)}")
             thread = self._thread
-            if thread is threading.current_thread():  # stop() from a listener: just signal
-                return True
-            if thread is not None:
-                thread.join(max(0.0, deadline - time.monotonic()))
-            if current is not None and current.thread is not None and current.thread.ident:
-                current.thread.join(max(0.0, deadline - time.monotonic()))
-                if current.thread.is_alive():
-                    self.counters["abandoned"] += 1
-                    self.last_error = "a source read was still running at stop: thread abandoned"
-                    self._hung = current
-            stopped = thread is None or not thread.is_alive()
-            if stopped:
+        if thread is threading.current_thread():  # stop() from a listener: just signal
+            return True
+        # joined without the lock: a listener may still call add_listener while we wait
+        if thread is not None:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if current is not None and current.thread is not None and current.thread.ident:
+            current.thread.join(max(0.0, deadline - time.monotonic()))
+            if current.thread.is_alive():
+                self.counters["abandoned"] += 1
+                self.last_error = "a source read was still running at stop: thread abandoned"
+                self._hung = current
+        stopped = thread is None or not thread.is_alive()
+        with self._lock:
+            if stopped and self._thread is thread:
                 self._thread = None
-            return stopped
+        return stopped
 
     def pause(self) -> None:
         """Stop reading until `resume` (the thread keeps its schedule)."""
