@@ -383,6 +383,7 @@ class CachingAllocator:
         small = rsize <= K_SMALL_SIZE
         pool = self._small if small else self._large
         # get_free_block, inlined for a non-expandable best fit (the common case)
+        mss = self._mss
         if self._gc:
             pool.gc_count += 1
         blocks = pool.blocks
@@ -394,9 +395,7 @@ class CachingAllocator:
                 block = k[3]
                 if block.seg is not None:
                     block = self._get_free_block(pool, stream, rsize, i)
-                elif (rsize < self._mss and k[1] >= self._mss) or (
-                    rsize >= self._mss and k[1] >= rsize + self._mnsr
-                ):
+                elif (rsize < mss and k[1] >= mss) or (rsize >= mss and k[1] >= rsize + self._mnsr):
                     block = None  # the oversize rules look at this one candidate only
                 else:
                     del blocks[i]
@@ -420,7 +419,7 @@ class CachingAllocator:
         if small or self._expandable:
             split = remaining >= K_MIN_BLOCK_SIZE
         else:
-            split = rsize < self._mss and remaining > K_SMALL_SIZE
+            split = rsize < mss and remaining > K_SMALL_SIZE
         prev = block.prev
         already_split = prev is not None or block.next is not None
         if split:
@@ -460,7 +459,7 @@ class CachingAllocator:
             st.on_alloc_1(bsize, size)
         else:
             st.on_alloc_2(bsize, size)
-        if bsize >= self._mss:
+        if bsize >= mss:
             st.inc1(S.OVERSIZE_ALLOCATIONS)
         return ptr
 
