@@ -222,3 +222,11 @@ def test_from_settings_keeps_cuda_keys_and_skips_unknown_ones():
     assert back.per_process_memory_fraction == 0.8 and back.garbage_collection_threshold == 0.6
     newer = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,some_future_key:7"}
     assert AllocatorConfig.from_settings(newer).expandable_segments is True
+
+
+def test_max_split_size_is_reported_as_torchs_int64():
+    c = AllocatorConfig.parse("max_split_size_mb:-1")  # stoull wraps: SIZE_MAX // 1 MiB MiB
+    assert c.max_split_size == UNLIMITED - (MIB - 1)
+    assert c.to_settings()["max_split_size"] == -MIB
+    assert AllocatorConfig.from_settings(c.to_settings()).max_split_size == c.max_split_size
+    assert AllocatorConfig.from_settings({"max_split_size": -1}).max_split_size == UNLIMITED

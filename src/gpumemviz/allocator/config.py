@@ -324,7 +324,7 @@ class AllocatorConfig:
         v: dict[str, Any] = {}
         mss = d.get("max_split_size")
         if isinstance(mss, int) and not isinstance(mss, bool):
-            v["max_split_size"] = UNLIMITED if mss < 0 else mss
+            v["max_split_size"] = mss + (1 << 64) if mss < 0 else mss  # int64 back to size_t
         gc = d.get("garbage_collection_threshold")
         if isinstance(gc, (int, float)) and not isinstance(gc, bool):
             v["garbage_collection_threshold"] = float(gc)
@@ -352,7 +352,10 @@ class AllocatorConfig:
         """The `allocator_settings` dict torch 2.11 writes into a snapshot."""
         return {
             "PYTORCH_CUDA_ALLOC_CONF": self.settings,
-            "max_split_size": -1 if self.max_split_size == UNLIMITED else self.max_split_size,
+            # an int64 in torch: SIZE_MAX (unset) reads -1, like any value >= 2**63 wraps
+            "max_split_size": self.max_split_size - (1 << 64)
+            if self.max_split_size >= 1 << 63
+            else self.max_split_size,
             "garbage_collection_threshold": float(self.garbage_collection_threshold),
             "expandable_segments": self.expandable_segments,
             "pinned_num_register_threads": self.pinned_num_register_threads,

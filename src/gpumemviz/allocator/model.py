@@ -349,8 +349,10 @@ class CachingAllocator:
         self._allowed: int | None = None
         self._gc_threshold = cfg.garbage_collection_threshold
         self._gc = False
-        self.stats = S.DeviceStats(-1 if self._mss == UNLIMITED else self._mss)
+        self.stats = S.DeviceStats(cfg.to_settings()["max_split_size"])
         self._record = record_trace
+        if trace_max_entries is not None:
+            trace_max_entries = max(1, trace_max_entries)  # torch's setMaxEntries
         self._trace: deque[tuple[int, int, int, int, int]] = deque(maxlen=trace_max_entries)
         self._trace_count = 0
         # time_us of trace entries: by default a counter that ticks once per entry
