@@ -99,3 +99,18 @@ def test_oom_entry_is_read_by_trace():
     assert snap["device_traces"][0][-1]["action"] == "oom"
     assert "device_free" in snap["device_traces"][0][-1]
     assert "raise OutOfMemoryError # 30.0MiB requested, 14.0MiB free" in mv.trace(snap)
+
+
+@pytest.mark.parametrize("conf", CONFIGS[:2])
+def test_model_snapshots_are_read_by_gpumemviz_itself(conf):
+    import pickle
+
+    from gpumemviz.io import load_snapshot
+    from gpumemviz.snapshot import Snapshot
+
+    a = _run(conf, 3, 600)
+    d = a.snapshot()
+    assert Snapshot.from_torch(d).to_torch() == d
+    s = load_snapshot(pickle.dumps(d, protocol=4))
+    assert s.n_segments == len(d["segments"])
+    assert s.n_blocks == sum(len(seg["blocks"]) for seg in d["segments"])
