@@ -370,3 +370,46 @@ def test_random_programs_with_record_stream_replay_exactly(seed):
     for start in (0, len(trace) // 3):
         dev = replay({**snap, "device_traces": [trace[start:]]}).devices[0]
         assert dev.exact and dev.bursts > 0, (start, dev.mismatches)
+
+
+_CONFS = ["", "expandable_segments:True", "max_split_size_mb:64", "roundup_power2_divisions:4"]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 7, 8, 12])
+def test_programs_that_keep_running_out_of_memory_replay_exactly(seed):
+    """A program that catches OOMs and goes on, with deferred frees and empty_cache: every
+    release path in every order, with the capacity taken from the recorded oom entries. Cut
+    in the middle too, except with expandable segments, whose address reservations at the
+    start of a cut trace a snapshot does not show."""
+    import random
+
+    from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+
+    rng = random.Random(seed)
+    config = _CONFS[seed % len(_CONFS)]
+    a = CachingAllocator(rng.choice([1 << 30, 2 << 30]), config)
+    live: list[int] = []
+    for _ in range(1500):
+        r = rng.random()
+        if r < 0.55 or not live:
+            big = rng.random() < 0.5
+            size = rng.randrange(1 << 20, 200 << 20) if big else rng.randrange(1, 1 << 20)
+            try:
+                live.append(a.malloc(size, rng.choice([0, 7])))
+            except OutOfMemory:
+                continue
+            if rng.random() < 0.1:
+                a.record_stream(live[-1], rng.choice([0, 7, 11]))
+        elif r < 0.93:
+            a.free(live.pop(rng.randrange(len(live))))
+        elif r < 0.98:
+            a.complete_events(rng.choice([None, 7, 11]))
+        else:
+            a.empty_cache()
+    snap = a.snapshot(record=False)
+    trace = snap["device_traces"][0]
+    assert sum(e["action"] == "oom" for e in trace) > 0
+    starts = (0,) if "expandable" in config else (0, len(trace) // 2)
+    for start in starts:
+        dev = replay({**snap, "device_traces": [trace[start:]]}).devices[0]
+        assert dev.exact, (start, dev.mismatches)

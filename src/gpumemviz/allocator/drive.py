@@ -20,6 +20,7 @@ from .config import AllocatorConfig
 from .layout import INACTIVE
 from .model import CachingAllocator, DescendingAddresses, OutOfMemory
 from .reconstruct import SEGMENT_ACTIONS, Step
+from .rules import K_SMALL_BUFFER, is_small
 from .timeline import Timeline
 
 __all__ = ["DeviceReplay", "ReplayError", "drive"]
@@ -80,50 +81,120 @@ class DeviceReplay:
 class _Provider:
     """Segment base addresses for the model: the recorded ones, else invented (descending).
 
-    It remembers the address ranges the model holds, so that a model that went its own way
-    is never handed a recorded address it already uses (it gets an invented one instead).
+    It keeps the address ranges the model holds (segments, and expandable reservations when
+    the device total is known), so that a model that went its own way is never handed a
+    recorded address it already uses (it gets an invented one instead). A reservation made by
+    a malloc that then failed has no segment_map next to it: its base is the first later map
+    of that stream and pool outside everything the model holds.
     """
 
-    def __init__(self, steps: Sequence[Step], invent: bool):
+    def __init__(self, steps: Sequence[Step], invent: bool, small_at: Callable[[int], bool]):
         self.steps = steps
+        self.small_at = small_at  # pool of the segment_map at index j (from the alloc after it)
         self.window: list[int] = []  # indices of the segment entries next to the current alloc
         self.used: set[int] = set()
+        self.pos = 0  # trace index of the current malloc
+        self.small = False  # its pool
         self.invent = invent
+        self.full = False  # reservations held with their whole extent (device total known)
         self.fallback = DescendingAddresses(_INVENTED_TOP)
         self.surprises = 0  # the model asked when the trace shows nothing to answer with
-        self.starts: list[int] = []  # ranges the model holds (segments, reservations), sorted
+        self.starts: list[int] = []  # ranges the model holds, sorted by start
         self.ends: list[int] = []
+        self.reserved: set[int] = set()  # which of them are expandable reservations
+        self.mapped = _Runs(())  # the model's mapped expandable runs
         self.model: CachingAllocator | None = None
-        self.synced = 0  # the model's trace_len() when its releases were last read
+        self.synced = 0  # the model's trace_len() when its entries were last read
 
-    def sync(self) -> None:
-        """Forget the segments the model released since the last look."""
+    def load(self, model: CachingAllocator, segments: Sequence[Mapping[str, Any]]) -> None:
+        """Start over from a model loaded with `segments` (its reservations as it builds them)."""
+        self.model, self.synced = model, model.trace_len()
+        self.starts, self.ends, self.reserved = [], [], set()
+        self.mapped = _Runs(segments)
+        runs: dict[tuple[int, bool], list[Mapping[str, Any]]] = {}
+        for seg in sorted(segments, key=lambda s: s["address"]):
+            if seg.get("is_expandable"):
+                runs.setdefault((seg["stream"], seg["segment_type"] == "small"), []).append(seg)
+            else:
+                self.hold(seg["address"], seg["total_size"])
+        for (_, small), group in runs.items():
+            extent = self.extent(small)
+            end = -1
+            for seg in group:  # runs within one extent of the lowest share its reservation
+                if seg["address"] + seg["total_size"] > end:
+                    size = extent or seg["total_size"]
+                    self.hold(seg["address"], size, reservation=bool(extent))
+                    end = seg["address"] + size
+
+    def extent(self, small: bool) -> int:
+        """Address space of one reservation (section 2.13), or 0 when the total is unknown."""
+        if not self.full or self.model is None:
+            return 0
+        page = K_SMALL_BUFFER if small else self.model.config.large_segment_size
+        total = self.model.device_total
+        return page * -(-(total + total // 8) // page)
+
+    def sync(self, entries: Sequence[tuple] | None = None) -> None:
+        """Read the model's entries since the last look (or take them: `entries` must be
+        exactly those): released segments, mapped runs, and reservations whose last page went
+        (torch then releases the address space)."""
         model = self.model
         if model is None:
             return
-        for e in model.trace_since(self.synced):
-            if e[0] == "segment_free":
+        if entries is None:
+            entries = model.trace_since(self.synced)
+        touched = []
+        for e in entries:
+            a = e[0]
+            if a == "segment_free":
                 self.drop(e[1])
+            elif a == "segment_map":
+                self.mapped.map(e[1], e[2])
+            elif a == "segment_unmap":
+                self.mapped.unmap(e[1], e[2])
+                touched.append(e[1])
         self.synced = model.trace_len()
+        for addr in touched:
+            i = bisect.bisect_right(self.starts, addr) - 1
+            if (
+                i >= 0
+                and self.starts[i] in self.reserved
+                and self.ends[i] > addr
+                and not self.mapped.within(self.starts[i], self.ends[i])
+            ):
+                self.reserved.discard(self.starts[i])
+                del self.starts[i], self.ends[i]
 
     def __call__(self, kind: str, size: int, stream: int) -> int:
         self.sync()
+        expandable = kind != "segment"
+        span = size if not expandable or self.full else 1
         if not self.invent:
-            want = "segment_alloc" if kind == "segment" else "segment_map"
+            want = "segment_map" if expandable else "segment_alloc"
             for j in self.window:
                 if j not in self.used and self.steps[j][0] == want:
                     self.used.add(j)
                     addr = self.steps[j][1]
-                    # an expandable reservation's extent depends on the device total, which may
-                    # be unknown: only its base is checked
-                    span = size if kind == "segment" else 1
                     if not self.overlaps(addr, span):
-                        self.hold(addr, span)
+                        self.hold(addr, span, reservation=expandable)
                         return addr
                     break
+            else:
+                if expandable and self.full:  # made by a malloc that failed: look ahead
+                    steps = self.steps
+                    for j in range(self.pos + 1, len(steps)):
+                        a, addr, _, st = steps[j]
+                        if (
+                            a == "segment_map"
+                            and st == stream
+                            and not self.overlaps(addr, 1)
+                            and self.small_at(j) == self.small
+                        ):
+                            self.hold(addr, span, reservation=True)
+                            return addr
             self.surprises += 1
         addr = self.fallback(kind, size, stream)
-        self.hold(addr, size if kind == "segment" else 1)
+        self.hold(addr, span, reservation=expandable)
         return addr
 
     def overlaps(self, addr: int, size: int) -> bool:
@@ -132,18 +203,31 @@ class _Provider:
             return True
         return i < len(self.starts) and self.starts[i] < addr + size
 
-    def hold(self, addr: int, size: int) -> None:
+    def hold(self, addr: int, size: int, reservation: bool = False) -> None:
         i = bisect.bisect_left(self.starts, addr)
         self.starts.insert(i, addr)
         self.ends.insert(i, addr + size)
+        if reservation:
+            self.reserved.add(addr)
 
     def drop(self, addr: int) -> None:
         i = bisect.bisect_left(self.starts, addr)
         if i < len(self.starts) and self.starts[i] == addr:
             del self.starts[i], self.ends[i]
+            self.reserved.discard(addr)
 
-    def state(self) -> tuple[list[int], list[int], int]:
-        return self.starts[:], self.ends[:], self.synced
+    def state(self) -> tuple[Any, ...]:
+        return (
+            self.starts[:],
+            self.ends[:],
+            set(self.reserved),
+            copy.deepcopy(self.mapped),
+            self.synced,
+        )
+
+    def restore(self, state: tuple[Any, ...], model: CachingAllocator) -> None:
+        self.starts, self.ends, self.reserved, self.mapped, self.synced = state
+        self.model = model
 
 
 class _Runs:
@@ -185,6 +269,13 @@ class _Runs:
             if b > a:
                 self.starts.insert(i, a)
                 self.ends.insert(i, b)
+
+    def within(self, lo: int, hi: int) -> bool:
+        """Does any mapped run reach into [lo, hi)?"""
+        i = bisect.bisect_right(self.starts, lo) - 1
+        if i >= 0 and self.ends[i] > lo:
+            return True
+        return i + 1 < len(self.starts) and self.starts[i + 1] < hi
 
     def apply(self, entries: Sequence[tuple]) -> None:
         for e in entries:
@@ -239,7 +330,17 @@ class _Driver:
         self.explicit = explicit
         self.rename = rename or (lambda a: a)
         self.max_mismatches = max_mismatches
-        self.provider = _Provider(self.steps, invent=what_if)
+        rules = timeline.rules
+        steps = self.steps
+
+        def small_at(j: int) -> bool:
+            for k in range(j + 1, len(steps)):
+                if steps[k][0] == "alloc":
+                    return is_small(rules.round(steps[k][2]))
+            return False
+
+        self.provider = _Provider(self.steps, invent=what_if, small_at=small_at)
+        self.provider.full = capacity is not None
         self.out = DeviceReplay(
             device=timeline.device,
             config=config.settings,
@@ -309,11 +410,7 @@ class _Driver:
             self.model.record_stream(addr, fake)
             self.model.free(self.where.pop(self.rename(addr)))
             self.deferred[self.rename(addr)] = fake
-        self.provider.starts, self.provider.ends = [], []
-        self.provider.model, self.provider.synced = self.model, self.model.trace_len()
-        for seg in sorted(segments, key=lambda s: s["address"]):
-            if not self.provider.overlaps(seg["address"], seg["total_size"]):
-                self.provider.hold(seg["address"], seg["total_size"])
+        self.provider.load(self.model, segments)
 
     def _miss(self, i: int, kind: str, detail: str) -> None:
         if len(self.out.mismatches) < self.max_mismatches:
@@ -353,14 +450,11 @@ class _Driver:
                 k += 1
         for j in run[k:]:
             self.reserved[j], self.allocated[j], self.nsegs[j] = reserved, allocated, len(self.runs)
-        provider = self.provider  # forget released segments the provider has not yet seen
+        provider = self.provider
         if provider.synced < mark:
             provider.sync()
         else:
-            for e in entries[provider.synced - mark :]:
-                if e[0] == "segment_free":
-                    provider.drop(e[1])
-            provider.synced = mark + len(entries)
+            provider.sync(entries[provider.synced - mark :])
         return entries
 
     # -- scoring ----------------------------------------------------------------------------
@@ -405,46 +499,76 @@ class _Driver:
         if not self._score(run[-1], own, run) and self.resync:
             self._resynchronise(run[-1])
 
-    def _malloc(self, i: int, run: list[int]) -> None:
-        """An alloc or a recorded oom, with the segment entries recorded just before it."""
+    def _checkpoint(self) -> tuple[Any, ...]:
+        """Everything a trial malloc may change, copied (the provider itself is shared)."""
+        provider = self.provider
+        return copy.deepcopy(
+            (self.model, self.runs, self.deferred, provider.state()), {id(provider): provider}
+        )
+
+    def _rollback(self, saved: tuple[Any, ...]) -> None:
+        """Back to `saved` (which stays intact for another rollback)."""
+        provider = self.provider
+        self.model, self.runs, self.deferred, state = copy.deepcopy(saved, {id(provider): provider})
+        provider.restore(state, self.model)
+        provider.used = set()
+
+    def _complete(self, synced: Sequence[int]) -> None:
+        """Finish deferred frees now (their events completed before this malloc began)."""
+        for j in synced:
+            fake = self.deferred.pop(self.rename(self.steps[j][1]), None)
+            if fake is not None:
+                self.model.complete_events(fake, process=True)
+        self.provider.synced = self.model.trace_len()
+
+    def _malloc(self, i: int, run: list[int], leading: Sequence[int] = ()) -> None:
+        """An alloc or a recorded oom, with the segment entries recorded just before it.
+
+        `leading`: deferred frees completed just before a release run; either this malloc's
+        process_events finished them before its search, or its release synchronised them.
+        Both are tried when it matters.
+        """
         action, addr, size, stream = self.steps[i]
-        model, provider = self.model, self.provider
+        provider = self.provider
         provider.window, provider.used = run, set()
+        provider.pos, provider.small = i, is_small(self.tl.rules.round(size))
         rels = [j for j in run if self.steps[j][0] in _RELEASES]
-        explicit = False
         pinch: int | None = None  # the capacity that makes this malloc run out, as recorded
-        saved = None
-        if rels and self.what_if:
-            explicit = rels[0] in self.explicit
-        elif rels:
-            if self.capacity is None:
-                pinch = self._pinch(run, rels)
-                explicit = pinch is None
-            if not explicit:  # try it as the model's own release-and-retry first
-                saved = (
-                    copy.deepcopy(model, {id(provider): provider}),
-                    copy.deepcopy(self.runs),
-                    provider.state(),
-                )
-        mark = model.trace_len()
-        allocated_before = model.allocated
-        if explicit:
-            model.empty_cache()
-            self.out.explicit_bursts.append(rels[0])
-        if pinch is not None:
-            model.capacity = pinch
-        got, oomed = self._try(size, stream)
-        model.capacity = self.cap
-        if saved is not None and not self._same_releases(model.trace_since(mark), rels):
-            # the model did not cause the run: it was an empty_cache before this malloc
-            self.model, self.runs, (provider.starts, provider.ends, provider.synced) = saved
-            provider.model = self.model
-            model = self.model
-            provider.used = set()
-            mark = model.trace_len()
-            model.empty_cache()
-            self.out.explicit_bursts.append(rels[0])
+        if rels and not self.what_if and self.capacity is None:
+            pinch = self._pinch(run, rels)
+        if not rels or self.what_if or (self.capacity is None and pinch is None):
+            explicit = bool(rels) and (rels[0] in self.explicit if self.what_if else True)
+            self._complete(leading)
+            mark = self.model.trace_len()
+            allocated_before = self.model.allocated
+            if explicit:
+                self.model.empty_cache()
+                self.out.explicit_bursts.append(rels[0])
             got, oomed = self._try(size, stream)
+        else:  # the model's own release after a failed cudaMalloc, or else an empty_cache
+            saved = self._checkpoint()
+            accepted = False
+            for first in (True, False) if leading else (True,):
+                if first:
+                    self._complete(leading)
+                mark = self.model.trace_len()
+                allocated_before = self.model.allocated
+                if pinch is not None:
+                    self.model.capacity = pinch
+                got, oomed = self._try(size, stream)
+                self.model.capacity = self.cap
+                if self._same_releases(self.model.trace_since(mark), rels):
+                    accepted = True
+                    break
+                self._rollback(saved)
+            if not accepted:
+                self._complete(leading)
+                mark = self.model.trace_len()
+                allocated_before = self.model.allocated
+                self.model.empty_cache()
+                self.out.explicit_bursts.append(rels[0])
+                got, oomed = self._try(size, stream)
+        model = self.model
         own = self._own(mark, run, allocated_before)
         differs = False
         if not self.what_if:
@@ -576,6 +700,7 @@ class _Driver:
         reserved, allocated, nsegs = self.reserved, self.allocated, self.nsegs
         run: list[int] = []  # segment entries waiting for the malloc that caused them
         synced: list[int] = []  # deferred frees completed inside that run (events synced)
+        leading: list[int] = []  # deferred frees completed just before it
         done = n
         for i in range(n):
             action = steps[i][0]
@@ -586,17 +711,18 @@ class _Driver:
                 action == "free_completed"
                 and self.rename(steps[i][1]) in self.deferred
                 and (run or self._release_follows(i))
-            ):  # a release (empty_cache, or the last retry) synchronised the events first
-                synced.append(i)
+            ):  # completed around a release (empty_cache, or the last retry)
+                (synced if run else leading).append(i)
                 continue
             if run and action not in ("alloc", "oom"):
+                self._complete(leading)
                 self._standalone_run(run)
-                self._finish_synced(synced)
-                run, synced = [], []
+                self._finish_synced(leading + synced)
+                run, synced, leading = [], [], []
             if action in ("alloc", "oom"):
-                self._malloc(i, run)
-                self._finish_synced(synced)
-                run, synced = [], []
+                self._malloc(i, run, leading)
+                self._finish_synced(leading + synced)
+                run, synced, leading = [], [], []
             elif action == "free_requested":
                 self._free_requested(i)
                 # frees never release segments: nothing for the provider to forget, and the
@@ -611,8 +737,9 @@ class _Driver:
                 done = i + 1
                 break
         if run and done == n:
+            self._complete(leading)
             self._standalone_run(run)
-            self._finish_synced(synced)
+            self._finish_synced(leading + synced)
         out = self.out
         out.reserved, out.allocated, out.segments = reserved[:done], allocated[:done], nsegs[:done]
         start_reserved, start_allocated, _ = self.tl.start.totals()
