@@ -189,11 +189,8 @@ def reconstruct_layout(final: Layout, steps: Sequence[Step], rules: Rules) -> La
                 lay.map_range(addr, size, stream, small, "undo segment_unmap")
         except LayoutError as err:
             raise LayoutError(f"{_what(i, step)}: {err}") from None
-    # a block pending at the start would need its free_requested before the trace: impossible
-    for seg in lay.segs.values():
-        for b in seg.blocks:
-            if b[2] == PENDING_FREE:
-                b[2] = ALLOCATED
+    # a block still pending here had its free requested before the trace began (a deferred
+    # free, or the ring buffer cut between the two entries): it starts active_pending_free
     return lay
 
 
