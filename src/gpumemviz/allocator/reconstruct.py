@@ -219,7 +219,8 @@ def reconstruct(
     -------
     list of dict
         Torch-format segment dicts; blocks allocated before the trace began are
-        ``active_allocated`` with the requested size their free recorded.
+        ``active_allocated`` with the requested size their free recorded
+        (``active_pending_free`` when that free was requested before the trace began).
 
     Raises
     ------
