@@ -249,3 +249,108 @@ def test_views_report_what_the_browser_shows(panel):
     panel._handle_custom_msg({"kind": "close", "view": "a"}, [])
     assert panel.flush()
     assert panel.views == {}
+
+
+# -- following a sampler: monitor(), advice and the OOM verdict ----------------------------------
+
+
+def _until(pred, timeout=10.0):
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_monitor_follows_its_sampler_and_stops_it_on_close():
+    from gpumemviz.advice import advise
+    from gpumemviz.sources.simulated import SimulatedSource
+    from gpumemviz.widget import monitor
+
+    src = SimulatedSource("training", autostart=False)
+    src.step(3000)  # frozen from here on: the samples must match this state
+    want = src.sample()
+    panel = monitor(source=src, interval=0.05)
+    sampler = panel.sampler
+    try:
+        assert sampler.running
+        assert _until(lambda: panel.header.get("segments") == want.segments.n_segments)
+        assert panel.flush()
+        assert panel.header["allocated"] == want.stats.allocated
+        assert panel.header["nvml_total"] == want.nvml.total
+        assert panel.title == want.device_info.name and panel.demo
+        expected = advise(
+            want.segments,
+            want.device_info.allocator_settings or None,
+            want.stats,
+            device_total=want.device_info.total_memory,
+            device=0,
+        )
+        assert expected  # this state is fragmented: the header has lines to show
+        assert [a["message"] for a in panel.advice] == [a.message for a in expected]
+        assert panel.oom == {}
+    finally:
+        panel.close()
+    assert not sampler.running  # a sampler made for one panel stops with it
+    assert panel.push_sample not in sampler._listeners
+
+
+def test_an_oom_sample_shows_its_verdict(panel):
+    from gpumemviz.sources.simulated import SimulatedSource
+
+    src = SimulatedSource("training", autostart=False)
+    src.step(100_000)
+    assert src.ooms, "the training workload runs out of memory near its end"
+    event = src.ooms[-1]
+    panel.push_sample(src.oom_sample(event))
+    assert panel.flush()
+    assert panel.oom["cause"] == event.cause == "fragmentation"
+    assert panel.oom["explanation"] == event.explanation
+    assert panel.oom["alloc_size"] == event.alloc_size
+    assert panel.map_layout["n_rows"] == len(event.snapshot["segments"])
+    assert {a["kind"] for a in panel.advice} >= {"expandable_segments"}
+
+
+def test_monitor_uses_the_shared_sampler_and_its_interval():
+    from gpumemviz.sampler import shared
+    from gpumemviz.widget import monitor
+
+    sampler = shared(0)
+    before = sampler.interval
+    a = monitor(0, interval=0.2)
+    b = monitor(0, interval=0.2)
+    try:
+        assert a.sampler is b.sampler is sampler and sampler.running
+        assert sampler.interval == 0.2 and sampler.read_timeout == 2.0
+        assert _until(lambda: a.header.get("reserved") is not None)
+    finally:
+        a.close()
+        assert sampler.running  # shared: another panel still follows it
+        b.close()
+        sampler.stop()
+        sampler.interval = before
+
+
+def test_an_attached_panel_shows_the_newest_state_at_once(panel):
+    from gpumemviz.sampler import Sampler
+    from gpumemviz.sources.simulated import SimulatedSource
+
+    src = SimulatedSource("training", autostart=False)
+    src.step(2000)
+    sampler = Sampler(src)
+    sampler.sample_once(segments=True)
+    panel.attach(sampler)  # not started: the history alone fills the panel
+    assert panel.flush()
+    assert panel.map_layout["n_rows"] == src.sample().segments.n_segments
+
+
+def test_retime_refuses_a_bad_interval():
+    from gpumemviz.sampler import Sampler
+    from gpumemviz.sources import UnavailableSource
+    from gpumemviz.widget import retime
+
+    with pytest.raises(ValueError, match="interval must be a positive number"):
+        retime(Sampler(UnavailableSource(0, "x")), 0)

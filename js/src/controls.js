@@ -36,6 +36,16 @@ export function formatFigure(key, value, bytes) {
   return value.toLocaleString("en-US");
 }
 
+/**
+ * The OOM line: cause and explanation of the last captured out-of-memory error ("" if none).
+ * @param {Record<string, unknown> | undefined} oom
+ */
+export function oomText(oom) {
+  if (!oom || !oom.cause) return "";
+  const size = typeof oom.alloc_size === "number" ? ` of ${formatSize(oom.alloc_size)}` : "";
+  return `OOM${size} (${oom.cause}): ${oom.explanation || ""}`.trim();
+}
+
 /** @param {HTMLElement} host */
 export function createHeader(host) {
   const root = document.createElement("div");
@@ -52,6 +62,11 @@ export function createHeader(host) {
   top.append(title, demo, status);
   const figs = document.createElement("div");
   figs.className = "gmv-figs";
+  const oom = document.createElement("div");
+  oom.className = "gmv-oom";
+  oom.hidden = true;
+  const advice = document.createElement("ul");
+  advice.className = "gmv-advice";
   const legend = document.createElement("div");
   legend.className = "gmv-legend";
   KIND_NAMES.forEach((kind, i) => {
@@ -62,12 +77,13 @@ export function createHeader(host) {
     item.dataset.kind = kind;
     legend.append(item);
   });
-  root.append(top, figs, legend);
+  root.append(top, figs, oom, advice, legend);
   host.append(root);
 
   return {
     /**
-     * @param {{title: string, status: string, demo: boolean, header: Record<string, unknown>}} s
+     * @param {{title: string, status: string, demo: boolean, header: Record<string, unknown>,
+     *   advice?: {kind: string, message: string}[], oom?: Record<string, unknown>}} s
      */
     update(s) {
       title.textContent = s.title || "GPU memory";
@@ -85,6 +101,17 @@ export function createHeader(host) {
         fig.append(document.createTextNode(`${label} `), b);
         figs.append(fig);
       }
+      // text from sources and snapshot files goes in as text nodes only (never as HTML)
+      const verdict = oomText(s.oom);
+      oom.hidden = !verdict;
+      oom.textContent = verdict;
+      oom.dataset.cause = s.oom && s.oom.cause ? String(s.oom.cause) : "";
+      advice.replaceChildren(...(s.advice || []).map((a) => {
+        const li = document.createElement("li");
+        li.dataset.kind = String(a.kind);
+        li.textContent = String(a.message);
+        return li;
+      }));
     },
     destroy() { root.remove(); },
   };

@@ -21,7 +21,8 @@ function render({ model, el }) {
 
   const onHeader = () => header.update({
     title: model.get("title"), status: model.get("status"), demo: model.get("demo"),
-    header: model.get("header") || {},
+    header: model.get("header") || {}, advice: model.get("advice") || [],
+    oom: model.get("oom") || {},
   });
   const onLayout = () => {
     const layout = model.get("map_layout") || { n_rows: 0, groups: [] };
@@ -44,6 +45,8 @@ function render({ model, el }) {
   model.on("change:title", onHeader);
   model.on("change:status", onHeader);
   model.on("change:demo", onHeader);
+  model.on("change:advice", onHeader);
+  model.on("change:oom", onHeader);
   model.on("change:map_layout", onLayout);
   model.on("msg:custom", onMsg);
   onHeader();
@@ -55,6 +58,8 @@ function render({ model, el }) {
     model.off("change:title", onHeader);
     model.off("change:status", onHeader);
     model.off("change:demo", onHeader);
+    model.off("change:advice", onHeader);
+    model.off("change:oom", onHeader);
     model.off("change:map_layout", onLayout);
     model.off("msg:custom", onMsg);
     try { model.send({ kind: "close", view: id }); } catch { /* the model is gone already */ }

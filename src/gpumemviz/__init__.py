@@ -25,6 +25,12 @@ _LAZY: dict[str, str] = {
     "FragmentationReport": "gpumemviz.fragmentation",
     "advise": "gpumemviz.advice",
     "Advice": "gpumemviz.advice",
+    "figures": "gpumemviz.figures",
+    "export": "gpumemviz.export",
+    "diff": "gpumemviz.diff",
+    "redact_paths": "gpumemviz.frames",
+    "monitor": "gpumemviz.widget",
+    "MemoryPanel": "gpumemviz.widget",
 }
 
 __all__ = sorted([*_LAZY, "__version__"])
@@ -44,3 +50,17 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return __all__
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext gpumemviz``: registers the ``%gpumemviz`` magic (gpumemviz.magics)."""
+    from gpumemviz.magics import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext gpumemviz``: closes the magic's panels and stops the samplers it started."""
+    from gpumemviz.magics import unload_ipython_extension as unload
+
+    unload(ipython)

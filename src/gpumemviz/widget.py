@@ -25,7 +25,7 @@ from gpumemviz.render.rows import build_rows
 from gpumemviz.render.wire import Wire, figures
 from gpumemviz.snapshot import Snapshot
 
-__all__ = ["MemoryPanel", "bundle_path"]
+__all__ = ["MemoryPanel", "bundle_path", "monitor"]
 
 _PKG = Path(__file__).resolve().parent
 _JS = _PKG.parents[1] / "js"  # present in a source checkout only
@@ -155,6 +155,12 @@ class MemoryPanel(anywidget.AnyWidget):
     """Device name or file name."""
     demo = traitlets.Bool(False).tag(sync=True)
     """True when the data comes from a simulated source (shows the "demo data" badge)."""
+    advice = traitlets.List().tag(sync=True)
+    """gpumemviz.advice for what is shown: [{kind, message}], most bytes at stake first."""
+    oom = traitlets.Dict().tag(sync=True)
+    """The last captured OOM: {cause, explanation, alloc_size, device_free, time}; {} if none."""
+
+    ADVICE_EVERY_S = 1.0  # advice re-reads the whole snapshot: at most once a second
 
     def __init__(self, *, device: int | None = None, title: str = "", **kwargs: Any) -> None:
         super().__init__(title=title, **kwargs)
@@ -164,6 +170,9 @@ class MemoryPanel(anywidget.AnyWidget):
         self._latest: Any = None
         self._latest_lock = threading.Lock()
         self.wire_stats: dict[str, int] = {"frames": 0, "bytes": 0, "last_bytes": 0, "max_bytes": 0}
+        self.sampler: Any = None
+        self._owns_sampler = False
+        self._advice_at = -float("inf")
         self.on_msg(self._on_browser_msg)
         # the kernel subshell that handles this panel's browser messages (None: the main shell)
         self.subshell = _route_to_subshell(self.comm)
@@ -195,6 +204,28 @@ class MemoryPanel(anywidget.AnyWidget):
         """Sampler listener: show a Sample. Only the newest waiting sample is drawn."""
         self._offer(("sample", sample))
 
+    def attach(self, sampler: Any, *, owned: bool = False) -> None:
+        """Follow a `gpumemviz.sampler.Sampler`: show its newest state now, then every sample.
+
+        The panel only listens; an ``owned`` sampler (made for this panel alone) is also
+        stopped when the panel closes. A shared one keeps running for its other panels.
+        """
+        self.detach()
+        self.sampler = sampler
+        self._owns_sampler = owned
+        newest = sampler.history.latest_segments()
+        if newest is not None:
+            self.push_sample(newest)
+        sampler.add_listener(self.push_sample)
+
+    def detach(self) -> None:
+        """Stop following the sampler (closing the panel does this too)."""
+        sampler, self.sampler = self.sampler, None
+        if sampler is not None:
+            sampler.remove_listener(self.push_sample)
+            if self._owns_sampler:
+                sampler.stop()
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything handed to the panel so far is drawn and sent (tests, export)."""
         return self._writer.wait(timeout)
@@ -211,6 +242,8 @@ class MemoryPanel(anywidget.AnyWidget):
 
     def close(self) -> None:
         """Stop the writer thread and close the widget."""
+        if getattr(self, "sampler", None) is not None:
+            self.detach()
         writer = getattr(self, "_writer", None)  # absent when __init__ failed half-way
         if writer is not None:
             writer.stop()
@@ -236,6 +269,9 @@ class MemoryPanel(anywidget.AnyWidget):
         what, value = item
         if what == "snapshot":
             self._show(value, {}, status="snapshot")
+            self._advise(
+                value, settings=None, stats=None, total=None, device=self._device, force=True
+            )
         else:
             self._apply_sample(value)
 
@@ -251,6 +287,9 @@ class MemoryPanel(anywidget.AnyWidget):
         if info is not None and info.name:
             self.title = info.name
         self.demo = bool(getattr(sample, "demo", False))
+        oom = getattr(sample, "oom", None)
+        if oom is not None:
+            self.oom = _oom_dict(oom)
         state = getattr(sample, "state", "ok")
         if state == "waiting":
             self.status = "waiting for CUDA"
@@ -267,6 +306,39 @@ class MemoryPanel(anywidget.AnyWidget):
             return
         device = self._device if self._device is not None else sample.device
         self._show(sample.segments, extra, status=errors[0] if errors else label, device=device)
+        self._advise(
+            sample.segments,
+            settings=(info.allocator_settings or None) if info is not None else None,
+            stats=stats,
+            total=(info.total_memory or None) if info is not None else None,
+            device=device,
+            force=oom is not None,
+        )
+
+    def _advise(
+        self,
+        snap: Snapshot,
+        *,
+        settings: str | None,
+        stats: Any,
+        total: int | None,
+        device: int | None,
+        force: bool = False,
+    ) -> None:
+        """Refresh the advice lines (throttled: the rules read the whole snapshot)."""
+        now = time.monotonic()
+        if not force and now - self._advice_at < self.ADVICE_EVERY_S:
+            return
+        self._advice_at = now
+        from gpumemviz.advice import advise
+        from gpumemviz.fragmentation import fragmentation
+
+        report = fragmentation(snap)
+        if device is not None and device not in report.devices:
+            self.advice = []
+            return
+        found = advise(report, settings, stats, device_total=total, device=device)
+        self.advice = [{"kind": a.kind, "message": a.message} for a in found]
 
     def _show(
         self, snap: Snapshot, extra: dict[str, Any], status: str, device: int | None = None
@@ -298,6 +370,79 @@ class MemoryPanel(anywidget.AnyWidget):
             s["bytes"] += n
             s["last_bytes"] = n
             s["max_bytes"] = max(s["max_bytes"], n)
+
+
+def _oom_dict(event: Any) -> dict:
+    """The OOM verdict the header shows: plain values only (they travel as JSON)."""
+    return {
+        "cause": str(event.cause),
+        "explanation": str(event.explanation),
+        "alloc_size": int(event.alloc_size),
+        "device_free": int(event.device_free),
+        "time": float(event.time),
+    }
+
+
+def retime(sampler: Any, interval: float) -> None:
+    """Give a sampler a new tick interval, restarting it if it runs (its tick grid is fixed at
+    start, so the interval cannot change under a running thread)."""
+    if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not interval > 0:
+        raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+    if float(interval) == sampler.interval:
+        return
+    running = sampler.running
+    if running:
+        sampler.stop()
+    sampler.interval = float(interval)
+    sampler.read_timeout = max(2.0, 4 * sampler.interval)
+    if running:
+        sampler.start()
+
+
+def monitor(device: int = 0, interval: float = 0.5, source: Any = None) -> MemoryPanel:
+    """A live panel of one device's caching allocator, updated in the background.
+
+    Parameters
+    ----------
+    device : int
+        CUDA device index (default 0).
+    interval : float
+        Seconds between reads (default 0.5). The device's shared sampler takes this interval.
+    source : Source, optional
+        Where samples come from. Default: the device's shared sampler
+        (`gpumemviz.sampler.shared`), reading `gpumemviz.sources.default_source`: torch.cuda
+        when CUDA is available, otherwise the simulated allocator, labelled as demo data.
+
+    Returns
+    -------
+    MemoryPanel
+        Displayed when it is a cell's last expression; ``panel.sampler`` is the sampler it
+        follows; ``panel.close()`` stops following it (a shared sampler keeps running, one
+        made for ``source`` stops).
+
+    Examples
+    --------
+    >>> from gpumemviz.sources import UnavailableSource
+    >>> panel = monitor(source=UnavailableSource(0, "no GPU here"), interval=0.1)
+    >>> sampler = panel.sampler
+    >>> sampler.running
+    True
+    >>> panel.close()  # its own sampler stops with it
+    >>> sampler.running
+    False
+    """
+    from gpumemviz.sampler import Sampler, shared
+
+    if source is None:
+        sampler = shared(device)
+        retime(sampler, interval)
+    else:
+        sampler = Sampler(source, interval=interval)
+        device = getattr(source, "device", device)
+    panel = MemoryPanel(device=device if isinstance(device, int) else None)
+    panel.attach(sampler, owned=source is not None)
+    sampler.start()
+    return panel
 
 
 def _as_snapshot(obj: Any) -> Snapshot:

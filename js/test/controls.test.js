@@ -1,0 +1,19 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { formatFigure, oomText } from "../src/controls.js";
+
+test("the OOM line names size, cause and explanation", () => {
+  assert.equal(oomText({}), "");
+  assert.equal(oomText(undefined), "");
+  assert.equal(
+    oomText({ cause: "fragmentation", alloc_size: 20 * 2 ** 20, explanation: "no block fits" }),
+    "OOM of 20.00 MiB (fragmentation): no block fits",
+  );
+});
+
+test("figures: bytes, the fragmentation index and counts", () => {
+  assert.equal(formatFigure("reserved", 2 ** 31, true), "2.00 GiB");
+  assert.equal(formatFigure("fragmentation", 0.80312, false), "0.803");
+  assert.equal(formatFigure("num_ooms", 1234, false), "1,234");
+  assert.equal(formatFigure("nvml_used", null, true), "–");
+});

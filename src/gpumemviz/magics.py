@@ -1,0 +1,341 @@
+"""``%load_ext gpumemviz`` and the ``%gpumemviz`` line magic.
+
+The magic is a thin shell over `gpumemviz.widget.monitor`'s parts: one sampler per device (the
+shared one, or the extension's own for ``--demo`` and ``--replay``), one panel per device for the
+magic (re-running the cell replaces the panel and reuses the sampler), and in a terminal IPython,
+where no widget can show, a text summary of one read instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+
+from gpumemviz.units import format_size
+
+__all__ = ["GpumemvizMagics", "load_ipython_extension", "summary", "unload_ipython_extension"]
+
+USAGE = (
+    "%gpumemviz [--device N] [--interval S] [--demo WORKLOAD] [--replay FILE] "
+    "[stop | status | export PATH]"
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse would exit the kernel
+        raise UsageError(f"%gpumemviz: {message}; usage: {USAGE}")
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="%gpumemviz", add_help=False)
+    p.add_argument("--device", type=int, default=None)
+    p.add_argument("--interval", type=float, default=None)
+    p.add_argument("--demo", metavar="WORKLOAD", default=None)
+    p.add_argument("--replay", metavar="FILE", default=None)
+    p.add_argument("command", nargs="?", choices=("stop", "status", "export"))
+    p.add_argument("path", nargs="?")
+    return p
+
+
+@dataclass
+class _Feed:
+    """What the magic shows for one device: its sampler (made by the extension or not), panel."""
+
+    sampler: Any
+    owned: bool  # made by the extension (demo, replay): closed with it
+    key: tuple
+    panel: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+@magics_class
+class GpumemvizMagics(Magics):
+    """The ``%gpumemviz`` magic; `load_ipython_extension` registers one per shell."""
+
+    def __init__(self, shell: Any) -> None:
+        super().__init__(shell)
+        self.feeds: dict[int, _Feed] = {}
+        self.started: set[int] = set()  # devices whose shared sampler this extension started
+        self.last_device = 0
+        # None: decide from the shell (a kernel has a widget front end, a terminal has not)
+        self.widgets: bool | None = None
+
+    # ------------------------------------------------------------------------------------------
+    @line_magic
+    def gpumemviz(self, line: str) -> Any:
+        """Show the live memory panel; ``stop``, ``status`` or ``export PATH`` act on it.
+
+        ``%gpumemviz [--device N] [--interval S] [--demo WORKLOAD] [--replay FILE]``
+        ``[stop | status | export PATH]``
+        """
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise UsageError(f"%gpumemviz: {exc}; usage: {USAGE}") from None
+        args = _parser().parse_args(words)
+        if args.device is not None and args.device < 0:
+            raise UsageError(f"%gpumemviz: --device must be >= 0, got {args.device}")
+        if args.interval is not None and not args.interval > 0:
+            raise UsageError(f"%gpumemviz: --interval must be > 0 seconds, got {args.interval}")
+        if args.demo and args.replay:
+            raise UsageError("%gpumemviz: --demo and --replay exclude each other")
+        if args.path is not None and args.command != "export":
+            raise UsageError(f"%gpumemviz: unexpected {args.path!r}; usage: {USAGE}")
+        device = self.last_device if args.device is None else args.device
+        if args.command == "stop":
+            return self._stop(device)
+        if args.command == "status":
+            return self._status(device)
+        if args.command == "export":
+            if not args.path:
+                raise UsageError("%gpumemviz: export needs a PATH (export run.pickle)")
+            return self._export(device, args.path)
+        return self._show(device, args)
+
+    # ------------------------------------------------------------------------------------------
+    def _show(self, device: int, args: argparse.Namespace) -> Any:
+        from gpumemviz.widget import MemoryPanel, retime
+
+        feed = self._feed(device, args)
+        device = feed.sampler.source.device if feed.owned else device
+        self.last_device = device
+        if args.interval is not None:
+            retime(feed.sampler, args.interval)
+        if not self._has_widgets():
+            sample = feed.sampler.sample_once(segments=True)
+            print(summary(sample))
+            return None
+        if feed.panel is not None:  # re-run: the old cell output is gone; its panel goes too
+            feed.panel.close()
+        panel = MemoryPanel(device=device)
+        panel.attach(feed.sampler)
+        feed.panel = panel
+        was_running = feed.sampler.running
+        if feed.sampler.start() and not was_running and not feed.owned:
+            self.started.add(device)
+        return panel
+
+    def _feed(self, device: int, args: argparse.Namespace) -> _Feed:
+        """The device's feed for these arguments: the one already running when they match."""
+        if args.replay:
+            path = Path(args.replay).expanduser().resolve()
+            key: tuple = ("replay", str(path))
+        elif args.demo:
+            key = ("demo", args.demo, device)
+        else:
+            key = ("live", device)
+        old = self._by_key(key)
+        if old is not None:
+            return old
+        if args.replay:
+            sampler = _replay_sampler(path, args.interval)
+        elif args.demo:
+            sampler = _demo_sampler(args.demo, device, args.interval)
+        else:
+            from gpumemviz.sampler import shared
+
+            sampler = shared(device)
+        feed = _Feed(sampler=sampler, owned=bool(args.replay or args.demo), key=key)
+        dev = sampler.source.device if feed.owned else device
+        replaced = self.feeds.get(dev)
+        if replaced is not None:
+            self._drop(replaced)
+        self.feeds[dev] = feed
+        return feed
+
+    def _by_key(self, key: tuple) -> _Feed | None:
+        return next((f for f in self.feeds.values() if f.key == key), None)
+
+    def _drop(self, feed: _Feed) -> None:
+        if feed.panel is not None:
+            feed.panel.close()
+            feed.panel = None
+        if feed.owned:
+            feed.sampler.close()
+
+    def _has_widgets(self) -> bool:
+        if self.widgets is not None:
+            return self.widgets
+        return getattr(self.shell, "kernel", None) is not None
+
+    def _stop(self, device: int) -> None:
+        feed = self.feeds.get(device)
+        if feed is None:
+            from gpumemviz.sampler import shared
+
+            sampler = shared(device)
+        else:
+            sampler = feed.sampler
+        sampler.stop()
+        self.started.discard(device)
+        print(f"gpumemviz: stopped sampling device {device} ({_label(sampler)})")
+
+    def _status(self, device: int) -> None:
+        feed = self.feeds.get(device)
+        if feed is None:
+            print(f"gpumemviz: nothing shown for device {device} yet; run %gpumemviz")
+            return
+        st = feed.sampler.status()
+        state = "paused" if st["paused"] else "running" if st["running"] else "stopped"
+        lines = [
+            f"gpumemviz: device {device}: {_label(feed.sampler)}, {state}",
+            f"  every {feed.sampler.interval:g} s; segment map every {st['segment_gap']:.1f} s"
+            f" ({st['cpu_share']:.1%} of a core)",
+            f"  {st['ticks']} reads, {st['segment_reads']} segment reads, {st['errors']} errors;"
+            f" history {st['history_len']} samples, {format_size(st['history_bytes'])}",
+        ]
+        if st["last_error"]:
+            lines.append(f"  last error: {st['last_error']}")
+        latest = feed.sampler.history.latest()
+        if latest is not None:
+            lines.append(summary(latest))
+        print("\n".join(lines))
+
+    def _export(self, device: int, path: str) -> None:
+        from gpumemviz.io import save_snapshot
+
+        feed = self.feeds.get(device)
+        if feed is None:
+            from gpumemviz.sampler import shared
+
+            source = shared(device).source
+        else:
+            source = feed.sampler.source
+        try:
+            raw = source.export()
+        except Exception as exc:
+            raise UsageError(f"%gpumemviz export: {exc}") from None
+        written = save_snapshot(raw, Path(path).expanduser())
+        n = len(raw.get("segments") or ()) if isinstance(raw, dict) else len(raw)
+        print(f"gpumemviz: wrote {written} ({n} segments, {format_size(written.stat().st_size)})")
+
+    def close(self) -> None:
+        """Close every panel and feed of this extension; stop the shared samplers it started."""
+        from gpumemviz.sampler import shared
+
+        for feed in list(self.feeds.values()):
+            self._drop(feed)
+        self.feeds.clear()
+        for device in sorted(self.started):
+            shared(device).stop()
+        self.started.clear()
+
+
+def _label(sampler: Any) -> str:
+    return str(getattr(sampler.source, "label", type(sampler.source).__name__))
+
+
+def _demo_sampler(workload: str, device: int, interval: float | None) -> Any:
+    from gpumemviz.allocator.workloads import WORKLOADS
+    from gpumemviz.sampler import Sampler
+    from gpumemviz.sources.simulated import SimulatedSource
+
+    if workload not in WORKLOADS:
+        raise UsageError(f"%gpumemviz: unknown workload {workload!r}; known: {sorted(WORKLOADS)}")
+    return Sampler(SimulatedSource(workload, device=device), interval=interval or 0.5)
+
+
+def _replay_sampler(path: Path, interval: float | None) -> Any:
+    """A sampler over a recorded file, opened on its last entry (the state the file records)."""
+    from gpumemviz.sampler import Sampler
+    from gpumemviz.sources.replay import ReplaySource
+
+    if not path.is_file():
+        raise UsageError(f"%gpumemviz: --replay {path}: no such file")
+    try:
+        source = ReplaySource(path, loop=False)
+    except (ValueError, TypeError, OSError) as exc:
+        raise UsageError(f"%gpumemviz: --replay {path.name}: {exc}") from None
+    source.seek(source.n - 1)
+    return Sampler(source, interval=interval or 0.5)
+
+
+def summary(sample: Any) -> str:
+    """A few lines of text for one `Sample`: what the panel's header shows.
+
+    Parameters
+    ----------
+    sample : Sample
+
+    Returns
+    -------
+    str
+    """
+    from gpumemviz.render.rows import build_rows
+    from gpumemviz.render.wire import figures
+
+    info = sample.device_info
+    name = info.name if info is not None and info.name else sample.source_label or "GPU"
+    head = f"gpumemviz · cuda:{sample.device} · {name}" + (" · demo data" if sample.demo else "")
+    if sample.state == "waiting":
+        return f"{head}\nwaiting for CUDA: nothing has initialised it on this device yet"
+    if sample.state != "ok":
+        return f"{head}\n{sample.state}: {'; '.join(sample.errors) or 'no data'}"
+    lines = [head]
+    stats = sample.stats
+    if sample.segments is not None:
+        f = figures(build_rows(sample.segments, device=sample.device))
+        lines.append(
+            f"reserved {format_size(f['reserved'])} · allocated {format_size(f['allocated'])}"
+            f" · free in reserved {format_size(f['free'])} · largest free block "
+            f"{format_size(f['largest_free'])} · fragmentation {f['fragmentation']:.3f}"
+            f" · {f['segments']} segments"
+        )
+    elif stats is not None:
+        lines.append(
+            f"reserved {format_size(stats.reserved)} · allocated {format_size(stats.allocated)}"
+        )
+    extra = []
+    nvml = sample.nvml
+    if nvml is not None and nvml.available and nvml.total:
+        extra.append(f"NVML used {format_size(nvml.used or 0)} of {format_size(nvml.total)}")
+    if stats is not None:
+        extra.append(f"alloc retries {stats.num_alloc_retries} · OOMs {stats.num_ooms}")
+    if extra:
+        lines.append(" · ".join(extra))
+    if sample.oom is not None:
+        lines.append(f"OOM ({sample.oom.cause}): {sample.oom.explanation}")
+    if sample.segments is not None:
+        from gpumemviz.advice import advise
+
+        settings = info.allocator_settings if info is not None else None
+        total = info.total_memory if info is not None else None
+        try:
+            found = advise(
+                sample.segments,
+                settings or None,
+                stats,
+                device_total=total or None,
+                device=sample.device,
+            )
+        except ValueError:  # the device has no segments in this snapshot
+            found = []
+        lines += [f"advice: {a.message}" for a in found]
+    return "\n".join(lines)
+
+
+_MAGICS: dict[int, GpumemvizMagics] = {}
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext gpumemviz``: register ``%gpumemviz`` (loading twice keeps one instance)."""
+    if id(ipython) in _MAGICS:
+        return
+    magics = GpumemvizMagics(ipython)
+    _MAGICS[id(ipython)] = magics
+    ipython.register_magics(magics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext gpumemviz``: close the panels and stop the samplers the magic started."""
+    magics = _MAGICS.pop(id(ipython), None)
+    if magics is not None:
+        magics.close()
+        ipython.magics_manager.registry.pop(type(magics).__name__, None)
+        ipython.magics_manager.magics["line"].pop("gpumemviz", None)

@@ -1,0 +1,142 @@
+"""%load_ext gpumemviz and %gpumemviz in a real IPython shell (terminal and widget paths)."""
+
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+from conftest import REAL_DIR
+from gpumemviz.io import load_snapshot
+from gpumemviz.magics import _MAGICS
+
+MAGMA = "MAGMA27__assignment2-systems__memory_snapshot.pickle"  # 216 segments, one trace
+
+
+@pytest.fixture
+def real_path_of():
+    def find(name):
+        path = REAL_DIR / name
+        if not path.is_file():
+            pytest.skip(f"{path} is not available")
+        return path
+
+    return find
+
+
+@pytest.fixture
+def shell():
+    sh = InteractiveShell.instance()
+    sh.run_line_magic("load_ext", "gpumemviz")
+    yield sh
+    sh.run_line_magic("unload_ext", "gpumemviz")
+    InteractiveShell.clear_instance()
+
+
+def _magics(sh):
+    return _MAGICS[id(sh)]
+
+
+def test_terminal_prints_a_summary_of_the_demo(shell, capsys):
+    shell.run_line_magic("gpumemviz", "--demo training_expandable")
+    out = capsys.readouterr().out
+    assert "cuda:0 · simulated caching allocator (demo) · demo data" in out
+    assert "reserved " in out and "alloc retries 0 · OOMs 0" in out
+    assert _magics(shell).feeds[0].panel is None  # no widget front end: no panel made
+
+
+def test_status_and_export_act_on_the_shown_feed(shell, capsys, tmp_path):
+    shell.run_line_magic("gpumemviz", "--demo training")
+    shell.run_line_magic("gpumemviz", "status")
+    out = capsys.readouterr().out
+    assert "device 0: simulated: training (demo data)" in out and "reads" in out
+    path = tmp_path / "run.pickle"
+    shell.run_line_magic("gpumemviz", f"export {path}")
+    out = capsys.readouterr().out
+    assert f"wrote {path}" in out
+    snap = load_snapshot(path)
+    assert f"({snap.n_segments} segments" in out
+    assert path.read_bytes()[:2] == b"\x80\x04"  # pickle protocol 4 (MemoryViz reads it)
+
+
+def test_replay_opens_on_the_recorded_state(shell, capsys, real_path_of):
+    path = real_path_of(MAGMA)
+    shell.run_line_magic("gpumemviz", f"--replay {path}")
+    out = capsys.readouterr().out
+    n = load_snapshot(path).n_segments
+    assert f"· {n} segments" in out and "recorded trace" in out
+
+
+def test_widget_path_reuses_the_sampler_and_replaces_the_panel(shell):
+    from gpumemviz.widget import MemoryPanel
+
+    _magics(shell).widgets = True
+    first = shell.run_line_magic("gpumemviz", "--demo training --interval 0.1")
+    second = shell.run_line_magic("gpumemviz", "--demo training")
+    assert isinstance(first, MemoryPanel) and isinstance(second, MemoryPanel)
+    sampler = second.sampler
+    assert first.sampler is None and sampler.running  # the old panel let go, same sampler
+    assert sampler.interval == 0.1
+    assert second.flush()
+    shell.run_line_magic("gpumemviz", "stop")
+    assert not sampler.running
+    shell.run_line_magic("gpumemviz", "")  # a bare re-run shows the live/default feed
+    assert _magics(shell).feeds[0].key == ("live", 0)
+    assert second.sampler is None  # replaced: the demo feed and its panel are gone
+
+
+def test_unload_stops_what_the_extension_started(shell):
+    from gpumemviz.sampler import shared
+
+    _magics(shell).widgets = True
+    live = shared(0)
+    was_running = live.running
+    panel = shell.run_line_magic("gpumemviz", "--interval 0.5")
+    assert panel.sampler is live and live.running
+    shell.run_line_magic("unload_ext", "gpumemviz")
+    assert live.running == was_running
+    with pytest.raises(UsageError, match="not found"):
+        shell.run_line_magic("gpumemviz", "")
+    shell.run_line_magic("load_ext", "gpumemviz")  # the fixture unloads once more
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ("--device -1", "--device must be >= 0"),
+        ("--interval 0", "--interval must be > 0"),
+        ("--demo nope", "unknown workload 'nope'"),
+        ("--demo training --replay x.pickle", "exclude each other"),
+        ("--replay /nonexistent.pickle", "no such file"),
+        ("export", "export needs a PATH"),
+        ("frobnicate", "invalid choice: 'frobnicate'"),
+        ("status extra", "unexpected 'extra'"),
+    ],
+)
+def test_bad_input_gets_one_line(shell, line, message):
+    with pytest.raises(UsageError, match=message) as err:
+        shell.run_line_magic("gpumemviz", line)
+    assert "\n" not in str(err.value)
+
+
+def test_a_file_without_history_cannot_replay(shell, real_path_of):
+    path = real_path_of("kkaitlyn111__cs336-a2-systems__memory_snapshot.pickle")
+    with pytest.raises(UsageError, match="no recorded history"):
+        shell.run_line_magic("gpumemviz", f"--replay {path}")
+
+
+def test_extension_entry_points_are_lazy_attributes_of_the_package():
+    import gpumemviz
+
+    assert callable(gpumemviz.load_ipython_extension)
+    assert gpumemviz.monitor.__module__ == "gpumemviz.widget"
+    assert gpumemviz.MemoryPanel.__module__ == "gpumemviz.widget"
+    assert gpumemviz.__all__ == sorted(gpumemviz.__all__)
+
+
+def test_summary_says_waiting_for_cuda():
+    from gpumemviz.magics import summary
+    from gpumemviz.sample import Sample
+
+    text = summary(Sample(time=0.0, device=1, stats=None, state="waiting"))
+    assert text.splitlines()[1].startswith("waiting for CUDA")
