@@ -26,7 +26,6 @@ _LAZY: dict[str, str] = {
     "advise": "gpumemviz.advice",
     "Advice": "gpumemviz.advice",
     "figures": "gpumemviz.figures",
-    "figures": "gpumemviz.figures",
     "export": "gpumemviz.export",
     "diff": "gpumemviz.diff",
     "redact_paths": "gpumemviz.frames",
