@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..units import format_size
 from .config import AllocatorConfig
 from .drive import DeviceReplay, ReplayError, drive
 from .layout import LayoutError
@@ -107,12 +108,12 @@ class ReplayResult:
 
         lines = []
         for dev, d in sorted(self.devices.items()):
-            cap = f"{d.capacity:,} B" if d.capacity_known else "unknown"
+            cap = format_size(d.capacity) if d.capacity is not None else "unknown"
             head = f"device {dev} [{d.config or 'default settings'}] capacity {cap}: "
             if d.what_if:
                 lines.append(
-                    head + f"peak reserved {d.peak_reserved:,} B (recorded "
-                    f"{self.recorded_peak_reserved(dev):,} B), oom {at(d.oom)} "
+                    head + f"peak reserved {format_size(d.peak_reserved)} (recorded "
+                    f"{format_size(self.recorded_peak_reserved(dev))}), oom {at(d.oom)} "
                     f"(recorded {at(self.recorded[dev].recorded_oom)})"
                 )
             else:
