@@ -546,35 +546,34 @@ def _walk_careful(segs: Any) -> _Walked:
     si = -1
     try:
         for si, seg in enumerate(segs):
-            where = f"segment {si}"
             if not isinstance(seg, Mapping):
-                raise _snapshot_error(f"{where}: not a segment dict ({type(seg).__name__})")
+                raise _snapshot_error(f"segment {si}: not a segment dict ({type(seg).__name__})")
             for key in ("blocks", "address", "total_size"):
                 if key not in seg:
-                    raise _snapshot_error(f"{where}: no {key!r}")
+                    raise _snapshot_error(f"segment {si}: no {key!r}")
             blocks = seg["blocks"]
             if not isinstance(blocks, list):
-                raise _snapshot_error(f"{where}: 'blocks' is not a list")
+                raise _snapshot_error(f"segment {si}: 'blocks' is not a list")
             r = off = 0
             for bi, b in enumerate(blocks):
                 if not isinstance(b, Mapping):
-                    raise _snapshot_error(f"{where}, block {bi}: not a block dict")
+                    raise _snapshot_error(f"segment {si}, block {bi}: not a block dict")
                 size = b.get("size")
                 st = b.get("state")
                 if not isinstance(size, int) or isinstance(size, bool):
-                    raise _snapshot_error(f"{where}, block {bi}: no integer 'size'")
+                    raise _snapshot_error(f"segment {si}, block {bi}: no integer 'size'")
                 if st == _ALLOCATED:
-                    r += _requested(b, size, f"{where}, block {bi}")
+                    r += _requested(b, size, si, bi)
                 elif st == _INACTIVE:
                     free_pos.extend((base + off, size))
                 elif st == _PENDING:
                     pend_pos.extend((base + off, size))
                 else:
-                    raise _snapshot_error(f"{where}, block {bi}: unknown block state {st!r}")
+                    raise _snapshot_error(f"segment {si}, block {bi}: unknown block state {st!r}")
                 off += size
             for key in ("address", "total_size"):
                 if not isinstance(seg[key], int):
-                    raise _snapshot_error(f"{where}: {key!r} is not an integer")
+                    raise _snapshot_error(f"segment {si}: {key!r} is not an integer")
             per_seg.extend((r, seg["address"], seg["total_size"], len(blocks), base))
             base += off
             seg_type = seg.get("segment_type")
@@ -598,7 +597,7 @@ def _walk_careful(segs: Any) -> _Walked:
     return per_seg, free_pos, pend_pos, smalls, odd
 
 
-def _requested(b: Mapping[str, Any], size: int, where: str) -> int:
+def _requested(b: Mapping[str, Any], size: int, si: int, bi: int) -> int:
     """`_memory_viz._block_extra`: requested_size, or the first history entry without frames."""
     if "frames" not in b:
         hist = b.get("history")
@@ -606,11 +605,11 @@ def _requested(b: Mapping[str, Any], size: int, where: str) -> int:
             try:
                 return int(hist[0]["real_size"])
             except (KeyError, TypeError, IndexError, ValueError):
-                raise _snapshot_error(f"{where}: malformed 'history'") from None
+                raise _snapshot_error(f"segment {si}, block {bi}: malformed 'history'") from None
         return b.get("requested_size", size)
     req = b.get("requested_size")
     if not isinstance(req, int):
-        raise _snapshot_error(f"{where}: no integer 'requested_size'")
+        raise _snapshot_error(f"segment {si}, block {bi}: no integer 'requested_size'")
     return req
 
 
@@ -824,16 +823,8 @@ def _expandable_releasable(cols: _Columns, row: int, page: int) -> int:
     """
     runs = sorted(
         [
-            *zip(
-                cols.free_offset[cols.free_segment == row].tolist(),
-                cols.free_size[cols.free_segment == row].tolist(),
-                strict=True,
-            ),
-            *zip(
-                cols.pend_offset[cols.pend_segment == row].tolist(),
-                cols.pend_size[cols.pend_segment == row].tolist(),
-                strict=True,
-            ),
+            *_blocks_of(cols.free_segment, cols.free_offset, cols.free_size, row),
+            *_blocks_of(cols.pend_segment, cols.pend_offset, cols.pend_size, row),
         ]
     )
     out = 0
@@ -846,6 +837,14 @@ def _expandable_releasable(cols: _Columns, row: int, page: int) -> int:
             i += 1
         out += max(end // page * page - -(-begin // page) * page, 0)
     return out
+
+
+def _blocks_of(
+    seg: np.ndarray, offset: np.ndarray, size: np.ndarray, row: int
+) -> list[tuple[int, int]]:
+    """(offset, size) of one segment's blocks; `seg` is ascending, so two binary searches."""
+    lo, hi = np.searchsorted(seg, [row, row + 1])
+    return list(zip(offset[lo:hi].tolist(), size[lo:hi].tolist(), strict=True))
 
 
 def _figures(
