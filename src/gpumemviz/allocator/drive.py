@@ -392,7 +392,7 @@ class _Driver:
                 self.tl.device,
                 self.total,
                 address_provider=self.provider,
-                trace_max_entries=1 << 12,
+                trace_max_entries=1 << 16,  # one call never emits more
             )
         except ValueError as err:  # e.g. segments of a private pool (CUDA graphs)
             raise ReplayError(f"device {self.tl.device}: {err}") from None

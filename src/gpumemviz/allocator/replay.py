@@ -8,7 +8,7 @@ are invented and only address-free figures are compared (reference section 9.4).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -158,21 +158,6 @@ def _capacity_from_oom(tl: Timeline) -> int | None:
     return None
 
 
-def _recorded_config(settings: Mapping[str, Any] | None) -> AllocatorConfig:
-    """The recorded settings. The string was accepted by a CUDA build, so its CUDA keys count:
-    `per_process_memory_fraction` caps memory and enables the GC (`from_settings` reads the
-    string as the CPU wheel does, without them)."""
-    cfg = AllocatorConfig.from_settings(settings)
-    s = (settings or {}).get("PYTORCH_CUDA_ALLOC_CONF") if isinstance(settings, Mapping) else ""
-    try:
-        cuda = AllocatorConfig.parse(s or "")
-    except ValueError:  # a key newer than ours: keep what from_settings understood
-        return cfg
-    return replace(
-        cfg, per_process_memory_fraction=cuda.per_process_memory_fraction, backend=cuda.backend
-    )
-
-
 def _as_config(config: str | AllocatorConfig | None, recorded: AllocatorConfig) -> AllocatorConfig:
     if config is None:
         return recorded
@@ -237,7 +222,7 @@ def replay(
     (1, 1, 1, 2097152)
     """
     snap = _as_dict(snapshot)
-    recorded_cfg = _recorded_config(snap.get("allocator_settings"))
+    recorded_cfg = AllocatorConfig.from_settings(snap.get("allocator_settings"))
     cfg = _as_config(config, recorded_cfg)
     traces = snap.get("device_traces") or []
     traced = [d for d, t in enumerate(traces) if t]
