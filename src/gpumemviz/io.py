@@ -30,11 +30,13 @@ __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_DEPTH",
     "as_snapshot",
+    "atomic_write",
     "check_plain",
     "load_snapshot",
     "loads_restricted",
     "save_snapshot",
     "validate",
+    "write_torch",
 ]
 
 DEFAULT_MAX_BYTES = 4 << 30
@@ -353,12 +355,38 @@ def save_snapshot(snapshot: Any, path: str | os.PathLike) -> Path:
     '{"segments":[],"device_traces":[]}'
     """
     path = Path(path)
-    data = as_snapshot(snapshot).to_torch()
-    if path.suffix.lower() == ".json":
+    fmt = "json" if path.suffix.lower() == ".json" else "pickle"
+    return write_torch(as_snapshot(snapshot).to_torch(), path, format=fmt)
+
+
+def write_torch(data: dict | list, path: str | os.PathLike, *, format: str = "pickle") -> Path:
+    """Write plain snapshot data (a torch dict) atomically as protocol-4 pickle or JSON.
+
+    The writer behind `save_snapshot` and `gpumemviz.export`, for data already in torch's
+    shape (e.g. redacted). Same guarantees: temp file, fsync, rename; nothing partial left.
+
+    Parameters
+    ----------
+    data : dict or list
+        Plain data (what `Snapshot.to_torch()` returns).
+    path : str or PathLike
+        Where to write.
+    format : {"pickle", "json"}
+        Protocol-4 pickle, or compact JSON (tuples become lists; `load_snapshot` restores them).
+
+    Returns
+    -------
+    Path
+        The path written.
+    """
+    if format == "json":
         writer: Callable[[Any, BinaryIO], None] = _write_json
-    else:
+    elif format == "pickle":
         writer = _write_pickle
-    _atomic_write(path, lambda f: writer(data, f))
+    else:
+        raise ValueError(f"unknown format {format!r}: expected 'pickle' or 'json'")
+    path = Path(path)
+    atomic_write(path, lambda f: writer(data, f))
     return path
 
 
@@ -374,7 +402,13 @@ def _write_json(data: Any, f: BinaryIO) -> None:
     f.write(text.encode("utf-8"))
 
 
-def _atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+    """Call `write(f)` on a temp file beside `path`, fsync it, then rename it over `path`.
+
+    An exception (from `write` or the OS) leaves the old file as it was and no temp file; the
+    old file's permission bits are kept. Every file gpumemviz writes goes through here.
+    """
+    path = Path(path)
     folder = path.parent
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     tmp = Path(name)

@@ -421,6 +421,13 @@ class Trace:
                 vals[k] = v
         return vals
 
+    def frames(self) -> list:
+        """Each entry's stack (shared, not copied); `[]` where the entry has no `frames` key."""
+        f = self._objects.get("frames")
+        if f is None:
+            return [[]] * len(self)
+        return [x if x is not None else [] for x in f]
+
     def entries(self) -> list[dict]:
         """The torch list of entry dicts (frames and strings shared, not copied)."""
         return self._shape.build(len(self), self._values())
@@ -442,6 +449,15 @@ class Trace:
             else:
                 out[k] = vals[k][i]
         return out
+
+
+def _legacy_frames(extra: Mapping[str, Any] | None) -> list | None:
+    """The frames of a torch 2.0 block: its `history[0]` (reference §3.4), None without one."""
+    history = extra.get("history") if extra else None
+    if isinstance(history, list) and history and isinstance(history[0], dict):
+        frames = history[0].get("frames")
+        return frames if isinstance(frames, list) else None
+    return None
 
 
 def _take(col: np.ndarray, idx: np.ndarray | None) -> list:
@@ -515,9 +531,8 @@ class Snapshot:
         i %= n
         b = self.blocks
         frames = self._blk_frames[i] if self._blk_frames is not None else None
-        history = self._blk_shape.extra.get(i, {}).get("history")
-        if frames is None and isinstance(history, list) and history:  # torch 2.0 legacy block
-            frames = history[0].get("frames") if isinstance(history[0], dict) else None
+        if frames is None:
+            frames = _legacy_frames(self._blk_shape.extra.get(i))
         return Block(
             index=i,
             segment=int(b.segment[i]),
@@ -527,6 +542,22 @@ class Snapshot:
             state=STATE_NAMES[int(b.state[i])],
             frames=tuple(frames or ()),
         )
+
+    def block_frames(self) -> list:
+        """Each block's allocation stack, in table order: the file's frames list (shared, not
+        copied), a torch 2.0 block's `history[0]` frames, or `[]` when none was recorded.
+
+        One list for all blocks, so stack analysis (sites, hover) costs no per-block objects.
+        """
+        n = self.n_blocks
+        base = self._blk_frames
+        out = [[]] * n if base is None else [f if f is not None else [] for f in base]
+        for i, extra in self._blk_shape.extra.items():
+            if base is None or base[i] is None:
+                legacy = _legacy_frames(extra)
+                if legacy is not None:
+                    out[i] = legacy
+        return out
 
     def segment(self, i: int) -> Segment:
         """Segment `i` (in file order) with its blocks, as a frozen value."""

@@ -1,0 +1,352 @@
+"""Allocation stacks: which frames to show, which one is the user's line, and path redaction.
+
+Hover, reports, sites and diff all read stacks the same way. The filter is MemoryViz's
+(reference §3.5: the same lists as `torch.cuda._memory_viz._frame_filter`), so a stack reads
+here as it does in PyTorch's viewer. Frames are innermost first: index 0 is the allocator call.
+
+`redact_paths` exists because an export is made to be shared: home directories and user names
+in frame filenames (and anywhere else a string of the snapshot holds them) become placeholders.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from typing import Any
+
+from .io import as_snapshot
+from .snapshot import Snapshot
+
+__all__ = [
+    "OMIT_FILENAMES",
+    "OMIT_FUNCTIONS",
+    "Redactor",
+    "filter_frames",
+    "find_user_names",
+    "format_frame",
+    "format_stack",
+    "is_interpreter_frame",
+    "is_torch_frame",
+    "keep_frame",
+    "redact_paths",
+    "redact_torch",
+    "user_frame",
+    "user_frame_index",
+]
+
+# MemoryViz / torch.cuda._memory_viz._frame_filter: substrings that mark interpreter and
+# dispatcher frames (reference §3.5).
+OMIT_FUNCTIONS = (
+    "unwind::unwind",
+    "CapturedTraceback::gather",
+    "gather_with_cpp",
+    "_start",
+    "__libc_start_main",
+    "PyEval_",
+    "PyObject_",
+    "PyFunction_",
+)
+OMIT_FILENAMES = (
+    "core/boxing",
+    "/Register",
+    "/Redispatch",
+    "pythonrun.c",
+    "Modules/main.c",
+    "Objects/call.c",
+    "Objects/methodobject.c",
+    "pycore_ceval.h",
+    "ceval.c",
+    "cpython/abstract.h",
+)
+
+# Native code: C/C++/CUDA sources and objects, and the "??" / "" of unsymbolised frames.
+_NATIVE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".h", ".hpp", ".cu", ".cuh", ".o", ".so")
+# The Python standard library (lib/python3.X/x.py, not under site-/dist-packages), frozen
+# modules, and the interpreter's own pseudo-files.
+_STDLIB = re.compile(r"[\\/]lib[\\/]python\d+(\.\d+)?[\\/](?!(site|dist)-packages[\\/])", re.I)
+# torch's own Python (installed or a source tree), its siblings, and inductor's generated code.
+_TORCH = re.compile(
+    r"(^|[\\/])((site|dist)-packages[\\/](torch|functorch|torchgen)[\\/]"
+    r"|torch[\\/](nn|_\w+|autograd|utils|cuda|distributed|optim|amp|fx|nested|sparse|"
+    r"testing|overrides|functional|serialization|storage|library)\b"
+    r"|torchinductor_[^\\/]*[\\/])"
+)
+
+
+@lru_cache(maxsize=1 << 16)
+def _keep(name: str, filename: str) -> bool:
+    return not any(o in name for o in OMIT_FUNCTIONS) and not any(
+        o in filename for o in OMIT_FILENAMES
+    )
+
+
+def _fields(frame: Any) -> tuple[str, str]:
+    if not isinstance(frame, dict):
+        return "", ""
+    name, filename = frame.get("name", ""), frame.get("filename", "")
+    return (name if isinstance(name, str) else str(name)), (
+        filename if isinstance(filename, str) else str(filename)
+    )
+
+
+def keep_frame(frame: dict) -> bool:
+    """False for the interpreter and dispatcher frames MemoryViz hides (reference §3.5)."""
+    return _keep(*_fields(frame))
+
+
+def filter_frames(frames: Iterable[dict]) -> list[dict]:
+    """The frames MemoryViz shows, in the given order (the dicts themselves, not copies)."""
+    return [f for f in frames if _keep(*_fields(f))]
+
+
+@lru_cache(maxsize=1 << 16)
+def _is_interpreter(name: str, filename: str) -> bool:
+    if not _keep(name, filename):
+        return True
+    if filename in ("", "??") or filename.lower().endswith(_NATIVE_SUFFIXES):
+        return True
+    return (
+        filename.startswith(("<frozen ", "<built-in"))
+        or filename in ("<string>", "<stdin>")
+        or _STDLIB.search(filename) is not None
+    )
+
+
+@lru_cache(maxsize=1 << 16)
+def _is_torch(filename: str) -> bool:
+    return _TORCH.search(filename) is not None or filename.startswith("torch/")
+
+
+def is_interpreter_frame(frame: dict) -> bool:
+    """Native code (C/C++, unsymbolised), the Python standard library, frozen modules, and the
+    frames MemoryViz filters: everything that is neither torch's Python nor the user's."""
+    return _is_interpreter(*_fields(frame))
+
+
+def is_torch_frame(frame: dict) -> bool:
+    """torch's own Python (torch/, functorch/, torchgen/) or inductor's generated kernels."""
+    return _is_torch(_fields(frame)[1])
+
+
+def user_frame_index(frames: Sequence[dict]) -> int | None:
+    """Index of the first frame (innermost first) outside torch and the interpreter, or None.
+
+    That frame is "the user's line": the code that asked for the memory. A third-party library
+    (einops, transformers) counts as outside torch, as MemoryViz shows it.
+    """
+    for i, f in enumerate(frames):
+        name, filename = _fields(f)
+        if not _is_interpreter(name, filename) and not _is_torch(filename):
+            return i
+    return None
+
+
+def user_frame(frames: Sequence[dict]) -> dict | None:
+    """The first frame outside torch and the interpreter (see `user_frame_index`), or None."""
+    i = user_frame_index(frames)
+    return None if i is None else frames[i]
+
+
+def format_frame(frame: dict, *, full_filename: bool = False) -> str:
+    """'model.py:39:forward', torch's `_frame_fmt` format.
+
+    Parameters
+    ----------
+    frame : dict
+        `{"filename", "line", "name"}`.
+    full_filename : bool
+        Keep the whole path; by default only the last component (split on / and on \\,
+        so Windows paths shorten too).
+
+    Examples
+    --------
+    >>> format_frame({"filename": "/home/a/model.py", "line": 39, "name": "forward"})
+    'model.py:39:forward'
+    """
+    name, filename = _fields(frame)
+    if not full_filename:
+        filename = re.split(r"[\\/]", filename)[-1]
+    line = frame.get("line", 0) if isinstance(frame, dict) else 0
+    return f"{filename}:{line}:{name}"
+
+
+def format_stack(
+    frames: Sequence[dict], *, full_filename: bool = False, limit: int | None = None
+) -> list[str]:
+    """The filtered stack as lines, innermost first, at most `limit` of them."""
+    kept = filter_frames(frames)
+    if limit is not None:
+        kept = kept[:limit]
+    return [format_frame(f, full_filename=full_filename) for f in kept]
+
+
+# ---------------------------------------------------------------------------------------------
+# Redaction
+
+_NAME = r"[^\\/\s:*?\"<>|']+"
+# A home directory and the user name in it: /home/NAME, /Users/NAME, C:\Users\NAME (either
+# slash, any case), and /root (the root user's home, no user name to hide).
+_HOME = re.compile(
+    rf"/home/(?P<posix>{_NAME})"
+    rf"|/Users/(?P<mac>{_NAME})"
+    rf"|\b[A-Za-z]:[\\/]+[Uu][Ss][Ee][Rr][Ss][\\/]+(?P<win>{_NAME})"
+    r"|(?<![\w.\-/\\])/root(?=[\\/]|$|\s)"
+)
+_NOT_USERS = frozenset({"shared", "public", "default", "all users", "default user"})
+
+
+class Redactor:
+    """Replaces home directories and user names with placeholders, consistently.
+
+    `/home/alice/x.py` becomes `~user1/x.py`, `C:\\Users\\Bob\\x.py` becomes `~user2\\x.py`,
+    `/root/x.py` becomes `~root/x.py`, and the user name elsewhere
+    (`/tmp/torchinductor_alice/...`) becomes `user1`. Users are numbered in the order they are
+    first met, so one snapshot always redacts the same way; one `Redactor` used on several
+    snapshots (a diff's two sides) keeps the same numbers across them.
+
+    Parameters
+    ----------
+    names : iterable of str
+        User names to hide besides those found in home directories (e.g. `getpass.getuser()`).
+    """
+
+    def __init__(self, names: Iterable[str] = ()) -> None:
+        self.names: dict[str, str] = {}
+        for n in names:
+            self._add(n)
+        self._cache: dict[str, str] = {}
+        self._pattern: re.Pattern[str] | None = None
+
+    def _add(self, name: str) -> str:
+        if name not in self.names:
+            self.names[name] = f"user{len(self.names) + 1}"
+            self._pattern = None
+            self._cache = {}
+        return self.names[name]
+
+    def learn(self, text: str) -> None:
+        """Record the user names of the home directories in `text`."""
+        for m in _HOME.finditer(text):
+            name = m.group("posix") or m.group("mac") or m.group("win")
+            if name and name.lower() not in _NOT_USERS:
+                self._add(name)
+
+    def _names_pattern(self) -> re.Pattern[str] | None:
+        if self._pattern is None and self.names:
+            alt = "|".join(re.escape(n) for n in sorted(self.names, key=len, reverse=True))
+            self._pattern = re.compile(rf"(?<![A-Za-z0-9])(?:{alt})(?![A-Za-z0-9])")
+        return self._pattern
+
+    def _home(self, m: re.Match[str]) -> str:
+        name = m.group("posix") or m.group("mac") or m.group("win")
+        if name is None:
+            return "~root"
+        if name.lower() in _NOT_USERS:
+            return m.group(0)
+        return "~" + self._add(name)
+
+    def text(self, s: str) -> str:
+        """`s` with home directories and known user names replaced."""
+        out = self._cache.get(s)
+        if out is not None:
+            return out
+        out = _HOME.sub(self._home, s)
+        pat = self._names_pattern()
+        if pat is not None:
+            out = pat.sub(lambda m: self.names[m.group(0)], out)
+        self._cache[s] = out
+        return out
+
+    def redact(self, obj: Any) -> Any:
+        """A copy of plain data with every string redacted (dict keys are kept).
+
+        Containers with nothing to change are returned as they are, and a container shared
+        between places (frames lists are) is redacted once and stays shared.
+        """
+        for s in _strings(obj):
+            self.learn(s)
+        memo: dict[int, Any] = {}
+        return self._walk(obj, memo)
+
+    def _walk(self, obj: Any, memo: dict[int, Any]) -> Any:
+        t = type(obj)
+        if t is str:
+            return self.text(obj)
+        if t not in (dict, list, tuple):
+            return obj
+        key = id(obj)
+        if key in memo:
+            return memo[key]
+        memo[key] = obj  # cycles are impossible in plain snapshot data; this guards anyway
+        if t is dict:
+            vals = [self._walk(v, memo) for v in obj.values()]
+            changed = any(a is not b for a, b in zip(vals, obj.values(), strict=True))
+            out = dict(zip(obj.keys(), vals, strict=True)) if changed else obj
+        else:
+            items = [self._walk(v, memo) for v in obj]
+            changed = any(a is not b for a, b in zip(items, obj, strict=True))
+            out = t(items) if changed else obj
+        memo[key] = out
+        return out
+
+
+def _strings(obj: Any) -> Iterable[str]:
+    """Every string value in plain data (each shared container visited once), in walk order."""
+    seen: set[int] = set()
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        t = type(o)
+        if t is str:
+            yield o
+        elif t in (dict, list, tuple):
+            if id(o) in seen:
+                continue
+            seen.add(id(o))
+            vals = list(o.values()) if t is dict else list(o)
+            stack.extend(reversed(vals))
+
+
+def find_user_names(obj: Any) -> list[str]:
+    """User names of the home directories found in any string of plain data, first met first."""
+    r = Redactor()
+    for s in _strings(obj):
+        r.learn(s)
+    return list(r.names)
+
+
+def redact_torch(obj: dict | list, *, names: Iterable[str] = ()) -> dict | list:
+    """A torch snapshot dict (or segment list) with home directories and user names replaced.
+
+    Covers segment, block (torch 2.0: inside `history`) and trace frames, annotations, and every
+    other string; numbers, keys and structure are unchanged. See `Redactor` for the format.
+    """
+    return Redactor(names).redact(obj)
+
+
+def redact_paths(snapshot: Any, *, names: Iterable[str] = ()) -> Snapshot:
+    """The snapshot with home directories and user names replaced by placeholders.
+
+    Parameters
+    ----------
+    snapshot : Snapshot, torch dict or list, path or bytes
+        Anything `gpumemviz.io.as_snapshot` accepts.
+    names : iterable of str
+        More user names to hide (those in home directories are found on their own).
+
+    Returns
+    -------
+    Snapshot
+        Equal to the input except for the redacted strings.
+
+    Examples
+    --------
+    >>> snap = redact_paths([{"device": 0, "address": 0, "total_size": 512, "stream": 0,
+    ...     "segment_type": "small", "frames": [{"filename": "/home/ann/t.py", "line": 3,
+    ...     "name": "f"}], "blocks": [{"size": 512, "state": "inactive",
+    ...     "requested_size": 0, "frames": []}]}])
+    >>> snap.segment(0).frames[0]["filename"]
+    '~user1/t.py'
+    """
+    return Snapshot.from_torch(redact_torch(as_snapshot(snapshot).to_torch(), names=names))

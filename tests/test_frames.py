@@ -1,0 +1,262 @@
+"""frames.py: MemoryViz's frame filter, the user's line, formatting, and path redaction."""
+
+from __future__ import annotations
+
+import pickle
+import re
+
+import pytest
+from torch.cuda import _memory_viz as mv
+
+from conftest import REAL_FILES, read_real
+from gpumemviz.frames import (
+    Redactor,
+    filter_frames,
+    find_user_names,
+    format_frame,
+    format_stack,
+    is_interpreter_frame,
+    is_torch_frame,
+    keep_frame,
+    redact_paths,
+    redact_torch,
+    user_frame,
+    user_frame_index,
+)
+from gpumemviz.io import load_snapshot
+
+
+def _all_frames(obj) -> list[dict]:
+    """Every frame dict anywhere in a snapshot (segments, blocks, history, traces)."""
+    out, stack, seen = [], [obj], set()
+    while stack:
+        o = stack.pop()
+        if isinstance(o, dict):
+            if {"filename", "line", "name"} <= o.keys():
+                out.append(o)
+                continue
+            stack.extend(o.values())
+        elif isinstance(o, list | tuple):
+            if id(o) in seen:
+                continue
+            seen.add(id(o))
+            stack.extend(o)
+    return out
+
+
+@pytest.fixture(scope="module")
+def real_frames() -> list[dict]:
+    frames = []
+    for p in REAL_FILES:
+        frames += _all_frames(read_real(p))
+    return frames
+
+
+def test_filter_is_memoryviz_filter_on_every_real_frame(real_frames):
+    assert len(real_frames) > 1000
+    distinct = {(f["name"], f["filename"]) for f in real_frames}
+    for name, filename in distinct:
+        f = {"name": name, "filename": filename, "line": 0}
+        assert keep_frame(f) == mv._frame_filter(name, filename), (name, filename)
+    some = real_frames[:5000]
+    assert filter_frames(some) == [f for f in some if mv._frame_filter(f["name"], f["filename"])]
+
+
+def test_format_frame_is_torchs_format(real_frames):
+    for f in real_frames[:3000]:
+        assert format_frame(f, full_filename=True) == mv._frame_fmt(f, full_filename=True)
+        if "\\" not in f["filename"]:
+            assert format_frame(f) == mv._frame_fmt(f)
+    win = {"filename": "D:\\Dev\\proj\\model.py", "line": 39, "name": "forward"}
+    assert format_frame(win) == "model.py:39:forward"  # torch keeps the whole Windows path
+    assert format_stack([win, win], limit=1) == ["model.py:39:forward"]
+
+
+STACK = [
+    {"filename": "??", "line": 0, "name": "torch::unwind::unwind()"},
+    {"filename": "CUDACachingAllocator.cpp", "line": 0, "name": "c10::cuda::malloc"},
+    {"filename": "", "line": 0, "name": "at::empty_cuda"},
+    {"filename": "/opt/conda/lib/python3.11/site-packages/torch/nn/modules/linear.py",
+     "line": 125, "name": "forward"},
+    {"filename": "/opt/conda/lib/python3.11/contextlib.py", "line": 81, "name": "inner"},
+    {"filename": "<frozen runpy>", "line": 88, "name": "_run_code"},
+    {"filename": "/home/alice/proj/train.py", "line": 42, "name": "step"},
+    {"filename": "/home/alice/proj/train.py", "line": 90, "name": "<module>"},
+]  # fmt: skip
+
+
+def test_user_frame_skips_native_torch_and_stdlib():
+    assert [is_interpreter_frame(f) for f in STACK] == [True] * 3 + [False, True, True] + [
+        False
+    ] * 2
+    assert [is_torch_frame(f) for f in STACK] == [False] * 3 + [True] + [False] * 4
+    assert user_frame_index(STACK) == 6
+    assert user_frame(STACK) is STACK[6]
+    assert user_frame(STACK[:6]) is None
+    assert user_frame([]) is None
+    inductor = {"filename": "/tmp/torchinductor_bob/ab/cabc.py", "line": 3, "name": "call"}
+    source_tree = {"filename": "/src/pytorch/torch/autograd/graph.py", "line": 1, "name": "f"}
+    windows = {
+        "filename": "C:\\env\\Lib\\site-packages\\torch\\functional.py",
+        "line": 1,
+        "name": "f",
+    }
+    assert all(is_torch_frame(f) for f in (inductor, source_tree, windows))
+    assert user_frame([inductor, source_tree, windows, STACK[7]]) is STACK[7]
+
+
+def test_user_frames_on_real_files_are_the_first_python_frame_outside_torch():
+    seen = 0
+    for p in REAL_FILES:
+        snap = load_snapshot(p)
+        for frames in snap.block_frames():
+            i = user_frame_index(frames)
+            if i is None:
+                assert all(is_interpreter_frame(f) or is_torch_frame(f) for f in frames)
+                continue
+            seen += 1
+            f = frames[i]
+            assert f["filename"].endswith(".py") and f["line"] > 0
+            assert "site-packages/torch/" not in f["filename"].replace("\\", "/")
+            assert all(is_interpreter_frame(g) or is_torch_frame(g) for g in frames[:i])
+    assert seen > 500
+
+
+def test_legacy_user_frame_comes_from_history():
+    path = next(p for p in REAL_FILES if p.name.startswith("Yiyi"))
+    snap = load_snapshot(path)
+    raw = read_real(path)
+    blocks = [b for s in raw["segments"] for b in s["blocks"]]
+    frames = snap.block_frames()
+    for b, fr in zip(blocks, frames, strict=True):
+        assert fr == mv._block_extra(b)[0]
+    labels = {format_frame(user_frame(fr)) for fr in frames if fr}
+    assert labels == {"pytorch_backend.py:190:allocate"}
+
+
+# ---------------------------------------------------------------------------------------------
+# redaction
+
+_USER = re.compile(
+    r"/home/([^/\\\s]+)|/Users/([^/\\\s]+)|[A-Za-z]:[\\/]+Users[\\/]+([^/\\\s]+)", re.I
+)
+
+
+def _names_in(obj) -> set[str]:
+    """User names of home directories, found independently of frames.py: every string."""
+    names = set()
+    data = pickle.dumps(obj, protocol=4).decode("latin-1")
+    for m in _USER.finditer(data):
+        names.add(next(g for g in m.groups() if g))
+    return names
+
+
+def _norm_before(s: str, names: set[str]) -> str:
+    s = re.sub(r"/root(?=/|$)", "<H>", _USER.sub("<H>", s))
+    for n in sorted(names, key=len, reverse=True):
+        s = s.replace(n, "<N>")
+    return s
+
+
+def _norm_after(s: str) -> str:
+    return re.sub(r"user\d+", "<N>", re.sub(r"~(user\d+|root)", "<H>", s))
+
+
+def _walk_pairs(a, b, changed: list, seen: set | None = None):
+    """Same structure, keys and non-string values; collect the strings that differ."""
+    assert type(a) is type(b)
+    if isinstance(a, dict | list | tuple):
+        seen = set() if seen is None else seen
+        if a is b or (id(a), id(b)) in seen:  # shared containers: compare once
+            return
+        seen.add((id(a), id(b)))
+    if isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _walk_pairs(a[k], b[k], changed, seen)
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _walk_pairs(x, y, changed, seen)
+    elif isinstance(a, str):
+        if a != b:
+            changed.append((a, b))
+    else:
+        assert a == b
+
+
+def test_redaction_removes_every_home_and_name_and_changes_nothing_else(tmp_path):
+    found_any = set()
+    for p in REAL_FILES:
+        raw = read_real(p)
+        names = _names_in(raw)
+        found_any |= names
+        assert set(find_user_names(raw)) == names
+        red = redact_torch(raw)
+        data = pickle.dumps(red, protocol=4)
+        for n in names:
+            assert n.encode() not in data, (p.name, n)
+        assert b"/home/" not in data and b"/root/" not in data and b"/Users/" not in data
+        changed: list = []
+        _walk_pairs(raw, red, changed)
+        assert bool(changed) == bool(names or "/root/" in pickle.dumps(raw).decode("latin-1"))
+        for before, after in changed:  # only the home prefix and the names differ
+            assert _norm_before(before, names) == _norm_after(after), (before, after)
+        if p.stat().st_size < 1 << 20:
+            assert redact_torch(raw) == red  # deterministic
+        assert read_real(p) == raw  # the input is left alone
+    assert found_any == {"haoyangsun", "dingyiran", "c-kaitwang"}
+
+
+def test_redaction_format_and_every_place_a_path_appears():
+    frame = {"filename": "/home/alice/p/x.py", "line": 1, "name": "f"}
+    shared = [frame]
+    snap = {
+        "segments": [{
+            "device": 0, "address": 1 << 21, "total_size": 1024, "allocated_size": 512,
+            "active_size": 512, "requested_size": 500, "stream": 0, "segment_type": "small",
+            "segment_pool_id": (0, 0), "is_expandable": False,
+            "frames": [{"filename": "C:\\Users\\Bob\\p\\y.py", "line": 2, "name": "g"}],
+            "blocks": [
+                {"address": 1 << 21, "size": 512, "requested_size": 500,
+                 "state": "active_allocated", "frames": shared},
+                {"address": (1 << 21) + 512, "size": 512, "requested_size": 0,
+                 "state": "inactive", "frames": []},
+            ],
+        }],
+        "device_traces": [[
+            {"action": "alloc", "addr": 1 << 21, "size": 500, "stream": 0, "frames": shared,
+             "user_metadata": "run by alice", "compile_context": "/root/cache/k.py"},
+        ]],
+        "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""},
+        "external_annotations": [
+            {"stage": "START", "name": "/Users/carol/x /tmp/torchinductor_alice/k", "device": 0,
+             "time_us": 5},
+        ],
+    }  # fmt: skip
+    red = redact_torch(snap)
+    seg = red["segments"][0]
+    assert seg["frames"][0]["filename"] == "~user1\\p\\y.py"  # first met: segment frames
+    assert seg["blocks"][0]["frames"][0]["filename"] == "~user2/p/x.py"
+    entry = red["device_traces"][0][0]
+    assert entry["frames"] is seg["blocks"][0]["frames"]  # a shared list stays shared
+    assert entry["user_metadata"] == "run by user2"
+    assert entry["compile_context"] == "~root/cache/k.py"
+    assert red["external_annotations"][0]["name"] == "~user3/x /tmp/torchinductor_user2/k"
+    assert seg["blocks"][1] is snap["segments"][0]["blocks"][1]  # untouched rows are reused
+    assert red["allocator_settings"] is snap["allocator_settings"]
+    assert snap["segments"][0]["blocks"][0]["frames"][0]["filename"] == "/home/alice/p/x.py"
+    # the Snapshot-level function and a shared Redactor across two snapshots
+    assert redact_paths(snap).to_torch() == red
+    r = Redactor(names=["zed"])
+    assert r.text("/data/zed/x") == "/data/user1/x"
+    assert r.redact({"a": "/home/alice/q"}) == {"a": "~user2/q"}
+    assert r.text("/home/alice/z") == "~user2/z"
+
+
+def test_legacy_history_frames_are_redacted():
+    path = next(p for p in REAL_FILES if p.name.startswith("Yiyi"))
+    snap = redact_paths(load_snapshot(path))
+    frames = [f for fr in snap.block_frames() for f in fr]
+    assert frames and all(f["filename"].startswith("~user1/") for f in frames)
+    assert all("dingyiran" not in f["filename"] for f in frames)
