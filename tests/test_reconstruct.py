@@ -193,3 +193,12 @@ def test_every_reconstructed_and_scrubbed_state_passes_the_invariant_checker(rea
             snap["device_traces"] = [[]]  # time_us is not the point here
             snap["allocator_settings"] = settings
             assert check_invariants(snap) == [], (dev, i)
+
+
+def test_a_trace_that_does_not_end_on_the_final_layout_names_the_segment():
+    from gpumemviz.allocator.timeline import Timeline
+
+    d = _load("two_streams")
+    d["segments"][0]["blocks"][0]["requested_size"] += 1  # the file disagrees with its trace
+    with pytest.raises(LayoutError, match=r"first difference at segment 0x"):
+        Timeline.from_snapshot(d)

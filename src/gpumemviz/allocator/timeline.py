@@ -179,10 +179,14 @@ class Timeline:
         start = reconstruct_layout(final, steps, rules)
         tl = cls(start, steps, rules, device=device, settings=settings, **kw)
         tl._trace = list(trace)
-        if tl.final.key() != final.key():
+        got, want = tl.final.key(), final.key()
+        if got != want:
+            diff = [a[0] for a, b in zip(got, want, strict=False) if a != b]
+            longer = got if len(got) > len(want) else want
+            where = diff[0] if diff else longer[min(len(got), len(want))][0]
             raise LayoutError(
                 f"device {device}: replaying the trace from the reconstructed start does not "
-                "give the recorded final segments"
+                f"give the recorded final segments (first difference at segment {where:#x})"
             )
         return tl
 
