@@ -199,6 +199,6 @@ def test_a_trace_that_does_not_end_on_the_final_layout_names_the_segment():
     from gpumemviz.allocator.timeline import Timeline
 
     d = _load("two_streams")
-    d["segments"][0]["blocks"][0]["requested_size"] += 1  # the file disagrees with its trace
+    d["segments"][0]["stream"] += 1  # the file disagrees with its trace
     with pytest.raises(LayoutError, match=r"first difference at segment 0x"):
         Timeline.from_snapshot(d)

@@ -413,3 +413,19 @@ def test_programs_that_keep_running_out_of_memory_replay_exactly(seed):
     for start in starts:
         dev = replay({**snap, "device_traces": [trace[start:]]}).devices[0]
         assert dev.exact, (start, dev.mismatches)
+
+
+def test_a_file_in_torch_2_0_shape_replays_exactly():
+    """torch 2.0 files: blocks without address or requested_size (a `history` instead),
+    segments without is_expandable / segment_pool_id, trace entries without time_us."""
+    d = copy.deepcopy(_real("10streams"))
+    for s in d["segments"]:
+        for k in ("is_expandable", "segment_pool_id", "frames"):
+            s.pop(k, None)
+        for b in s["blocks"]:
+            b["history"] = [{"addr": b.pop("address"), "real_size": b.pop("requested_size")}]
+            b.pop("frames", None)
+    for e in d["device_traces"][0]:
+        e.pop("time_us", None)
+        e.pop("frames", None)
+    assert replay(d).devices[0].exact

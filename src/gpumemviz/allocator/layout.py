@@ -162,10 +162,15 @@ class Layout:
         self.owned.add(mine)
         return mine
 
-    def key(self) -> list[tuple]:
-        """A comparable summary: (base, stream, small, expandable, blocks as tuples) per segment."""
+    def key(self, requested: bool = True) -> list[tuple]:
+        """A comparable summary: (base, stream, small, expandable, blocks) per segment.
+
+        Blocks are (address, size, state[, requested_size]); legacy files (torch 2.0) do not
+        record requested sizes, so comparisons with a file leave them out.
+        """
+        n = 4 if requested else 3
         return [
-            (b, s.stream, s.small, s.expandable, [tuple(x) for x in s.blocks])
+            (b, s.stream, s.small, s.expandable, [tuple(x[:n]) for x in s.blocks])
             for b, s in ((b, self.segs[b]) for b in self.bases)
         ]
 

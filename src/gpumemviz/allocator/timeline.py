@@ -179,7 +179,7 @@ class Timeline:
         start = reconstruct_layout(final, steps, rules)
         tl = cls(start, steps, rules, device=device, settings=settings, **kw)
         tl._trace = list(trace)
-        got, want = tl.final.key(), final.key()
+        got, want = tl.final.key(requested=False), final.key(requested=False)
         if got != want:
             diff = [a[0] for a, b in zip(got, want, strict=False) if a != b]
             longer = got if len(got) > len(want) else want
