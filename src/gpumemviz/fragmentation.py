@@ -797,12 +797,33 @@ def _reduce(cols: _Columns, settings: Any, devices: tuple[int, ...]) -> Fragment
     stuck = c.stuck_free
     default_pool = ~c.pool_id.any(axis=1)
     conserved = c.allocated + c.pending_free + c.free == c.total_size
+    rel_default = np.where(default_pool, releasable, 0)
+    # every integer figure is a column sum: one reduction per device for all of them
+    sums = np.stack(
+        [
+            c.total_size,
+            c.allocated,
+            c.pending_free,
+            c.free,
+            c.requested,
+            c.n_blocks,
+            np.where((c.allocated > 0) & ~c.is_expandable, c.free, 0),
+            rel_default,
+            releasable - rel_default,
+        ]
+    )
     by_device: dict[int, MemoryFigures] = {}
-    one_device = len(dev_ids) == 1
-    for d in dev_ids:
-        rows = None if one_device else np.flatnonzero(c.device == d)
-        by_device[d] = _figures(c, cols, rows, d, default_pool, conserved, stuck)
-    total = _total(list(by_device.values()), c)
+    if len(dev_ids) == 1:
+        kw = _figures(c, cols, None, sums, conserved, stuck)
+        by_device[dev_ids[0]] = MemoryFigures(device=dev_ids[0], **kw)
+        total = MemoryFigures(device=None, **kw)
+    else:
+        for d in dev_ids:
+            rows = np.flatnonzero(c.device == d)
+            by_device[d] = MemoryFigures(
+                device=d, **_figures(c, cols, rows, sums, conserved, stuck)
+            )
+        total = _total(list(by_device.values()), c)
     return FragmentationReport(
         total=total,
         devices=by_device,
@@ -851,64 +872,53 @@ def _figures(
     c: SegmentFigures,
     cols: _Columns,
     rows: np.ndarray | None,
-    device: int | None,
-    default_pool: np.ndarray,
+    sums: np.ndarray,
     conserved: np.ndarray,
     stuck: np.ndarray,
-) -> MemoryFigures:
-    def pick(a: np.ndarray) -> np.ndarray:
-        return a if rows is None else a[rows]
-
-    total = pick(c.total_size)
-    alloc = pick(c.allocated)
-    free = pick(c.free)
-    rel = pick(c.releasable)
-    dpool = pick(default_pool)
-    lfree = pick(c.largest_free)
-    allocated = int(alloc.sum())
-    pending = int(pick(c.pending_free).sum())
-    free_sum = int(free.sum())
-    requested = int(pick(c.requested).sum())
-    largest = int(lfree.max()) if len(lfree) else 0
-    n_blocks = int(pick(c.n_blocks).sum())
+) -> dict[str, Any]:
+    """The figures of the segments in `rows` (None: all), as MemoryFigures keyword arguments."""
     if rows is None:
+        col = sums.sum(axis=1).tolist()
+        lfree = c.largest_free
+        sumsq = float(c.free_sq.sum())
         n_free_blocks = len(cols.free_segment)
         n_pending = len(cols.pend_segment)
     else:
+        col = sums[:, rows].sum(axis=1).tolist()
+        lfree = c.largest_free[rows]
+        sumsq = float(c.free_sq[rows].sum())
         in_dev = np.zeros(len(c), dtype=bool)
         in_dev[rows] = True
         n_free_blocks = int(in_dev[cols.free_segment].sum())
         n_pending = int(in_dev[cols.pend_segment].sum())
-    return MemoryFigures(
-        device=device,
-        reserved=int(total.sum()),
-        allocated=allocated,
-        active=allocated + pending,
-        requested=requested,
-        pending_free=pending,
-        internal_waste=allocated - requested,
-        free=free_sum,
-        free_trapped=int(free[(alloc > 0) & ~pick(c.is_expandable)].sum()),
-        releasable=int(rel[dpool].sum()),
-        releasable_private=int(rel[~dpool].sum()),
-        largest_free=largest,
-        external_fragmentation=_ext(largest, free_sum),
-        fragmentation_sq=_frag_sq(float(pick(c.free_sq).sum()), free_sum),
-        segments=len(total),
-        blocks=n_blocks,
-        blocks_allocated=n_blocks - n_free_blocks - n_pending,
-        blocks_pending_free=n_pending,
-        blocks_free=n_free_blocks,
-        largest_free_by_pool=_largest_by_pool(c, rows),
-        worst_segments=_worst(c, rows, stuck),
-        violations=_violations(c, rows, conserved),
-    )
+    reserved, allocated, pending, free, requested, n_blocks, trapped, rel, rel_private = col
+    largest = int(lfree.max()) if len(lfree) else 0
+    return {
+        "reserved": reserved,
+        "allocated": allocated,
+        "active": allocated + pending,
+        "requested": requested,
+        "pending_free": pending,
+        "internal_waste": allocated - requested,
+        "free": free,
+        "free_trapped": trapped,
+        "releasable": rel,
+        "releasable_private": rel_private,
+        "largest_free": largest,
+        "external_fragmentation": _ext(largest, free),
+        "fragmentation_sq": _frag_sq(sumsq, free),
+        "segments": len(lfree),
+        "blocks": n_blocks,
+        "blocks_allocated": n_blocks - n_free_blocks - n_pending,
+        "blocks_pending_free": n_pending,
+        "blocks_free": n_free_blocks,
+        "largest_free_by_pool": _largest_by_pool(c, rows),
+        "worst_segments": _worst(c, rows, stuck),
+        "violations": _violations(c, rows, conserved),
+    }
 
 
 def _total(figs: list[MemoryFigures], c: SegmentFigures) -> MemoryFigures:
-    if len(figs) == 1:
-        f = figs[0]
-        return MemoryFigures(**{**{x.name: getattr(f, x.name) for x in fields(f)}, "device": None})
     free = sum(f.free for f in figs)
     largest = max((f.largest_free for f in figs), default=0)
     sumsq = float(c.free_sq.sum())
