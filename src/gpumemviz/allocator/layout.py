@@ -88,7 +88,10 @@ class Layout:
                 state = _STATE_CODE.get(b["state"])
                 if state is None:
                     raise LayoutError(f"segment {base:#x}: unknown block state {b['state']!r}")
-                req = int(b.get("requested_size", 0) or 0) if state != INACTIVE else 0
+                req = 0
+                if state != INACTIVE:  # torch 2.0 keeps it in the block's history
+                    hist = b.get("history") or [{}]
+                    req = int(b.get("requested_size", hist[0].get("real_size", 0)) or 0)
                 blocks.append([int(b.get("address", at)), size, state, req])
                 at += size
             if not blocks:
