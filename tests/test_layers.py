@@ -20,7 +20,14 @@ ALLOWED: dict[str, set[str]] = {
     "sampler": {"snapshot", "sample", "sources", "units"},
     "fragmentation": {"snapshot", "io", "allocator", "units"},
     "advice": {"snapshot", "io", "allocator", "units", "fragmentation"},
-    "render.": {"snapshot", "sample", "fragmentation", "advice", "units", "render", "io"},
+    "render.": {
+        *("snapshot", "sample", "fragmentation", "advice", "units", "render", "io"),
+        *("frames", "sites"),
+    },
+    "frames": {"snapshot", "io", "units"},
+    "sites": {"snapshot", "io", "frames", "units"},
+    "diff": {"snapshot", "io", "fragmentation", "sites", "frames", "units"},
+    "export": {"snapshot", "io", "allocator", "sample", "frames", "units"},
 }
 # third-party modules that may only be imported inside functions (lazily)
 LAZY_ONLY = {"torch", "pynvml", "plotly", "anywidget", "IPython", "ipywidgets"}

@@ -1,0 +1,311 @@
+"""Exports for sharing and for other tools: torch pickle, JSON, and CSV timelines.
+
+An export is how a user hands an OOM to a colleague or a bug tracker, so the pickle must open
+in PyTorch's own tools (`python -m torch.cuda._memory_viz`, MemoryViz): protocol 4, the full
+trace kept, and a bare segment list given `device_traces`. `redact_paths=True` hides home
+directories and user names first. Every file is written atomically through `gpumemviz.io`.
+The HTML report comes with the renderer (`gpumemviz report`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io as _io
+import os
+import sys
+import types
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from .allocator.timeline import Timeline
+from .frames import redact_torch
+from .io import as_snapshot, atomic_write, write_torch
+from .sample import Sample
+from .snapshot import ACTIONS, INACTIVE, Snapshot
+
+__all__ = [
+    "FORMATS",
+    "SAMPLE_COLUMNS",
+    "TRACE_COLUMNS",
+    "export",
+    "sample_rows",
+    "trace_rows",
+]
+
+FORMATS = ("pickle", "json", "csv")
+_SUFFIXES = {".json": "json", ".csv": "csv", ".pkl": "pickle", ".pickle": "pickle"}
+
+# One row per trace entry. reserved/requested are exact running totals (see `trace_rows`);
+# allocated and segments come from the replayed timeline and are empty when it cannot be built.
+TRACE_COLUMNS = (
+    "device",
+    "index",
+    "time_us",
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "device_free",
+    "reserved",
+    "allocated",
+    "requested",
+    "segments",
+)
+# One row per sample of a Sampler history; empty cells where a figure was not read.
+SAMPLE_COLUMNS = (
+    "time",
+    "monotonic",
+    "seq",
+    "device",
+    "state",
+    "allocated",
+    "reserved",
+    "active",
+    "requested",
+    "inactive_split",
+    "peak_allocated",
+    "peak_reserved",
+    "num_alloc_retries",
+    "num_ooms",
+    "nvml_used",
+    "nvml_total",
+    "non_pytorch",
+)
+_DELTA_RESERVED = {"segment_alloc": 1, "segment_free": -1, "segment_map": 1, "segment_unmap": -1}
+_DELTA_REQUESTED = {"alloc": 1, "free_completed": -1}
+
+
+def _format_of(path: Path, format: str | None) -> str:
+    if format is None:
+        suffix = path.suffix.lower()
+        if suffix == ".html":
+            raise ValueError("HTML export needs the report renderer: use `gpumemviz report`")
+        return _SUFFIXES.get(suffix, "pickle")
+    if format not in FORMATS:
+        raise ValueError(f"unknown export format {format!r}: expected one of {', '.join(FORMATS)}")
+    return format
+
+
+def _samples_of(x: Any) -> list[Sample] | None:
+    """The samples of a Sampler, a History, or a sequence of Sample; None for anything else."""
+    history = getattr(x, "history", None)
+    if history is not None and callable(getattr(history, "samples", None)):
+        return list(history.samples())
+    if callable(getattr(x, "samples", None)):
+        return list(x.samples())
+    is_seq = isinstance(x, Sequence) and not isinstance(x, str | bytes)
+    if is_seq and x and all(isinstance(s, Sample) for s in x):
+        return list(x)
+    return None
+
+
+def export(
+    snapshot: Any,
+    path: str | os.PathLike,
+    *,
+    format: str | None = None,
+    redact_paths: bool = False,
+    device: int | None = None,
+) -> Path:
+    """Write a snapshot (or a sampled timeline) for sharing, atomically.
+
+    Parameters
+    ----------
+    snapshot : Snapshot, torch dict or list, path or bytes; or a Sampler, History, or a
+        sequence of `Sample`
+        What to export. Samples only make sense as CSV.
+    path : str or PathLike
+        Where to write.
+    format : {"pickle", "json", "csv"}, optional
+        Default: from the suffix (.json, .csv; anything else is pickle).
+    redact_paths : bool
+        Replace home directories and user names (frames, annotations, every string) with
+        placeholders first (`gpumemviz.frames.redact_torch`).
+    device : int, optional
+        CSV of a trace: only this device (default: every device with a trace).
+
+    Returns
+    -------
+    Path
+        The path written.
+
+    Notes
+    -----
+    pickle is protocol 4 (MemoryViz rejects 5), with the full trace, and a bare segment list
+    gains ``device_traces`` so ``python -m torch.cuda._memory_viz stats/trace`` accept it.
+    The CSV of a snapshot has one row per trace entry (`TRACE_COLUMNS`, see `trace_rows`);
+    of samples one row per sample (`SAMPLE_COLUMNS`).
+    """
+    path = Path(path)
+    fmt = _format_of(path, format)
+    samples = _samples_of(snapshot)
+    if samples is not None:
+        if fmt != "csv":
+            raise ValueError(f"samples export only as CSV, not {fmt}")
+        _write_csv(path, SAMPLE_COLUMNS, sample_rows(samples))
+        return path
+    snap = as_snapshot(snapshot)
+    if fmt == "csv":
+        _write_csv(path, TRACE_COLUMNS, trace_rows(snap, device=device))
+        return path
+    data = snap.to_torch()
+    if redact_paths:
+        data = redact_torch(data)
+    return write_torch(data, path, format=fmt)
+
+
+def _write_csv(path: Path, header: Sequence[str], columns: dict[str, list]) -> None:
+    def write(f: BinaryIO) -> None:
+        text = _io.TextIOWrapper(f, encoding="utf-8", newline="")
+        w = csv.writer(text, lineterminator="\n")
+        w.writerow(header)
+        w.writerows(zip(*(columns[c] for c in header), strict=True))
+        text.flush()
+        text.detach()
+
+    atomic_write(path, write)
+
+
+def _cells(a: np.ndarray, missing: np.ndarray | None = None) -> list:
+    """Column values as Python ints, "" where `missing` (or where the value is -1)."""
+    vals = a.tolist()
+    mask = (a == -1) if missing is None else missing
+    if mask.any():
+        for i in np.flatnonzero(mask).tolist():
+            vals[i] = ""
+    return vals
+
+
+def trace_rows(snapshot: Any, *, device: int | None = None) -> dict[str, list]:
+    """The trace as CSV columns (`TRACE_COLUMNS`), one row per entry, devices in order.
+
+    `reserved` (mapped segment bytes) and `requested` (requested bytes of active blocks, what
+    torch's own `trace` report counts) after each entry are exact: the final totals of the
+    snapshot minus the changes the later entries made (segment_alloc/map +size,
+    segment_free/unmap -size; alloc +size, free_completed -size), so they hold even when the
+    ring buffer lost the start of the history. `allocated` (block bytes, rounding included)
+    and `segments` come from `gpumemviz.allocator.timeline.Timeline`, which replays the trace
+    at the recorded addresses; they are empty when the trace cannot be replayed.
+
+    Parameters
+    ----------
+    snapshot : Snapshot, torch dict or list, path or bytes
+    device : int, optional
+        Only this device's trace.
+
+    Returns
+    -------
+    dict of str to list
+        Column name to values ("" for missing cells).
+    """
+    snap: Snapshot = as_snapshot(snapshot)
+    cols: dict[str, list] = {c: [] for c in TRACE_COLUMNS}
+    devices = sorted(snap.traces) if device is None else [device]
+    torch_dict: dict | None = None
+    for d in devices:
+        trace = snap.traces.get(d)
+        if trace is None or not len(trace):
+            continue
+        n = len(trace)
+        names = trace.action_names
+        action = trace.action
+        seg = snap.segments.device == d
+        blk = (snap.segments.device[snap.blocks.segment] == d) & (snap.blocks.state != INACTIVE)
+        reserved = _running(
+            int(snap.segments.total_size[seg].sum()), action, trace.size, names, _DELTA_RESERVED
+        )
+        requested = _running(
+            int(snap.blocks.requested_size[blk].sum()),
+            action,
+            trace.size,
+            names,
+            _DELTA_REQUESTED,
+        )
+        if torch_dict is None:
+            torch_dict = snap.to_torch()
+        try:
+            tl = Timeline.from_snapshot(torch_dict, d)
+            allocated, segments = tl.allocated.tolist(), tl.segments.tolist()
+        except (ValueError, KeyError, IndexError):
+            allocated = segments = [""] * n
+        cols["device"] += [d] * n
+        cols["index"] += list(range(n))
+        cols["time_us"] += _cells(trace.time_us)
+        cols["action"] += [names[c] for c in action.tolist()]
+        is_oom = action == ACTIONS.index("oom")
+        cols["addr"] += _cells(trace.addr, is_oom | (trace.addr == -1))
+        cols["size"] += trace.size.tolist()
+        cols["stream"] += trace.stream.tolist()
+        cols["device_free"] += _cells(trace.device_free, ~is_oom)
+        cols["reserved"] += reserved.tolist()
+        cols["allocated"] += allocated
+        cols["requested"] += requested.tolist()
+        cols["segments"] += segments
+    return cols
+
+
+def _running(
+    final: int,
+    action: np.ndarray,
+    size: np.ndarray,
+    names: Sequence[str],
+    sign_of: dict[str, int],
+) -> np.ndarray:
+    """Totals after each entry, counted back from the snapshot's final total."""
+    sign = np.zeros(len(names), np.int64)
+    for name, s in sign_of.items():
+        if name in names:
+            sign[names.index(name)] = s
+    delta = sign[action] * size
+    after = np.cumsum(delta[::-1])[::-1]  # sum of deltas from entry i to the end
+    return final - after + delta  # minus the deltas of the entries after i
+
+
+def sample_rows(samples: Sequence[Sample]) -> dict[str, list]:
+    """Sampler history as CSV columns (`SAMPLE_COLUMNS`), one row per sample, in order.
+
+    Memory figures come from each sample's `stats` (torch's memory_stats), NVML figures from
+    its `nvml`; a figure the sample lacks is "".
+    """
+    cols: dict[str, list] = {c: [] for c in SAMPLE_COLUMNS}
+    stat_names = (
+        "allocated",
+        "reserved",
+        "active",
+        "requested",
+        "inactive_split",
+        "peak_allocated",
+        "peak_reserved",
+        "num_alloc_retries",
+        "num_ooms",
+    )
+    for s in samples:
+        cols["time"].append(repr(float(s.time)))
+        cols["monotonic"].append(repr(float(s.monotonic)))
+        cols["seq"].append(s.seq)
+        cols["device"].append(s.device)
+        cols["state"].append(s.state)
+        for k in stat_names:
+            cols[k].append(getattr(s.stats, k) if s.stats is not None else "")
+        nv = s.nvml if s.nvml is not None and s.nvml.available else None
+        for col, attr in (("nvml_used", "used"), ("nvml_total", "total")):
+            v = getattr(nv, attr) if nv is not None else None
+            cols[col].append("" if v is None else v)
+        v = s.non_pytorch_bytes
+        cols["non_pytorch"].append("" if v is None else v)
+    return cols
+
+
+class _CallableModule(types.ModuleType):
+    """`gpumemviz.export` names both this module and its function (as `gpumemviz.fragmentation`
+    does): once the submodule is imported the package attribute is the module, so calling it
+    must work."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return export(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
