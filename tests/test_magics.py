@@ -119,10 +119,19 @@ def test_bad_input_gets_one_line(shell, line, message):
     assert "\n" not in str(err.value)
 
 
-def test_a_file_without_history_cannot_replay(shell, real_path_of):
+def test_a_file_without_history_shows_its_one_state(shell, capsys, real_path_of):
     path = real_path_of("kkaitlyn111__cs336-a2-systems__memory_snapshot.pickle")
-    with pytest.raises(UsageError, match="no recorded history"):
-        shell.run_line_magic("gpumemviz", f"--replay {path}")
+    n = load_snapshot(path).n_segments
+    shell.run_line_magic("gpumemviz", f"--replay {path}")
+    out = capsys.readouterr().out
+    assert f"· {n} segments" in out and "(no recorded history)" in out
+    _magics(shell).widgets = True
+    panel = shell.run_line_magic("gpumemviz", f"--replay {path}")
+    try:
+        assert panel.flush() and panel.map_layout["n_rows"] == n
+        assert panel.title == path.name and panel.sampler is None
+    finally:
+        panel.close()
 
 
 def test_extension_entry_points_are_lazy_attributes_of_the_package():

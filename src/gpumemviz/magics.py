@@ -102,6 +102,12 @@ class GpumemvizMagics(Magics):
     def _show(self, device: int, args: argparse.Namespace) -> Any:
         from gpumemviz.widget import MemoryPanel, retime
 
+        if args.replay:
+            path = Path(args.replay).expanduser().resolve()
+            if self._by_key(("replay", str(path))) is None:
+                raw = _load_file(path)
+                if not _has_history(raw):  # nothing to play: show the state the file holds
+                    return self._show_file(raw, path)
         feed = self._feed(device, args)
         device = feed.sampler.source.device if feed.owned else device
         self.last_device = device
@@ -121,6 +127,32 @@ class GpumemvizMagics(Magics):
             self.started.add(device)
         return panel
 
+    def _show_file(self, raw: dict, path: Path) -> Any:
+        """A snapshot without recorded history: its one state, no sampler."""
+        from gpumemviz.sample import Sample
+        from gpumemviz.snapshot import Snapshot
+        from gpumemviz.widget import MemoryPanel
+
+        snap = Snapshot.from_torch(raw)
+        if not self._has_widgets():
+            devices = sorted({int(d) for d in snap.segments.device}) or [0]
+            for d in devices:
+                print(
+                    summary(
+                        Sample(
+                            time=0.0,
+                            device=d,
+                            stats=None,
+                            segments=snap,
+                            source_label=f"{path.name} (no recorded history)",
+                        )
+                    )
+                )
+            return None
+        panel = MemoryPanel(title=path.name)
+        panel.show_snapshot(snap)
+        return panel
+
     def _feed(self, device: int, args: argparse.Namespace) -> _Feed:
         """The device's feed for these arguments: the one already running when they match."""
         if args.replay:
@@ -134,7 +166,7 @@ class GpumemvizMagics(Magics):
         if old is not None:
             return old
         if args.replay:
-            sampler = _replay_sampler(path, args.interval)
+            sampler = _replay_sampler(_load_file(path), path, args.interval)
         elif args.demo:
             sampler = _demo_sampler(args.demo, device, args.interval)
         else:
@@ -241,17 +273,31 @@ def _demo_sampler(workload: str, device: int, interval: float | None) -> Any:
     return Sampler(SimulatedSource(workload, device=device), interval=interval or 0.5)
 
 
-def _replay_sampler(path: Path, interval: float | None) -> Any:
-    """A sampler over a recorded file, opened on its last entry (the state the file records)."""
-    from gpumemviz.sampler import Sampler
-    from gpumemviz.sources.replay import ReplaySource
+def _load_file(path: Path) -> dict:
+    from gpumemviz.io import load_snapshot
 
     if not path.is_file():
         raise UsageError(f"%gpumemviz: --replay {path}: no such file")
     try:
-        source = ReplaySource(path, loop=False)
-    except (ValueError, TypeError, OSError) as exc:
+        return load_snapshot(path).to_torch()
+    except (ValueError, OSError) as exc:
         raise UsageError(f"%gpumemviz: --replay {path.name}: {exc}") from None
+
+
+def _has_history(raw: dict) -> bool:
+    return any(len(t) for t in raw.get("device_traces") or ())
+
+
+def _replay_sampler(raw: dict, path: Path, interval: float | None) -> Any:
+    """A sampler over a recorded trace, opened on its last entry (the state the file records)."""
+    from gpumemviz.sampler import Sampler
+    from gpumemviz.sources.replay import ReplaySource
+
+    try:
+        source = ReplaySource(raw, loop=False)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"%gpumemviz: --replay {path.name}: {exc}") from None
+    source.label = f"replay of {path.name} ({source.n} trace entries)"
     source.seek(source.n - 1)
     return Sampler(source, interval=interval or 0.5)
 

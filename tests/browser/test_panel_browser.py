@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
@@ -151,11 +152,6 @@ def test_real_snapshot_pixels_match_its_blocks(page, notebook, artifacts):
     _wait_drawn(page, 0)
     page.evaluate(f"() => ({VIEW})().map.drawNow()")
     root.screenshot(path=str(artifacts / "panel_real_snapshot.png"))
-    # the README picture: refreshed on request only (PNG bytes differ run to run), so a test run
-    # leaves the working tree clean
-    if os.environ.get("GPUMEMVIZ_UPDATE_SCREENSHOTS") == "1" or not DOCS_PNG.exists():
-        DOCS_PNG.parent.mkdir(exist_ok=True)
-        shutil.copyfile(artifacts / "panel_real_snapshot.png", DOCS_PNG)
 
 
 @pytest.mark.skipif(not BIG.exists(), reason="real snapshots are not available")
@@ -395,3 +391,81 @@ def test_simulated_source_states_reach_the_canvas(page, notebook, lab, artifacts
         allocated.add(int(snap.blocks.size[snap.blocks.state == 1].sum()))
     assert len(figures - {None}) >= 5
     assert figures - {None} <= allocated
+
+
+REPLAY = REAL_DIR / "MAGMA27__assignment2-systems__memory_snapshot.pickle"  # 216 rows, a trace
+
+
+@pytest.mark.skipif(not REPLAY.exists(), reason="real snapshots are not available")
+def test_magic_replays_a_real_file_and_shows_its_rows(page, notebook, artifacts):
+    """Acceptance (issue 6): `%gpumemviz --replay FILE` opens on the state the file records."""
+    n = len(read_real(REPLAY)["segments"])
+    nb = notebook("replay.ipynb", ["%load_ext gpumemviz", f"%gpumemviz --replay {REPLAY}"])
+    nb.run(0)
+    nb.run(1)
+    _wait_drawn(page)
+    got = page.evaluate(
+        f"""() => {{ const v = ({VIEW})();
+            return {{ rows: v.root.dataset.rows, nRows: v.map.nRows,
+                      title: v.root.querySelector('.gmv-title').textContent,
+                      status: v.root.querySelector('.gmv-status').textContent }}; }}"""
+    )
+    assert got["rows"] == str(n) and got["nRows"] == n
+    assert got["title"] == "recorded trace" and got["status"].startswith(f"replay of {REPLAY.name}")
+    page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_replay.png"))
+
+
+FULL_CELL = """
+import gpumemviz
+from gpumemviz.sources.simulated import SimulatedSource
+
+# the training workload at 6x speed, held at its out-of-memory error
+src = SimulatedSource("training", steps_per_second=2500, loop=False)
+panel = gpumemviz.monitor(source=src, interval=0.25)
+panel
+"""
+
+
+def test_full_header_on_the_simulated_oom(page, notebook, artifacts):
+    """Every header figure of a live source, the demo badge, the OOM verdict and the advice: the
+    README picture."""
+    page.set_viewport_size({"width": 1300, "height": 900})
+    nb = notebook("full.ipynb", [FULL_CELL, "src.ooms[-1].cause, src.ooms[-1].explanation"])
+    nb.run(0)
+    _wait_drawn(page)
+    page.wait_for_function(
+        f"""() => {{ const v = ({VIEW})(); const o = v.root.querySelector('.gmv-oom');
+            const n = v.root.querySelector('[data-fig=num_ooms]');
+            return !o.hidden && v.root.querySelectorAll('.gmv-advice li').length > 0
+                && n !== null && n.dataset.value === '1'; }}""",
+        timeout=60_000,
+    )
+    nb.run(1)
+    got = page.evaluate(
+        f"""() => {{ const v = ({VIEW})(); const r = v.root;
+            return {{ figs: Array.from(r.querySelectorAll('[data-fig]')).map(f => f.dataset.fig),
+                      demo: !r.querySelector('.gmv-badge').hidden,
+                      title: r.querySelector('.gmv-title').textContent,
+                      cause: r.querySelector('.gmv-oom').dataset.cause,
+                      oom: r.querySelector('.gmv-oom').textContent,
+                      advice: Array.from(r.querySelectorAll('.gmv-advice li'))
+                          .map(li => li.dataset.kind) }}; }}"""
+    )
+    out = page.evaluate(
+        "() => window.jupyterapp.shell.currentWidget.content.widgets[1].model.outputs.toJSON()"
+    )
+    want_cause, want_text = ast.literal_eval(out[0]["data"]["text/plain"])
+    assert got["cause"] == want_cause == "fragmentation"
+    assert want_text in got["oom"]
+    assert got["demo"] and got["title"] == "simulated caching allocator (demo)"
+    for key in ("nvml_total", "nvml_used", "reserved", "allocated", "free", "largest_free"):
+        assert key in got["figs"]
+    assert {"fragmentation", "num_alloc_retries", "num_ooms"} <= set(got["figs"])
+    assert "expandable_segments" in got["advice"]
+    page.evaluate(f"() => ({VIEW})().map.drawNow()")
+    root = page.locator(".gmv-root").first
+    root.scroll_into_view_if_needed()
+    root.screenshot(path=str(artifacts / "panel_full.png"))
+    # the README picture: refreshed on request only (PNG bytes differ run to run)
+    if os.environ.get("GPUMEMVIZ_UPDATE_SCREENSHOTS") == "1" or not DOCS_PNG.exists():
+        shutil.copyfile(artifacts / "panel_full.png", DOCS_PNG)
