@@ -59,8 +59,28 @@ ACTIONS = (
     "oom",
 )
 _ALIGN = 2 << 20
+_new_block = object.__new__
+# attributes __deepcopy__ rebuilds itself rather than deep-copying
+_NOT_DEEPCOPIED = frozenset(
+    (
+        "_small",
+        "_large",
+        "_allocated",
+        "_pending",
+        "_events",
+        "stats",
+        "_clock",
+        "_tappend",
+        "_tick",
+    )
+)
 _IS = 3 * S.INACTIVE_SPLIT  # index of inactive_split.all in DeviceStats.cur
 _ISB = 3 * S.INACTIVE_SPLIT_BYTES
+_AB = 3 * S.ALLOCATED_BYTES
+_AC = 3 * S.ACTIVE
+_ACB = 3 * S.ACTIVE_BYTES
+_RQ = 3 * S.REQUESTED_BYTES
+_OA = 3 * S.OVERSIZE_ALLOCATIONS
 _DEFAULT_TOP = 0x7F0000000000
 
 AddressProvider = Callable[[str, int, int], int]
@@ -354,10 +374,14 @@ class CachingAllocator:
         if trace_max_entries is not None:
             trace_max_entries = max(1, trace_max_entries)  # torch's setMaxEntries
         self._trace: deque[tuple[int, int, int, int, int]] = deque(maxlen=trace_max_entries)
+        # the hot paths append `(action, addr, size, stream, tick())` through `_tappend` (None
+        # when not recording). time_us is by default a counter that ticks once per entry, so the
+        # last entry's time is the number emitted; a custom clock counts them in `_trace_count`.
+        self._tappend = self._trace.append if record_trace else None
         self._trace_count = 0
-        # time_us of trace entries: by default a counter that ticks once per entry
         self._default_clock = clock is None
-        self._clock = clock or itertools.count(1).__next__
+        self._clock = clock
+        self._tick = itertools.count(1).__next__ if clock is None else self._counted_tick
         if cfg.per_process_memory_fraction < 1.0:
             self.set_memory_fraction(cfg.per_process_memory_fraction)
 
@@ -426,7 +450,17 @@ class CachingAllocator:
         already_split = prev is not None or block.next is not None
         if split:
             rem = block
-            block = _Block(rem.ptr, rsize, stream, pool, seg)
+            # block = _Block(rem.ptr, rsize, stream, pool, seg), without the __init__ call
+            block = _new_block(_Block)
+            block.ptr = rem.ptr
+            block.size = rsize
+            block.stream = stream
+            block.pool = pool
+            block.seg = seg
+            block.mapped = True
+            block.event_count = 0
+            block.stream_uses = None
+            block.gc_base = 0
             block.prev = prev
             if prev is not None:
                 prev.next = block
@@ -441,8 +475,28 @@ class CachingAllocator:
                     cur = st.cur
                     cur[_ISB] -= rsize
                     cur[_ISB + p] -= rsize
-                else:
-                    st.new_split(p, remaining)
+                else:  # st.new_split(p, remaining), inlined
+                    cur, peak, alloc = st.cur, st.peak, st.alloc
+                    c = cur[_IS] + 1
+                    cur[_IS] = c
+                    if c > peak[_IS]:
+                        peak[_IS] = c
+                    i = _IS + p
+                    c = cur[i] + 1
+                    cur[i] = c
+                    if c > peak[i]:
+                        peak[i] = c
+                    alloc[i] += 1
+                    c = cur[_ISB] + remaining
+                    cur[_ISB] = c
+                    if c > peak[_ISB]:
+                        peak[_ISB] = c
+                    i = _ISB + p
+                    c = cur[i] + remaining
+                    cur[i] = c
+                    if c > peak[i]:
+                        peak[i] = c
+                    alloc[i] += remaining
         elif already_split and seg is None:
             cur = st.cur  # one inactive split block fewer, inlined
             cur[_ISB] -= block.size
@@ -452,9 +506,9 @@ class CachingAllocator:
         block.allocated = True
         block.requested = size
         ptr = block.ptr
-        if self._record:
-            self._trace.append((ALLOC, ptr, size, stream, self._clock()))
-            self._trace_count += 1
+        ta = self._tappend
+        if ta is not None:
+            ta((ALLOC, ptr, size, stream, self._tick()))
         self._allocated[ptr] = block
         bsize = block.size
         if small:
@@ -473,24 +527,119 @@ class CachingAllocator:
                 return
             raise ValueError(f"free: {addr:#x} is not the address of an allocated block")
         b.allocated = False
-        if self._record:
-            self._trace.append((FREE_REQUESTED, b.ptr, b.requested, b.stream, self._clock()))
-            self._trace_count += 1
+        if b.stream_uses:
+            self._free_deferred(b)
+            return
         if b.size >= self._mss:
-            self.stats.dec1(S.OVERSIZE_ALLOCATIONS)
-        if not b.stream_uses:
-            self._free_block(b, True)
-        else:
-            self.stats.on_free_requested(b.pool.index, b.size)
-            streams = b.stream_uses
-            b.stream_uses = None
-            b.event_count += len(streams)
-            self._pending[b.ptr] = b
-            for s in streams:
-                q = self._events.get(s)
-                if q is None:
-                    q = self._events[s] = deque()
-                q.append([b, False])
+            self.stats.cur[_OA] -= 1
+        # free_block (section 2.10), inlined: `_free_block` has the same steps
+        requested = b.requested
+        ta = self._tappend
+        if ta is not None:
+            tick = self._tick
+            ta((FREE_REQUESTED, addr, requested, b.stream, tick()))
+            ta((FREE_COMPLETED, addr, requested, b.stream, tick()))
+        orig_size = b.size
+        pool = b.pool
+        merged = 0
+        merged_size = 0
+        prev, nxt = b.prev, b.next
+        blocks = pool.blocks
+        # try_merge_blocks with each neighbour, inlined for the mapped (common) case
+        if prev is not None and not prev.allocated:
+            if prev.mapped and b.mapped and not prev.event_count and not prev.stream_uses:
+                del blocks[bisect_left(blocks, (prev.stream, prev.size, prev.ptr))]
+                b.ptr = prev.ptr
+                pp = b.prev = prev.prev
+                if pp is not None:
+                    pp.next = b
+                b.size += prev.size
+                merged = 1
+                merged_size = prev.size
+            elif self._try_merge(b, prev):
+                merged = 1
+                merged_size = prev.size
+        if nxt is not None and not nxt.allocated:
+            if nxt.mapped and b.mapped and not nxt.event_count and not nxt.stream_uses:
+                del blocks[bisect_left(blocks, (nxt.stream, nxt.size, nxt.ptr))]
+                nn = b.next = nxt.next
+                if nn is not None:
+                    nn.prev = b
+                b.size += nxt.size
+                merged += 1
+                merged_size += nxt.size
+            elif self._try_merge(b, nxt):
+                merged += 1
+                merged_size += nxt.size
+        b.gc_base = pool.gc_count
+        insort(blocks, (b.stream, b.size, b.ptr, b))
+        st = self.stats
+        cur = st.cur
+        p = pool.index
+        if b.seg is None:
+            # inactive_split(_bytes): -1 block and its bytes per merged neighbour, then +1 block
+            # of the merged size if the result is still split: net +orig_size bytes then
+            if b.prev is not None or b.next is not None:
+                peak, alloc = st.peak, st.alloc
+                c = cur[_ISB] + orig_size
+                cur[_ISB] = c
+                if c > peak[_ISB]:
+                    peak[_ISB] = c
+                i = _ISB + p
+                c = cur[i] + orig_size
+                cur[i] = c
+                if c > peak[i]:
+                    peak[i] = c
+                alloc[i] += orig_size
+                if merged == 0:
+                    c = cur[_IS] + 1
+                    cur[_IS] = c
+                    if c > peak[_IS]:
+                        peak[_IS] = c
+                    i = _IS + p
+                    c = cur[i] + 1
+                    cur[i] = c
+                    if c > peak[i]:
+                        peak[i] = c
+                    alloc[i] += 1
+                elif merged == 2:
+                    cur[_IS] -= 1
+                    cur[_IS + p] -= 1
+            elif merged:
+                cur[_IS] -= merged
+                cur[_IS + p] -= merged
+                cur[_ISB] -= merged_size
+                cur[_ISB + p] -= merged_size
+        # on_free, inlined
+        cur[0] -= 1  # allocation
+        cur[p] -= 1
+        cur[_AB] -= orig_size
+        cur[_AB + p] -= orig_size
+        cur[_AC] -= 1
+        cur[_AC + p] -= 1
+        cur[_ACB] -= orig_size
+        cur[_ACB + p] -= orig_size
+        cur[_RQ] -= requested
+        cur[_RQ + p] -= requested
+
+    def _free_deferred(self, b: _Block) -> None:
+        """A free of a block with stream uses: it waits on one event per stream."""
+        ta = self._tappend
+        if ta is not None:
+            ta((FREE_REQUESTED, b.ptr, b.requested, b.stream, self._tick()))
+        if b.size >= self._mss:
+            self.stats.cur[_OA] -= 1
+        self.stats.on_free_requested(b.pool.index, b.size)
+        streams = b.stream_uses
+        assert streams
+        b.stream_uses = None
+        b.event_count += len(streams)
+        self._pending[b.ptr] = b
+        for s in streams:
+            q = self._events.get(s)
+            if q is None:
+                q = self._events[s] = deque()
+            q.append([b, False])
 
     def record_stream(self, addr: int, stream: int) -> None:
         """`recordStream`: the block is also used on `stream`; its free waits for that work."""
@@ -613,12 +762,16 @@ class CachingAllocator:
             np_.blocks = [(a, b, c, clones[id(d)]) for a, b, c, d in old_pool.blocks]
             np_.unmapped = [(a, b, clones[id(c)]) for a, b, c in old_pool.unmapped]
         for name, value in self.__dict__.items():
-            if name in ("_small", "_large", "_allocated", "_pending", "_events", "stats", "_clock"):
+            if name in _NOT_DEEPCOPIED:
                 continue
             setattr(new, name, copy.deepcopy(value, memo))
+        new._clock = self._clock
+        new._tappend = new._trace.append if self._tappend is not None else None
         # the default clock ticked once per entry: the copy's own counter goes on from there
-        new._clock = (
-            itertools.count(self._trace_count + 1).__next__ if self._default_clock else self._clock
+        new._tick = (
+            itertools.count(self.trace_len() + 1).__next__
+            if self._default_clock
+            else new._counted_tick
         )
         new._small = pools[id(self._small)]
         new._large = pools[id(self._large)]
@@ -636,6 +789,8 @@ class CachingAllocator:
 
     def trace_len(self) -> int:
         """Trace entries emitted so far (a monotonic index for `trace_since`)."""
+        if self._default_clock:
+            return self._trace[-1][4] if self._trace else 0
         return self._trace_count
 
     def trace_since(self, i: int) -> list[tuple[str, int, int, int, int]]:
@@ -644,11 +799,12 @@ class CachingAllocator:
         For an `oom` entry the addr field is device_free. Raises ValueError when the ring has
         already dropped some of them.
         """
-        n = self._trace_count - i
+        count = self.trace_len()
+        n = count - i
         if n < 0 or n > len(self._trace):
             raise ValueError(
                 f"trace_since({i}): entries from {i} are not in the ring "
-                f"({len(self._trace)} kept, {self._trace_count} emitted)"
+                f"({len(self._trace)} kept, {count} emitted)"
             )
         if n == 0:
             return []
@@ -874,8 +1030,13 @@ class CachingAllocator:
     # ------------------------------------------------------------------ internals: allocation
 
     def _emit(self, action: int, addr: int, size: int, stream: int) -> None:
-        self._trace.append((action, addr, size, stream, self._clock()))
+        self._trace.append((action, addr, size, stream, self._tick()))
+
+    def _counted_tick(self) -> int:
+        """The tick of a custom clock: count the entry, then read the clock."""
         self._trace_count += 1
+        assert self._clock is not None
+        return self._clock()
 
     def _all_blocks(self) -> list[_Block]:
         out = [k[3] for k in self._small.blocks]
@@ -957,49 +1118,94 @@ class CachingAllocator:
                 f"address_provider returned {ptr!r}: need a positive int, a multiple of 512"
             )
 
-    def _free_block(self, b: _Block, user_free: bool = False) -> None:
-        """`free_block`: merge with free neighbours, back into the pool (section 2.10).
+    def _free_block(self, b: _Block) -> None:
+        """`free_block` of a block whose events completed (section 2.10).
 
-        `user_free`: called straight from `free`, whose allocation stats are updated here too.
+        `free` inlines the same steps for a block without stream uses (the common case):
+        a change here goes there too.
         """
-        if self._record:
-            self._trace.append((FREE_COMPLETED, b.ptr, b.requested, b.stream, self._clock()))
-            self._trace_count += 1
+        requested = b.requested
+        ta = self._tappend
+        if ta is not None:
+            ta((FREE_COMPLETED, b.ptr, requested, b.stream, self._tick()))
         orig_size = b.size
         pool = b.pool
-        net_blocks = 0
-        net_size = 0
+        merged = 0
+        merged_size = 0
         prev, nxt = b.prev, b.next
-        if prev is not None and not prev.allocated:  # the rest is checked in _try_merge
-            sub = self._try_merge(b, prev)
-            if sub:
-                net_blocks -= 1
-                net_size -= sub
+        blocks = pool.blocks
+        # try_merge_blocks with each neighbour, inlined for the mapped (common) case
+        if prev is not None and not prev.allocated:
+            if prev.mapped and b.mapped and not prev.event_count and not prev.stream_uses:
+                del blocks[bisect_left(blocks, (prev.stream, prev.size, prev.ptr))]
+                b.ptr = prev.ptr
+                pp = b.prev = prev.prev
+                if pp is not None:
+                    pp.next = b
+                b.size += prev.size
+                merged = 1
+                merged_size = prev.size
+            elif self._try_merge(b, prev):
+                merged = 1
+                merged_size = prev.size
         if nxt is not None and not nxt.allocated:
-            sub = self._try_merge(b, nxt)
-            if sub:
-                net_blocks -= 1
-                net_size -= sub
+            if nxt.mapped and b.mapped and not nxt.event_count and not nxt.stream_uses:
+                del blocks[bisect_left(blocks, (nxt.stream, nxt.size, nxt.ptr))]
+                nn = b.next = nxt.next
+                if nn is not None:
+                    nn.prev = b
+                b.size += nxt.size
+                merged += 1
+                merged_size += nxt.size
+            elif self._try_merge(b, nxt):
+                merged += 1
+                merged_size += nxt.size
         b.gc_base = pool.gc_count
-        insort(pool.blocks, (b.stream, b.size, b.ptr, b))
-        if b.prev is not None or b.next is not None:
-            net_blocks += 1
-            net_size += b.size
+        insort(blocks, (b.stream, b.size, b.ptr, b))
         st = self.stats
+        cur = st.cur
         p = pool.index
-        if b.seg is None and (net_blocks or net_size):
-            if net_blocks <= 0 and net_size <= 0:  # merges only: decreases, inlined
-                cur = st.cur
-                cur[_IS] += net_blocks
-                cur[_IS + p] += net_blocks
-                cur[_ISB] += net_size
-                cur[_ISB + p] += net_size
-            else:
-                st.split_change(p, net_blocks, net_size)
-        if user_free:
-            st.on_free(p, orig_size, b.requested)
-        else:
-            st.on_free_completed(p, orig_size, b.requested)
+        if b.seg is None:
+            # inactive_split(_bytes): -1 block and its bytes per merged neighbour, then +1 block
+            # of the merged size if the result is still split: net +orig_size bytes then
+            if b.prev is not None or b.next is not None:
+                peak, alloc = st.peak, st.alloc
+                c = cur[_ISB] + orig_size
+                cur[_ISB] = c
+                if c > peak[_ISB]:
+                    peak[_ISB] = c
+                i = _ISB + p
+                c = cur[i] + orig_size
+                cur[i] = c
+                if c > peak[i]:
+                    peak[i] = c
+                alloc[i] += orig_size
+                if merged == 0:
+                    c = cur[_IS] + 1
+                    cur[_IS] = c
+                    if c > peak[_IS]:
+                        peak[_IS] = c
+                    i = _IS + p
+                    c = cur[i] + 1
+                    cur[i] = c
+                    if c > peak[i]:
+                        peak[i] = c
+                    alloc[i] += 1
+                elif merged == 2:
+                    cur[_IS] -= 1
+                    cur[_IS + p] -= 1
+            elif merged:
+                cur[_IS] -= merged
+                cur[_IS + p] -= merged
+                cur[_ISB] -= merged_size
+                cur[_ISB + p] -= merged_size
+        # on_free_completed, inlined
+        cur[_AC] -= 1
+        cur[_AC + p] -= 1
+        cur[_ACB] -= orig_size
+        cur[_ACB + p] -= orig_size
+        cur[_RQ] -= requested
+        cur[_RQ + p] -= requested
 
     def _try_merge(self, dst: _Block, src: _Block | None) -> int:
         """`try_merge_blocks`: absorb a free neighbour in the same mapped state; its size."""

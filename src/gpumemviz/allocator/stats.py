@@ -37,6 +37,8 @@ class DeviceStats:
     Each stat keeps `current`, `peak` and `allocated` (cumulative increase); `freed` is
     `allocated - current`, which saves a write on every decrease. Index a stat as
     `3 * array + pool` (pool 0 = all, 1 = small, 2 = large); the oversize stats use pool 0.
+    An array's `all` entry changes with its pool entry by the same amount, so its `allocated`
+    is not kept: it is the sum of the pools' (one write fewer per change on the hot paths).
     """
 
     __slots__ = (
@@ -72,7 +74,6 @@ class DeviceStats:
         cur[i] = c
         if c > peak[i]:
             peak[i] = c
-        alloc[i] += amount
         i += pool
         c = cur[i] + amount
         cur[i] = c
@@ -130,7 +131,8 @@ class DeviceStats:
             if d > 0:
                 if c > peak[i]:
                     peak[i] = c
-                alloc[i] += d
+                if i % 3:  # `all` entries: allocated is the sum of the pools'
+                    alloc[i] += d
 
     def on_free_requested(self, p: int, size: int) -> None:
         """A user free: allocation and allocated_bytes go down."""
@@ -194,10 +196,11 @@ class DeviceStats:
             for p, pool in enumerate(POOLS):
                 i = 3 * a + p
                 prefix = f"{name}.{pool}."
+                allocated = alloc[i + 1] + alloc[i + 2] if p == 0 else alloc[i]
                 out[prefix + "current"] = cur[i]
                 out[prefix + "peak"] = peak[i]
-                out[prefix + "allocated"] = alloc[i]
-                out[prefix + "freed"] = alloc[i] - cur[i] + base[i]
+                out[prefix + "allocated"] = allocated
+                out[prefix + "freed"] = allocated - cur[i] + base[i]
         for s, name in (
             (OVERSIZE_ALLOCATIONS, "oversize_allocations"),
             (OVERSIZE_SEGMENTS, "oversize_segments"),
@@ -244,8 +247,9 @@ def _generate_on_alloc() -> None:
                     f"    cur[{i}] = c",
                     f"    if c > peak[{i}]:",
                     f"        peak[{i}] = c",
-                    f"    alloc[{i}] += {amount}",
                 ]
+                if i % 3:  # an `all` entry's allocated is the sum of the pools'
+                    lines.append(f"    alloc[{i}] += {amount}")
         namespace: dict[str, Any] = {}
         exec("\n".join(lines), namespace)  # fixed text built above from constants, no input
         fn = namespace[f"on_alloc_{pool}"]
