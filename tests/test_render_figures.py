@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -43,6 +44,10 @@ def simulated_history():
         while src.step(1500) == 1500:
             sampler.sample_once(segments=False)
         sampler.sample_once(segments=False)
+        # the OOM reaches the history from the sampler's thread
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(s.oom for s in sampler.history.samples()):
+            time.sleep(0.02)
     finally:
         sampler.stop()
     assert src.ooms, "the simulated training run should end in an OOM"

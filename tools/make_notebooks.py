@@ -49,6 +49,8 @@ NB02 = [
     suggests). Every claim below is checked by an `assert`, so a wrong result fails the notebook.
     """),
     code("""
+    import time
+
     import gpumemviz
     from gpumemviz.allocator.workloads import WORKLOADS, run
     from gpumemviz.sources.simulated import SimulatedSource
@@ -71,6 +73,11 @@ NB02 = [
     sampler = panel.sampler
     while source.step(400) == 400:  # the last chunk stops early: the workload ran out of memory
         sampler.sample_once(segments=False)
+    # the sampler's thread turns the OOM (caught in the allocating thread) into a sample
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any(s.oom for s in sampler.history.samples()):
+        time.sleep(0.05)
+    panel.flush()
     sampler.sample_once(segments=True)
     sampler.stop()
     panel.flush()
@@ -355,8 +362,8 @@ NB03 = [
     from gpumemviz.sources.replay import ReplaySource
 
     source = ReplaySource(path, device=device)
+    source.seek(peak)  # paused on the peak; the panel's sampler reads it from its first tick
     panel = gpumemviz.monitor(source=source, interval=0.5)
-    source.seek(peak)
     panel.sampler.sample_once(segments=True)
     panel.sampler.stop()
     panel.flush()
