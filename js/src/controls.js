@@ -116,3 +116,161 @@ export function createHeader(host) {
     destroy() { root.remove(); },
   };
 }
+
+/** Seconds offered by the interval menu. */
+export const INTERVALS = [0.25, 0.5, 1, 2, 5];
+/** A command with no reply after this long waits on a busy kernel (routing "main"). */
+export const QUEUED_AFTER_MS = 300;
+
+/**
+ * What the reply line says while a command waits.
+ * @param {string} routing "subshell" or "main"
+ * @param {number} waitedMs
+ */
+export function pendingText(routing, waitedMs) {
+  if (waitedMs < QUEUED_AFTER_MS) return "…";
+  return routing === "main" ? "queued until the cell finishes" : "working…";
+}
+
+/**
+ * The buttons. `send(name, args)` posts a command and returns its id.
+ * @param {HTMLElement} host
+ * @param {(name: string, args: Record<string, unknown>) => string} send
+ */
+export function createToolbar(host, send) {
+  const bar = document.createElement("div");
+  bar.className = "gmv-toolbar";
+  /** @param {string} cmd @param {string} label */
+  const button = (cmd, label) => {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.dataset.cmd = cmd;
+    b.textContent = label;
+    bar.append(b);
+    return b;
+  };
+  const empty = button("empty_cache", "empty cache");
+  const exp = button("export", "export snapshot");
+  const pause = button("pause", "pause");
+  const interval = document.createElement("select");
+  interval.dataset.cmd = "interval";
+  interval.title = "seconds between reads";
+  for (const s of INTERVALS) {
+    const o = document.createElement("option");
+    o.value = String(s);
+    o.textContent = `every ${s} s`;
+    interval.append(o);
+  }
+  bar.append(interval);
+  const peaks = button("reset_peaks", "reset peaks");
+  const histLabel = document.createElement("label");
+  const hist = document.createElement("input");
+  hist.type = "checkbox";
+  hist.dataset.cmd = "record_history";
+  histLabel.append(hist, document.createTextNode(" record history"));
+  bar.append(histLabel);
+  const fitIn = document.createElement("input");
+  fitIn.dataset.cmd = "fit-input";
+  fitIn.placeholder = "2GiB";
+  fitIn.size = 8;
+  fitIn.title = "would a tensor of this size fit now? (2GiB, 512MB, bytes)";
+  bar.append(fitIn);
+  const fit = button("fit", "would it fit?");
+  const replay = document.createElement("div");
+  replay.className = "gmv-replay";
+  replay.hidden = true;
+  const slider = document.createElement("input");
+  slider.type = "range";
+  slider.dataset.cmd = "seek";
+  slider.min = "-1";
+  const pos = document.createElement("span");
+  pos.className = "gmv-pos";
+  const play = button("play", "play");
+  replay.append(slider, pos, play);
+  const line = document.createElement("div");
+  line.className = "gmv-reply";
+  host.append(bar, replay, line);
+
+  let routing = "main";
+  let paused = false;
+  /** @type {Map<string, {name: string, t0: number}>} */
+  const pending = new Map();
+  let timer = 0;
+
+  /** @param {string} name @param {Record<string, unknown>} args */
+  function run(name, args = {}) {
+    const id = send(name, args);
+    pending.set(id, { name, t0: performance.now() });
+    line.dataset.state = "pending";
+    line.dataset.cmd = name;
+    line.textContent = `${name}: ${pendingText(routing, 0)}`;
+    clearTimeout(timer);
+    timer = setTimeout(() => {
+      if (!pending.has(id)) return;
+      line.dataset.state = routing === "main" ? "queued" : "pending";
+      line.textContent = `${name}: ${pendingText(routing, QUEUED_AFTER_MS)}`;
+    }, QUEUED_AFTER_MS);
+  }
+  empty.onclick = () => run("empty_cache");
+  exp.onclick = () => run("export");
+  pause.onclick = () => run(paused ? "resume" : "pause");
+  interval.onchange = () => run("interval", { value: Number(interval.value) });
+  peaks.onclick = () => run("reset_peaks");
+  hist.onchange = () => run("record_history", { on: hist.checked });
+  fit.onclick = () => run("fit", { value: fitIn.value });
+  fitIn.onkeydown = (ev) => { if (ev.key === "Enter") run("fit", { value: fitIn.value }); };
+  slider.onchange = () => run("seek", { index: Number(slider.value) });
+  play.onclick = () => run("play");
+
+  return {
+    /** @param {Record<string, any>} c the `controls` trait */
+    update(c) {
+      const caps = new Set(c.capabilities || []);
+      routing = c.routing || "main";
+      paused = !!c.paused;
+      bar.dataset.routing = routing;
+      empty.disabled = !caps.has("empty_cache");
+      exp.disabled = c.live ? !caps.has("export") : false;
+      pause.disabled = !c.live;
+      pause.textContent = paused ? "resume" : "pause";
+      pause.dataset.paused = String(paused);
+      interval.disabled = !c.live;
+      if (typeof c.interval === "number") {
+        if (!INTERVALS.includes(c.interval)) {
+          const o = document.createElement("option");
+          o.value = String(c.interval);
+          o.textContent = `every ${c.interval} s`;
+          interval.append(o);
+        }
+        interval.value = String(c.interval);
+      }
+      peaks.disabled = !c.can_reset_peaks;
+      hist.disabled = !caps.has("record_history");
+      replay.hidden = !c.replay;
+      if (c.replay) {
+        slider.max = String(c.replay.n - 1);
+        if (document.activeElement !== slider) slider.value = String(c.replay.position);
+        pos.textContent = `entry ${c.replay.position + 1} of ${c.replay.n}`;
+      }
+    },
+    /** @param {Record<string, any>} r a `reply` message */
+    reply(r) {
+      const mine = pending.get(r.id);
+      pending.delete(r.id);
+      if (!mine && pending.size) return;  // another view's command; ours still waits
+      line.dataset.state = r.ok ? "ok" : "error";
+      line.dataset.cmd = String(r.name);
+      line.dataset.thread = String(r.thread || "");
+      line.replaceChildren(document.createTextNode(`${r.name}: ${r.text}`));
+      if (r.url) {
+        const a = document.createElement("a");
+        a.href = String(r.url);
+        a.download = "";
+        a.target = "_blank";
+        a.textContent = "download";
+        line.append(document.createTextNode(" · "), a);
+      }
+    },
+    destroy() { clearTimeout(timer); bar.remove(); replay.remove(); line.remove(); },
+  };
+}

@@ -1,7 +1,7 @@
 // anywidget entry: wires the model (traits, frames) to the header and the segment map.
 import { decodeFrame } from "./decode.js";
 import { createHeatmap } from "./heatmap.js";
-import { createHeader } from "./controls.js";
+import { createHeader, createToolbar } from "./controls.js";
 
 let nextId = 0;
 
@@ -15,6 +15,13 @@ function render({ model, el }) {
   root.dataset.view = id;
   el.append(root);
   const header = createHeader(root);
+  let nextCmd = 0;
+  const toolbar = createToolbar(root, (name, args) => {
+    const cid = `${id}-c${nextCmd++}`;
+    model.send({ kind: "command", id: cid, name, args });
+    w.__gpumemviz.log.push({ t: Date.now(), event: "command", view: id, id: cid, name });
+    return cid;
+  });
   const map = createHeatmap(root, {
     onView(v) { model.send({ kind: "view", view: id, ...v }); },
   });
@@ -24,6 +31,7 @@ function render({ model, el }) {
     header: model.get("header") || {}, advice: model.get("advice") || [],
     oom: model.get("oom") || {},
   });
+  const onControls = () => toolbar.update(model.get("controls") || {});
   const onLayout = () => {
     const layout = model.get("map_layout") || { n_rows: 0, groups: [] };
     root.dataset.rows = String(layout.n_rows || 0);
@@ -32,6 +40,11 @@ function render({ model, el }) {
   };
   /** @param {any} msg @param {DataView[]} buffers */
   const onMsg = (msg, buffers) => {
+    if (msg && msg.kind === "reply") {
+      toolbar.reply(msg);
+      w.__gpumemviz.log.push({ t: Date.now(), event: "reply", view: id, ...msg });
+      return;
+    }
     if (!msg || msg.kind !== "frame" || msg.view !== id) return;
     const t0 = performance.now();
     const frame = decodeFrame(msg, buffers);
@@ -48,10 +61,12 @@ function render({ model, el }) {
   model.on("change:advice", onHeader);
   model.on("change:oom", onHeader);
   model.on("change:map_layout", onLayout);
+  model.on("change:controls", onControls);
   model.on("msg:custom", onMsg);
   onHeader();
+  onControls();
   onLayout();
-  w.__gpumemviz.views[id] = { map, root, model };
+  w.__gpumemviz.views[id] = { map, root, model, toolbar };
 
   return () => {
     model.off("change:header", onHeader);
@@ -61,10 +76,12 @@ function render({ model, el }) {
     model.off("change:advice", onHeader);
     model.off("change:oom", onHeader);
     model.off("change:map_layout", onLayout);
+    model.off("change:controls", onControls);
     model.off("msg:custom", onMsg);
     try { model.send({ kind: "close", view: id }); } catch { /* the model is gone already */ }
     map.destroy();
     header.destroy();
+    toolbar.destroy();
     root.remove();
     delete w.__gpumemviz.views[id];
   };

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import anywidget
+import numpy as np
 import traitlets
 
 from gpumemviz.render.rows import build_rows
@@ -159,10 +160,14 @@ class MemoryPanel(anywidget.AnyWidget):
     """gpumemviz.advice for what is shown: [{kind, message}], most bytes at stake first."""
     oom = traitlets.Dict().tag(sync=True)
     """The last captured OOM: {cause, explanation, alloc_size, device_free, time}; {} if none."""
+    controls = traitlets.Dict().tag(sync=True)
+    """What the buttons can do now: {live, capabilities, paused, interval, routing, replay}."""
 
     ADVICE_EVERY_S = 1.0  # advice re-reads the whole snapshot: at most once a second
 
-    def __init__(self, *, device: int | None = None, title: str = "", **kwargs: Any) -> None:
+    def __init__(
+        self, *, device: int | None = None, title: str = "", subshell: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(title=title, **kwargs)
         self._device = device
         self._wire = Wire()
@@ -171,11 +176,16 @@ class MemoryPanel(anywidget.AnyWidget):
         self._latest_lock = threading.Lock()
         self.wire_stats: dict[str, int] = {"frames": 0, "bytes": 0, "last_bytes": 0, "max_bytes": 0}
         self.sampler: Any = None
+        self.shown: Snapshot | None = None  # the segment state drawn last
+        self._shown_device: int | None = None
+        self._device_free: int | None = None
+        self.command_log: list[dict[str, Any]] = []  # handled commands, newest last
         self._owns_sampler = False
         self._advice_at = -float("inf")
         self.on_msg(self._on_browser_msg)
         # the kernel subshell that handles this panel's browser messages (None: the main shell)
-        self.subshell = _route_to_subshell(self.comm)
+        self.subshell = _route_to_subshell(self.comm) if subshell else None
+        self.controls = self._controls()
 
     @classmethod
     def from_snapshot(
@@ -217,6 +227,7 @@ class MemoryPanel(anywidget.AnyWidget):
         if newest is not None:
             self.push_sample(newest)
         sampler.add_listener(self.push_sample)
+        self._writer.submit(self._refresh_controls)
 
     def detach(self) -> None:
         """Stop following the sampler (closing the panel does this too)."""
@@ -225,6 +236,7 @@ class MemoryPanel(anywidget.AnyWidget):
             sampler.remove_listener(self.push_sample)
             if self._owns_sampler:
                 sampler.stop()
+            self._writer.submit(self._refresh_controls)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything handed to the panel so far is drawn and sent (tests, export)."""
@@ -283,6 +295,7 @@ class MemoryPanel(anywidget.AnyWidget):
         nvml = getattr(sample, "nvml", None)
         if nvml is not None and nvml.available:
             extra |= {"nvml_total": nvml.total, "nvml_used": nvml.used}
+            self._device_free = nvml.free
         info = getattr(sample, "device_info", None)
         if info is not None and info.name:
             self.title = info.name
@@ -343,15 +356,73 @@ class MemoryPanel(anywidget.AnyWidget):
     def _show(
         self, snap: Snapshot, extra: dict[str, Any], status: str, device: int | None = None
     ) -> None:
-        rows = build_rows(snap, device=self._device if device is None else device)
+        device = self._device if device is None else device
+        rows = build_rows(snap, device=device)
+        self.shown, self._shown_device = snap, device
         if self._wire.set_rows(rows):
             self.map_layout = self._wire.layout()
         self.header = {**figures(rows), **extra}
         self.status = status
         self._send_frames(self._wire.update())
 
+    def fit_inputs(self) -> tuple[Snapshot | None, int | None, int]:
+        """What "would N fit?" reads: the snapshot shown, the device's free bytes (NVML, when
+        known) and the device shown."""
+        snap, device = self.shown, self._shown_device
+        if device is None:
+            devices = np.unique(snap.segments.device) if snap is not None else []
+            device = int(devices[0]) if len(devices) else 0
+        return snap, self._device_free, device
+
+    def command(self, name: str, **args: Any) -> dict:
+        """Run a button's command now, on this thread (what a click does); returns the reply."""
+        from gpumemviz.commands import CommandError, run_command
+
+        t0 = time.perf_counter()
+        try:
+            reply = {"ok": True, **run_command(self, name, args)}
+        except CommandError as exc:
+            reply = {"ok": False, "text": str(exc)}
+        except Exception as exc:  # a source failing must not reach the kernel's comm handler
+            reply = {"ok": False, "text": f"{name} failed: {type(exc).__name__}: {exc}"}
+        thread = threading.current_thread().name
+        entry = {"name": name, "thread": thread, "ms": (time.perf_counter() - t0) * 1e3, **reply}
+        self.command_log.append(entry)
+        del self.command_log[:-50]
+        self._writer.submit(self._refresh_controls)  # paused, interval, replay position
+        return entry
+
+    def _controls(self) -> dict:
+        sampler = self.sampler
+        source = sampler.source if sampler is not None else None
+        replay = None
+        if source is not None and "time_travel" in getattr(source, "capabilities", ()):
+            replay = {"n": int(source.n), "position": int(source.position)}
+        return {
+            "live": sampler is not None,
+            "capabilities": sorted(getattr(source, "capabilities", ()) or ()),
+            "paused": bool(sampler.paused) if sampler is not None else False,
+            "interval": float(sampler.interval) if sampler is not None else None,
+            "routing": "subshell" if self.subshell else "main",
+            "replay": replay,
+            "can_reset_peaks": callable(getattr(source, "reset_peaks", None)),
+        }
+
+    def _refresh_controls(self) -> None:
+        self.controls = self._controls()
+
     def _on_browser_msg(self, _widget: Any, content: dict, _buffers: list) -> None:
         kind = content.get("kind") if isinstance(content, dict) else None
+        if kind == "command":
+            # done here, on the thread the kernel gave this message (a subshell while a cell
+            # runs); only the reply and the traits go through the writer thread
+            cid = str(content.get("id", ""))
+            args = content.get("args") if isinstance(content.get("args"), dict) else {}
+            entry = self.command(str(content.get("name", "")), **args)
+            reply = {"kind": "reply", "id": cid, **_plain(entry)}
+
+            self._writer.submit(lambda: self.send(reply))
+            return
         if kind == "view":
             view = str(content.get("view", ""))
             args = (int(content.get("first", 0)), int(content.get("count", 1)))
@@ -370,6 +441,14 @@ class MemoryPanel(anywidget.AnyWidget):
             s["bytes"] += n
             s["last_bytes"] = n
             s["max_bytes"] = max(s["max_bytes"], n)
+
+
+def _plain(entry: dict) -> dict:
+    """JSON-safe copy of a command's reply (dict keys as strings)."""
+    out = {}
+    for k, v in entry.items():
+        out[k] = {str(a): b for a, b in v.items()} if isinstance(v, dict) else v
+    return out
 
 
 def _oom_dict(event: Any) -> dict:
@@ -399,7 +478,9 @@ def retime(sampler: Any, interval: float) -> None:
         sampler.start()
 
 
-def monitor(device: int = 0, interval: float = 0.5, source: Any = None) -> MemoryPanel:
+def monitor(
+    device: int = 0, interval: float = 0.5, source: Any = None, *, subshell: bool = True
+) -> MemoryPanel:
     """A live panel of one device's caching allocator, updated in the background.
 
     Parameters
@@ -412,6 +493,9 @@ def monitor(device: int = 0, interval: float = 0.5, source: Any = None) -> Memor
         Where samples come from. Default: the device's shared sampler
         (`gpumemviz.sampler.shared`), reading `gpumemviz.sources.default_source`: torch.cuda
         when CUDA is available, otherwise the simulated allocator, labelled as demo data.
+    subshell : bool
+        Handle the panel's clicks on a kernel subshell, so they act while a cell runs (default
+        True, where the kernel allows it); False queues them until the running cell finishes.
 
     Returns
     -------
@@ -439,7 +523,7 @@ def monitor(device: int = 0, interval: float = 0.5, source: Any = None) -> Memor
     else:
         sampler = Sampler(source, interval=interval)
         device = getattr(source, "device", device)
-    panel = MemoryPanel(device=device if isinstance(device, int) else None)
+    panel = MemoryPanel(device=device if isinstance(device, int) else None, subshell=subshell)
     panel.attach(sampler, owned=source is not None)
     sampler.start()
     return panel

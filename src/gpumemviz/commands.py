@@ -1,0 +1,193 @@
+"""What the panel's buttons do: each command acts on the panel's sampler and source, or on the
+snapshot it shows, and answers with one line of text (and figures for tests).
+
+Commands run on whichever thread the kernel hands the browser's message to: a subshell thread
+while a cell runs (see widget._route_to_subshell) or the main shell when the cell has finished.
+They touch no traits; the panel's writer thread sends their replies.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from gpumemviz.units import format_size, parse_size
+
+__all__ = ["CommandError", "file_url", "run_command"]
+
+
+class CommandError(RuntimeError):
+    """A command that cannot be done now; the message says why (shown in the panel)."""
+
+
+def run_command(panel: Any, name: str, args: dict) -> dict:
+    """Carry out one command for ``panel``; returns ``{"text": ..., **figures}``.
+
+    Raises
+    ------
+    CommandError
+        With a one-line reason when the command does not apply (no sampler, a source that
+        cannot do it, bad input).
+    """
+    handler = _COMMANDS.get(name)
+    if handler is None:
+        raise CommandError(f"unknown command {name!r}")
+    return handler(panel, args)
+
+
+def _sampler(panel: Any) -> Any:
+    if panel.sampler is None:
+        raise CommandError("this panel shows a fixed snapshot: there is no live source")
+    return panel.sampler
+
+
+def _needs(source: Any, capability: str, what: str) -> None:
+    if capability not in getattr(source, "capabilities", frozenset()):
+        label = getattr(source, "label", type(source).__name__)
+        raise CommandError(f"{label} cannot {what}")
+
+
+def _empty_cache(panel: Any, args: dict) -> dict:
+    sampler = _sampler(panel)
+    _needs(sampler.source, "empty_cache", "empty the cache")
+    released = {int(d): int(n) for d, n in sampler.source.empty_cache().items()}
+    sampler.sample_once(segments=True)  # the map and header show the result at once
+    parts = [f"cuda:{d} {format_size(n)}" for d, n in sorted(released.items())]
+    return {"text": "empty_cache released " + ", ".join(parts), "released": released}
+
+
+def _export(panel: Any, args: dict) -> dict:
+    from gpumemviz.io import save_snapshot
+
+    if panel.sampler is not None:
+        _needs(panel.sampler.source, "export", "export a snapshot")
+        data: Any = panel.sampler.source.export()
+    elif panel.shown is not None:
+        data = panel.shown
+    else:
+        raise CommandError("nothing shown yet: nothing to export")
+    name = time.strftime("gpumemviz-snapshot-%Y%m%d-%H%M%S.pickle")
+    path = save_snapshot(data, Path.cwd() / name)
+    url = file_url(path)
+    size = format_size(path.stat().st_size)
+    return {"text": f"wrote {path.name} ({size})", "path": str(path), "url": url}
+
+
+def _pause(panel: Any, args: dict) -> dict:
+    _sampler(panel).pause()
+    return {"text": "paused"}
+
+
+def _resume(panel: Any, args: dict) -> dict:
+    _sampler(panel).resume()
+    return {"text": "sampling again"}
+
+
+def _interval(panel: Any, args: dict) -> dict:
+    from gpumemviz.widget import retime
+
+    try:
+        value = float(args.get("value"))
+    except (TypeError, ValueError):
+        raise CommandError(f"interval must be seconds, got {args.get('value')!r}") from None
+    try:
+        retime(_sampler(panel), value)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    return {"text": f"reading every {value:g} s"}
+
+
+def _fit(panel: Any, args: dict) -> dict:
+    from gpumemviz.fragmentation import fragmentation
+
+    text = str(args.get("value", "")).strip()
+    try:
+        nbytes = parse_size(text)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    snap, free, device = panel.fit_inputs()
+    if snap is None:
+        raise CommandError("no segment state yet: wait for the map")
+    answer = fragmentation(snap).can_fit(nbytes, device=device, device_free=free)
+    return {"text": f"{format_size(nbytes)}: {answer}", "verdict": answer.verdict, "bytes": nbytes}
+
+
+def _seek(panel: Any, args: dict) -> dict:
+    sampler = _sampler(panel)
+    source = sampler.source
+    _needs(source, "time_travel", "travel in time")
+    try:
+        index = int(args.get("index"))
+        source.seek(index)
+    except (TypeError, ValueError) as exc:
+        raise CommandError(str(exc)) from None
+    sampler.sample_once(segments=True)
+    return {"text": f"entry {index + 1} of {source.n}", "index": index}
+
+
+def _play(panel: Any, args: dict) -> dict:
+    source = _sampler(panel).source
+    _needs(source, "time_travel", "play a recording")
+    source.play()
+    return {"text": "playing"}
+
+
+def _record_history(panel: Any, args: dict) -> dict:
+    source = _sampler(panel).source
+    _needs(source, "record_history", "record allocation history")
+    on = bool(args.get("on"))
+    source.record_history(on, stacks="python")
+    return {"text": "recording history (python stacks)" if on else "history recording off"}
+
+
+def _reset_peaks(panel: Any, args: dict) -> dict:
+    source = _sampler(panel).source
+    reset = getattr(source, "reset_peaks", None)
+    if not callable(reset):
+        raise CommandError(f"{getattr(source, 'label', 'this source')} cannot reset peaks")
+    reset()
+    return {"text": "peaks reset"}
+
+
+_COMMANDS = {
+    "empty_cache": _empty_cache,
+    "export": _export,
+    "pause": _pause,
+    "resume": _resume,
+    "interval": _interval,
+    "fit": _fit,
+    "seek": _seek,
+    "play": _play,
+    "record_history": _record_history,
+    "reset_peaks": _reset_peaks,
+}
+
+
+def file_url(path: Path) -> str | None:
+    """The Jupyter server's ``files/`` URL of ``path`` (relative to the page's origin), found
+    through the running servers' info files; None outside a Jupyter server or its root."""
+    try:
+        from jupyter_server.serverapp import list_running_servers
+    except ImportError:
+        return None
+    target = Path(path).resolve()
+    try:
+        servers = list(list_running_servers())
+    except OSError:
+        return None
+    # the server that started this kernel first (same runtime dir, its root above our cwd)
+    servers.sort(key=lambda s: s.get("pid") != os.getppid())
+    for info in servers:
+        root = info.get("root_dir") or info.get("notebook_dir")
+        if not root:
+            continue
+        try:
+            rel = target.relative_to(Path(root).resolve())
+        except ValueError:
+            continue
+        base = str(info.get("base_url") or "/").rstrip("/")
+        return f"{base}/files/{urllib.parse.quote(rel.as_posix())}"
+    return None

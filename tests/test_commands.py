@@ -1,0 +1,131 @@
+"""The panel's commands (what its buttons do), run with real sources and a real panel."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpumemviz.fragmentation import fragmentation
+from gpumemviz.io import load_snapshot
+from gpumemviz.sampler import Sampler
+from gpumemviz.sources.simulated import SimulatedSource
+from gpumemviz.widget import MemoryPanel
+
+
+@pytest.fixture
+def live():
+    """A panel on a paused-in-time simulated training run (driven by hand, so states are known)."""
+    src = SimulatedSource("training", autostart=False)
+    src.step(6000)
+    sampler = Sampler(src, interval=0.2)
+    panel = MemoryPanel(subshell=False)
+    panel.attach(sampler, owned=True)
+    sampler.sample_once(segments=True)
+    assert panel.flush()
+    yield panel, src, sampler
+    panel.close()
+
+
+def test_empty_cache_reports_bytes_released_and_redraws(live):
+    panel, _, _ = live
+    before = panel.header["reserved"]
+    cached_whole = panel.header["free_releasable"]
+    reply = panel.command("empty_cache")
+    assert reply["ok"], reply["text"]
+    assert reply["released"] == {0: cached_whole}  # whole free segments go back, nothing else
+    assert panel.flush()
+    assert panel.header["reserved"] == before - cached_whole
+    assert panel.header["free_releasable"] == 0
+    assert reply["text"].startswith("empty_cache released cuda:0 ")
+
+
+def test_export_writes_a_protocol_4_pickle_beside_the_notebook(live, tmp_path, monkeypatch):
+    panel, src, _ = live
+    monkeypatch.chdir(tmp_path)
+    reply = panel.command("export")
+    assert reply["ok"], reply["text"]
+    path = tmp_path / reply["text"].split()[1]
+    assert path.read_bytes()[:2] == b"\x80\x04"
+    got = load_snapshot(path)
+    want = load_snapshot(src.export())
+    assert got.n_segments == want.n_segments and got.n_blocks == want.n_blocks
+    assert (got.blocks.size == want.blocks.size).all()
+    assert reply["url"] is None  # no Jupyter server here: the path, no link
+
+
+def test_fit_answers_as_can_fit_does(live):
+    panel, src, _ = live
+    snap = src.sample().segments
+    free = src.sample().nvml.free
+    for text in ("512MB", "2GiB", "40GiB", str(3 << 20)):
+        reply = panel.command("fit", value=text)
+        assert reply["ok"], reply["text"]
+        from gpumemviz.units import parse_size
+
+        want = fragmentation(snap).can_fit(parse_size(text), device=0, device_free=free)
+        assert reply["verdict"] == want.verdict
+        assert reply["text"].endswith(str(want))
+    bad = panel.command("fit", value="lots")
+    assert not bad["ok"] and "lots" in bad["text"]
+
+
+def test_pause_resume_and_interval_drive_the_sampler(live):
+    panel, _, sampler = live
+    assert panel.command("pause")["ok"] and sampler.paused
+    assert panel.flush() and panel.controls["paused"] is True
+    assert panel.command("resume")["ok"] and not sampler.paused
+    assert panel.command("interval", value=1)["ok"] and sampler.interval == 1.0
+    assert not panel.command("interval", value=-1)["ok"]
+    assert panel.flush() and panel.controls["interval"] == 1.0
+
+
+def test_commands_a_source_cannot_do_say_so(live):
+    panel, *_ = live
+    for name, args in (("seek", {"index": 3}), ("record_history", {"on": True})):
+        reply = panel.command(name, **args)
+        assert not reply["ok"] and "simulated: training (demo data) cannot" in reply["text"]
+    assert not panel.command("frobnicate")["ok"]
+
+
+def test_a_fixed_snapshot_panel_exports_and_fits_but_has_no_sampler(real_dict, tmp_path):
+    panel = MemoryPanel.from_snapshot(real_dict)
+    try:
+        assert panel.flush()
+        assert not panel.command("pause")["ok"]
+        fit = panel.command("fit", value="1MiB")
+        assert fit["ok"], fit["text"]
+    finally:
+        panel.close()
+
+
+def test_replay_seek_moves_the_map_to_the_recorded_state(tmp_path):
+    from conftest import REAL_DIR
+    from gpumemviz.sources.replay import ReplaySource
+
+    path = REAL_DIR / "MAGMA27__assignment2-systems__memory_snapshot.pickle"
+    if not path.is_file():
+        pytest.skip("real snapshots are not available")
+    src = ReplaySource(path, loop=False)
+    sampler = Sampler(src)
+    panel = MemoryPanel(subshell=False)
+    panel.attach(sampler, owned=True)
+    try:
+        k = src.n // 3
+        reply = panel.command("seek", index=k)
+        assert reply["ok"], reply["text"]
+        assert panel.flush()
+        state = src.timeline.snapshot_at(k)
+        assert panel.map_layout["n_rows"] == len(state["segments"])
+        assert panel.header["reserved"] == int(src.timeline.reserved[k])
+        assert panel.controls["replay"] == {"n": src.n, "position": k}
+    finally:
+        panel.close()
+
+
+def test_a_browser_command_message_is_answered_by_the_writer(live, monkeypatch):
+    panel, *_ = live
+    sent = []
+    monkeypatch.setattr(panel, "send", lambda content, buffers=None: sent.append(content))
+    panel._handle_custom_msg({"kind": "command", "id": "c1", "name": "pause", "args": {}}, [])
+    assert panel.flush()
+    assert sent[-1]["kind"] == "reply" and sent[-1]["id"] == "c1" and sent[-1]["ok"]
+    assert sent[-1]["thread"] == panel.command_log[-1]["thread"]
