@@ -394,6 +394,24 @@ NB03 = [
     assert gpumemviz.fragmentation(peak_file).reserved == tl.reserved[peak]
     """),
     code("""
+    # gpumemviz.export: a pickle with home directories and user names redacted (for sharing),
+    # and the trace as a CSV table, one row per entry. Skipped where this version lacks it.
+    try:
+        from gpumemviz.export import export
+    except ImportError:
+        export = None
+    if export is None:
+        print("gpumemviz.export is not in this version: redacted and CSV exports skipped")
+    else:
+        shared = export(snap, out / "shared.pickle", redact_paths=True)
+        table = export(snap, out / "trace.csv")
+        print(f"{shared.name}: {format_size(shared.stat().st_size)}, "
+              f"{table.name}: {format_size(table.stat().st_size)}")
+        assert gpumemviz.load_snapshot(shared).n_blocks == snap.n_blocks
+        with open(table) as f:
+            assert sum(1 for _ in f) - 1 == sum(len(t) for t in snap.traces.values())
+    """),
+    code("""
     # ---- HTML REPORT (issue 8, item 2) -------------------------------------------------------
     # `gpumemviz.report` (a self-contained HTML file that opens offline) is being written by
     # another engineer. Until it exists in your version, this cell says so and does nothing.
