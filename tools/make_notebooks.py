@@ -65,11 +65,14 @@ NB02 = [
 
     The simulated source runs the workload on the allocator model. We drive it step by step and
     read a sample after every chunk, so the run is the same every time. The live panel follows
-    the same sampler (in JupyterLab it redraws as the cell runs; here it shows the final state).
+    the same sampler and redraws as the cell runs.
     """),
     code("""
+    from IPython.display import display
+
     source = SimulatedSource(training, autostart=False, loop=False)
     panel = gpumemviz.monitor(source=source, interval=0.5)
+    display(panel)  # shown now, so it redraws while the loop below runs
     sampler = panel.sampler
     while source.step(400) == 400:  # the last chunk stops early: the workload ran out of memory
         sampler.sample_once(segments=False)
@@ -81,7 +84,7 @@ NB02 = [
     sampler.sample_once(segments=True)
     sampler.stop()
     panel.flush()
-    panel
+    print(f"{sampler.counters['ticks']} reads; the panel shows the state at the OOM")
     """),
     code("""
     oom = source.ooms[-1]
