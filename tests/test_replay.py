@@ -59,6 +59,7 @@ def test_every_real_trace_replays_exactly(real_dict):
         assert len(d.reserved) == len(trace)
         np.testing.assert_array_equal(d.reserved, r.timelines[dev].reserved)
         np.testing.assert_array_equal(d.allocated, r.timelines[dev].allocated)
+        np.testing.assert_array_equal(d.segments, r.timelines[dev].segments)
 
 
 def test_the_recorded_oom_is_reproduced_with_the_inferred_capacity():
