@@ -450,7 +450,8 @@ def run(workload: Workload, allocator: CachingAllocator | None = None) -> Outcom
         The program, capacity and settings.
     allocator
         The model to drive (default: a fresh `CachingAllocator(workload.capacity,
-        workload.config)`).
+        workload.config, record_trace=False)`; pass one that records its trace to replay or
+        export the run).
 
     Returns
     -------
