@@ -204,6 +204,10 @@ def test_redaction_removes_every_home_and_name_and_changes_nothing_else(tmp_path
             assert _norm_before(before, names) == _norm_after(after), (before, after)
         if p.stat().st_size < 1 << 20:
             assert redact_torch(raw) == red  # deterministic
+        # the Snapshot path (no dicts built) redacts exactly as the dict path
+        assert redact_paths(load_snapshot(p)).to_torch() == redact_torch(
+            load_snapshot(p).to_torch()
+        )
         assert read_real(p) == raw  # the input is left alone
     assert found_any == {"haoyangsun", "dingyiran", "c-kaitwang"}
 

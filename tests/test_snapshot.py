@@ -497,3 +497,55 @@ def test_validate_names_what_and_where(mutate, message):
     pattern = message.format(seg3=_seg3(), total=total, total_plus=total + 512)
     with pytest.raises(SnapshotError, match="^" + pattern):
         validate(snap)
+
+
+_VOCAB = frozenset(STATE_NAMES) | frozenset(ACTIONS) | {"small", "large"}
+
+
+def _mark(obj, memo=None):
+    """Every string outside the fixed vocabulary gets a '!': a stand-in for redaction."""
+    memo = {} if memo is None else memo
+    if type(obj) is str:
+        return obj if obj in _VOCAB else obj + "!"
+    if type(obj) not in (dict, list, tuple):
+        return obj
+    if id(obj) not in memo:
+        if type(obj) is dict:
+            memo[id(obj)] = {k: _mark(v, memo) for k, v in obj.items()}
+        else:
+            memo[id(obj)] = type(obj)(_mark(v, memo) for v in obj)
+    return memo[id(obj)]
+
+
+def test_map_objects_reaches_every_string_and_keeps_the_columns(real_dict):
+    snap = Snapshot.from_torch(real_dict)
+    assert snap.map_objects(lambda p: p).to_torch() == snap.to_torch()
+    marked = snap.map_objects(_mark)
+    assert marked.to_torch() == _mark(snap.to_torch())
+    assert marked.blocks.size is snap.blocks.size  # columns shared, not copied
+    assert snap.to_torch() == Snapshot.from_torch(real_dict).to_torch()  # source untouched
+
+
+def test_map_objects_on_unknown_keys_and_actions():
+    d = minimal()
+    d["future_top"] = {"path": "/x"}
+    d["segments"][1]["blocks"][2]["note"] = "n"
+    d["device_traces"][0].append({"action": "user_defined", "addr": 0, "size": 0, "stream": 0,
+                                  "user_metadata": "m", "compile_context": "c"})  # fmt: skip
+    snap = Snapshot.from_torch(d)
+    assert snap.map_objects(_mark).to_torch() == _mark(d)
+
+
+def test_block_frames_and_trace_frames():
+    d = minimal()
+    snap = Snapshot.from_torch(d)
+    blocks = [b for s in d["segments"] for b in s["blocks"]]
+    frames = snap.block_frames()
+    assert frames == [b.get("frames", []) for b in blocks]
+    assert all(f is b["frames"] for f, b in zip(frames, blocks, strict=True) if "frames" in b)
+    entries = d["device_traces"][0]
+    assert snap.traces[0].frames() == [e.get("frames", []) for e in entries]
+    raw = read_real(LEGACY)
+    legacy = Snapshot.from_torch(raw)
+    want = [memory_viz._block_extra(b)[0] for s in raw["segments"] for b in s["blocks"]]
+    assert legacy.block_frames() == want and any(want)

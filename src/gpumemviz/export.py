@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .allocator.timeline import Timeline
-from .frames import redact_torch
+from .frames import redact_paths as _redact_paths
 from .io import as_snapshot, atomic_write, write_torch
 from .sample import Sample
 from .snapshot import ACTIONS, INACTIVE, Snapshot
@@ -123,7 +123,7 @@ def export(
         Default: from the suffix (.json, .csv; anything else is pickle).
     redact_paths : bool
         Replace home directories and user names (frames, annotations, every string) with
-        placeholders first (`gpumemviz.frames.redact_torch`).
+        placeholders first (`gpumemviz.frames.redact_paths`).
     device : int, optional
         CSV of a trace: only this device (default: every device with a trace).
 
@@ -151,10 +151,9 @@ def export(
     if fmt == "csv":
         _write_csv(path, TRACE_COLUMNS, trace_rows(snap, device=device))
         return path
-    data = snap.to_torch()
     if redact_paths:
-        data = redact_torch(data)
-    return write_torch(data, path, format=fmt)
+        snap = _redact_paths(snap)
+    return write_torch(snap.to_torch(), path, format=fmt)
 
 
 def _write_csv(path: Path, header: Sequence[str], columns: dict[str, list]) -> None:

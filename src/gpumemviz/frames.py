@@ -201,9 +201,10 @@ class Redactor:
 
     `/home/alice/x.py` becomes `~user1/x.py`, `C:\\Users\\Bob\\x.py` becomes `~user2\\x.py`,
     `/root/x.py` becomes `~root/x.py`, and the user name elsewhere
-    (`/tmp/torchinductor_alice/...`) becomes `user1`. Users are numbered in the order they are
-    first met, so one snapshot always redacts the same way; one `Redactor` used on several
-    snapshots (a diff's two sides) keeps the same numbers across them.
+    (`/tmp/torchinductor_alice/...`) becomes `user1`. The users of one `redact` call are
+    numbered in sorted order of their names, so the result does not depend on where in the
+    snapshot a name first appears (the dict and the Snapshot paths agree); one `Redactor` used
+    on several snapshots (a diff's two sides) keeps the numbers it already gave.
 
     Parameters
     ----------
@@ -213,24 +214,25 @@ class Redactor:
 
     def __init__(self, names: Iterable[str] = ()) -> None:
         self.names: dict[str, str] = {}
-        for n in names:
-            self._add(n)
+        self._pending: set[str] = set(names)
         self._cache: dict[str, str] = {}
         self._pattern: re.Pattern[str] | None = None
 
-    def _add(self, name: str) -> str:
-        if name not in self.names:
+    def _assign(self) -> None:
+        """Number the names learnt since the last call, in sorted order."""
+        for name in sorted(self._pending - self.names.keys()):
             self.names[name] = f"user{len(self.names) + 1}"
+        if self._pending:
+            self._pending = set()
             self._pattern = None
             self._cache = {}
-        return self.names[name]
 
     def learn(self, text: str) -> None:
         """Record the user names of the home directories in `text`."""
         for m in _HOME.finditer(text):
             name = m.group("posix") or m.group("mac") or m.group("win")
-            if name and name.lower() not in _NOT_USERS:
-                self._add(name)
+            if name and name.lower() not in _NOT_USERS and name not in self.names:
+                self._pending.add(name)
 
     def _names_pattern(self) -> re.Pattern[str] | None:
         if self._pattern is None and self.names:
@@ -244,13 +246,16 @@ class Redactor:
             return "~root"
         if name.lower() in _NOT_USERS:
             return m.group(0)
-        return "~" + self._add(name)
+        return "~" + self.names[name]
 
     def text(self, s: str) -> str:
         """`s` with home directories and known user names replaced."""
         out = self._cache.get(s)
         if out is not None:
             return out
+        self.learn(s)
+        if self._pending:
+            self._assign()
         out = _HOME.sub(self._home, s)
         pat = self._names_pattern()
         if pat is not None:
@@ -264,55 +269,98 @@ class Redactor:
         Containers with nothing to change are returned as they are, and a container shared
         between places (frames lists are) is redacted once and stays shared.
         """
-        for s in _strings(obj):
+        strings = _unique_strings(obj)
+        for s in strings:
             self.learn(s)
-        memo: dict[int, Any] = {}
-        return self._walk(obj, memo)
+        self._assign()
+        changed = {}
+        for s in strings:
+            r = self.text(s)
+            if r != s:
+                changed[s] = r
+        if not changed or type(obj) not in _CONTAINERS:
+            return changed.get(obj, obj) if type(obj) is str else obj
+        return _rebuild(obj, changed, {})
 
-    def _walk(self, obj: Any, memo: dict[int, Any]) -> Any:
-        t = type(obj)
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def _unique_strings(obj: Any) -> dict[str, None]:
+    """Every distinct string value in plain data, in the order first met (an ordered set)."""
+    out: dict[str, None] = {}
+    if type(obj) is str:
+        out[obj] = None
+    elif type(obj) in _CONTAINERS:
+        _collect(obj, out, set())
+    return out
+
+
+def _collect(obj: Any, out: dict[str, None], seen: set[int]) -> None:
+    if id(obj) in seen:  # shared containers (frames lists) are read once
+        return
+    seen.add(id(obj))
+    for v in obj.values() if type(obj) is dict else obj:
+        t = type(v)
         if t is str:
-            return self.text(obj)
-        if t not in (dict, list, tuple):
-            return obj
-        key = id(obj)
-        if key in memo:
-            return memo[key]
-        memo[key] = obj  # cycles are impossible in plain snapshot data; this guards anyway
-        if t is dict:
-            vals = [self._walk(v, memo) for v in obj.values()]
-            changed = any(a is not b for a, b in zip(vals, obj.values(), strict=True))
-            out = dict(zip(obj.keys(), vals, strict=True)) if changed else obj
-        else:
-            items = [self._walk(v, memo) for v in obj]
-            changed = any(a is not b for a, b in zip(items, obj, strict=True))
-            out = t(items) if changed else obj
-        memo[key] = out
-        return out
+            out[v] = None
+        elif t is dict or t is list or t is tuple:
+            _collect(v, out, seen)
 
 
-def _strings(obj: Any) -> Iterable[str]:
-    """Every string value in plain data (each shared container visited once), in walk order."""
-    seen: set[int] = set()
-    stack = [obj]
-    while stack:
-        o = stack.pop()
-        t = type(o)
-        if t is str:
-            yield o
-        elif t in (dict, list, tuple):
-            if id(o) in seen:
+def _rebuild(obj: Any, changed: dict[str, str], memo: dict[int, Any]) -> Any:
+    """`obj` with the strings in `changed` replaced; untouched containers are returned as is."""
+    key = id(obj)
+    done = memo.get(key)
+    if done is not None:
+        return done
+    if type(obj) is dict:
+        new: Any = None
+        for k, v in obj.items():
+            t = type(v)
+            if t is str:
+                r = changed.get(v)
+                if r is None:
+                    continue
+            elif t is dict or t is list or t is tuple:
+                r = _rebuild(v, changed, memo)
+                if r is v:
+                    continue
+            else:
                 continue
-            seen.add(id(o))
-            vals = list(o.values()) if t is dict else list(o)
-            stack.extend(reversed(vals))
+            if new is None:
+                new = dict(obj)
+            new[k] = r
+    else:
+        new = None
+        for i, v in enumerate(obj):
+            t = type(v)
+            if t is str:
+                r = changed.get(v)
+                if r is None:
+                    continue
+            elif t is dict or t is list or t is tuple:
+                r = _rebuild(v, changed, memo)
+                if r is v:
+                    continue
+            else:
+                continue
+            if new is None:
+                new = list(obj)
+            new[i] = r
+        if new is not None and type(obj) is tuple:
+            new = tuple(new)
+    out = obj if new is None else new
+    memo[key] = out
+    return out
 
 
 def find_user_names(obj: Any) -> list[str]:
-    """User names of the home directories found in any string of plain data, first met first."""
+    """User names of the home directories found in any string of plain data, sorted."""
     r = Redactor()
-    for s in _strings(obj):
+    for s in _unique_strings(obj):
         r.learn(s)
+    r._assign()
     return list(r.names)
 
 
@@ -349,4 +397,4 @@ def redact_paths(snapshot: Any, *, names: Iterable[str] = ()) -> Snapshot:
     >>> snap.segment(0).frames[0]["filename"]
     '~user1/t.py'
     """
-    return Snapshot.from_torch(redact_torch(as_snapshot(snapshot).to_torch(), names=names))
+    return as_snapshot(snapshot).map_objects(Redactor(names).redact)

@@ -13,7 +13,7 @@ import gc
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any
 
@@ -558,6 +558,57 @@ class Snapshot:
                 if legacy is not None:
                     out[i] = legacy
         return out
+
+    def map_objects(self, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Snapshot:
+        """A snapshot whose Python objects (everything that is not a numpy column) went
+        through `fn`; the columns are shared.
+
+        `fn` gets one plain dict and returns one of the same shape: ``seg_frames`` and
+        ``blk_frames`` (a frames list per row, or None), ``seg_extra`` and ``blk_extra``
+        ({row: {unknown key: value}}, torch 2.0 `history` included), ``traces`` ({device:
+        {"objects": {frames/compile_context/user_metadata: per-entry list or None},
+        "extra": {entry: {key: value}}, "action_names": [str]}}), ``allocator_settings``,
+        ``external_annotations`` and ``top_extra``. This is how path redaction rewrites every
+        string of a 10^6-block snapshot without building its dicts.
+        """
+        payload: dict[str, Any] = {
+            "seg_frames": self._seg_frames,
+            "blk_frames": self._blk_frames,
+            "seg_extra": dict(self._seg_shape.extra),
+            "blk_extra": dict(self._blk_shape.extra),
+            "traces": {
+                d: {
+                    "objects": dict(t._objects),
+                    "extra": dict(t._shape.extra),
+                    "action_names": list(t.action_names),
+                }
+                for d, t in self.traces.items()
+            },
+            "allocator_settings": self.allocator_settings,
+            "external_annotations": self.external_annotations,
+            "top_extra": dict(self._top_extra),
+        }
+        out = fn(payload)
+        traces = {
+            d: replace(
+                t,
+                action_names=tuple(out["traces"][d]["action_names"]),
+                _objects=out["traces"][d]["objects"],
+                _shape=replace(t._shape, extra=out["traces"][d]["extra"]),
+            )
+            for d, t in self.traces.items()
+        }
+        return replace(
+            self,
+            traces=traces,
+            allocator_settings=out["allocator_settings"],
+            external_annotations=out["external_annotations"],
+            _seg_frames=out["seg_frames"],
+            _seg_shape=replace(self._seg_shape, extra=out["seg_extra"]),
+            _blk_frames=out["blk_frames"],
+            _blk_shape=replace(self._blk_shape, extra=out["blk_extra"]),
+            _top_extra=out["top_extra"],
+        )
 
     def segment(self, i: int) -> Segment:
         """Segment `i` (in file order) with its blocks, as a frozen value."""

@@ -1,0 +1,152 @@
+"""How fast are the sharing paths: sites, redaction, export, diff, next to a plain pickle.dump?
+
+The floor is `pickle.dump(snapshot.to_torch(), protocol=4)` into memory: an export cannot write
+less. `export` adds the atomic file write (and `redact_paths=True` the redaction walk);
+`live_sites` groups the allocated blocks by their first user frame; `diff` is two
+fragmentation reports and two site tables. Synthetic snapshots have realistic stacks: 2,000
+distinct 30-frame stacks under /home/NAME, shared between blocks and trace entries as torch's
+pickles share them. Times are CPU seconds (time.process_time), best of a few repetitions.
+Targets: `export` within 2x of the floor from 10^4 blocks up; `redact_paths` (on the Snapshot,
+no dicts built) a few µs per block; sites and diff under a second at 10^6 blocks. Real files
+redact slower per block: their traces hold ~10^5 distinct frame dicts, each rebuilt.
+
+Run: .venv/bin/python benchmarks/export.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import pickle
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpumemviz.diff import diff
+from gpumemviz.export import export, trace_rows
+from gpumemviz.frames import redact_paths, redact_torch
+from gpumemviz.io import load_snapshot
+from gpumemviz.sites import live_sites
+from gpumemviz.snapshot import Snapshot
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_DIR = REPO.parent / "shared" / "real-snapshots"
+MIB = 1 << 20
+
+
+def stacks(n: int, depth: int = 30, seed: int = 0) -> list[list[dict]]:
+    rng = random.Random(seed)
+    torch_frames = [
+        {"filename": "??", "line": 0, "name": "torch::unwind::unwind()"},
+        {"filename": "CUDACachingAllocator.cpp", "line": 0, "name": "c10::cuda::malloc"},
+        {"filename": "/home/alice/env/lib/python3.11/site-packages/torch/nn/modules/module.py",
+         "line": 1790, "name": "_call_impl"},
+    ]  # fmt: skip
+    out = []
+    for _ in range(n):
+        user = [
+            {"filename": f"/home/alice/proj/m{rng.randrange(50)}.py",
+             "line": rng.randrange(1, 900), "name": f"f{rng.randrange(200)}"}
+            for _ in range(depth - len(torch_frames))
+        ]  # fmt: skip
+        out.append(torch_frames + user)
+    return out
+
+
+def synthetic(n_blocks: int, per_segment: int = 10, n_trace: int = 0, seed: int = 0) -> dict:
+    """A consistent torch-2.11-shaped dict with shared stacks and an optional trace."""
+    rng = random.Random(seed)
+    pool = stacks(2000, seed=seed)
+    segments = []
+    address = 1 << 40
+    for _ in range(n_blocks // per_segment):
+        blocks, offset, allocated, requested = [], 0, 0, 0
+        for j in range(per_segment):
+            live = j % 3 != 2
+            blocks.append({"address": address + offset, "size": MIB,
+                           "requested_size": MIB - 8 if live else 0,
+                           "state": "active_allocated" if live else "inactive",
+                           "frames": rng.choice(pool) if live else []})  # fmt: skip
+            offset += MIB
+            if live:
+                allocated += MIB
+                requested += MIB - 8
+        segments.append({"device": 0, "address": address, "total_size": offset,
+                         "allocated_size": allocated, "active_size": allocated,
+                         "requested_size": requested, "stream": 0, "segment_type": "large",
+                         "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+                         "blocks": blocks})  # fmt: skip
+        address += offset + 2 * MIB
+    base = segments[-1]["address"] + 100 * MIB if segments else 1 << 40
+    trace = []
+    for i in range(n_trace // 2):  # alloc/free pairs in a segment outside the final state
+        a = base + (i % 64) * MIB
+        f = rng.choice(pool)
+        trace.append({"action": "alloc", "addr": a, "size": MIB - 8, "stream": 0,
+                      "time_us": 10 * i, "frames": f})  # fmt: skip
+        trace.append({"action": "free_requested", "addr": a, "size": MIB - 8, "stream": 0,
+                      "time_us": 10 * i + 5, "frames": f})  # fmt: skip
+    return {"segments": segments, "device_traces": [trace]}
+
+
+def best(fn: Callable[[], Any], reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.process_time()
+        result = fn()
+        times.append(time.process_time() - t0)
+        del result
+    return min(times)
+
+
+def row(name: str, snap: Snapshot, reps: int, folder: Path) -> None:
+    d = snap.to_torch()
+    n = max(snap.n_blocks, 1)
+    t_floor = best(lambda: pickle.dump(d, io.BytesIO(), protocol=4), reps)
+    t_export = best(lambda: export(snap, folder / "x.pickle"), reps)
+    t_redact = best(lambda: redact_paths(snap), reps)
+    t_redact_dict = best(lambda: redact_torch(d), reps)
+    t_red_export = best(lambda: export(snap, folder / "r.pickle", redact_paths=True), reps)
+    t_sites = best(lambda: live_sites(snap), reps)
+    t_csv = best(lambda: trace_rows(snap), reps) if any(len(t) for t in snap.traces.values()) else 0
+    t_diff = best(lambda: diff(snap, snap), reps)
+    print(
+        f"{name:<34} {snap.n_blocks:>9,} {t_floor * 1e3:>8.1f} {t_export * 1e3:>9.1f} "
+        f"{t_export / max(t_floor, 1e-9):>6.2f}x {t_redact * 1e3:>9.1f} "
+        f"{t_redact / n * 1e6:>6.2f} {t_redact_dict * 1e3:>9.1f} {t_red_export * 1e3:>9.1f} "
+        f"{t_sites * 1e3:>8.1f} {t_csv * 1e3:>8.1f} {t_diff * 1e3:>8.1f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="skip 10^6 blocks, one repetition")
+    args = parser.parse_args()
+    reps = 1 if args.quick else 3
+    print(
+        f"{'snapshot':<34} {'blocks':>9} {'floor ms':>8} {'export ms':>9} {'/floor':>7} "
+        f"{'redact ms':>9} {'µs/blk':>6} {'dict ms':>9} {'red+exp':>9} {'sites ms':>8} "
+        f"{'csv ms':>8} {'diff ms':>8}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for path in sorted(REAL_DIR.glob("*.pickle")):
+            name = path.name.split("__")[0][:20] + ":" + path.stem.split("__")[-1][:13]
+            row(name, load_snapshot(path), reps, folder)
+        sizes = (10**4, 10**5) if args.quick else (10**4, 10**5, 10**6)
+        for n in sizes:
+            snap = Snapshot.from_torch(synthetic(n, n_trace=min(n, 10**5)))
+            row(f"synthetic {n:,} blocks", snap, reps, folder)
+    print(
+        "floor: pickle.dump(to_torch()) in memory; export: atomic protocol-4 file; redact: "
+        "redact_paths on the Snapshot; dict: redact_torch on the torch dict; red+exp: "
+        "export(redact_paths=True); sites: live_sites; csv: trace_rows (trace of up to 10^5 "
+        "entries); diff: diff(s, s). CPU times."
+    )
+
+
+if __name__ == "__main__":
+    main()
