@@ -28,6 +28,10 @@ ALLOWED: dict[str, set[str]] = {
     "sites": {"snapshot", "io", "frames", "units"},
     "diff": {"snapshot", "io", "fragmentation", "sites", "frames", "units"},
     "export": {"snapshot", "io", "allocator", "sample", "frames", "units"},
+    "report_html": {
+        *("snapshot", "io", "fragmentation", "advice", "sites", "frames", "export"),
+        *("render", "units"),
+    },
 }
 # third-party modules that may only be imported inside functions (lazily)
 LAZY_ONLY = {"torch", "pynvml", "plotly", "anywidget", "IPython", "ipywidgets"}

@@ -27,6 +27,7 @@ _LAZY: dict[str, str] = {
     "Advice": "gpumemviz.advice",
     "figures": "gpumemviz.figures",
     "export": "gpumemviz.export",
+    "report": "gpumemviz.report_html",
     "diff": "gpumemviz.diff",
     "redact_paths": "gpumemviz.frames",
     "monitor": "gpumemviz.widget",

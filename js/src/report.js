@@ -1,0 +1,417 @@
+// Entry of the offline HTML report (gpumemviz/report_html.py): the panel's header and segment
+// map fed from data embedded in the page instead of a kernel, plus a segment zoom, the memory
+// timeline and the analysis tables. Every text from the snapshot goes in as a text node.
+import { decodeFrame, STATE_NAMES, KIND_NAMES } from "./decode.js";
+import { createHeatmap, ROW_H } from "./heatmap.js";
+import { createHeader } from "./controls.js";
+import { blockAt, cellColor, formatSize, keepWindow, rowLabel } from "./rows.js";
+import {
+  b64ToBytes, b64ToFloat64, blockPixels, nearestIndex, niceStep, resampleCells, zoomAt,
+} from "./reportdata.js";
+
+const MAX_ZOOM = 1e6;
+
+/** @param {string} tag @param {string} [cls] @param {string} [text] */
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+/** @param {HTMLElement} host @param {string} title */
+function section(host, title) {
+  const s = el("section", "gmv-section");
+  s.append(el("h2", "", title));
+  host.append(s);
+  return s;
+}
+
+/**
+ * A table from rows of cells (strings only: text nodes).
+ * @param {string[]} head
+ * @param {string[][]} body
+ * @param {string} [name]
+ */
+function table(head, body, name) {
+  const t = el("table", "gmv-table");
+  if (name) t.dataset.table = name;
+  const tr = el("tr");
+  for (const h of head) tr.append(el("th", "", h));
+  const thead = el("thead");
+  thead.append(tr);
+  const tbody = el("tbody");
+  for (const row of body) {
+    const r = el("tr");
+    for (const c of row) r.append(el("td", "", c));
+    tbody.append(r);
+  }
+  t.append(thead, tbody);
+  return t;
+}
+
+const FIGURE_ROWS = /** @type {const} */ ([
+  ["reserved", "reserved", "bytes"], ["allocated", "allocated", "bytes"],
+  ["active", "active (allocated + pending free)", "bytes"], ["requested", "requested", "bytes"],
+  ["internal_waste", "rounding waste (allocated - requested)", "bytes"],
+  ["pending_free", "pending free", "bytes"], ["free", "free in reserved", "bytes"],
+  ["free_trapped", "free, trapped in segments with allocations", "bytes"],
+  ["releasable", "free, empty_cache() releases it", "bytes"],
+  ["largest_free", "largest free block", "bytes"],
+  ["external_fragmentation", "fragmentation (1 - largest free / free)", "ratio"],
+  ["fragmentation_sq", "fragmentation (1 - sum free² / free²)", "ratio"],
+  ["segments", "segments", "count"], ["blocks", "blocks", "count"],
+]);
+
+/** @param {unknown} v @param {string} kind */
+function fmt(v, kind) {
+  if (typeof v !== "number") return v === null || v === undefined ? "–" : String(v);
+  if (kind === "bytes") return formatSize(v);
+  if (kind === "ratio") return v.toFixed(3);
+  return v.toLocaleString("en-US");
+}
+
+/** @param {any} data @param {HTMLElement} host */
+function analysis(data, host) {
+  const devs = Object.keys(data.devices).sort((a, b) => Number(a) - Number(b));
+  const s = section(host, "Fragmentation");
+  const head = ["figure", ...devs.map((d) => `cuda:${d}`)];
+  if (devs.length > 1) head.push("all devices");
+  const body = FIGURE_ROWS.map(([key, label, kind]) => {
+    const row = [label, ...devs.map((d) => fmt(data.devices[d][key], kind))];
+    if (devs.length > 1) row.push(fmt(data.total[key], kind));
+    return row;
+  });
+  s.append(table(head, body, "figures"));
+  if (data.violations.length) {
+    const ul = el("ul", "gmv-violations");
+    for (const v of data.violations) ul.append(el("li", "", String(v)));
+    s.append(el("p", "", "Conservation violations in the file:"), ul);
+  }
+  if (data.worst.length) {
+    s.append(el("h3", "", "Segments holding the most free memory that empty_cache() cannot return"));
+    s.append(table(
+      ["device", "segment", "pool", "size", "allocated", "free", "stuck free", "largest free"],
+      data.worst.map((/** @type {any} */ w) => [
+        `cuda:${w.device}`, `0x${w.address.toString(16)}${w.is_expandable ? " exp" : ""}`,
+        `${w.pool} · stream ${w.stream}`, formatSize(w.total_size), formatSize(w.allocated),
+        formatSize(w.free), formatSize(w.stuck_free), formatSize(w.largest_free),
+      ]), "worst"));
+  }
+  const a = section(host, "Advice");
+  if (data.advice.length) {
+    const ul = el("ul", "gmv-advice-list");
+    for (const x of data.advice) {
+      const li = el("li", "", String(x.message));
+      li.dataset.kind = String(x.kind);
+      ul.append(li);
+    }
+    a.append(ul);
+  } else {
+    a.append(el("p", "gmv-muted", "Nothing to suggest: no setting would clearly help this snapshot."));
+  }
+  const oomDevs = Object.keys(data.oom);
+  if (oomDevs.length) {
+    a.append(el("p", "", "Recorded out-of-memory errors: " + oomDevs.map(
+      (d) => `cuda:${d} with ${formatSize(data.oom[d])} free on the device`).join("; ") + "."));
+  }
+  const st = section(host, "Top allocation sites");
+  st.append(el("p", "gmv-muted",
+    "Grouped by the first frame outside torch and the Python interpreter: the user's line."));
+  /** @param {any[]} sites @param {string} name */
+  const siteTable = (sites, name) => table(["site", "bytes", "blocks"],
+    sites.map((x) => [String(x.label), formatSize(x.bytes), x.count.toLocaleString("en-US")]), name);
+  st.append(el("h3", "", "Live: allocated blocks in the snapshot"));
+  st.append(data.sites.live.length ? siteTable(data.sites.live, "sites-live")
+    : el("p", "gmv-muted", "No allocated blocks."));
+  if (data.sites.trace_device !== null) {
+    st.append(el("h3", "", `Over the recorded history (cuda:${data.sites.trace_device}): bytes requested`));
+    st.append(siteTable(data.sites.trace, "sites-trace"));
+  }
+  const keys = Object.keys(data.settings || {});
+  if (keys.length) {
+    const set = section(host, "Allocator settings");
+    set.append(table(["setting", "value"],
+      keys.sort().map((k) => [k, JSON.stringify(data.settings[k])]), "settings"));
+  }
+}
+
+/**
+ * The segment map: F's heatmap, its views answered from the embedded frame.
+ * @param {any} data @param {HTMLElement} host @param {(row: any) => void} onPick
+ */
+function segmentMap(data, host, onPick) {
+  const frame = decodeFrame(data.map.content, data.map.buffers.map(b64ToBytes));
+  /** @type {Map<string, any>} */
+  const scaled = new Map();
+  const rows = frame.rows; // row ids are 0..n-1, in order
+  let seq = 0;
+  /** @param {any} row @param {number} cells */
+  const atCells = (row, cells) => {
+    if (row.cells.length === cells) return row;
+    const key = `${row.row}:${cells}`;
+    let r = scaled.get(key);
+    if (!r) {
+      if (scaled.size > 20000) scaled.clear();
+      r = { ...row, cells: resampleCells(row.cells, cells) };
+      scaled.set(key, r);
+    }
+    return r;
+  };
+  const map = createHeatmap(host, {
+    onView(v) {
+      const [lo, hi] = keepWindow(v.first, v.count);
+      const out = [];
+      for (let r = Math.max(0, lo); r < Math.min(rows.length, hi); r++) out.push(atCells(rows[r], v.cells));
+      map.applyFrame({ seq: ++seq, view: "report", layout: 1, cells: v.cells, rows: out });
+    },
+  });
+  map.setLayout(data.map.layout);
+  map.canvas.addEventListener("click", (ev) => {
+    const rect = map.canvas.getBoundingClientRect();
+    const y = ev.clientY - rect.top;
+    const v = map.view;
+    for (let r = v.first; r < v.first + v.count; r++) {
+      const box = map.rowRect(r);
+      if (box && y >= box.y && y < box.y + box.h) { onPick(rows[r]); return; }
+    }
+  });
+  return { map, rows };
+}
+
+/**
+ * Zoom into one segment: its blocks across the full width; wheel zooms about the cursor,
+ * drag pans, hover names the block.
+ * @param {HTMLElement} host
+ * @param {() => any} palette
+ */
+function segmentZoom(host, palette) {
+  const box = el("div", "gmv-zoom");
+  const title = el("div", "gmv-zoom-title", "Click a segment in the map to zoom into it.");
+  const bar = el("div", "gmv-zoom-bar");
+  const minus = el("button", "", "−"), plus = el("button", "", "+"), reset = el("button", "", "fit");
+  for (const b of [minus, plus, reset]) b.type = "button";
+  const range = el("span", "gmv-muted");
+  bar.append(minus, plus, reset, range);
+  const canvas = /** @type {HTMLCanvasElement} */ (el("canvas", "gmv-zoom-canvas"));
+  const tip = el("div", "gmv-tip");
+  tip.hidden = true;
+  box.append(title, bar, canvas, tip);
+  host.append(box);
+  const ctx = /** @type {CanvasRenderingContext2D} */ (canvas.getContext("2d"));
+  /** @type {any} */
+  let row = null;
+  /** @type {[number, number]} */
+  let view = [0, 1];
+  const H = 28;
+
+  const width = () => Math.max(200, box.clientWidth - 2);
+  function draw() {
+    const w = width();
+    canvas.width = w; canvas.height = H;
+    canvas.style.width = `${w}px`; canvas.style.height = `${H}px`;
+    const p = palette();
+    ctx.fillStyle = p.bg; ctx.fillRect(0, 0, w, H);
+    if (!row) return;
+    const total = row.meta.total_size;
+    range.textContent = ` +${formatSize(view[0])} .. +${formatSize(view[1])} of ${formatSize(total)} · ${(total / (view[1] - view[0])).toFixed(1)}x`;
+    if (row.blocks) {
+      for (const { i, x0, x1 } of blockPixels(row.blocks, view, w)) {
+        const st = row.blocks.state[i];
+        const kind = st === 1 ? 0 : st === 2 ? 1 : (row.meta.allocated > 0 ? 3 : 2);
+        const [r, g, b] = p.kinds[kind];
+        ctx.fillStyle = `rgb(${r},${g},${b})`;
+        ctx.fillRect(x0, 0, Math.max(1, x1 - x0), H);
+        if (x1 - x0 >= 3) { ctx.fillStyle = p.bg; ctx.fillRect(x0, 0, 1, H); }
+      }
+    } else {
+      const n = row.cells.length;
+      for (let x = 0; x < w; x++) {
+        const off = view[0] + ((x + 0.5) / w) * (view[1] - view[0]);
+        const [r, g, b] = cellColor(row.cells[Math.min(n - 1, Math.floor((off / total) * n))], p.kinds, p.emptyRgb);
+        ctx.fillStyle = `rgb(${r},${g},${b})`;
+        ctx.fillRect(x, 0, 1, H);
+      }
+    }
+    canvas.dataset.zoom = (total / (view[1] - view[0])).toFixed(3);
+  }
+  /** @param {number} factor @param {number} at */
+  function zoom(factor, at) {
+    if (!row) return;
+    view = zoomAt(row.meta.total_size, view, at, factor, MAX_ZOOM).range;
+    draw();
+  }
+  canvas.addEventListener("wheel", (ev) => {
+    ev.preventDefault();
+    const rect = canvas.getBoundingClientRect();
+    zoom(ev.deltaY < 0 ? 1.5 : 1 / 1.5, (ev.clientX - rect.left) / rect.width);
+  }, { passive: false });
+  let drag = /** @type {{x: number, v: [number, number]} | null} */ (null);
+  canvas.addEventListener("mousedown", (ev) => { drag = { x: ev.clientX, v: view }; });
+  window.addEventListener("mouseup", () => { drag = null; });
+  canvas.addEventListener("mousemove", (ev) => {
+    if (!row) return;
+    const rect = canvas.getBoundingClientRect();
+    const total = row.meta.total_size;
+    if (drag) {
+      const span = drag.v[1] - drag.v[0];
+      let lo = drag.v[0] - ((ev.clientX - drag.x) / rect.width) * span;
+      lo = Math.min(Math.max(0, lo), total - span);
+      view = [lo, lo + span];
+      draw();
+    }
+    const off = view[0] + ((ev.clientX - rect.left) / rect.width) * (view[1] - view[0]);
+    let text = `segment 0x${row.meta.address.toString(16)} · ${rowLabel(row.meta)}\n+${formatSize(off)}`;
+    if (row.blocks) {
+      const i = blockAt(row.blocks, off);
+      if (i >= 0) {
+        const st = row.blocks.state[i];
+        text = `segment 0x${row.meta.address.toString(16)} · ${rowLabel(row.meta)}\nblock +${formatSize(row.blocks.offset[i])}: ${formatSize(row.blocks.size[i])} ${STATE_NAMES[st] || "?"}` +
+          (st ? ` (requested ${formatSize(row.blocks.requested[i])})` : "");
+      }
+    } else {
+      text += " (blocks not embedded: too many for the report's size budget)";
+    }
+    tip.textContent = text;
+    tip.hidden = false;
+    const hostRect = box.getBoundingClientRect();
+    tip.style.left = `${ev.clientX - hostRect.left + 12}px`;
+    tip.style.top = `${ev.clientY - hostRect.top + 12}px`;
+  });
+  canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
+  minus.addEventListener("click", () => zoom(1 / 2, 0.5));
+  plus.addEventListener("click", () => zoom(2, 0.5));
+  reset.addEventListener("click", () => { if (row) { view = [0, row.meta.total_size]; draw(); } });
+  return {
+    /** @param {any} r */
+    show(r) {
+      row = r;
+      view = [0, r.meta.total_size];
+      title.textContent = `cuda:${r.meta.device} · segment 0x${r.meta.address.toString(16)} · ${rowLabel(r.meta)} · ${
+        r.blocks ? `${r.blocks.offset.length} blocks` : `${r.meta.n_blocks} blocks (aggregated)`}`;
+      box.dataset.row = String(r.row);
+      draw();
+    },
+    zoom,
+    get range() { return view; },
+    canvas,
+  };
+}
+
+/**
+ * Reserved and allocated over the recorded history of one device, on a canvas.
+ * @param {HTMLElement} host @param {string} dev @param {any} t @param {() => any} palette
+ */
+function timeline(host, dev, t, palette) {
+  const box = el("div", "gmv-timeline");
+  box.dataset.device = dev;
+  const head = el("div", "gmv-zoom-title",
+    `cuda:${dev}, over ${t.entries.toLocaleString("en-US")} trace entries: `);
+  const key = (/** @type {string} */ cls, /** @type {string} */ text) => {
+    const item = el("span", "gmv-key");
+    item.append(el("i", `gmv-swatch ${cls}`), document.createTextNode(text));
+    return item;
+  };
+  head.append(key("gmv-line-reserved", t.series[0]), key("gmv-k0", t.series[1]));
+  if (t.oom.length) head.append(key("gmv-k3", "out of memory"));
+  box.append(head);
+  const canvas = /** @type {HTMLCanvasElement} */ (el("canvas", "gmv-timeline-canvas"));
+  const tip = el("div", "gmv-tip");
+  tip.hidden = true;
+  box.append(canvas, tip);
+  host.append(box);
+  const xs = b64ToFloat64(t.x), res = b64ToFloat64(t.reserved), alc = b64ToFloat64(t.allocated);
+  const H = 160, L = 64, B = 18;
+  let ymax = 1;
+  for (let i = 0; i < res.length; i++) ymax = Math.max(ymax, res[i], alc[i]);
+  const xmax = Math.max(1, t.entries - 1);
+  function draw() {
+    const w = Math.max(300, box.clientWidth - 2);
+    canvas.width = w; canvas.height = H;
+    canvas.style.width = `${w}px`; canvas.style.height = `${H}px`;
+    const ctx = /** @type {CanvasRenderingContext2D} */ (canvas.getContext("2d"));
+    const p = palette();
+    ctx.fillStyle = p.bg; ctx.fillRect(0, 0, w, H);
+    const px = (/** @type {number} */ x) => L + (x / xmax) * (w - L - 8);
+    const py = (/** @type {number} */ y) => H - B - (y / ymax) * (H - B - 8);
+    ctx.font = "10px monospace"; ctx.fillStyle = p.muted; ctx.strokeStyle = p.empty;
+    const step = niceStep(ymax / 2 ** 20, 4) * 2 ** 20;
+    for (let y = 0; y <= ymax; y += step) {
+      ctx.fillRect(L, py(y), w - L - 8, 1);
+      ctx.fillText(formatSize(y), 2, py(y) + 3);
+    }
+    ctx.fillText("0", L, H - 4);
+    ctx.fillText(`entry ${xmax.toLocaleString("en-US")}`, w - 110, H - 4);
+    /** @param {Float64Array} ys @param {string} colour */
+    const line = (ys, colour) => {
+      ctx.strokeStyle = colour; ctx.lineWidth = 1.5; ctx.beginPath();
+      for (let i = 0; i < ys.length; i++) {
+        if (i) ctx.lineTo(px(xs[i]), py(ys[i])); else ctx.moveTo(px(xs[i]), py(ys[i]));
+      }
+      ctx.stroke();
+    };
+    const rgb = (/** @type {number[]} */ c) => `rgb(${c[0]},${c[1]},${c[2]})`;
+    line(res, p.text);
+    line(alc, rgb(p.kinds[0]));
+    ctx.fillStyle = rgb(p.kinds[3]);
+    for (const i of t.oom) ctx.fillText("✕ OOM", px(i) - 4, 12);
+    canvas.dataset.points = String(xs.length);
+  }
+  canvas.addEventListener("mousemove", (ev) => {
+    const rect = canvas.getBoundingClientRect();
+    const w = rect.width;
+    const x = ((ev.clientX - rect.left - L) / (w - L - 8)) * xmax;
+    const i = nearestIndex(xs, x);
+    if (i < 0) return;
+    tip.textContent = `entry ${xs[i].toLocaleString("en-US")}\n${t.series[0]} ${formatSize(res[i])}\n${t.series[1]} ${formatSize(alc[i])}`;
+    tip.hidden = false;
+    const hostRect = box.getBoundingClientRect();
+    tip.style.left = `${ev.clientX - hostRect.left + 12}px`;
+    tip.style.top = `${ev.clientY - hostRect.top + 12}px`;
+  });
+  canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
+  return { draw };
+}
+
+function main() {
+  const node = document.getElementById("gmv-data");
+  const host = document.getElementById("gmv-report");
+  if (!node || !host) return;
+  const data = JSON.parse(node.textContent || "{}");
+  const w = /** @type {any} */ (globalThis);
+  if (!w.__gpumemviz) w.__gpumemviz = { views: {}, log: [] };
+  host.replaceChildren();
+  const root = el("div", "gmv-root");
+  root.dataset.view = "report";
+  host.append(root);
+  const header = createHeader(root);
+  const oomDevs = Object.keys(data.oom);
+  header.update({
+    title: data.title, status: "offline report", demo: false, header: data.header,
+    advice: data.advice,
+    oom: oomDevs.length ? { cause: "recorded", explanation: `cuda:${oomDevs[0]} had ${formatSize(data.oom[oomDevs[0]])} free on the device when allocation failed` } : {},
+  });
+  const mapBox = el("div", "gmv-mapbox");
+  root.append(mapBox);
+  /** @type {any} */
+  let zoomer = null;
+  const { map, rows } = segmentMap(data, mapBox, (r) => zoomer && zoomer.show(r));
+  root.dataset.rows = String(rows.length);
+  root.dataset.layout = "1";
+  const palette = () => map.palette;
+  zoomer = segmentZoom(root, palette);
+  if (rows.length) zoomer.show(rows[0]);
+  const tlDevs = Object.keys(data.timeline);
+  const charts = [];
+  if (tlDevs.length) {
+    const s = section(root, "Timeline");
+    for (const d of tlDevs) charts.push(timeline(s, d, data.timeline[d], palette));
+  }
+  analysis(data, root);
+  for (const c of charts) c.draw();
+  w.__gpumemviz.views.report = { map, root, model: null };
+  w.__gpumemviz.report = { rows: rows.length, zoom: zoomer, data, ready: true };
+  root.dataset.ready = "1";
+}
+
+main();

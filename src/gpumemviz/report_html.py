@@ -1,0 +1,413 @@
+"""The offline HTML report: one self-contained file that opens anywhere, network off.
+
+`report(snapshot, path)` writes a single HTML page with everything inlined: the panel's own
+renderer from js/ (the segment map with hover, plus a segment zoom and the memory timeline,
+bundled by esbuild as ``static/report.js``), its CSS, and the snapshot's data as one JSON
+document (binary columns in base64). The page loads nothing: no CDN, no font, no image.
+
+Size: the data part stays within `SIZE_FACTOR` (2x) the input pickle's size plus a fixed
+`ANALYSIS_ALLOWANCE` for the analysis tables; the renderer comes on top. Every segment gets
+an aggregated row (cells at a resolution chosen to fit); exact blocks for the hover ride along
+for the rows they fit, as in the panel's frames. Untrusted text (frame names, file paths,
+settings) goes into the page only as JSON data read by the script, which puts it into text
+nodes; the JSON is written so that ``</script>`` and ``<!--`` cannot occur in it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from . import advice as _advice
+from . import export as _export
+from . import fragmentation as _fragmentation
+from . import sites as _sites
+from .io import as_snapshot, atomic_write
+from .render.frame import BLOCK_BYTES, ROW_OVERHEAD, pack_frame, row_meta
+from .render.rows import MAX_CELLS, build_rows, encode_cells
+from .render.wire import figures
+from .snapshot import ACTIONS, Snapshot
+
+__all__ = [
+    "ANALYSIS_ALLOWANCE",
+    "DATA_FORMAT",
+    "SIZE_FACTOR",
+    "TIMELINE_POINTS",
+    "estimate_pickle_size",
+    "render_html",
+    "renderer_size",
+    "report",
+    "report_data",
+]
+
+DATA_FORMAT = 1
+SIZE_FACTOR = 2  # data bytes per byte of the input pickle
+ANALYSIS_ALLOWANCE = 8 << 10  # figures, advice and sites: bounded, whatever the input's size
+TIMELINE_POINTS = 1500  # per device, at most: each a bucket's peaks
+_CELL_STEPS = (1024, 512, 256, 128, 64, 32, 16)
+_B64 = 4 / 3
+
+_PKG = Path(__file__).resolve().parent
+_JS = _PKG.parents[1] / "js"  # present in a source checkout only
+
+
+def report(
+    snapshot: Any,
+    path: str | Path,
+    *,
+    title: str | None = None,
+    input_size: int | None = None,
+) -> Path:
+    """Write the offline HTML report of a snapshot.
+
+    Parameters
+    ----------
+    snapshot : Snapshot, torch dict or list, path or bytes
+        Anything `gpumemviz.io.as_snapshot` accepts (files through the restricted loader).
+    path : str or Path
+        The HTML file to write (atomically: temp file, fsync, rename).
+    title : str, optional
+        Page title; default: the input file's name, else "memory snapshot".
+    input_size : int, optional
+        Bytes of the input pickle, which sets the size budget; default: the file's or the
+        bytes' size, else an estimate from the snapshot's blocks and trace.
+
+    Returns
+    -------
+    Path
+        The file written.
+
+    Examples
+    --------
+    >>> from gpumemviz.allocator.model import CachingAllocator
+    >>> a = CachingAllocator(1 << 30); _ = a.malloc(3 << 20)
+    >>> import os, tempfile
+    >>> with tempfile.TemporaryDirectory() as d:
+    ...     report(a.snapshot(), os.path.join(d, "r.html")).read_text()[:15]
+    '<!doctype html>'
+    """
+    text = render_html(snapshot, title=title, input_size=input_size)
+    data = text.encode("utf-8")
+
+    def write(f: BinaryIO) -> None:
+        f.write(data)
+
+    target = Path(path)
+    atomic_write(target, write)
+    return target
+
+
+def render_html(snapshot: Any, *, title: str | None = None, input_size: int | None = None) -> str:
+    """The report page as a string (what `report` writes); see `report` for the parameters."""
+    name = _source_name(snapshot)
+    if input_size is None:
+        input_size = _input_size(snapshot)
+    snap = as_snapshot(snapshot)
+    if input_size is None:
+        input_size = estimate_pickle_size(snap)
+    page_title = title or name or "memory snapshot"
+    data = report_data(snap, title=page_title, budget=SIZE_FACTOR * input_size)
+    js = _bundle("report.js")
+    css = _bundle("widget.css") + "\n" + _bundle("report.css")
+    return _PAGE.format(
+        title=html.escape(page_title, quote=True),
+        css=_inert_css(css),
+        data=_json_for_script(data),
+        js=_inert_js(js),
+    )
+
+
+def renderer_size() -> int:
+    """Bytes of the page without any snapshot data: the renderer the size budget excludes."""
+    js = _bundle("report.js")
+    css = _bundle("widget.css") + "\n" + _bundle("report.css")
+    page = _PAGE.format(title="", css=_inert_css(css), data="", js=_inert_js(js))
+    return len(page.encode("utf-8"))
+
+
+def report_data(snap: Snapshot, *, title: str = "", budget: int | None = None) -> dict:
+    """Everything the page shows, as JSON-ready data (binary columns base64, little-endian).
+
+    `budget` bounds the bytes of the map and timeline data (the analysis has its own fixed
+    allowance); None: full resolution and every row's blocks.
+    """
+    rows = build_rows(snap)
+    report_ = _fragmentation.fragmentation(snap)
+    header = figures(rows)
+    advice = [{"kind": a.kind, "message": a.message} for a in _advice.advise(report_)]
+    ooms = _advice.oom_device_free(snap)
+    devices = {str(d): _device_figures(f) for d, f in report_.devices.items()}
+    live = [s.to_dict() for s in _sites.live_sites(snap)]
+    trace_dev = _longest_trace(snap)
+    traced = [] if trace_dev is None else [s.to_dict() for s in _sites.trace_sites(snap)]
+    out: dict[str, Any] = {
+        "format": DATA_FORMAT,
+        "title": title,
+        "header": header,
+        "devices": devices,
+        "total": _device_figures(report_.total),
+        "worst": [_worst(w) for w in report_.total.worst_segments],
+        "advice": advice,
+        "oom": {str(d): v for d, v in ooms.items()},
+        "settings": _plain(report_.allocator_settings or {}),
+        "sites": {"live": live, "trace": traced, "trace_device": trace_dev},
+        "violations": [v.message for v in report_.violations][:20],
+    }
+    room = None if budget is None else max(0, budget - len(json.dumps(out)) + ANALYSIS_ALLOWANCE)
+    timeline_room = None if room is None else room // 4
+    out["timeline"] = _timelines(snap, timeline_room)
+    if room is not None:
+        room = max(0, room - len(json.dumps(out["timeline"])))
+    out["map"] = _map(rows, room)
+    return out
+
+
+def estimate_pickle_size(snap: Snapshot) -> int:
+    """A frameless protocol-4 pickle's size, roughly: the budget when no file size is known."""
+    n_trace = sum(len(t) for t in snap.traces.values())
+    return 300 * snap.n_segments + 48 * snap.n_blocks + 80 * n_trace + 1024
+
+
+# ---------------------------------------------------------------------------- parts
+
+
+def _map(rows: Any, room: int | None) -> dict:
+    """The segment map as one frame of every row (the panel's wire format), sized to `room`."""
+    n = rows.n_rows
+    cells = MAX_CELLS
+    if room is not None and n:
+        for cells in _CELL_STEPS:
+            if n * (cells + ROW_OVERHEAD) * _B64 <= 0.75 * room:
+                break
+    ids = np.arange(n, dtype=np.int64)
+    cell_bytes = encode_cells(rows, ids, cells) if n else np.zeros((0, cells), np.uint8)
+    used = n * (cells + ROW_OVERHEAD) * _B64
+    hover = 1 << 62 if room is None else max(0, int((room - used) / _B64) - BLOCK_BYTES)
+    frame = pack_frame(
+        rows,
+        ids,
+        cell_bytes,
+        row_meta(rows, ids),
+        seq=1,
+        view="report",
+        layout=1,
+        hover_budget=hover,
+    )
+    return {
+        "layout": {
+            "version": 1,
+            "n_rows": n,
+            "groups": [g.to_dict() for g in rows.groups],
+        },
+        "content": frame.content,
+        "buffers": [_b64(b) for b in frame.buffers],
+    }
+
+
+def _timelines(snap: Snapshot, room: int | None) -> dict:
+    """Per device with a trace: reserved and allocated after each entry, bucket peaks kept."""
+    out: dict[str, Any] = {}
+    traced = [d for d, t in sorted(snap.traces.items()) if len(t)]
+    if not traced:
+        return out
+    points = TIMELINE_POINTS
+    if room is not None:  # 3 float64 columns per point, base64
+        points = max(16, min(points, int(room / (len(traced) * 3 * 8 * _B64))))
+    for d in traced:
+        cols = _export.trace_rows(snap, device=d)
+        reserved = np.asarray(cols["reserved"], np.float64)
+        alloc_col = cols["allocated"]
+        if alloc_col and alloc_col[0] != "":
+            allocated = np.asarray(alloc_col, np.float64)
+            label = "allocated"
+        else:
+            allocated = np.asarray(cols["requested"], np.float64)
+            label = "requested"
+        n = len(reserved)
+        x, res, alc = _peaks(n, points, reserved, allocated)
+        trace = snap.traces[d]
+        oom_code = trace.action_names.index("oom") if "oom" in trace.action_names else -1
+        ooms = np.flatnonzero(trace.action == oom_code)[:100].tolist() if oom_code >= 0 else []
+        out[str(d)] = {
+            "entries": n,
+            "series": ["reserved", label],
+            "x": _b64(x.astype("<f8").tobytes()),
+            "reserved": _b64(res.astype("<f8").tobytes()),
+            "allocated": _b64(alc.astype("<f8").tobytes()),
+            "oom": ooms,
+        }
+    return out
+
+
+def _peaks(n: int, points: int, *series: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Entry index and each series' maximum per bucket (all points when they fit)."""
+    if n <= points:
+        return (np.arange(n, dtype=np.float64), *series)
+    edges = np.linspace(0, n, points + 1).astype(np.int64)
+    starts = edges[:-1]
+    return (starts.astype(np.float64), *(np.maximum.reduceat(s, starts) for s in series))
+
+
+_FIGURES = (
+    "reserved",
+    "allocated",
+    "active",
+    "requested",
+    "pending_free",
+    "internal_waste",
+    "free",
+    "free_trapped",
+    "releasable",
+    "largest_free",
+    "external_fragmentation",
+    "fragmentation_sq",
+    "segments",
+    "blocks",
+)
+
+
+def _device_figures(f: Any) -> dict:
+    return {k: getattr(f, k) for k in _FIGURES}
+
+
+def _worst(w: Any) -> dict:
+    keys = ("device", "address", "total_size", "allocated", "free", "largest_free")
+    out = {k: getattr(w, k) for k in keys}
+    out |= {"stuck_free": w.stuck_free, "pool": w.pool, "stream": w.stream}
+    out["is_expandable"] = bool(w.is_expandable)
+    return out
+
+
+def _longest_trace(snap: Snapshot) -> int | None:
+    best = None
+    for d, t in sorted(snap.traces.items()):
+        if len(t) and (best is None or len(t) > len(snap.traces[best])):
+            best = d
+    if best is None:
+        return None
+    return best if (snap.traces[best].action == ACTIONS.index("alloc")).any() else None
+
+
+def _plain(x: Any) -> Any:
+    """Settings as JSON data: dicts, lists, numbers, strings; anything else as its repr."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    return repr(x)
+
+
+def _source_name(snapshot: Any) -> str | None:
+    if isinstance(snapshot, (str, Path)):
+        return Path(snapshot).name
+    return None
+
+
+def _input_size(snapshot: Any) -> int | None:
+    if isinstance(snapshot, (str, Path)):
+        try:
+            return Path(snapshot).stat().st_size
+        except OSError:
+            return None  # as_snapshot reports the missing file
+    if isinstance(snapshot, (bytes, bytearray, memoryview)):
+        return len(snapshot)
+    return None
+
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode("ascii")
+
+
+# ---------------------------------------------------------------------------- page
+
+
+def _json_for_script(data: Any) -> str:
+    """JSON that is inert inside a <script> element: no `<`, `>`, `&` or line separators.
+
+    Each becomes its \\u escape, which JSON.parse reads back as the same character, so a
+    frame named ``</script><script>alert(1)</script>`` stays a string.
+    """
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    for ch, esc in _SCRIPT_ESCAPES:
+        text = text.replace(ch, esc)
+    return text
+
+
+_SCRIPT_ESCAPES = (
+    ("<", "\\u003c"),
+    (">", "\\u003e"),
+    ("&", "\\u0026"),
+    ("\u2028", "\\u2028"),
+    ("\u2029", "\\u2029"),
+)
+
+
+def _inert_js(js: str) -> str:
+    # the bundle is ours; this keeps a literal "</script" in it from closing the element
+    return js.replace("</script", "<\\/script").replace("<!--", "<\\!--")
+
+
+def _inert_css(css: str) -> str:
+    return css.replace("</style", "<\\/style")
+
+
+def _bundle(name: str) -> str:
+    """A built front-end file from static/, rebuilt first in a source checkout when stale."""
+    target = _PKG / "static" / name
+    if (_JS / "src").is_dir() and _stale(target, _JS.glob("src/*.js"), _JS.glob("*.css")):
+        npm = shutil.which("npm")
+        if npm is not None and (_JS / "node_modules" / ".bin" / "esbuild").exists():
+            subprocess.run(
+                [npm, "run", "--silent", "build"],
+                cwd=_JS,
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+    if not target.is_file():
+        raise FileNotFoundError(
+            f"the report's renderer {target} is missing: build it with "
+            f"`npm --prefix {_JS} install && npm --prefix {_JS} run build`"
+        )
+    return target.read_text(encoding="utf-8")
+
+
+def _stale(target: Path, *sources: Iterable[Path]) -> bool:
+    if not target.is_file():
+        return True
+    built = target.stat().st_mtime
+    return any(p.stat().st_mtime > built for group in sources for p in group if p.is_file())
+
+
+_PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; \
+script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:">
+<title>{title} · gpumemviz report</title>
+<style>
+{css}
+</style>
+</head>
+<body>
+<main id="gmv-report" class="gmv-report"><noscript>This report draws with JavaScript.</noscript>\
+</main>
+<script type="application/json" id="gmv-data">{data}</script>
+<script type="module">
+{js}
+</script>
+</body>
+</html>
+"""

@@ -1,0 +1,105 @@
+"""The offline HTML report in headless Chromium with the network off (issue 8, item 2).
+
+Each page is opened from a file:// URL in an offline browser context whose every request is
+recorded and, unless it is the report itself, aborted: a report that fetched anything would fail.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpumemviz.io import load_snapshot
+from gpumemviz.report_html import report
+from test_report_html import EVIL, big_snapshot, evil_snapshot  # tests/ is on sys.path
+
+# scroll the map from top to bottom; a row counts once it was drawn from data (not as empty)
+_DRAW_ALL = """() => {
+  const map = window.__gpumemviz.views.report.map;
+  const seen = new Set();
+  for (let r = 0; r < map.nRows; ) {
+    map.scrollToRow(r);
+    map.drawNow();
+    const c = map.canvas.dataset;
+    const first = Number(c.first), count = Number(c.count);
+    if (Number(c.drawnRows) === count) for (let i = first; i < first + count; i++) seen.add(i);
+    r = Math.max(r + 1, first + count);
+  }
+  map.scrollToRow(0);
+  map.drawNow();
+  return { drawn: seen.size, rows: map.nRows };
+}"""
+
+
+def open_offline(page, path: Path) -> dict:
+    """Open a report with the network off; returns what the page tried to load and raised."""
+    seen: dict = {"requests": [], "blocked": [], "errors": []}
+    url = path.resolve().as_uri()
+
+    def route(r):
+        if r.request.url == url:
+            r.continue_()
+        else:
+            seen["blocked"].append(r.request.url)
+            r.abort()
+
+    page.context.set_offline(True)
+    page.route("**/*", route)
+    page.on("request", lambda req: seen["requests"].append(req.url))
+    page.on("pageerror", lambda e: seen["errors"].append(str(e)))
+    page.on("console", lambda m: m.type == "error" and seen["errors"].append(m.text))
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(url)
+    page.wait_for_selector(".gmv-root[data-ready='1']", timeout=15_000)
+    return seen
+
+
+def test_real_file_report_draws_every_segment_offline(page, real_path, tmp_path, artifacts):
+    out = report(real_path, tmp_path / "report.html")
+    seen = open_offline(page, out)
+    n_segments = load_snapshot(real_path).n_segments
+    result = page.evaluate(_DRAW_ALL)
+    assert result == {"drawn": n_segments, "rows": n_segments}
+    assert page.locator(".gmv-root").get_attribute("data-rows") == str(n_segments)
+    # hover over the first row names its segment; the zoom magnifies it
+    box = page.evaluate("() => window.__gpumemviz.views.report.map.rowRect(0)")
+    canvas = page.locator(".gmv-canvas")
+    canvas.hover(position={"x": box["x"] + 3, "y": box["y"] + box["h"] / 2})
+    assert page.locator(".gmv-scroll + .gmv-tip").inner_text().startswith("segment 0x")
+    canvas.click(position={"x": box["x"] + 3, "y": box["y"] + box["h"] / 2})
+    zoom = page.locator(".gmv-zoom-canvas")
+    assert zoom.get_attribute("data-zoom") == "1.000"
+    page.locator(".gmv-zoom-bar button", has_text="+").click()
+    assert zoom.get_attribute("data-zoom") == "2.000"
+    zoom.hover(position={"x": 20, "y": 10})
+    assert page.locator(".gmv-zoom .gmv-tip").inner_text().startswith("segment 0x")
+    assert page.locator("table[data-table=figures] tbody tr").count() >= 10
+    page.screenshot(path=str(artifacts / f"report-{real_path.stem[:40]}.png"), full_page=True)
+    assert seen["errors"] == []
+    assert seen["blocked"] == []
+    assert seen["requests"] == [out.resolve().as_uri()]
+
+
+def test_script_end_in_a_frame_name_stays_text(page, tmp_path):
+    out = report(evil_snapshot(), tmp_path / "evil.html")
+    seen = open_offline(page, out)
+    assert page.evaluate("() => window.__pwned") is None
+    cell = page.locator("table[data-table=sites-live] tbody td").first
+    assert EVIL in cell.inner_text()
+    assert seen["errors"] == [] and seen["blocked"] == []
+
+
+@pytest.mark.parametrize("n_blocks", [200_000])
+def test_large_report_opens_and_draws(page, tmp_path, n_blocks):
+    from gpumemviz.io import save_snapshot
+
+    src = save_snapshot(big_snapshot(n_blocks, per_segment=20), tmp_path / "big.pickle")
+    out = report(src, tmp_path / "big.html")
+    seen = open_offline(page, out)
+    last = page.evaluate(
+        """() => { const m = window.__gpumemviz.views.report.map;
+        m.scrollToRow(m.nRows - 1); m.drawNow(); return m.canvas.dataset.drawnRows; }"""
+    )
+    assert int(last) > 0
+    assert seen["errors"] == [] and seen["blocked"] == []
