@@ -10,7 +10,9 @@ from torch.cuda import _memory_viz as mv
 
 from conftest import REAL_FILES, read_real
 from gpumemviz.frames import (
+    NO_HISTORY,
     Redactor,
+    elide_repeats,
     filter_frames,
     find_user_names,
     format_frame,
@@ -70,6 +72,22 @@ def test_format_frame_is_torchs_format(real_frames):
     win = {"filename": "D:\\Dev\\proj\\model.py", "line": 39, "name": "forward"}
     assert format_frame(win) == "model.py:39:forward"  # torch keeps the whole Windows path
     assert format_stack([win, win], limit=1) == ["model.py:39:forward"]
+
+
+def test_stack_as_memoryviz_shows_it():
+    f = {"filename": "/a/m.py", "line": 3, "name": "_call_impl"}
+    g = {"filename": "/a/t.py", "line": 9, "name": "step"}
+    hidden = {"filename": "??", "line": 0, "name": "PyEval_EvalFrame"}
+    frames = [g, f, hidden, f, f, f, g, g]
+    assert format_stack(frames, full_filename=True, elide=True) == [
+        "/a/t.py:9:step", "/a/m.py:3:_call_impl", "<repeats 3 times>",
+        "/a/t.py:9:step", "/a/t.py:9:step",
+    ]  # fmt: skip
+    assert format_stack([], full_filename=True, elide=True) == [NO_HISTORY]
+    assert format_stack([], elide=True) == []
+    assert format_stack(frames) == ["t.py:9:step"] + ["m.py:3:_call_impl"] * 4 + ["t.py:9:step"] * 2
+    assert elide_repeats(list("aabbbbc")) == ["a", "a", "b", "<repeats 3 times>", "c"]
+    assert format_stack(frames, limit=2, elide=True) == ["t.py:9:step", "m.py:3:_call_impl"]
 
 
 STACK = [

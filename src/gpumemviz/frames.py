@@ -19,9 +19,11 @@ from .io import as_snapshot
 from .snapshot import Snapshot
 
 __all__ = [
+    "NO_HISTORY",
     "OMIT_FILENAMES",
     "OMIT_FUNCTIONS",
     "Redactor",
+    "elide_repeats",
     "filter_frames",
     "find_user_names",
     "format_frame",
@@ -171,14 +173,42 @@ def format_frame(frame: dict, *, full_filename: bool = False) -> str:
     return f"{filename}:{line}:{name}"
 
 
+NO_HISTORY = "<block was allocated before _record_history was enabled>"  # MemoryViz's words
+
+
+def elide_repeats(lines: Sequence[str]) -> list[str]:
+    """MemoryViz's `elideRepeats`: a run of 3+ equal lines becomes the line and
+    "<repeats N times>" (N = the run length - 1); runs of 1 or 2 stay as they are."""
+    out: list[str] = []
+    i, n = 0, len(lines)
+    while i < n:
+        j = i + 1
+        while j < n and lines[j] == lines[i]:
+            j += 1
+        out += [lines[i]] * (j - i) if j - i <= 2 else [lines[i], f"<repeats {j - i - 1} times>"]
+        i = j
+    return out
+
+
 def format_stack(
-    frames: Sequence[dict], *, full_filename: bool = False, limit: int | None = None
+    frames: Sequence[dict],
+    *,
+    full_filename: bool = False,
+    limit: int | None = None,
+    elide: bool = False,
 ) -> list[str]:
-    """The filtered stack as lines, innermost first, at most `limit` of them."""
-    kept = filter_frames(frames)
-    if limit is not None:
-        kept = kept[:limit]
-    return [format_frame(f, full_filename=full_filename) for f in kept]
+    """The filtered stack as lines, innermost first, at most `limit` of them.
+
+    `full_filename=True, elide=True` is exactly what MemoryViz shows for a block (recursion
+    such as `_call_impl` chains folds into "<repeats N times>"); an empty stack gives
+    `[NO_HISTORY]` then, as MemoryViz says it.
+    """
+    if elide and full_filename and not frames:
+        return [NO_HISTORY]
+    lines = [format_frame(f, full_filename=full_filename) for f in filter_frames(frames)]
+    if elide:
+        lines = elide_repeats(lines)
+    return lines if limit is None else lines[:limit]
 
 
 # ---------------------------------------------------------------------------------------------
