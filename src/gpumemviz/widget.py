@@ -184,7 +184,7 @@ class MemoryPanel(anywidget.AnyWidget):
         self._advice_at = -float("inf")
         self.on_msg(self._on_browser_msg)
         # the kernel subshell that handles this panel's browser messages (None: the main shell)
-        self.subshell = _route_to_subshell(self.comm) if subshell else None
+        self.subshell = _route_to_subshell(self.comm) if subshell else _route_to_main(self.comm)
         self.controls = self._controls()
 
     @classmethod
@@ -576,6 +576,15 @@ def _route_to_subshell(comm: Any) -> str | None:
         return sid
     except Exception:  # no kernel connection file, an old kernel: stay on the main shell
         return None
+
+
+def _route_to_main(comm: Any) -> None:
+    """Handle the panel's browser messages on the main shell: a click then waits for the running
+    cell to finish (the "queued" path; what frontends without comms over subshells do). Without
+    the ipykernel 7.4 hook, JupyterLab's own routing stays in force."""
+    if comm is not None and hasattr(comm, "_reply_subshell_for"):
+        comm._reply_subshell_for = lambda _data, _default: None
+    return None
 
 
 def _delete_subshell(sid: str) -> None:

@@ -1,0 +1,184 @@
+"""Issue 7 acceptance: the panel's buttons in a real JupyterLab, clicked while a cell runs."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpumemviz.io import load_snapshot
+from gpumemviz.units import format_size
+
+from .test_panel_browser import REAL_DIR, VIEW, _wait_drawn
+
+pytestmark = pytest.mark.browser
+
+# 10,307 trace entries without time_us (events only); 63 to 215 segments along the way
+REPLAY = REAL_DIR / "cranberrii__ftcourse__memory_snapshot.pickle"
+
+
+def _live_cell(subshell: bool) -> str:
+    return f"""
+import gpumemviz
+from gpumemviz.sources.simulated import SimulatedSource
+
+src = SimulatedSource("training", autostart=False)  # driven by hand: its state is known
+src.step(6000)
+panel = gpumemviz.monitor(source=src, interval=0.25, subshell={subshell})
+assert bool(panel.subshell) is {subshell}
+panel
+"""
+
+
+def _fig(page, key: str) -> int | None:
+    return page.evaluate(
+        f"""key => {{ const f = ({VIEW})().root.querySelector(`[data-fig=${{key}}]`);
+            return f ? Number(f.dataset.value) : null; }}""",
+        key,
+    )
+
+
+def _reply(page, state: str = "ok", cmd: str | None = None, timeout: float = 20_000) -> dict:
+    page.wait_for_function(
+        f"""([state, cmd]) => {{ const l = ({VIEW})().root.querySelector('.gmv-reply');
+            return l.dataset.state === state && (cmd === null || l.dataset.cmd === cmd); }}""",
+        arg=[state, cmd],
+        timeout=timeout,
+    )
+    return page.evaluate(
+        f"""() => {{ const l = ({VIEW})().root.querySelector('.gmv-reply');
+            const a = l.querySelector('a');
+            return {{ text: l.textContent, thread: l.dataset.thread, cmd: l.dataset.cmd,
+                      href: a ? a.getAttribute('href') : null }}; }}"""
+    )
+
+
+def _kernel_value(page, cell: int):
+    out = page.evaluate(
+        "i => window.jupyterapp.shell.currentWidget.content.widgets[i].model.outputs.toJSON()",
+        cell,
+    )
+    return ast.literal_eval(out[-1]["data"]["text/plain"])
+
+
+def test_empty_cache_click_is_handled_on_a_subshell_while_a_cell_runs(
+    page, notebook, lab, artifacts
+):
+    """A click during a busy cell acts before the cell ends, on a subshell thread; the header
+    shows the released bytes. Export and "would N fit?" answer in the same panel."""
+    nb = notebook(
+        "buttons.ipynb",
+        [
+            _live_cell(True),
+            "import time\ntime.sleep(10)",
+            "from gpumemviz.io import save_snapshot\n"
+            "save_snapshot(src.export(), 'expected.pickle')\n"
+            "s = src.sample()\n"
+            "str(gpumemviz.fragmentation(s.segments).can_fit("
+            "'2GiB', device=0, device_free=s.nvml.free))",
+        ],
+    )
+    nb.run(0)
+    _wait_drawn(page)
+    page.wait_for_function(f"() => ({VIEW})().root.querySelector('[data-fig=free_releasable]')")
+    reserved, releasable = _fig(page, "reserved"), _fig(page, "free_releasable")
+    assert releasable > 0
+    nb.start(1)
+    page.wait_for_timeout(1000)  # the cell is well inside its sleep
+    assert nb.running()
+    page.locator("button[data-cmd=empty_cache]").first.click()
+    got = _reply(page, cmd="empty_cache")
+    assert nb.running(), "the click was answered only after the cell finished"
+    assert got["thread"].startswith("subshell-"), got
+    assert f"released cuda:0 {format_size(releasable)}" in got["text"]
+    page.wait_for_function(
+        f"want => Number(({VIEW})().root.querySelector('[data-fig=reserved]').dataset.value)"
+        " === want",
+        arg=reserved - releasable,
+        timeout=10_000,
+    )
+    assert _fig(page, "free_releasable") == 0
+
+    page.locator("button[data-cmd=export]").first.click()
+    got = _reply(page, cmd="export")
+    assert got["href"] and got["href"].startswith("/files/"), got
+    name = got["href"].rsplit("/", 1)[1]
+    # the link downloads it through the Jupyter server (not through the comm)
+    with page.expect_download() as download:
+        page.locator(".gmv-reply a").first.click()
+    downloaded = Path(download.value.path()).read_bytes()
+    assert downloaded == (lab.root / name).read_bytes()
+    assert nb.running()
+    page.locator("input[data-cmd=fit-input]").first.fill("2GiB")
+    page.locator("button[data-cmd=fit]").first.click()
+    fit = _reply(page, cmd="fit")
+    page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_buttons.png"))
+    nb.wait_idle()
+
+    nb.run(2)
+    # the exported file, beside the notebook, reads back equal to the source's own export
+    got_snap = load_snapshot(lab.root / name)
+    want = load_snapshot(lab.root / "expected.pickle")
+    assert (lab.root / name).read_bytes()[:2] == b"\x80\x04"
+    assert got_snap.n_segments == want.n_segments and got_snap.n_blocks == want.n_blocks
+    assert (got_snap.blocks.size == want.blocks.size).all()
+    assert (got_snap.blocks.state == want.blocks.state).all()
+    # "would 2GiB fit?" answers as can_fit does with the device's free memory
+    assert fit["text"] == f"fit: 2.00 GiB: {_kernel_value(page, 2)}"
+
+
+def test_with_routing_off_a_click_is_queued_until_the_cell_finishes(page, notebook):
+    nb = notebook("queued.ipynb", [_live_cell(False), "import time\ntime.sleep(6)"])
+    nb.run(0)
+    _wait_drawn(page)
+    page.wait_for_function(f"() => ({VIEW})().root.querySelector('[data-fig=free_releasable]')")
+    reserved, releasable = _fig(page, "reserved"), _fig(page, "free_releasable")
+    nb.start(1)
+    page.wait_for_timeout(1000)
+    page.locator("button[data-cmd=empty_cache]").first.click()
+    queued = _reply(page, state="queued", cmd="empty_cache", timeout=5_000)
+    assert "queued until the cell finishes" in queued["text"]
+    assert nb.running() and _fig(page, "reserved") == reserved  # nothing happened yet
+    got = _reply(page, cmd="empty_cache", timeout=30_000)
+    assert not nb.running()  # ...and it acted once the cell ended
+    assert got["thread"] == "MainThread"
+    assert f"released cuda:0 {format_size(releasable)}" in got["text"]
+    page.wait_for_function(
+        f"want => Number(({VIEW})().root.querySelector('[data-fig=reserved]').dataset.value)"
+        " === want",
+        arg=reserved - releasable,
+        timeout=10_000,
+    )
+
+
+@pytest.mark.skipif(not REPLAY.exists(), reason="real snapshots are not available")
+def test_replay_slider_moves_the_map_to_a_recorded_state(page, notebook, artifacts):
+    from gpumemviz.sources.replay import ReplaySource
+
+    tl = ReplaySource(REPLAY, loop=False).timeline
+    # an entry whose state differs from the last one (where the replay opens) in rows and bytes
+    counts = np.asarray(tl.segments)
+    moved = np.nonzero((counts != counts[-1]) & (np.asarray(tl.allocated) != tl.allocated[-1]))[0]
+    k = int(moved[len(moved) // 2])
+    want_rows = len(tl.snapshot_at(k)["segments"])
+    assert want_rows == counts[k] != counts[-1]
+    nb = notebook("slider.ipynb", ["%load_ext gpumemviz", f"%gpumemviz --replay {REPLAY}"])
+    nb.run(0)
+    nb.run(1)
+    _wait_drawn(page)
+    slider = page.locator("input[data-cmd=seek]").first
+    slider.wait_for(state="visible")
+    assert slider.get_attribute("max") == str(len(tl) - 1)
+    slider.evaluate(
+        "(el, k) => { el.value = String(k); el.dispatchEvent(new Event('change')); }", k
+    )
+    got = _reply(page, cmd="seek")
+    assert got["text"] == f"seek: entry {k + 1} of {len(tl)}"
+    page.wait_for_function(
+        f"n => ({VIEW})().root.dataset.rows === String(n)", arg=want_rows, timeout=10_000
+    )
+    assert _fig(page, "reserved") == int(tl.reserved[k])
+    assert _fig(page, "allocated") == int(tl.allocated[k])
+    page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_replay_slider.png"))
