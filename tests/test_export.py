@@ -18,6 +18,7 @@ from torch.cuda import _memory_viz as mv
 import gpumemviz
 import gpumemviz.io as gio
 from conftest import REAL_FILES, read_real
+from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.timeline import Timeline
 from gpumemviz.export import SAMPLE_COLUMNS, TRACE_COLUMNS, export
 from gpumemviz.io import load_snapshot
@@ -67,6 +68,13 @@ def exported(tmp_path_factory):
         made.append(("bare", p, b, _with_traces(_bare(raw))))
         c = export(raw, out / f"{i}_red", redact_paths=True)  # no suffix: pickle
         made.append(("redacted", p, c, None))
+    # what the panel's export button writes for the simulated source: the allocator model's
+    model = CachingAllocator(1 << 30)
+    ptrs = [model.malloc(n) for n in (700, 3 << 20, 25 << 20, 4096, 1 << 20)]
+    model.free(ptrs[1])
+    model.empty_cache()
+    snap = model.snapshot()
+    made.append(("model", REAL_FILES[0], export(snap, out / "model.pickle"), snap))
     return out, made
 
 
@@ -220,6 +228,28 @@ def test_csv_of_one_device_and_of_a_snapshot_without_history(tmp_path):
     assert len(rows) == len(raw["device_traces"][1]) and {r[0] for r in rows} == {"1"}
     header, rows = _read_csv(export([], tmp_path / "none.csv"))
     assert tuple(header) == TRACE_COLUMNS and rows == []
+
+
+def test_csv_of_a_trace_that_cannot_be_replayed(tmp_path):
+    seg = {
+        "device": 0,
+        "address": 1 << 30,
+        "total_size": 2 << 20,
+        "stream": 0,
+        "segment_type": "small",
+        "blocks": [{"address": 1 << 30, "size": 2 << 20, "requested_size": 0, "state": "inactive"}],
+    }
+    trace = [
+        {"action": "segment_alloc", "addr": 1 << 30, "size": 2 << 20, "stream": 0},
+        {"action": "free_completed", "addr": 1 << 40, "size": 100, "stream": 0},
+    ]
+    out = export({"segments": [seg], "device_traces": [trace]}, tmp_path / "t.csv")
+    header, rows = _read_csv(out)
+    col = {c: i for i, c in enumerate(header)}
+    assert [r[col["reserved"]] for r in rows] == [str(2 << 20)] * 2  # exact without replay
+    assert [r[col["requested"]] for r in rows] == ["100", "0"]
+    assert [r[col["allocated"]] for r in rows] == ["", ""]  # the timeline could not be built
+    assert [r[col["segments"]] for r in rows] == ["", ""]
 
 
 def test_csv_of_a_sampler_history(tmp_path):
