@@ -102,7 +102,7 @@ function analysis(data, host) {
   if (data.advice.length) {
     const ul = el("ul", "gmv-advice-list");
     for (const x of data.advice) {
-      const li = el("li", "", String(x.message));
+      const li = el("li", "", (devs.length > 1 ? `cuda:${x.device}: ` : "") + String(x.message));
       li.dataset.kind = String(x.kind);
       ul.append(li);
     }

@@ -142,8 +142,12 @@ def report_data(snap: Snapshot, *, title: str = "", budget: int | None = None) -
     rows = build_rows(snap)
     report_ = _fragmentation.fragmentation(snap)
     header = figures(rows)
-    advice = [{"kind": a.kind, "message": a.message} for a in _advice.advise(report_)]
     ooms = _advice.oom_device_free(snap)
+    advice = []
+    for d, figs in report_.devices.items():  # per device, as `gpumemviz inspect` advises
+        total = figs.reserved + ooms[d] if d in ooms else None
+        for a in _advice.advise(report_, device=d, device_total=total):
+            advice.append({"kind": a.kind, "message": a.message, "device": d})
     devices = {str(d): _device_figures(f) for d, f in report_.devices.items()}
     live = [s.to_dict() for s in _sites.live_sites(snap)]
     trace_dev = _longest_trace(snap)
