@@ -206,3 +206,36 @@ def test_figures_agree_with_the_fragmentation_report(real_dict):
     assert mine["free_releasable"] == report.releasable + report.releasable_private
     if not snap.segments.is_expandable.any():  # the report leaves expandable slivers out
         assert mine["free_trapped"] == report.free_trapped
+
+
+def test_hover_blocks_carry_their_filtered_stacks(real_dict):
+    """Each exact block's stack travels with the frame: the snapshot's own frames, interpreter
+    frames dropped, the first frame outside torch marked; frames stay within their limit."""
+    from gpumemviz.frames import filter_frames, format_frame, user_frame_index
+    from gpumemviz.render.stacks import MAX_LINES, Stacks
+
+    snap = Snapshot.from_torch(real_dict)
+    rows = build_rows(snap)
+    wire = Wire()
+    wire.set_rows(rows, Stacks(snap))
+    frames = wire.set_view("v", first=0, count=60, cells=1024)
+    assert all(f.nbytes <= FIRST_FRAME_LIMIT for f in frames)
+    all_frames = snap.block_frames()
+    start = np.asarray(snap.segments.block_start)
+    checked = with_frames = 0
+    for f in frames:
+        got = decode_frame(f.content, f.buffers)
+        for r, blocks in zip(got["rows"], got["blocks"], strict=True):
+            if blocks is None:
+                continue
+            seg = int(rows.segment[r])
+            for j, stack in enumerate(blocks["stack"]):
+                kept = filter_frames(all_frames[int(start[seg]) + j])
+                with_frames += bool(kept)
+                if stack is None:
+                    continue
+                assert stack["lines"] == [format_frame(x) for x in kept[:MAX_LINES]]
+                user = user_frame_index(kept)
+                assert stack["user"] == (user if user is not None and user < MAX_LINES else None)
+                checked += 1
+    assert checked >= min(1, with_frames)  # where the file has stacks, they travel

@@ -269,6 +269,8 @@ export function createToolbar(host, send) {
         a.target = "_blank";
         a.textContent = "download";
         line.append(document.createTextNode(" · "), a);
+      } else if (r.path) {
+        line.append(document.createTextNode(` · ${r.path}`));  // no Jupyter server to link
       }
     },
     destroy() { clearTimeout(timer); bar.remove(); replay.remove(); line.remove(); },

@@ -17,7 +17,9 @@ export const LEVELS = 63;
 export const CELL_NO_DATA = 0;
 
 /**
- * @typedef {{offset: Float64Array, size: Float64Array, requested: Float64Array, state: Uint8Array}} Blocks
+ * @typedef {{lines: string[], user: number | null}} Stack
+ * @typedef {{offset: Float64Array, size: Float64Array, requested: Float64Array, state: Uint8Array,
+ *   stack?: (Stack | null)[]}} Blocks
  * @typedef {{row: number, cells: Uint8Array, meta: Record<string, number>, blocks: Blocks | null}} Row
  * @typedef {{seq: number, view: string, layout: number, cells: number, rows: Row[]}} Frame
  */
@@ -45,20 +47,26 @@ export function decodeFrame(content, buffers) {
   if (!content || content.kind !== "frame" || content.format !== FRAME_FORMAT) {
     throw new Error(`not a gpumemviz frame of format ${FRAME_FORMAT}: ${content && content.kind}`);
   }
-  if (buffers.length !== 6) throw new Error(`frame needs 6 buffers, got ${buffers.length}`);
+  if (buffers.length !== 6 && buffers.length !== 7) {
+    throw new Error(`frame needs 6 or 7 buffers, got ${buffers.length}`);
+  }
   const k = content.rows;
   const n = content.cells;
-  const [ids, cells, meta, index, blocks, states] = buffers.map(toArrayBuffer);
+  const [ids, cells, meta, index, blocks, states, stackBuf] = buffers.map(toArrayBuffer);
   const idArr = new Uint32Array(ids);
   const cellArr = new Uint8Array(cells);
   const metaArr = new Float64Array(meta);
   const indexArr = new Uint32Array(index);
   const blockArr = new Float64Array(blocks);
   const stateArr = new Uint8Array(states);
+  // optional: each hover block's index into content.stacks (-1: no stack sent)
+  const stackArr = stackBuf ? new Int32Array(stackBuf) : new Int32Array(stateArr.length).fill(-1);
+  /** @type {Stack[]} */
+  const stacks = Array.isArray(content.stacks) ? content.stacks : [];
   const nf = META_FIELDS.length;
   if (idArr.length !== k || cellArr.length !== k * n || metaArr.length !== k * nf ||
       indexArr.length !== k + 1 || blockArr.length !== 3 * content.blocks ||
-      stateArr.length !== content.blocks) {
+      stateArr.length !== content.blocks || stackArr.length !== content.blocks) {
     throw new Error("frame buffers do not match its header");
   }
   /** @type {Row[]} */
@@ -74,7 +82,8 @@ export function decodeFrame(content, buffers) {
     if (hi > lo || m.n_blocks === 0) {
       const nb = hi - lo;
       b = { offset: new Float64Array(nb), size: new Float64Array(nb),
-            requested: new Float64Array(nb), state: stateArr.slice(lo, hi) };
+            requested: new Float64Array(nb), state: stateArr.slice(lo, hi),
+            stack: Array.from(stackArr.subarray(lo, hi), (i) => (i >= 0 ? stacks[i] || null : null)) };
       for (let i = 0; i < nb; i++) {
         b.offset[i] = blockArr[3 * (lo + i)];
         b.size[i] = blockArr[3 * (lo + i) + 1];

@@ -126,8 +126,10 @@ export function createHeatmap(host, opts) {
     log({ event: "draw", first, count, drawn, ms: lastDrawMs });
   }
 
+  let pinned = false;
   /** @param {MouseEvent} ev */
   function onMove(ev) {
+    if (pinned) return;
     const rect = canvas.getBoundingClientRect();
     const x = ev.clientX - rect.left - LABEL_W;
     const r = geo.hit(ev.clientY - rect.top + scroller.scrollTop);
@@ -139,11 +141,26 @@ export function createHeatmap(host, opts) {
     tip.style.left = `${ev.clientX - hostRect.left + 12}px`;
     tip.style.top = `${ev.clientY - hostRect.top + 12}px`;
   }
-  const onLeave = () => { tip.hidden = true; };
+  const onLeave = () => { if (!pinned) tip.hidden = true; };
+  /** @param {MouseEvent} ev a click pins the tooltip where it is; the next click frees it */
+  const onClick = (ev) => {
+    if (pinned) {
+      pinned = false;
+      tip.dataset.pinned = "false";
+      onMove(ev);
+      return;
+    }
+    onMove(ev);
+    if (!tip.hidden) {
+      pinned = true;
+      tip.dataset.pinned = "true";
+    }
+  };
   const onScroll = () => { reportView(); schedule(); };
   scroller.addEventListener("scroll", onScroll);
   canvas.addEventListener("mousemove", onMove);
   canvas.addEventListener("mouseleave", onLeave);
+  canvas.addEventListener("click", onClick);
   const resize = new ResizeObserver(() => { reportView(); schedule(); });
   resize.observe(scroller);
   const theme = new MutationObserver(() => { palette = readPalette(host); schedule(); });
@@ -190,6 +207,7 @@ export function createHeatmap(host, opts) {
       scroller.removeEventListener("scroll", onScroll);
       canvas.removeEventListener("mousemove", onMove);
       canvas.removeEventListener("mouseleave", onLeave);
+      canvas.removeEventListener("click", onClick);
       scroller.remove();
       tip.remove();
     },
@@ -211,12 +229,24 @@ export function hoverText(row, c, cells) {
     if (i >= 0) {
       const state = STATE_NAMES[row.blocks.state[i]] || "?";
       const req = row.blocks.state[i] ? ` (requested ${formatSize(row.blocks.requested[i])})` : "";
-      return `${head}\nblock +${formatSize(row.blocks.offset[i])}: ${formatSize(row.blocks.size[i])} ${state}${req}`;
+      const addr = `0x${(row.meta.address + row.blocks.offset[i]).toString(16)}`;
+      const text = `${head}\nblock ${addr} +${formatSize(row.blocks.offset[i])}: ` +
+        `${formatSize(row.blocks.size[i])} ${state}${req}`;
+      const stack = row.blocks.stack ? row.blocks.stack[i] : null;
+      return stack ? `${text}\n${stackText(stack)}` : text;
     }
   }
   const byte = row.cells[c];
   return `${head}\ncell +${formatSize(lo)}..+${formatSize(hi)}: ${Math.round(((byte & 63) / 63) * 100)}% allocated` +
     ((byte >> 6) ? `, rest ${KIND_NAMES[byte >> 6]}` : "");
+}
+
+/**
+ * The allocation stack, innermost first; "▶" marks the first frame outside torch (the user's line).
+ * @param {import("./decode.js").Stack} stack
+ */
+export function stackText(stack) {
+  return stack.lines.map((l, i) => (i === stack.user ? `▶ ${l}` : `  ${l}`)).join("\n");
 }
 
 /**

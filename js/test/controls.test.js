@@ -17,3 +17,10 @@ test("figures: bytes, the fragmentation index and counts", () => {
   assert.equal(formatFigure("num_ooms", 1234, false), "1,234");
   assert.equal(formatFigure("nvml_used", null, true), "–");
 });
+
+test("a pending command says queued only when the kernel cannot take it now", async () => {
+  const { pendingText, QUEUED_AFTER_MS } = await import("../src/controls.js");
+  assert.equal(pendingText("main", 10), "…");
+  assert.equal(pendingText("main", QUEUED_AFTER_MS), "queued until the cell finishes");
+  assert.equal(pendingText("subshell", QUEUED_AFTER_MS), "working…");
+});

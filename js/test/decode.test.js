@@ -52,7 +52,7 @@ test("refuses frames whose buffers disagree with the header", () => {
   const [content, bufs] = frame([{ row: 0, cells: [1, 2], meta: {} }], 2, [[]]);
   assert.throws(() => decodeFrame({ ...content, cells: 3 }, bufs), /do not match/);
   assert.throws(() => decodeFrame({ kind: "ack" }, bufs), /not a gpumemviz frame/);
-  assert.throws(() => decodeFrame(content, bufs.slice(1)), /6 buffers/);
+  assert.throws(() => decodeFrame(content, bufs.slice(1)), /6 or 7 buffers/);
 });
 
 test("cell bytes split into kind and level", () => {
@@ -64,4 +64,17 @@ test("cell bytes split into kind and level", () => {
 test("toArrayBuffer copies only the viewed bytes", () => {
   const buf = new Uint8Array([9, 1, 2, 3]).buffer;
   assert.deepEqual([...new Uint8Array(toArrayBuffer(new DataView(buf, 1, 2)))], [1, 2]);
+});
+
+test("the optional seventh buffer points hover blocks at their stacks", () => {
+  const [content, bufs] = frame(
+    [{ row: 0, cells: [63, 0], meta: { total_size: 4 << 20, n_blocks: 2 } }],
+    2,
+    [[{ offset: 0, size: 2 << 20, requested: 5, state: 1 },
+      { offset: 2 << 20, size: 2 << 20, requested: 0, state: 0 }]],
+  );
+  const stack = { lines: ["linear.py:1:forward", "train.py:9:step"], user: 1 };
+  const f = decodeFrame({ ...content, stacks: [stack] }, [...bufs, new Int32Array([0, -1])]);
+  assert.deepEqual(f.rows[0].blocks.stack, [stack, null]);
+  assert.throws(() => decodeFrame(content, [...bufs, new Int32Array([0])]), /do not match/);
 });

@@ -83,3 +83,18 @@ test("cells map to byte ranges and blocks", () => {
   assert.equal(cellsFor(5000), 1024);
   assert.equal(cellsFor(300.7), 300);
 });
+
+test("hover names the block's address, size, state and its stack, the user's line marked", async () => {
+  const { hoverText } = await import("../src/heatmap.js");
+  const row = {
+    row: 0, cells: new Uint8Array(4),
+    meta: { address: 0x7f0000000000, total_size: 4 << 20, n_blocks: 2 },
+    blocks: { offset: new Float64Array([0, 2 << 20]), size: new Float64Array([2 << 20, 2 << 20]),
+      requested: new Float64Array([2000000, 0]), state: new Uint8Array([1, 0]),
+      stack: [{ lines: ["linear.py:1:forward", "train.py:9:step"], user: 1 }, null] },
+  };
+  const text = hoverText(row, 0, 4);
+  assert.match(text, /block 0x7f0000000000 \+0 bytes: 2\.00 MiB active_allocated \(requested 1\.91 MiB\)/);
+  assert.match(text, /\n {2}linear\.py:1:forward\n▶ train\.py:9:step$/);
+  assert.doesNotMatch(hoverText(row, 3, 4), /▶/);  // the free block has no stack
+});

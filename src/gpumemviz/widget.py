@@ -23,6 +23,7 @@ import numpy as np
 import traitlets
 
 from gpumemviz.render.rows import build_rows
+from gpumemviz.render.stacks import Stacks
 from gpumemviz.render.wire import Wire, figures
 from gpumemviz.snapshot import Snapshot
 
@@ -359,7 +360,7 @@ class MemoryPanel(anywidget.AnyWidget):
         device = self._device if device is None else device
         rows = build_rows(snap, device=device)
         self.shown, self._shown_device = snap, device
-        if self._wire.set_rows(rows):
+        if self._wire.set_rows(rows, Stacks(snap)):
             self.map_layout = self._wire.layout()
         self.header = {**figures(rows), **extra}
         self.status = status

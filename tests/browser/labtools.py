@@ -109,7 +109,13 @@ class Notebook:
         )
 
     def shutdown(self) -> None:
-        self.page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.shutdown()")
+        """Stop this notebook's kernel (found by path: another tab may be current)."""
+        self.page.evaluate(
+            """name => { for (const w of window.jupyterapp.shell.widgets('main')) {
+                if (w.context && w.context.path === name && w.sessionContext)
+                    return w.sessionContext.shutdown(); } }""",
+            self.name,
+        )
 
 
 def _free_port() -> int:

@@ -182,3 +182,93 @@ def test_replay_slider_moves_the_map_to_a_recorded_state(page, notebook, artifac
     assert _fig(page, "reserved") == int(tl.reserved[k])
     assert _fig(page, "allocated") == int(tl.allocated[k])
     page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_replay_slider.png"))
+
+
+def test_a_second_view_for_the_side_stays_live(page, notebook, artifacts):
+    """Side-panel mode: JupyterLab's "Create New View for Output" opens the panel in its own tab,
+    a second view of the same model that gets its own frames and keeps updating."""
+    nb = notebook("side.ipynb", [_live_cell(True)])
+    nb.run(0)
+    _wait_drawn(page)
+    page.evaluate(
+        """() => { const nb = window.jupyterapp.shell.currentWidget;
+            nb.content.activeCellIndex = 0;
+            return window.jupyterapp.commands.execute('notebook:create-output-view'); }"""
+    )
+    page.wait_for_function(
+        """() => { const views = Object.values(window.__gpumemviz.views);
+            return views.length === 2 && views.every(v => v.root.dataset.seq
+                && Number(v.map.canvas.dataset.drawnRows) > 0); }""",
+        timeout=30_000,
+    )
+    rows = page.evaluate(
+        "() => Object.values(window.__gpumemviz.views).map(v => v.root.dataset.rows)"
+    )
+    assert len(set(rows)) == 1 and rows[0] != "0"
+    # a click in the side view acts on the same panel; both views show the result
+    side = page.locator(".jp-LinkedOutputView .gmv-root button[data-cmd=empty_cache]")
+    side.click()
+    page.wait_for_function(
+        """() => Object.values(window.__gpumemviz.views).every(v =>
+            Number(v.root.querySelector('[data-fig=free_releasable]').dataset.value) === 0)""",
+        timeout=10_000,
+    )
+    page.locator(".jp-LinkedOutputView").first.screenshot(path=str(artifacts / "panel_side.png"))
+
+
+STACKS = REAL_DIR / "Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle"
+
+
+@pytest.mark.skipif(not STACKS.exists(), reason="real snapshots are not available")
+def test_hover_shows_a_real_blocks_stack_and_a_click_pins_it(page, notebook, artifacts):
+    from gpumemviz.frames import filter_frames, format_frame, user_frame_index
+    from gpumemviz.render.rows import build_rows
+
+    from .test_panel_browser import _panel_cell
+
+    nb = notebook("stack.ipynb", [_panel_cell(STACKS, "stacks")])
+    nb.run(0)
+    _wait_drawn(page)
+    # a block in view whose stack travelled with the frame, and the point in its middle
+    spot = page.evaluate(
+        f"""() => {{ const v = ({VIEW})(); const c = v.map.canvas.getBoundingClientRect();
+            for (let r = v.map.view.first; r < v.map.view.first + v.map.view.count; r++) {{
+                const row = v.map.cached(r);
+                if (!row || !row.blocks || !row.blocks.stack) continue;
+                for (let j = 0; j < row.blocks.size.length; j++) {{
+                    const s = row.blocks.stack[j];
+                    const cells = row.cells.length, total = row.meta.total_size;
+                    const lo = row.blocks.offset[j] * cells / total;
+                    const hi = (row.blocks.offset[j] + row.blocks.size[j]) * cells / total;
+                    if (!s || s.user === null || hi - lo < 4) continue;
+                    const rect = v.map.rowRect(r);
+                    return {{ row: r, j, x: c.left + rect.x + (lo + hi) / 2,
+                              y: c.top + rect.y + rect.h / 2 }};
+                }} }}
+            return null; }}"""
+    )
+    assert spot is not None, "no block with a stack in view"
+    page.mouse.move(spot["x"], spot["y"])
+    tip = page.locator(".gmv-tip").first
+    tip.wait_for(state="visible", timeout=5000)
+    text = tip.text_content()
+
+    snap = load_snapshot(STACKS)
+    rows = build_rows(snap)
+    seg = int(rows.segment[spot["row"]])
+    b = int(snap.segments.block_start[seg]) + spot["j"]
+    kept = filter_frames(snap.block_frames()[b])
+    user = user_frame_index(kept)
+    assert f"▶ {format_frame(kept[user])}" in text, text
+    assert f"block 0x{int(snap.blocks.address[b]):x} " in text
+    assert f"{format_size(int(snap.blocks.size[b]))} active_allocated" in text
+    assert f"(requested {format_size(int(snap.blocks.requested_size[b]))})" in text
+
+    page.mouse.click(spot["x"], spot["y"])  # pin
+    assert tip.get_attribute("data-pinned") == "true"
+    page.mouse.move(spot["x"], spot["y"] + 40)
+    page.wait_for_timeout(200)
+    assert tip.is_visible() and tip.text_content() == text  # pinned: the pointer moved on
+    page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_hover_stack.png"))
+    page.mouse.click(spot["x"], spot["y"])  # unpin
+    assert tip.get_attribute("data-pinned") == "false"

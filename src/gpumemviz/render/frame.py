@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,8 @@ META_FIELDS = (
     *KIND_NAMES,  # bytes per kind
 )
 _BLOCK_FIELDS = 3  # offset, size, requested (float64 each) + state (uint8, own buffer)
-BLOCK_BYTES = _BLOCK_FIELDS * 8 + 1
+BLOCK_BYTES = _BLOCK_FIELDS * 8 + 1 + 4  # + the block's stack index (int32, own buffer)
+STACK_BUDGET = 16 << 10  # JSON bytes of stacks one frame may carry (within its hover budget)
 ROW_OVERHEAD = 4 + len(META_FIELDS) * 8 + 4  # row id + meta + hover index
 
 
@@ -93,6 +95,7 @@ def pack_frame(
     view: str,
     layout: int,
     hover_budget: int,
+    stacks: Any = None,
 ) -> Frame:
     """Pack rows into one frame; exact blocks ride along for rows with fewer blocks than cells.
 
@@ -107,6 +110,9 @@ def pack_frame(
         Frame number, the view it answers, the layout version the rows belong to.
     hover_budget : int
         Bytes available for exact blocks; rows that would overflow it carry none.
+    stacks : render.stacks.Stacks, optional
+        The allocation stacks of the shown snapshot; the hover blocks' stacks ride along in the
+        content (deduplicated), within what is left of ``hover_budget`` and `STACK_BUDGET`.
 
     Returns
     -------
@@ -132,6 +138,25 @@ def pack_frame(
             blocks[lo:hi, 1] = b["size"]
             blocks[lo:hi, 2] = b["requested"]
             states[lo:hi] = b["state"]
+    stack_of = np.full(int(index[-1]), -1, "<i4")
+    table: list[dict] = []
+    if stacks is not None and len(stack_of):
+        room = min(STACK_BUDGET, max(0, hover_budget - used))
+        seen: dict[int, int] = {}
+        for j, r in enumerate(ids):
+            for b in range(int(counts[j])):
+                stack = stacks.for_block(int(rows.segment[r]), b)
+                if stack is None:
+                    continue
+                k = seen.get(id(stack))
+                if k is None:
+                    cost = len(json.dumps(stack)) + 2
+                    if cost > room:
+                        continue
+                    room -= cost
+                    k = seen[id(stack)] = len(table)
+                    table.append(stack)
+                stack_of[int(index[j]) + b] = k
     content = {
         "kind": "frame",
         "format": FRAME_FORMAT,
@@ -141,6 +166,7 @@ def pack_frame(
         "rows": len(ids),
         "cells": int(n_cells),
         "blocks": int(index[-1]),
+        "stacks": table,
     }
     buffers = [
         ids.astype("<u4").tobytes(),
@@ -149,6 +175,7 @@ def pack_frame(
         index.tobytes(),
         blocks.tobytes(),
         states.tobytes(),
+        stack_of.tobytes(),
     ]
     return Frame(content, buffers)
 
@@ -165,7 +192,8 @@ def decode_frame(content: dict, buffers: list) -> dict:
     -------
     dict
         ``rows`` (k,), ``cells`` (k, n_cells), ``meta`` (k, len(META_FIELDS)), and ``blocks``:
-        a list with, per row, a dict of offset/size/requested/state arrays or None.
+        a list with, per row, a dict of offset/size/requested/state arrays and stack (a list:
+        each block's `{lines, user}` or None), or None.
     """
     if content.get("kind") != "frame" or content.get("format") != FRAME_FORMAT:
         raise ValueError(f"not a gpumemviz frame of format {FRAME_FORMAT}: {content.get('kind')!r}")
@@ -177,6 +205,8 @@ def decode_frame(content: dict, buffers: list) -> dict:
     index = np.frombuffer(bufs[3], "<u4")
     blocks = np.frombuffer(bufs[4], "<f8").reshape(-1, _BLOCK_FIELDS)
     states = np.frombuffer(bufs[5], np.uint8)
+    stack_of = np.frombuffer(bufs[6], "<i4") if len(bufs) > 6 else np.full(len(states), -1)
+    table = content.get("stacks") or []
     per_row: list[dict | None] = []
     for j in range(k):
         lo, hi = int(index[j]), int(index[j + 1])
@@ -189,6 +219,7 @@ def decode_frame(content: dict, buffers: list) -> dict:
                 "size": blocks[lo:hi, 1].astype(np.int64),
                 "requested": blocks[lo:hi, 2].astype(np.int64),
                 "state": states[lo:hi],
+                "stack": [table[i] if i >= 0 else None for i in stack_of[lo:hi].tolist()],
             }
         )
     return {"rows": ids, "cells": cells, "meta": meta, "blocks": per_row}

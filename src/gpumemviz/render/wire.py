@@ -9,6 +9,7 @@ so Python always knows what the browser holds. No threads, no locks, no I/O here
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +65,7 @@ class Wire:
 
     def __init__(self) -> None:
         self.rows: RowTable | None = None
+        self.stacks: Any = None
         self.layout_version = 0
         self._layout_key: tuple | None = None
         self._views: dict[str, _View] = {}
@@ -82,9 +84,11 @@ class Wire:
             "groups": [g.to_dict() for g in rows.groups] if rows is not None else [],
         }
 
-    def set_rows(self, rows: RowTable) -> bool:
-        """Take new rows; True when the layout (row count or groups) changed."""
+    def set_rows(self, rows: RowTable, stacks: Any = None) -> bool:
+        """Take new rows (and the stacks of their snapshot's blocks, for the hover); True when
+        the layout (row count or groups) changed."""
         self.rows = rows
+        self.stacks = stacks
         key = (rows.n_rows, rows.groups)
         if key == self._layout_key:
             return False
@@ -184,6 +188,7 @@ class Wire:
             view=name,
             layout=self.layout_version,
             hover_budget=max(0, room - BLOCK_BYTES),
+            stacks=self.stacks,
         )
 
 

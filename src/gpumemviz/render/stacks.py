@@ -1,0 +1,61 @@
+"""Allocation stacks for the hover: each distinct frames list of a snapshot formatted once.
+
+A snapshot shares one frames list between the blocks allocated at the same place, so keying the
+formatted stack on the list's identity costs one format per call site, not per block.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from gpumemviz.frames import filter_frames, format_frame, user_frame_index
+
+__all__ = ["MAX_LINES", "Stacks"]
+
+MAX_LINES = 12  # frames shown per stack, innermost first
+
+
+class Stacks:
+    """The stacks of one snapshot's blocks, by (segment, block within the segment).
+
+    Examples
+    --------
+    >>> from gpumemviz.snapshot import Snapshot
+    >>> f = [{"filename": "/x/torch/nn/modules/linear.py", "line": 1, "name": "forward"},
+    ...      {"filename": "/home/me/train.py", "line": 9, "name": "step"}]
+    >>> seg = {"device": 0, "address": 0, "total_size": 2 << 20, "stream": 0,
+    ...        "segment_type": "small", "blocks": [{"size": 2 << 20, "requested_size": 8,
+    ...        "state": "active_allocated", "frames": f}]}
+    >>> Stacks(Snapshot.from_torch([seg])).for_block(0, 0)
+    {'lines': ['linear.py:1:forward', 'train.py:9:step'], 'user': 1}
+    """
+
+    def __init__(self, snap: Any) -> None:
+        self._snap = snap
+        self._frames: list | None = None
+        self._start = np.asarray(snap.segments.block_start, np.int64)
+        self._cache: dict[int, tuple[list, dict | None]] = {}
+
+    def for_block(self, segment: int, j: int) -> dict | None:
+        """``{"lines": [...], "user": index or None}`` for block ``j`` of ``segment``; None
+        when the block has no recorded stack (or only interpreter frames)."""
+        if self._frames is None:
+            self._frames = self._snap.block_frames()
+        frames = self._frames[int(self._start[segment]) + j]
+        if not frames:
+            return None
+        hit = self._cache.get(id(frames))
+        if hit is None or hit[0] is not frames:
+            kept = filter_frames(frames)
+            lines = [format_frame(f) for f in kept[:MAX_LINES]]
+            user = user_frame_index(kept)
+            stack = (
+                {"lines": lines, "user": user if user is not None and user < len(lines) else None}
+                if lines
+                else None
+            )
+            hit = (frames, stack)  # the list is kept alive, so its id stays unique
+            self._cache[id(frames)] = hit
+        return hit[1]
