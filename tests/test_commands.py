@@ -129,3 +129,24 @@ def test_a_browser_command_message_is_answered_by_the_writer(live, monkeypatch):
     assert panel.flush()
     assert sent[-1]["kind"] == "reply" and sent[-1]["id"] == "c1" and sent[-1]["ok"]
     assert sent[-1]["thread"] == panel.command_log[-1]["thread"]
+
+
+def test_the_device_switcher_follows_the_other_devices_shared_sampler(monkeypatch):
+    """Without CUDA each device's shared sampler runs its own simulation; switching re-attaches."""
+    from gpumemviz.sampler import shared
+    from gpumemviz.widget import monitor
+
+    panel = monitor(0, interval=0.2)
+    monkeypatch.setattr(panel, "devices", lambda: [0, 1])  # as torch.cuda would list two GPUs
+    try:
+        reply = panel.command("device", value=1)
+        assert reply["ok"], reply["text"]
+        assert panel.sampler is shared(1) and shared(1).running
+        assert panel.push_sample not in shared(0)._listeners
+        assert shared(1).interval == 0.2
+        assert not panel.command("device", value=7)["ok"]
+        assert panel.flush() and panel.controls["device"] == 1
+    finally:
+        panel.close()
+        for d in (0, 1):
+            shared(d).stop()

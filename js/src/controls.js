@@ -162,6 +162,11 @@ export function createToolbar(host, send) {
     interval.append(o);
   }
   bar.append(interval);
+  const device = document.createElement("select");
+  device.dataset.cmd = "device";
+  device.title = "device";
+  device.hidden = true;
+  bar.append(device);
   const peaks = button("reset_peaks", "reset peaks");
   const histLabel = document.createElement("label");
   const hist = document.createElement("input");
@@ -215,6 +220,7 @@ export function createToolbar(host, send) {
   exp.onclick = () => run("export");
   pause.onclick = () => run(paused ? "resume" : "pause");
   interval.onchange = () => run("interval", { value: Number(interval.value) });
+  device.onchange = () => run("device", { value: Number(device.value) });
   peaks.onclick = () => run("reset_peaks");
   hist.onchange = () => run("record_history", { on: hist.checked });
   fit.onclick = () => run("fit", { value: fitIn.value });
@@ -244,6 +250,17 @@ export function createToolbar(host, send) {
         }
         interval.value = String(c.interval);
       }
+      const devs = c.devices || [];
+      device.hidden = devs.length < 2;
+      if (device.options.length !== devs.length) {
+        device.replaceChildren(...devs.map((/** @type {number} */ d) => {
+          const o = document.createElement("option");
+          o.value = String(d);
+          o.textContent = `cuda:${d}`;
+          return o;
+        }));
+      }
+      if (c.device !== null && c.device !== undefined) device.value = String(c.device);
       peaks.disabled = !c.can_reset_peaks;
       hist.disabled = !caps.has("record_history");
       replay.hidden = !c.replay;

@@ -152,7 +152,29 @@ def _reset_peaks(panel: Any, args: dict) -> dict:
     return {"text": "peaks reset"}
 
 
+def _device(panel: Any, args: dict) -> dict:
+    from gpumemviz.sampler import shared
+
+    try:
+        device = int(args.get("value"))
+    except (TypeError, ValueError):
+        raise CommandError(f"device must be an index, got {args.get('value')!r}") from None
+    if device not in panel.devices():
+        raise CommandError(f"no device {device} here (devices: {panel.devices()})")
+    if panel.sampler is None or panel.owns_sampler:
+        raise CommandError("this panel follows its own source: it cannot switch devices")
+    interval = panel.sampler.interval
+    sampler = shared(device)
+    panel.follow_device(device, sampler)
+    from gpumemviz.widget import retime
+
+    retime(sampler, interval)
+    sampler.start()
+    return {"text": f"showing cuda:{device}", "device": device}
+
+
 _COMMANDS = {
+    "device": _device,
     "empty_cache": _empty_cache,
     "export": _export,
     "pause": _pause,

@@ -230,6 +230,28 @@ class MemoryPanel(anywidget.AnyWidget):
         sampler.add_listener(self.push_sample)
         self._writer.submit(self._refresh_controls)
 
+    @property
+    def owns_sampler(self) -> bool:
+        """Whether the sampler was made for this panel alone (it stops when the panel closes)."""
+        return self._owns_sampler
+
+    def devices(self) -> list[int]:
+        """Devices the switcher offers: CUDA's when torch already runs it, else the one shown."""
+        import sys
+
+        torch = sys.modules.get("torch")
+        try:
+            if torch is not None and torch.cuda.is_available():
+                return list(range(torch.cuda.device_count()))
+        except Exception:  # a broken driver: offer what is shown
+            pass
+        return [self._device if self._device is not None else 0]
+
+    def follow_device(self, device: int, sampler: Any) -> None:
+        """Show another device: follow its (shared) sampler from now on."""
+        self._device = device
+        self.attach(sampler)
+
     def detach(self) -> None:
         """Stop following the sampler (closing the panel does this too)."""
         sampler, self.sampler = self.sampler, None
@@ -407,6 +429,8 @@ class MemoryPanel(anywidget.AnyWidget):
             "routing": "subshell" if self.subshell else "main",
             "replay": replay,
             "can_reset_peaks": callable(getattr(source, "reset_peaks", None)),
+            "devices": self.devices() if sampler is not None and not self._owns_sampler else [],
+            "device": self._device,
         }
 
     def _refresh_controls(self) -> None:
