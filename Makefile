@@ -43,5 +43,18 @@ demo: $(STAMP)
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
+# Fuzz every reader of untrusted input (pickle, JSON, torch dicts, the CLI) for FUZZ_SECONDS
+# (default 600); reproducers of findings go to build/fuzz/. Exit 1 on a finding not yet reported.
+FUZZ_SECONDS ?= 600
+fuzz: $(STAMP)
+	PYTHONPATH=src $(PY) tools/fuzz.py --seconds $(FUZZ_SECONDS)
+
+# Samplers on the simulated and a replayed real trace with the panel's per-frame work for
+# SOAK_SECONDS (default 600): RSS, history bytes, threads, drift and errors checked; exit 1 on
+# a violation.
+SOAK_SECONDS ?= 600
+soak: $(STAMP)
+	PYTHONPATH=src $(PY) tools/soak.py --seconds $(SOAK_SECONDS)
+
 clean:
 	rm -rf $(VENV) build dist src/gpumemviz/static .pytest_cache .ruff_cache
