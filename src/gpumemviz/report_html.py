@@ -151,7 +151,11 @@ def report_data(snap: Snapshot, *, title: str = "", budget: int | None = None) -
     devices = {str(d): _device_figures(f) for d, f in report_.devices.items()}
     live = [s.to_dict() for s in _sites.live_sites(snap)]
     trace_dev = _longest_trace(snap)
-    traced = [] if trace_dev is None else [s.to_dict() for s in _sites.trace_sites(snap)]
+    traced = (
+        []
+        if trace_dev is None
+        else [s.to_dict() for s in _sites.trace_sites(snap, device=trace_dev)]
+    )
     out: dict[str, Any] = {
         "format": DATA_FORMAT,
         "title": title,
