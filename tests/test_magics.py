@@ -149,3 +149,23 @@ def test_summary_says_waiting_for_cuda():
 
     text = summary(Sample(time=0.0, device=1, stats=None, state="waiting"))
     assert text.splitlines()[1].startswith("waiting for CUDA")
+
+
+def test_each_cell_leaves_a_marker_with_its_deltas(shell):
+    _magics(shell).widgets = True
+    panel = shell.run_line_magic("gpumemviz", "--demo training")
+    src = panel.sampler.source
+    panel.sampler.stop()  # the cell below drives the state by hand
+    src.close()
+    shell.user_ns["src"] = src
+    before = src.sample().stats
+    shell.run_cell("src._closed = False\nsrc.step(800)")
+    after = src.sample().stats
+    marks = [m for m in panel.timeline.marks() if m["kind"] == "cell"]
+    assert marks, panel.timeline.marks()
+    from gpumemviz.units import format_size
+
+    delta = after.allocated - before.allocated
+    sign = "+" if delta >= 0 else "-"
+    assert f"allocated {sign}{format_size(abs(delta))}" in marks[-1]["label"]
+    assert marks[-1]["label"].startswith("cell [")

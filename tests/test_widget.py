@@ -354,3 +354,34 @@ def test_retime_refuses_a_bad_interval():
 
     with pytest.raises(ValueError, match="interval must be a positive number"):
         retime(Sampler(UnavailableSource(0, "x")), 0)
+
+
+def test_timeline_grows_when_figures_move_and_marks_reach_every_panel():
+    import gpumemviz
+    from gpumemviz.sampler import Sampler
+    from gpumemviz.sources.simulated import SimulatedSource
+
+    src = SimulatedSource("training", autostart=False)
+    src.step(1000)
+    sampler = Sampler(src)
+    panel = MemoryPanel()
+    other = MemoryPanel()
+    panel.attach(sampler, owned=True)
+    try:
+        sampler.sample_once(segments=True)
+        sampler.sample_once(segments=True)  # same figures: no new point
+        assert panel.flush() and panel.timeline.count == 1
+        src.step(500)
+        want = src.sample().stats
+        sampler.sample_once(segments=True)
+        assert panel.flush() and panel.timeline.count == 2
+        point = panel.timeline.since(1)[1][0]
+        assert point[1:3] == [want.allocated, want.reserved]
+        assert point[3] == src.sample().nvml.used and point[4] == 512 << 20
+        assert point[5] == round(panel.header["fragmentation"], 4)
+        gpumemviz.mark("epoch 3")
+        for p in (panel, other):
+            assert [m["label"] for m in p.timeline.marks()] == ["epoch 3"]
+    finally:
+        panel.close()
+        other.close()

@@ -2,6 +2,7 @@
 import { decodeFrame } from "./decode.js";
 import { createHeatmap } from "./heatmap.js";
 import { createHeader, createToolbar } from "./controls.js";
+import { createTimeline } from "./timeline.js";
 
 let nextId = 0;
 
@@ -21,6 +22,17 @@ function render({ model, el }) {
     model.send({ kind: "command", id: cid, name, args });
     w.__gpumemviz.log.push({ t: Date.now(), event: "command", view: id, id: cid, name });
     return cid;
+  });
+  const timeline = createTimeline(root, {
+    onSync(since) { model.send({ kind: "timeline_sync", view: id, since }); },
+    colours() {
+      const css = getComputedStyle(root);
+      /** @param {string} n @param {string} f */
+      const v = (n, f) => css.getPropertyValue(n).trim() || f;
+      return { bg: v("--gmv-bg", "#fff"), text: v("--gmv-text", "#222"),
+        muted: v("--gmv-muted", "#777"), allocated: v("--gmv-allocated", "#0072b2"),
+        pending: v("--gmv-pending", "#e69f00"), trapped: v("--gmv-trapped", "#d55e00") };
+    },
   });
   const map = createHeatmap(root, {
     onView(v) { model.send({ kind: "view", view: id, ...v }); },
@@ -45,6 +57,11 @@ function render({ model, el }) {
       w.__gpumemviz.log.push({ t: Date.now(), event: "reply", view: id, ...msg });
       return;
     }
+    if (msg && msg.kind === "timeline") {
+      if (!msg.view || msg.view === id) timeline.apply(msg);
+      return;
+    }
+    if (msg && msg.kind === "marks") { timeline.addMarks(msg.marks); return; }
     if (!msg || msg.kind !== "frame" || msg.view !== id) return;
     const t0 = performance.now();
     const frame = decodeFrame(msg, buffers);
@@ -65,8 +82,9 @@ function render({ model, el }) {
   model.on("msg:custom", onMsg);
   onHeader();
   onControls();
+  model.send({ kind: "timeline_sync", view: id, since: 0 });
   onLayout();
-  w.__gpumemviz.views[id] = { map, root, model, toolbar };
+  w.__gpumemviz.views[id] = { map, root, model, toolbar, timeline };
 
   return () => {
     model.off("change:header", onHeader);
@@ -82,6 +100,7 @@ function render({ model, el }) {
     map.destroy();
     header.destroy();
     toolbar.destroy();
+    timeline.destroy();
     root.remove();
     delete w.__gpumemviz.views[id];
   };

@@ -32,6 +32,7 @@ _LAZY: dict[str, str] = {
     "redact_paths": "gpumemviz.frames",
     "monitor": "gpumemviz.widget",
     "MemoryPanel": "gpumemviz.widget",
+    "mark": "gpumemviz.widget",
 }
 
 __all__ = sorted([*_LAZY, "__version__"])

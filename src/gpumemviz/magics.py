@@ -9,7 +9,9 @@ where no widget can show, a text summary of one read instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,6 +249,44 @@ class GpumemvizMagics(Magics):
         n = len(raw.get("segments") or ()) if isinstance(raw, dict) else len(raw)
         print(f"gpumemviz: wrote {written} ({n} segments, {format_size(written.stat().st_size)})")
 
+    # per-cell markers ---------------------------------------------------------------------------
+    def pre_run_cell(self, info: Any = None) -> None:
+        """IPython hook: note each shown feed's figures as the cell starts."""
+        self._cell_start = {
+            d: (time.time(), _figures(f.sampler, f.sampler.sample_once(segments=False)))
+            for d, f in self.feeds.items()
+            if f.panel is not None
+        }
+
+    def post_run_cell(self, result: Any = None) -> None:
+        """IPython hook: a marker per shown panel with the cell's deltas and its peak.
+
+        The peak is the most allocated seen during the cell: torch's own peak counter when the
+        cell raised it past its earlier peak, else the sampled maximum. Nothing is reset, so the
+        user's ``max_memory_allocated()`` stays theirs.
+        """
+        start = getattr(self, "_cell_start", {})
+        self._cell_start = {}
+        n = getattr(result, "execution_count", None)
+        for d, (t0, before) in start.items():
+            feed = self.feeds.get(d)
+            if feed is None or feed.panel is None or before is None:
+                continue
+            sample = feed.sampler.sample_once(segments=False)
+            after = _figures(feed.sampler, sample)
+            if after is None:
+                continue
+            t1 = time.time()
+            seen = [p[1] for p in feed.panel.timeline.points_between(t0, t1)]
+            peak = max([after[0], before[0], *seen])
+            if after[2] > before[2]:  # torch's peak rose during the cell: it is exact
+                peak = after[2]
+            label = (
+                f"cell [{n if n is not None else '?'}]: allocated {_signed(after[0] - before[0])}"
+                f", reserved {_signed(after[1] - before[1])}, peak {format_size(peak)}"
+            )
+            feed.panel.add_marker(label, "cell", t1)
+
     def close(self) -> None:
         """Close every panel and feed of this extension; stop the shared samplers it started."""
         from gpumemviz.sampler import shared
@@ -257,6 +297,20 @@ class GpumemvizMagics(Magics):
         for device in sorted(self.started):
             shared(device).stop()
         self.started.clear()
+
+
+def _figures(sampler: Any, sample: Any = None) -> tuple[int, int, int] | None:
+    """(allocated, reserved, peak allocated) of the sampler's newest stats, or None."""
+    if sample is None or sample.stats is None:
+        sample = next((s for s in reversed(sampler.history.samples()) if s.stats), None)
+    if sample is None or sample.stats is None:
+        return None
+    st = sample.stats
+    return st.allocated, st.reserved, st.peak_allocated
+
+
+def _signed(n: int) -> str:
+    return ("+" if n >= 0 else "-") + format_size(abs(n))
 
 
 def _label(sampler: Any) -> str:
@@ -376,12 +430,17 @@ def load_ipython_extension(ipython: Any) -> None:
     magics = GpumemvizMagics(ipython)
     _MAGICS[id(ipython)] = magics
     ipython.register_magics(magics)
+    ipython.events.register("pre_run_cell", magics.pre_run_cell)
+    ipython.events.register("post_run_cell", magics.post_run_cell)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext gpumemviz``: close the panels and stop the samplers the magic started."""
     magics = _MAGICS.pop(id(ipython), None)
     if magics is not None:
+        for name in ("pre_run_cell", "post_run_cell"):
+            with contextlib.suppress(ValueError):
+                ipython.events.unregister(name, getattr(magics, name))
         magics.close()
         ipython.magics_manager.registry.pop(type(magics).__name__, None)
         ipython.magics_manager.magics["line"].pop("gpumemviz", None)

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,13 @@ import traitlets
 
 from gpumemviz.render.rows import build_rows
 from gpumemviz.render.stacks import Stacks
+from gpumemviz.render.timeline import TimelineData
 from gpumemviz.render.wire import Wire, figures
 from gpumemviz.snapshot import Snapshot
 
-__all__ = ["MemoryPanel", "bundle_path", "monitor"]
+__all__ = ["MemoryPanel", "bundle_path", "mark", "monitor"]
+
+_PANELS: weakref.WeakSet = weakref.WeakSet()  # live panels, for mark()
 
 _PKG = Path(__file__).resolve().parent
 _JS = _PKG.parents[1] / "js"  # present in a source checkout only
@@ -181,12 +185,15 @@ class MemoryPanel(anywidget.AnyWidget):
         self._shown_device: int | None = None
         self._device_free: int | None = None
         self.command_log: list[dict[str, Any]] = []  # handled commands, newest last
+        self.timeline = TimelineData()
+        self._last_point: list | None = None
         self._owns_sampler = False
         self._advice_at = -float("inf")
         self.on_msg(self._on_browser_msg)
         # the kernel subshell that handles this panel's browser messages (None: the main shell)
         self.subshell = _route_to_subshell(self.comm) if subshell else _route_to_main(self.comm)
         self.controls = self._controls()
+        _PANELS.add(self)
 
     @classmethod
     def from_snapshot(
@@ -277,6 +284,7 @@ class MemoryPanel(anywidget.AnyWidget):
 
     def close(self) -> None:
         """Stop the writer thread and close the widget."""
+        _PANELS.discard(self)
         if getattr(self, "sampler", None) is not None:
             self.detach()
         writer = getattr(self, "_writer", None)  # absent when __init__ failed half-way
@@ -309,6 +317,7 @@ class MemoryPanel(anywidget.AnyWidget):
             )
         else:
             self._apply_sample(value)
+            self._add_point(value)  # after the header: the point carries its fragmentation
 
     def _apply_sample(self, sample: Any) -> None:
         extra: dict[str, Any] = {}
@@ -350,6 +359,28 @@ class MemoryPanel(anywidget.AnyWidget):
             device=device,
             force=oom is not None,
         )
+
+    def _add_point(self, sample: Any) -> None:
+        """Extend the timeline when a figure moved (equal samples add nothing, send nothing)."""
+        stats = getattr(sample, "stats", None)
+        if stats is None:
+            return
+        last = self._last_point
+        frag = self.header.get("fragmentation")
+        if last is not None and [stats.allocated, stats.reserved] == last[1:3]:
+            nvml = getattr(sample, "nvml", None)
+            used = nvml.used if nvml is not None and nvml.available else None
+            if used == last[3] and (None if frag is None else round(frag, 4)) == last[5]:
+                return
+        point = self.timeline.add_sample(sample, frag)
+        if point is not None:
+            self._last_point = point
+            self.send({"kind": "timeline", "first": self.timeline.count - 1, "points": [point]})
+
+    def add_marker(self, label: str, kind: str = "mark", t: float | None = None) -> None:
+        """A marker on the timeline (``gpumemviz.mark`` puts one on every live panel)."""
+        m = self.timeline.add_mark(time.time() if t is None else t, label, kind)
+        self._writer.submit(lambda: self.send({"kind": "marks", "marks": [m]}))
 
     def _advise(
         self,
@@ -453,6 +484,22 @@ class MemoryPanel(anywidget.AnyWidget):
             args = (int(content.get("first", 0)), int(content.get("count", 1)))
             cells = int(content.get("cells", 1024))
             self._writer.submit(lambda: self._send_frames(self._wire.set_view(view, *args, cells)))
+        elif kind == "timeline_sync":
+            since = int(content.get("since", 0))
+
+            def sync() -> None:
+                first, points = self.timeline.since(since)
+                self.send(
+                    {
+                        "kind": "timeline",
+                        "first": first,
+                        "points": points,
+                        "reset": True,
+                        "marks": self.timeline.marks(),
+                    }
+                )
+
+            self._writer.submit(sync)
         elif kind == "close":
             view = str(content.get("view", ""))
             self._writer.submit(lambda: self._wire.drop_view(view))
@@ -485,6 +532,19 @@ def _oom_dict(event: Any) -> dict:
         "device_free": int(event.device_free),
         "time": float(event.time),
     }
+
+
+def mark(label: str) -> None:
+    """Put a step marker ("epoch 3") on the timeline of every live panel.
+
+    Parameters
+    ----------
+    label : str
+        Shown at the marker (as text).
+    """
+    t = time.time()
+    for panel in list(_PANELS):
+        panel.add_marker(str(label), "mark", t)
 
 
 def retime(sampler: Any, interval: float) -> None:

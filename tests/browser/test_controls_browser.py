@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -272,3 +273,46 @@ def test_hover_shows_a_real_blocks_stack_and_a_click_pins_it(page, notebook, art
     page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_hover_stack.png"))
     page.mouse.click(spot["x"], spot["y"])  # unpin
     assert tip.get_attribute("data-pinned") == "false"
+
+
+def test_timeline_follows_the_sampler_with_step_and_cell_markers(page, notebook, artifacts):
+    nb = notebook(
+        "timeline.ipynb",
+        [
+            "%load_ext gpumemviz",
+            "%gpumemviz --demo training --interval 0.25",
+            "import time, gpumemviz\ngpumemviz.mark('epoch 3')\ntime.sleep(3)",
+            "from gpumemviz.magics import _MAGICS\n"
+            "panel = next(iter(_MAGICS.values())).feeds[0].panel\n"
+            "panel.sampler.stop()\n"
+            "panel.flush()\n"
+            "[p[:3] for p in panel.timeline.since(0)[1]]",
+        ],
+    )
+    nb.run(0)
+    nb.run(1)
+    _wait_drawn(page)
+    nb.run(2)
+    page.wait_for_function(
+        f"""() => {{ const t = ({VIEW})().timeline;
+            return t.points.length >= 5 && t.marks.some(m => m.kind === 'cell'); }}""",
+        timeout=20_000,
+    )
+    nb.run(3)
+    page.wait_for_timeout(500)  # the last points the stopped sampler sent
+    want = _kernel_value(page, 3)
+    got = page.evaluate(
+        f"""() => {{ const t = ({VIEW})().timeline;
+            return {{ points: t.points.map(p => p.slice(0, 3)), marks: t.marks,
+                      drawn: Number(({VIEW})().root.querySelector('.gmv-timeline canvas')
+                                    .dataset.points) }}; }}"""
+    )
+    # every point the panel recorded, in order; the cell's own end-of-cell read may add one
+    assert got["points"][: len(want)] == want and len(got["points"]) - len(want) <= 1
+    assert len(want) >= 5 and got["drawn"] == len(got["points"])
+    assert all(a[0] < b[0] for a, b in itertools.pairwise(want))
+    labels = [(m["kind"], m["label"]) for m in got["marks"]]
+    assert ("mark", "epoch 3") in labels
+    cell = [label for kind, label in labels if kind == "cell" and label.startswith("cell [3]")]
+    assert cell and "allocated " in cell[0] and ", peak " in cell[0], labels
+    page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_timeline.png"))

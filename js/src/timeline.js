@@ -1,0 +1,122 @@
+// The timeline: allocated, reserved, NVML used, non-PyTorch memory and fragmentation over time,
+// with step and per-cell markers. Points arrive incrementally; a gap asks for a resync.
+
+/** Point fields, as render/timeline.py FIELDS. */
+export const FIELDS = ["t", "allocated", "reserved", "nvml_used", "non_pytorch", "fragmentation"];
+export const TL_H = 90;
+
+/**
+ * Where each point goes: x by time over the whole span, y by bytes (top = the largest byte
+ * figure) and, for fragmentation, 0..1 over the same height.
+ * @param {(number | null)[][]} points
+ * @param {number} width
+ * @param {number} height
+ * @returns {{x: (t: number) => number, y: (bytes: number) => number, yf: (f: number) => number,
+ *   t0: number, t1: number, top: number}}
+ */
+export function timelineScale(points, width, height) {
+  const t0 = points.length ? Number(points[0][0]) : 0;
+  const t1 = points.length ? Number(points[points.length - 1][0]) : 1;
+  let top = 1;
+  for (const p of points) for (let i = 1; i <= 4; i++) if (p[i] !== null && Number(p[i]) > top) top = Number(p[i]);
+  const span = t1 > t0 ? t1 - t0 : 1;
+  return {
+    t0, t1, top,
+    x: (t) => ((t - t0) / span) * (width - 1),
+    y: (b) => height - 1 - (b / top) * (height - 4),
+    yf: (f) => height - 1 - f * (height - 4),
+  };
+}
+
+/**
+ * @param {HTMLElement} host
+ * @param {{onSync: (since: number) => void, colours: () => Record<string, string>}} opts
+ */
+export function createTimeline(host, opts) {
+  const wrap = document.createElement("div");
+  wrap.className = "gmv-timeline";
+  const canvas = document.createElement("canvas");
+  canvas.height = TL_H;
+  const legend = document.createElement("div");
+  legend.className = "gmv-tl-legend";
+  wrap.append(canvas, legend);
+  host.append(wrap);
+  /** @type {(number | null)[][]} */
+  let points = [];
+  /** @type {{t: number, label: string, kind: string}[]} */
+  let marks = [];
+  let next = 0;
+  let raf = 0;
+
+  function draw() {
+    raf = 0;
+    const width = Math.max(200, wrap.clientWidth || 600);
+    if (canvas.width !== width) canvas.width = width;
+    const ctx = /** @type {CanvasRenderingContext2D} */ (canvas.getContext("2d"));
+    const c = opts.colours();
+    ctx.fillStyle = c.bg;
+    ctx.fillRect(0, 0, width, TL_H);
+    canvas.dataset.points = String(points.length);
+    canvas.dataset.marks = String(marks.length);
+    if (!points.length) return;
+    const s = timelineScale(points, width, TL_H);
+    /** @param {number} field @param {string} colour @param {boolean} frac */
+    const line = (field, colour, frac) => {
+      ctx.strokeStyle = colour;
+      ctx.beginPath();
+      let open = false;
+      for (const p of points) {
+        const v = p[field];
+        if (v === null || v === undefined) { open = false; continue; }
+        const x = s.x(Number(p[0]));
+        const y = frac ? s.yf(Number(v)) : s.y(Number(v));
+        if (open) ctx.lineTo(x, y); else ctx.moveTo(x, y);
+        open = true;
+      }
+      ctx.stroke();
+    };
+    line(3, c.text, false);
+    line(4, c.pending, false);
+    line(2, c.muted, false);
+    line(1, c.allocated, false);
+    line(5, c.trapped, true);
+    ctx.font = "10px sans-serif";
+    for (const m of marks) {
+      if (m.t < s.t0 || m.t > s.t1 + 1) continue;
+      const x = Math.min(width - 2, s.x(m.t));
+      ctx.fillStyle = m.kind === "cell" ? c.muted : c.text;
+      ctx.fillRect(x, 0, 1, TL_H);
+      if (m.kind !== "cell") ctx.fillText(m.label, x + 3, 10);
+    }
+    legend.textContent = `${new Date(s.t0 * 1000).toLocaleTimeString()} – ` +
+      `${new Date(s.t1 * 1000).toLocaleTimeString()} · allocated, reserved, NVML used, ` +
+      `non-PyTorch (0 – ${Math.round(s.top / 2 ** 20)} MiB), fragmentation (0 – 1)` +
+      (marks.length ? ` · last marker: ${marks[marks.length - 1].label}` : "");
+  }
+  const schedule = () => { if (!raf) raf = requestAnimationFrame(draw); };
+
+  return {
+    /** @param {{first: number, points: (number | null)[][], reset?: boolean, marks?: any[]}} msg */
+    apply(msg) {
+      if (msg.reset) {
+        points = msg.points.slice();
+        marks = (msg.marks || []).slice();
+      } else if (msg.first === next) {
+        points.push(...msg.points);
+        if (points.length > 4000) points.splice(0, points.length - 4000);
+      } else if (msg.first > next) {
+        opts.onSync(next);  // missed some: ask for what follows what we hold
+        return;
+      } else {
+        return;  // already held
+      }
+      next = msg.first + msg.points.length;
+      schedule();
+    },
+    /** @param {{t: number, label: string, kind: string}[]} more */
+    addMarks(more) { marks.push(...more); schedule(); },
+    get points() { return points; },
+    get marks() { return marks; },
+    destroy() { if (raf) cancelAnimationFrame(raf); wrap.remove(); },
+  };
+}
