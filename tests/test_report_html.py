@@ -173,3 +173,18 @@ def test_written_atomically_and_bad_input_leaves_the_old_file(tmp_path):
     assert gpumemviz.report is report
     report(CachingAllocator(1 << 30).snapshot(), target)
     assert "gmv-data" in target.read_text()
+
+
+def test_redact_paths_hides_user_names():
+    snap = evil_snapshot()
+    frame = {"filename": "/home/alice/proj/model.py", "line": 3, "name": "alice"}
+    for seg in snap["segments"]:
+        for b in seg["blocks"]:
+            if b["state"] == "active_allocated":
+                b["frames"] = [frame]
+    assert "alice" in render_html(snap)
+    text = render_html(snap, redact_paths=True, title="/home/alice/run.pickle")
+    assert "alice" not in text
+    data = page_data(text)
+    assert data["title"] == "~user1/run.pickle"
+    assert [s["label"] for s in data["sites"]["live"]] == ["model.py:3:user1"]

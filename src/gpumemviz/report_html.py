@@ -30,6 +30,7 @@ from . import advice as _advice
 from . import export as _export
 from . import fragmentation as _fragmentation
 from . import sites as _sites
+from .frames import Redactor
 from .io import as_snapshot, atomic_write
 from .render.frame import BLOCK_BYTES, ROW_OVERHEAD, pack_frame, row_meta
 from .render.rows import MAX_CELLS, build_rows, encode_cells
@@ -65,6 +66,7 @@ def report(
     *,
     title: str | None = None,
     input_size: int | None = None,
+    redact_paths: bool = False,
 ) -> Path:
     """Write the offline HTML report of a snapshot.
 
@@ -79,6 +81,9 @@ def report(
     input_size : int, optional
         Bytes of the input pickle, which sets the size budget; default: the file's or the
         bytes' size, else an estimate from the snapshot's blocks and trace.
+    redact_paths : bool
+        Replace home directories and user names in every string (`frames.Redactor`, the same
+        placeholders as `gpumemviz.export(..., redact_paths=True)`), the title included.
 
     Returns
     -------
@@ -94,7 +99,7 @@ def report(
     ...     report(a.snapshot(), os.path.join(d, "r.html")).read_text()[:15]
     '<!doctype html>'
     """
-    text = render_html(snapshot, title=title, input_size=input_size)
+    text = render_html(snapshot, title=title, input_size=input_size, redact_paths=redact_paths)
     data = text.encode("utf-8")
 
     def write(f: BinaryIO) -> None:
@@ -105,7 +110,13 @@ def report(
     return target
 
 
-def render_html(snapshot: Any, *, title: str | None = None, input_size: int | None = None) -> str:
+def render_html(
+    snapshot: Any,
+    *,
+    title: str | None = None,
+    input_size: int | None = None,
+    redact_paths: bool = False,
+) -> str:
     """The report page as a string (what `report` writes); see `report` for the parameters."""
     name = _source_name(snapshot)
     if input_size is None:
@@ -114,6 +125,10 @@ def render_html(snapshot: Any, *, title: str | None = None, input_size: int | No
     if input_size is None:
         input_size = estimate_pickle_size(snap)
     page_title = title or name or "memory snapshot"
+    if redact_paths:
+        redactor = Redactor()
+        snap = snap.map_objects(redactor.redact)
+        page_title = redactor.text(page_title)
     data = report_data(snap, title=page_title, budget=SIZE_FACTOR * input_size)
     js = _bundle("report.js")
     css = _bundle("widget.css") + "\n" + _bundle("report.css")
