@@ -44,10 +44,14 @@ bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 # Fuzz every reader of untrusted input (pickle, JSON, torch dicts, the CLI) for FUZZ_SECONDS
-# (default 600); reproducers of findings go to build/fuzz/. Exit 1 on a finding not yet reported.
+# (default 600): half coverage-guided under atheris (installed into build/atheris, not the venv;
+# skipped where it cannot install), half guarded structure-aware mutation. Reproducers of findings
+# go to build/fuzz/. Exit 1 on a finding not yet reported.
 FUZZ_SECONDS ?= 600
 fuzz: $(STAMP)
-	PYTHONPATH=src $(PY) tools/fuzz.py --seconds $(FUZZ_SECONDS)
+	@test -d build/atheris/atheris || $(PY) -m pip install -q --disable-pip-version-check \
+	  --target build/atheris atheris || echo "atheris did not install: mutation fuzzing only"
+	PYTHONPATH=src:build/atheris $(PY) tools/fuzz.py --seconds $(FUZZ_SECONDS)
 
 # Samplers on the simulated and a replayed real trace with the panel's per-frame work for
 # SOAK_SECONDS (default 600): RSS, history bytes, threads, drift and errors checked; exit 1 on

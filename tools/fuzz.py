@@ -25,6 +25,7 @@ Run: ``python tools/fuzz.py [--seconds 600] [--seed N] [--targets pickle,json,di
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import copyreg
 import hashlib
@@ -66,6 +67,13 @@ KNOWN: dict[str, str] = {
     "CPython's unpickler allocate and zero 8 bytes per index (10 bytes -> 256 MiB RSS, "
     "0x10000000 -> 4 GiB; tests/data/fuzz/memo_index_256mib.pickle)",
     "memory@cli": "the same through `gpumemviz inspect`",
+    "memory@json": "io: BINBYTES8/BINUNICODE8/BYTEARRAY8 allocate their declared length before "
+    "reading (a 20-byte file asks for 1 TiB): MemoryError under an address-space cap, reported "
+    "as 'needs more memory' (tests/data/fuzz/binbytes8_huge_length.pickle); found through the "
+    "JSON target, whose inputs are told apart by content",
+    "multiline@io.py:loads_restricted": "io.loads_restricted: a corrupt FLOAT opcode's "
+    "ValueError text carries a newline into the SnapshotError message "
+    "(tests/data/fuzz/float_newline_message.pickle)",
     "TypeError@snapshot.py:_from_torch": "snapshot: an unhashable segment_type (a list) raises "
     "TypeError (tests/data/fuzz/segment_type_list.pickle)",
     "cli:TypeError@snapshot.py:_from_torch": "the same through `gpumemviz inspect`",
@@ -881,6 +889,106 @@ def print_report(rep: Report, seconds: float) -> None:
         print("no findings")
 
 
+# --------------------------------------------------------------------------------------------
+# coverage guidance: the same oracle under atheris (libFuzzer), where atheris is installed
+
+ATHERIS_TARGETS = ("pickle", "json", "cli")
+
+
+def have_atheris() -> bool:
+    try:
+        import atheris  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def atheris_worker(args: argparse.Namespace) -> int:
+    """libFuzzer on one byte target: coverage of gpumemviz's Python code guides the mutations.
+
+    Same oracle as the guarded workers; `KNOWN` findings are counted and passed over, a new one
+    stops libFuzzer with its input saved. libFuzzer's own guards: -timeout per case, and the
+    address-space cap as in the workers.
+    """
+    import atheris
+
+    canary = install_canary()
+    with atheris.instrument_imports(include=["gpumemviz"]):
+        import gpumemviz.advice
+        import gpumemviz.cli
+        import gpumemviz.fragmentation
+        import gpumemviz.io
+        import gpumemviz.snapshot  # noqa: F401
+    seeds = load_seeds(args.seed, slices=args.slices)
+    corpus = Path(args.workdir) / f"corpus-{args.target}"
+    corpus.mkdir(parents=True, exist_ok=True)
+    for i, data in enumerate(seeds.jsons if args.target == "json" else seeds.pickles):
+        if len(data) <= 1 << 16:
+            (corpus / f"seed-{i}").write_bytes(data)
+    _set_rlimit(args.rss_mb + (4200 if args.target == "cli" else 0))
+    out, tmp = Path(args.out), Path(tempfile.mkdtemp(prefix="case-", dir=args.workdir))
+    known: Counter = Counter()
+
+    def one(data: bytes) -> None:
+        try:
+            if args.target == "cli":
+                run_cli(data, tmp)
+            else:
+                run_loader(data, args.target)
+        except Finding as f:
+            known[f.sig] += 1
+            if f.sig not in KNOWN:
+                _save(out, f.sig, data, f.detail)
+                print(f"FINDING {f.sig}", flush=True)
+                raise
+        if canary.tripped:
+            _save(out, "canary", data, f"a refused global ran: {canary.tripped!r}")
+            raise RuntimeError("a refused global ran")
+
+    argv = [
+        sys.argv[0], f"-max_total_time={max(1, int(args.seconds))}", "-timeout=10",
+        "-max_len=65536", f"-seed={args.seed}", "-print_final_stats=1",
+        f"-artifact_prefix={out}/atheris-{args.target}-", str(corpus),
+    ]  # fmt: skip
+    atexit.register(lambda: print(f"KNOWN {dict(known)}", flush=True))
+    atheris.Setup(argv, one)
+    atheris.Fuzz()
+    return 0
+
+
+def run_atheris(ns: argparse.Namespace, seconds: float) -> list[str]:
+    """Each byte target under atheris for its share of `seconds`; returns the new findings."""
+    new = []
+    per = seconds / len(ATHERIS_TARGETS)
+    for t in ATHERIS_TARGETS:
+        cmd = [
+            sys.executable, str(Path(__file__).resolve()), "--atheris-worker", "--target", t,
+            "--seconds", str(per), "--seed", str(ns.seed), "--out", str(ns.out),
+            "--workdir", str(ns.workdir), "--rss-mb", str(ns.rss_mb), "--slices", str(ns.slices),
+        ]  # fmt: skip
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), *sys.path[1:]]))
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=per + 120)
+        text = r.stdout + r.stderr
+        stats = {m.group(1): m.group(2) for m in re.finditer(r"stat::(\w+):\s+(\d+)", text)}
+        cov = re.findall(r"cov: (\d+) ft: (\d+)", text)
+        known = re.findall(r"KNOWN (\{.*\})", text)
+        print(
+            f"atheris {t}: {stats.get('number_of_executed_units', '?')} cases, "
+            f"{stats.get('average_exec_per_sec', '?')}/s, coverage {cov[-1][0] if cov else '?'} "
+            f"edges ({cov[-1][1] if cov else '?'} features), known findings "
+            f"{known[-1] if known else '{}'}",
+            flush=True,
+        )
+        found = re.findall(r"FINDING (\S+)", text)
+        if r.returncode != 0 and not found:
+            found = [f"atheris-{t}-exit{r.returncode}"]
+            _save(Path(ns.out), found[0], b"", text[-4000:])
+        for f in found:
+            print(f"  [NEW] {f} (atheris, {t}; reproducer in {ns.out})", flush=True)
+        new += found
+    return new
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=float(os.environ.get("FUZZ_SECONDS", 600)))
@@ -892,20 +1000,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slices", type=int, default=6, help="small seeds cut from each real file")
     p.add_argument("--out", default=str(REPO / "build" / "fuzz"))
     p.add_argument("--workdir", default=None)
+    p.add_argument(
+        "--atheris",
+        type=float,
+        default=0.5,
+        help="share of the time for coverage-guided atheris where it is installed (default 0.5)",
+    )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--atheris-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--target", help=argparse.SUPPRESS)
     p.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     if ns.worker:
         return worker(ns)
+    if ns.atheris_worker:
+        return atheris_worker(ns)
+    new: list[str] = []
     with tempfile.TemporaryDirectory(prefix="gpumemviz-fuzz-") as wd:
         ns.workdir = ns.workdir or wd
         t0 = time.monotonic()
+        share = ns.atheris if have_atheris() and ns.cases <= 0 else 0.0
+        if share > 0:
+            new = run_atheris(ns, ns.seconds * share)
+        else:
+            print("atheris not installed: mutation fuzzing only (pip install atheris for coverage)")
+        ns.seconds *= 1 - share
         rep = fuzz(ns)
         print_report(rep, time.monotonic() - t0)
     print(f"reproducers: {ns.out}")
-    return 1 if rep.unknown() else 0
+    return 1 if rep.unknown() or new else 0
 
 
 if __name__ == "__main__":
