@@ -312,6 +312,11 @@ def test_an_oom_sample_shows_its_verdict(panel):
     assert panel.oom["alloc_size"] == event.alloc_size
     assert panel.map_layout["n_rows"] == len(event.snapshot["segments"])
     assert {a["kind"] for a in panel.advice} >= {"expandable_segments"}
+    assert panel.timeline.marks()[-1] == {
+        "t": event.time,
+        "label": "OOM (fragmentation)",
+        "kind": "oom",
+    }
 
 
 def test_monitor_uses_the_shared_sampler_and_its_interval():

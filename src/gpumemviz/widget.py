@@ -335,6 +335,8 @@ class MemoryPanel(anywidget.AnyWidget):
         oom = getattr(sample, "oom", None)
         if oom is not None:
             self.oom = _oom_dict(oom)
+            m = self.timeline.add_mark(oom.time, f"OOM ({oom.cause})", "oom")
+            self.send({"kind": "marks", "marks": [m]})
         state = getattr(sample, "state", "ok")
         if state == "waiting":
             self.status = "waiting for CUDA"
