@@ -4,9 +4,10 @@
 import { decodeFrame, STATE_NAMES, KIND_NAMES } from "./decode.js";
 import { createHeatmap, ROW_H } from "./heatmap.js";
 import { createHeader } from "./controls.js";
+import { createTimeline } from "./timeline.js";
 import { blockAt, cellColor, formatSize, keepWindow, rowLabel } from "./rows.js";
 import {
-  b64ToBytes, b64ToFloat64, blockPixels, nearestIndex, niceStep, resampleCells, zoomAt,
+  b64ToBytes, b64ToFloat64, blockPixels, nearestIndex, resampleCells, zoomAt,
 } from "./reportdata.js";
 
 const MAX_ZOOM = 1e6;
@@ -299,11 +300,12 @@ function segmentZoom(host, palette) {
 }
 
 /**
- * Reserved and allocated over the recorded history of one device, on a canvas.
+ * Reserved and allocated over the recorded history of one device: the panel's timeline
+ * (timeline.js) fed once with every point, plus a hover naming the point under the cursor.
  * @param {HTMLElement} host @param {string} dev @param {any} t @param {() => any} palette
  */
 function timeline(host, dev, t, palette) {
-  const box = el("div", "gmv-timeline");
+  const box = el("div", "gmv-report-timeline");
   box.dataset.device = dev;
   const head = el("div", "gmv-zoom-title",
     `cuda:${dev}, over ${t.entries.toLocaleString("en-US")} trace entries: `);
@@ -313,64 +315,47 @@ function timeline(host, dev, t, palette) {
     return item;
   };
   head.append(key("gmv-line-reserved", t.series[0]), key("gmv-k0", t.series[1]));
-  if (t.oom.length) head.append(key("gmv-k3", "out of memory"));
-  box.append(head);
-  const canvas = /** @type {HTMLCanvasElement} */ (el("canvas", "gmv-timeline-canvas"));
+  if (t.oom.length) head.append(key("gmv-line-mark", "out of memory"));
   const tip = el("div", "gmv-tip");
   tip.hidden = true;
-  box.append(canvas, tip);
+  box.append(head);
   host.append(box);
+  const rgb = (/** @type {number[]} */ c) => `rgb(${c[0]},${c[1]},${c[2]})`;
+  const chart = createTimeline(box, {
+    onSync() { /* every point is here from the start */ },
+    colours() {
+      const p = palette();
+      return { bg: p.bg, text: p.text, muted: p.muted, allocated: rgb(p.kinds[0]),
+        pending: rgb(p.kinds[1]), trapped: rgb(p.kinds[3]) };
+    },
+  });
+  box.append(tip);
   const xs = b64ToFloat64(t.x), res = b64ToFloat64(t.reserved), alc = b64ToFloat64(t.allocated);
-  const H = 160, L = 64, B = 18;
-  let ymax = 1;
-  for (let i = 0; i < res.length; i++) ymax = Math.max(ymax, res[i], alc[i]);
-  const xmax = Math.max(1, t.entries - 1);
-  function draw() {
-    const w = Math.max(300, box.clientWidth - 2);
-    canvas.width = w; canvas.height = H;
-    canvas.style.width = `${w}px`; canvas.style.height = `${H}px`;
-    const ctx = /** @type {CanvasRenderingContext2D} */ (canvas.getContext("2d"));
-    const p = palette();
-    ctx.fillStyle = p.bg; ctx.fillRect(0, 0, w, H);
-    const px = (/** @type {number} */ x) => L + (x / xmax) * (w - L - 8);
-    const py = (/** @type {number} */ y) => H - B - (y / ymax) * (H - B - 8);
-    ctx.font = "10px monospace"; ctx.fillStyle = p.muted; ctx.strokeStyle = p.empty;
-    const step = niceStep(ymax / 2 ** 20, 4) * 2 ** 20;
-    for (let y = 0; y <= ymax; y += step) {
-      ctx.fillRect(L, py(y), w - L - 8, 1);
-      ctx.fillText(formatSize(y), 2, py(y) + 3);
-    }
-    ctx.fillText("0", L, H - 4);
-    ctx.fillText(`entry ${xmax.toLocaleString("en-US")}`, w - 110, H - 4);
-    /** @param {Float64Array} ys @param {string} colour */
-    const line = (ys, colour) => {
-      ctx.strokeStyle = colour; ctx.lineWidth = 1.5; ctx.beginPath();
-      for (let i = 0; i < ys.length; i++) {
-        if (i) ctx.lineTo(px(xs[i]), py(ys[i])); else ctx.moveTo(px(xs[i]), py(ys[i]));
-      }
-      ctx.stroke();
-    };
-    const rgb = (/** @type {number[]} */ c) => `rgb(${c[0]},${c[1]},${c[2]})`;
-    line(res, p.text);
-    line(alc, rgb(p.kinds[0]));
-    ctx.fillStyle = rgb(p.kinds[3]);
-    for (const i of t.oom) ctx.fillText("✕ OOM", px(i) - 4, 12);
-    canvas.dataset.points = String(xs.length);
-  }
+  // time in seconds where the trace has times, else the entry index
+  const ts = t.t ? b64ToFloat64(t.t) : xs;
+  const oomT = t.oom_t || t.oom;
+  /** @type {(number | null)[][]} */
+  const points = [];
+  for (let i = 0; i < xs.length; i++) points.push([ts[i], alc[i], res[i], null, null, null]);
+  chart.apply({ first: 0, reset: true, points,
+    marks: oomT.map((/** @type {number} */ x) => ({ t: x, label: "OOM", kind: "oom" })) });
+  const canvas = /** @type {HTMLCanvasElement} */ (box.querySelector("canvas"));
   canvas.addEventListener("mousemove", (ev) => {
     const rect = canvas.getBoundingClientRect();
-    const w = rect.width;
-    const x = ((ev.clientX - rect.left - L) / (w - L - 8)) * xmax;
-    const i = nearestIndex(xs, x);
+    const frac = (ev.clientX - rect.left) / Math.max(1, rect.width);
+    const i = nearestIndex(ts, ts[0] + frac * (ts[ts.length - 1] - ts[0]));
     if (i < 0) return;
-    tip.textContent = `entry ${xs[i].toLocaleString("en-US")}\n${t.series[0]} ${formatSize(res[i])}\n${t.series[1]} ${formatSize(alc[i])}`;
+    tip.textContent = `entry ${xs[i].toLocaleString("en-US")}` +
+      (t.t ? ` · t = ${(ts[i] - ts[0]).toFixed(3)} s` : "") +
+      `\n${t.series[0]} ${formatSize(res[i])}\n${t.series[1]} ${formatSize(alc[i])}`;
     tip.hidden = false;
     const hostRect = box.getBoundingClientRect();
     tip.style.left = `${ev.clientX - hostRect.left + 12}px`;
     tip.style.top = `${ev.clientY - hostRect.top + 12}px`;
   });
   canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
-  return { draw };
+  return { draw() { chart.apply({ first: 0, reset: true, points,
+    marks: oomT.map((/** @type {number} */ x) => ({ t: x, label: "OOM", kind: "oom" })) }); } };
 }
 
 function main() {

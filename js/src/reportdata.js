@@ -115,19 +115,6 @@ export function blockPixels(blocks, range, width) {
 }
 
 /**
- * A "nice" axis step for a range: 1, 2 or 5 times a power of ten, about `ticks` per range.
- * @param {number} span
- * @param {number} ticks
- */
-export function niceStep(span, ticks) {
-  if (!(span > 0)) return 1;
-  const raw = span / Math.max(1, ticks);
-  const p = 10 ** Math.floor(Math.log10(raw));
-  for (const m of [1, 2, 5, 10]) if (m * p >= raw) return m * p;
-  return 10 * p;
-}
-
-/**
  * Index of the point nearest to x in a sorted column.
  * @param {ArrayLike<number>} xs
  * @param {number} x

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  b64ToBytes, b64ToFloat64, blockPixels, nearestIndex, niceStep, resampleCells, zoomAt, zoomRange,
+  b64ToBytes, b64ToFloat64, blockPixels, nearestIndex, resampleCells, zoomAt, zoomRange,
 } from "../src/reportdata.js";
 
 test("base64 columns decode as Python's base64 + numpy '<f8' wrote them", () => {
@@ -45,10 +45,7 @@ test("blocks become pixel spans of the visible range only", () => {
   assert.deepEqual(blockPixels(blocks, [150, 250], 100), [{ i: 1, x0: 0, x1: 100 }]);
 });
 
-test("axis steps and nearest points", () => {
-  assert.equal(niceStep(100, 4), 50);
-  assert.equal(niceStep(7, 4), 2);
-  assert.equal(niceStep(0, 4), 1);
+test("nearest points", () => {
   const xs = [0, 10, 20, 30];
   assert.equal(nearestIndex(xs, 14), 1);
   assert.equal(nearestIndex(xs, 16), 2);

@@ -236,14 +236,18 @@ def _map(rows: Any, room: int | None) -> dict:
 
 
 def _timelines(snap: Snapshot, room: int | None) -> dict:
-    """Per device with a trace: reserved and allocated after each entry, bucket peaks kept."""
+    """Per device with a trace: reserved and allocated after each entry, bucket peaks kept.
+
+    `x` is the entry index of each point, `t` its time in seconds (the entry's time_us; None
+    when the trace has no times), `oom` the entry indices of oom entries and `oom_t` their times.
+    """
     out: dict[str, Any] = {}
     traced = [d for d, t in sorted(snap.traces.items()) if len(t)]
     if not traced:
         return out
     points = TIMELINE_POINTS
-    if room is not None:  # 3 float64 columns per point, base64
-        points = max(16, min(points, int(room / (len(traced) * 3 * 8 * _B64))))
+    if room is not None:  # 4 float64 columns per point, base64
+        points = max(16, min(points, int(room / (len(traced) * 4 * 8 * _B64))))
     for d in traced:
         cols = _export.trace_rows(snap, device=d)
         reserved = np.asarray(cols["reserved"], np.float64)
@@ -258,14 +262,18 @@ def _timelines(snap: Snapshot, room: int | None) -> dict:
         x, res, alc = _peaks(n, points, reserved, allocated)
         trace = snap.traces[d]
         oom_code = trace.action_names.index("oom") if "oom" in trace.action_names else -1
-        ooms = np.flatnonzero(trace.action == oom_code)[:100].tolist() if oom_code >= 0 else []
+        ooms = np.flatnonzero(trace.action == oom_code)[:100] if oom_code >= 0 else np.zeros(0)
+        timed = bool(n) and bool((trace.time_us >= 0).all())
+        t = trace.time_us[x.astype(np.int64)] / 1e6 if timed else None
         out[str(d)] = {
             "entries": n,
             "series": ["reserved", label],
             "x": _b64(x.astype("<f8").tobytes()),
+            "t": None if t is None else _b64(t.astype("<f8").tobytes()),
+            "oom_t": (trace.time_us[ooms.astype(np.int64)] / 1e6).tolist() if timed else None,
             "reserved": _b64(res.astype("<f8").tobytes()),
             "allocated": _b64(alc.astype("<f8").tobytes()),
-            "oom": ooms,
+            "oom": ooms.astype(np.int64).tolist(),
         }
     return out
 

@@ -75,6 +75,22 @@ def test_real_file_report_draws_every_segment_offline(page, real_path, tmp_path,
     zoom.hover(position={"x": 20, "y": 10})
     assert page.locator(".gmv-zoom .gmv-tip").inner_text().startswith("segment 0x")
     assert page.locator("table[data-table=figures] tbody tr").count() >= 10
+    # one panel timeline per traced device, every embedded point drawn, one mark per OOM
+    traced = [d for d, t in load_snapshot(real_path).traces.items() if len(t)]
+    assert page.locator(".gmv-report-timeline").count() == len(traced)
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.gmv-report-timeline canvas')]
+            .every((c) => c.dataset.points !== undefined)"""
+    )
+    drawn = page.evaluate(
+        """() => [...document.querySelectorAll('.gmv-report-timeline')].map((b) => {
+            const t = window.__gpumemviz.report.data.timeline[b.dataset.device];
+            const c = b.querySelector('canvas').dataset;
+            return [Number(c.points), atob(t.x).length / 8, Number(c.marks), t.oom.length];
+        })"""
+    )
+    for points, embedded, marks, ooms in drawn:
+        assert points == embedded > 0 and marks == ooms
     page.screenshot(path=str(artifacts / f"report-{real_path.stem[:40]}.png"), full_page=True)
     assert seen["errors"] == []
     assert seen["blocked"] == []
