@@ -4,7 +4,9 @@ on bad input; through main(argv), and once through the installed console script.
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REAL_FILES, read_real
-from gpumemviz.cli import SUBCOMMANDS, main
+from gpumemviz.cli import SUBCOMMANDS, build_parser, main
 from gpumemviz.fragmentation import fragmentation
 from gpumemviz.units import format_size
 
@@ -130,7 +132,18 @@ def test_usage_errors_and_help(capsys):
 
 def test_subcommands_are_one_function_each():
     assert all(callable(add) for add in SUBCOMMANDS)
-    assert SUBCOMMANDS[0].__name__ == "add_inspect"
+    names = [add.__name__ for add in SUBCOMMANDS]
+    assert names == [
+        "add_inspect",
+        "add_whatif",
+        "add_diff",
+        "add_report",
+        "add_export",
+        "add_demo",
+    ]
+    help_text = build_parser().format_help()
+    for name in names:
+        assert name.removeprefix("add_") in help_text
 
 
 @pytest.mark.skipif(not REAL_FILES, reason="no real snapshots")
@@ -159,3 +172,345 @@ def test_installed_console_script():
 def _write(path: Path, data: bytes) -> Path:
     path.write_bytes(data)
     return path
+
+
+# --------------------------------------------------------------------------------------------
+# whatif
+
+
+def _recorded_reserved_walk(d: dict, device: int) -> tuple[int, int | None]:
+    """Peak reserved of a recording and the index of its oom entry, from the raw dict alone:
+    the final reserved minus the later segment entries' changes, walked backwards."""
+    trace = d["device_traces"][device]
+    reserved = sum(s["total_size"] for s in d["segments"] if s["device"] == device)
+    delta = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+    peak = reserved
+    for e in reversed(trace):
+        reserved -= delta.get(e["action"], 0) * e["size"]
+        peak = max(peak, reserved)
+    oom = next((i for i, e in enumerate(trace) if e["action"] == "oom"), None)
+    return peak, oom
+
+
+def test_whatif_json_recorded_side_matches_the_trace_on_real_files(real_path, capsys):
+    d = read_real(real_path)
+    traced = [i for i, t in enumerate(d.get("device_traces") or []) if t]
+    rc = main(["whatif", str(real_path), "--conf", "expandable_segments:True", "--json"])
+    if not traced:
+        assert rc == 2
+        assert "no trace to replay" in capsys.readouterr().err
+        return
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"] == "expandable_segments:True"
+    assert set(out["devices"]) == {str(i) for i in traced}
+    for dev in traced:
+        r = out["devices"][str(dev)]
+        peak, oom = _recorded_reserved_walk(d, dev)
+        assert r["recorded"]["peak_reserved"] == peak
+        assert r["recorded"]["oom_at"] == oom and r["recorded"]["oom"] == (oom is not None)
+        assert r["events"] == len(d["device_traces"][dev])
+        # capacity is known exactly when the device recorded an OOM (nothing was given)
+        assert r["capacity_known"] == (oom is not None)
+        for side in ("recorded", "predicted"):
+            assert type(r[side]["peak_reserved"]) is int and r[side]["peak_segments"] >= 0
+
+
+def _model_snapshot(tmp_path: Path) -> Path:
+    """A recording from the allocator model: five 100 MiB tensors, two freed, one 150 MiB."""
+    from gpumemviz.allocator.model import CachingAllocator
+
+    a = CachingAllocator(1 << 30)
+    ptrs = [a.malloc(100 << 20) for _ in range(5)]
+    a.free(ptrs[1])
+    a.free(ptrs[3])
+    a.malloc(150 << 20)
+    return _write(tmp_path / "model.pickle", pickle.dumps(a.snapshot(), protocol=4))
+
+
+def test_whatif_smaller_capacity_predicts_an_oom(tmp_path, capsys):
+    path = _model_snapshot(tmp_path)
+    assert main(["whatif", str(path), "--capacity", "300MiB", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)["devices"]["0"]
+    assert r["capacity"] == 300 << 20 and r["capacity_known"]
+    assert r["recorded"] == {
+        "peak_reserved": 650 << 20,  # 5 x 100 MiB + a 150 MiB segment (the holes are 100 MiB)
+        "peak_segments": 6,
+        "final_segments": 6,
+        "oom": False,
+        "oom_at": None,
+    }
+    assert r["predicted"]["oom"] and r["predicted"]["peak_reserved"] <= 300 << 20
+    assert main(["whatif", str(path), "--capacity", "300MiB"]) == 0
+    text = capsys.readouterr().out
+    assert "capacity 300.00 MiB" in text and "650.00 MiB" in text
+    assert f"yes (entry {r['predicted']['oom_at']})" in text
+
+
+def test_whatif_expandable_text_side_by_side(tmp_path, capsys):
+    path = _model_snapshot(tmp_path)
+    assert main(["whatif", str(path), "--conf", "expandable_segments:True"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "what if PYTORCH_CUDA_ALLOC_CONF='expandable_segments:True'" in lines[0]
+    assert "(recorded: the default settings)" in lines[0]
+    assert "capacity unknown" in lines[1]
+    assert lines[2].split() == ["recorded", "predicted"]
+    segs = next(x for x in lines if x.strip().startswith("final segments")).split()
+    assert segs[-2:] == ["6", "1"]  # one expandable segment grows instead of six
+    assert next(x for x in lines if x.strip().startswith("OOM")).split()[-2:] == ["no", "no"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--conf", "bogus_key:1"], "--conf 'bogus_key:1': Unrecognized key 'bogus_key'"),
+        (["--capacity", "10XB"], "not a size: '10XB'"),
+        (["--capacity", "0"], "--capacity must be positive"),
+    ],
+)
+def test_whatif_bad_options_exit_2(tmp_path, capsys, extra, message):
+    path = _model_snapshot(tmp_path)
+    assert main(["whatif", str(path), *extra]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and "\n" not in err
+    assert err.startswith("gpumemviz whatif: error:") and message in err
+
+
+def test_whatif_without_a_trace_exits_2(tmp_path, capsys):
+    seg = {
+        "device": 0,
+        "address": 0,
+        "total_size": 2 << 20,
+        "stream": 0,
+        "segment_type": "small",
+        "blocks": [{"size": 2 << 20, "state": "inactive"}],
+    }
+    path = _write(tmp_path / "bare.pickle", pickle.dumps([seg], protocol=4))
+    assert main(["whatif", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "gpumemviz whatif: error: snapshot has no trace to replay (recorded with history off?)"
+    )
+    assert main(["whatif", str(tmp_path / "missing.pickle")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------
+# diff
+
+
+def test_diff_of_two_real_files(capsys):
+    a, b = REAL_FILES[0], REAL_FILES[-1]
+    assert main(["diff", str(a), str(b), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    ra, rb = fragmentation(read_real(a)), fragmentation(read_real(b))
+    for name in ("reserved", "allocated", "free", "segments", "blocks"):
+        t = out["total"][name]
+        assert (t["before"], t["after"]) == (getattr(ra, name), getattr(rb, name))
+        assert t["delta"] == t["after"] - t["before"]
+    assert set(out["devices"]) == {str(d) for d in set(ra.devices) | set(rb.devices)}
+    assert main(["diff", str(a), str(b)]) == 0
+    text = capsys.readouterr().out
+    assert "reserved" in text and "device 0" in text
+
+
+def test_diff_with_itself_changes_nothing(real_path, capsys):
+    assert main(["diff", str(real_path), str(real_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert all(f["delta"] == 0 for f in out["total"].values())
+    for dev in out["devices"].values():
+        assert dev["present"] == "both" and dev["sites_grew"] == dev["sites_shrank"] == []
+
+
+def test_diff_bad_input_exits_2(tmp_path, capsys):
+    good = REAL_FILES[0]
+    assert main(["diff", str(good), str(tmp_path / "gone.pickle")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gpumemviz diff: error:") and "no such file" in err
+    assert "\n" not in err
+    bad = _write(tmp_path / "x.json", b"[1, 2")
+    assert main(["diff", str(bad), str(good)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert main(["diff", str(good)]) == 2  # argparse: B is required
+
+
+# --------------------------------------------------------------------------------------------
+# export
+
+
+def test_export_pickle_reloads_equal(real_path, tmp_path, capsys):
+    from gpumemviz.io import load_snapshot
+
+    out = tmp_path / "out.pickle"
+    assert main(["export", str(real_path), "-o", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {out} (")
+    assert out.read_bytes()[:2] == b"\x80\x04"  # protocol 4
+    assert load_snapshot(out).to_torch() == load_snapshot(real_path).to_torch()
+
+
+def test_export_json_csv_and_redaction(tmp_path, capsys):
+    from gpumemviz.export import TRACE_COLUMNS
+    from gpumemviz.io import load_snapshot
+
+    src = max(REAL_FILES, key=lambda p: "/home/" in repr(read_real(p)))
+    d = read_real(src)
+    assert "/home/" in repr(d), "a real file with home directories in its frames"
+    js = tmp_path / "snap.data"
+    assert main(["export", str(src), "-o", str(js), "--format", "json", "--redact-paths"]) == 0
+    text = js.read_text()
+    assert text.lstrip().startswith("{") and "/home/" not in text and "~user1" in text
+    again = load_snapshot(js)
+    assert again.n_blocks == load_snapshot(src).n_blocks
+    csv_path = tmp_path / "trace.csv"
+    traced = [i for i, t in enumerate(d["device_traces"]) if t]
+    assert main(["export", str(src), "-o", str(csv_path), "--device", str(traced[0])]) == 0
+    rows = csv_path.read_text().splitlines()
+    assert rows[0].split(",") == list(TRACE_COLUMNS)
+    assert len(rows) - 1 == len(d["device_traces"][traced[0]])
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("output", "extra", "message"),
+    [
+        ("nodir/out.pickle", [], "output folder"),
+        (".", [], "is a directory"),
+        ("out.html", [], "gpumemviz report"),
+        ("out.csv", ["--device", "7"], "no trace of device 7"),
+    ],
+)
+def test_export_bad_output_exits_2(tmp_path, capsys, output, extra, message):
+    src = _model_snapshot(tmp_path)
+    assert main(["export", str(src), "-o", str(tmp_path / output), *extra]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and "\n" not in err
+    assert err.startswith("gpumemviz export: error:") and message in err
+    assert main(["export", str(src), "-o", "x.pickle", "--format", "html"]) == 2  # argparse
+
+
+# --------------------------------------------------------------------------------------------
+# demo
+
+
+def test_demo_command_opens_the_quickstart(capsys):
+    assert main(["demo", "--print-command", "--port", "9123", "--no-browser"]) == 0
+    line = capsys.readouterr().out.strip()
+    root = Path(__file__).resolve().parents[1]
+    assert line.startswith(f"cd {root / 'example_notebooks'} && {sys.executable} -m jupyter lab ")
+    assert "--ServerApp.port=9123" in line and "--no-browser" in line
+    assert line.endswith(" 01_quickstart.ipynb")
+    assert (root / "example_notebooks" / "01_quickstart.ipynb").is_file()
+
+
+def test_demo_without_jupyterlab_gives_the_install_hint():
+    # sys.modules[name] = None is Python's own way to make `import name` fail
+    code = (
+        "import sys; sys.modules['jupyterlab'] = None\n"
+        "from gpumemviz.cli import main; sys.exit(main(['demo']))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == (
+        "gpumemviz demo: error: jupyterlab is not installed: "
+        "pip install jupyterlab 'gpumemviz[widget]'\n"
+    )
+
+
+def test_demo_serves_the_quickstart_notebook(tmp_path):
+    import re
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = Path(sys.executable).with_name("gpumemviz")
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt")}
+    proc = subprocess.Popen(
+        [str(script), "demo", "--no-browser", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        token, seen, deadline = None, [], time.monotonic() + 120
+        while token is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            if not line:
+                break
+            seen.append(line)
+            m = re.search(rf"http://127\.0\.0\.1:{port}/lab\?token=([0-9a-f]+)", line)
+            token = m.group(1) if m else None
+        assert token, "".join(seen)
+        url = f"http://127.0.0.1:{port}/api/contents/01_quickstart.ipynb?content=0&token={token}"
+        while True:  # the URL is printed a moment before the server accepts connections
+            try:
+                with urllib.request.urlopen(url, timeout=30) as r:
+                    info = json.loads(r.read())
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        assert info["name"] == "01_quickstart.ipynb" and info["type"] == "notebook"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+
+
+# --------------------------------------------------------------------------------------------
+# report
+
+
+def test_report_writes_one_offline_page(tmp_path, capsys):
+    src = min(REAL_FILES, key=lambda p: p.stat().st_size)
+    out = tmp_path / "r.html"
+    assert main(["report", str(src), "-o", str(out)]) == 0
+    assert capsys.readouterr().out.strip().startswith(f"wrote {out} (")
+    page = out.read_text()
+    assert page.startswith("<!doctype html>") and src.name in page
+    assert "<script src=" not in page and "<link " not in page  # nothing fetched
+
+
+def test_report_redact_paths(tmp_path, capsys):
+    src = next(p for p in REAL_FILES if "/home/" in repr(read_real(p)))
+    home = re.search(r"/home/(\w+)", repr(read_real(src)))
+    assert home
+    plain, redacted = tmp_path / "plain.html", tmp_path / "redacted.html"
+    assert main(["report", str(src), "-o", str(plain)]) == 0
+    assert main(["report", str(src), "-o", str(redacted), "--redact-paths"]) == 0
+    capsys.readouterr()
+    assert home.group(0) in plain.read_text()
+    text = redacted.read_text()
+    assert "/home/" not in text and home.group(1) not in text and "~user1/" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["missing.pickle", "-o", "r.html"], "no such file"),
+        (["SRC", "-o", "nodir/r.html"], "output folder"),
+        (["SRC", "-o", "."], "is a directory"),
+    ],
+)
+def test_report_bad_input_exits_2(tmp_path, capsys, args, message):
+    src = _model_snapshot(tmp_path)
+    argv = ["report"] + [
+        str(src) if a == "SRC" else a if a.startswith("-") else str(tmp_path / a) for a in args
+    ]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert captured.out == "" and "\n" not in err
+    assert err.startswith("gpumemviz report: error:") and message in err
+    assert main(["report", str(src)]) == 2  # argparse: -o is required

@@ -19,9 +19,9 @@ from typing import Any
 from . import __version__
 from .advice import Advice, advise, oom_device_free
 from .fragmentation import FragmentationReport, MemoryFigures, SegmentSummary, fragmentation
-from .units import format_size
+from .units import format_size, parse_size
 
-__all__ = ["SUBCOMMANDS", "UsageError", "main"]
+__all__ = ["DEMO_NOTEBOOK", "SUBCOMMANDS", "UsageError", "demo_command", "main"]
 
 
 class UsageError(ValueError):
@@ -152,10 +152,332 @@ def _segment_line(s: SegmentSummary) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# whatif
+
+
+def add_whatif(sub: Any) -> None:
+    p = sub.add_parser(
+        "whatif",
+        help="replay a recorded trace under other allocator settings or another capacity",
+        description="Replay a snapshot's recorded history through the allocator model with "
+        "other PYTORCH_CUDA_ALLOC_CONF settings (and/or another capacity) and show the "
+        "recorded and predicted segments, peak reserved and OOM side by side.",
+    )
+    p.add_argument("file", type=Path, help="snapshot file recorded with history (trace)")
+    p.add_argument(
+        "--conf",
+        default=None,
+        help="PYTORCH_CUDA_ALLOC_CONF to try, e.g. expandable_segments:True "
+        "(default: the recorded settings)",
+    )
+    p.add_argument(
+        "--capacity",
+        default=None,
+        help="bytes the process can get per device, e.g. 80GiB (default: inferred from a "
+        "recorded OOM, else unknown)",
+    )
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(run=run_whatif)
+
+
+def run_whatif(args: argparse.Namespace) -> int:
+    from .allocator.config import AllocatorConfig
+    from .allocator.replay import replay
+    from .io import load_snapshot
+
+    capacity = parse_size(args.capacity) if args.capacity is not None else None
+    if capacity is not None and capacity <= 0:
+        raise UsageError(f"--capacity must be positive, got {args.capacity!r}")
+    conf = None
+    if args.conf is not None:
+        try:
+            conf = AllocatorConfig.parse(args.conf)
+        except ValueError as e:
+            raise UsageError(f"--conf {args.conf!r}: {e}") from None
+    result = replay(load_snapshot(args.file), config=conf, capacity=capacity)
+    rows = {dev: _whatif_device(result, dev) for dev in sorted(result.devices)}
+    if args.json:
+        out = {
+            "config": result.config,
+            "recorded_config": result.recorded_config,
+            "what_if": result.what_if,
+            "capacity_known": result.capacity_known,
+            "devices": {str(d): r for d, r in rows.items()},
+        }
+        print(json.dumps(out, indent=2))
+    else:
+        print("\n".join(_whatif_text(result, rows, str(args.file))))
+    return 0
+
+
+def _whatif_device(result: Any, dev: int) -> dict[str, Any]:
+    """Recorded vs predicted figures of one traced device (JSON-ready)."""
+    run, tl = result.devices[dev], result.timelines[dev]
+    start_segments = tl.start.totals()[2]
+    recorded = {
+        "peak_reserved": result.recorded_peak_reserved(dev),
+        "peak_segments": max(int(tl.segments.max(initial=0)), start_segments),
+        "final_segments": int(tl.segments[-1]) if len(tl.segments) else start_segments,
+        "oom": result.recorded[dev].recorded_oom is not None,
+        "oom_at": result.recorded[dev].recorded_oom,
+    }
+    predicted = {
+        "peak_reserved": int(run.peak_reserved),
+        "peak_segments": max(int(run.segments.max(initial=0)), start_segments),
+        "final_segments": int(run.segments[-1]) if len(run.segments) else start_segments,
+        "oom": run.oom is not None,
+        "oom_at": run.oom,
+    }
+    return {
+        "events": len(tl),
+        "capacity": run.capacity,
+        "capacity_known": bool(run.capacity_known),
+        "what_if": bool(run.what_if),
+        "recorded": recorded,
+        "predicted": predicted,
+    }
+
+
+def _whatif_text(result: Any, rows: dict[int, dict[str, Any]], name: str) -> list[str]:
+    def conf(s: str) -> str:
+        return f"PYTORCH_CUDA_ALLOC_CONF={s!r}" if s else "the default settings"
+
+    lines = [f"{name}: what if {conf(result.config)} (recorded: {conf(result.recorded_config)})"]
+    if not result.what_if:
+        lines.append("  same settings and capacity as recorded: predicted = the model's replay")
+    for dev, r in rows.items():
+        cap = (
+            format_size(r["capacity"])
+            if r["capacity_known"] and r["capacity"] is not None
+            else "capacity unknown (the model never runs out of memory)"
+        )
+        if r["capacity_known"]:
+            cap = f"capacity {cap}"
+        lines.append(f"device {dev}, {r['events']} trace entries, {cap}:")
+        lines.append(f"  {'':<16}{'recorded':>18}{'predicted':>18}")
+        rec, pre = r["recorded"], r["predicted"]
+        for label, key, fmt in (
+            ("peak reserved", "peak_reserved", format_size),
+            ("peak segments", "peak_segments", str),
+            ("final segments", "final_segments", str),
+        ):
+            lines.append(f"  {label:<16}{fmt(rec[key]):>18}{fmt(pre[key]):>18}")
+        lines.append(f"  {'OOM':<16}{_oom_cell(rec['oom_at']):>18}{_oom_cell(pre['oom_at']):>18}")
+    return lines
+
+
+def _oom_cell(at: int | None) -> str:
+    return "no" if at is None else f"yes (entry {at})"
+
+
+# --------------------------------------------------------------------------------------------
+# diff
+
+
+def add_diff(sub: Any) -> None:
+    p = sub.add_parser(
+        "diff",
+        help="compare two snapshots: figures, segments, allocation sites",
+        description="Compare snapshot A (before) with B (after), per device: reserved, "
+        "allocated, fragmentation, segments added/removed, the allocation sites that grew.",
+    )
+    p.add_argument("a", type=Path, help="the snapshot before")
+    p.add_argument("b", type=Path, help="the snapshot after")
+    p.add_argument("--json", action="store_true", help="print the differences as JSON")
+    p.set_defaults(run=run_diff)
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    from .diff import diff
+    from .io import load_snapshot
+
+    result = diff(load_snapshot(args.a), load_snapshot(args.b))
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.text())
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# report
+
+
+def add_report(sub: Any) -> None:
+    p = sub.add_parser(
+        "report",
+        help="write a self-contained HTML report that opens offline",
+        description="Write one HTML file with everything inlined (segment map, timeline, "
+        "fragmentation, advice, top allocation sites); it opens with the network off.",
+    )
+    p.add_argument("file", type=Path, help="snapshot file")
+    p.add_argument("-o", "--output", type=Path, required=True, help="the HTML file to write")
+    p.add_argument(
+        "--redact-paths",
+        action="store_true",
+        help="replace home directories and user names in frames first",
+    )
+    p.set_defaults(run=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from .report_html import report
+
+    _check_output(args.output)
+    # the file itself: its name is the title and its size sets the page's budget
+    path = report(args.file, args.output, redact_paths=args.redact_paths)
+    print(f"wrote {path} ({format_size(path.stat().st_size)})")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# export
+
+
+def add_export(sub: Any) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a snapshot as pickle (protocol 4), JSON or a CSV timeline",
+        description="Export a snapshot for sharing: a protocol-4 pickle with the full trace "
+        "(PyTorch's tools accept it), JSON, or a CSV with one row per trace entry.",
+    )
+    p.add_argument("file", type=Path, help="snapshot file")
+    p.add_argument("-o", "--output", type=Path, required=True, help="the file to write")
+    p.add_argument(
+        "--format",
+        choices=("pickle", "json", "csv"),
+        default=None,
+        help="default: from the output's suffix (.json, .csv; anything else pickle)",
+    )
+    p.add_argument(
+        "--redact-paths",
+        action="store_true",
+        help="replace home directories and user names in every string first",
+    )
+    p.add_argument("--device", type=int, default=None, help="CSV: only this device's trace")
+    p.set_defaults(run=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from .export import export
+    from .io import load_snapshot
+
+    _check_output(args.output)
+    snap = load_snapshot(args.file)
+    if args.device is not None and args.device not in snap.traces:
+        have = ", ".join(map(str, sorted(snap.traces))) or "none"
+        raise UsageError(f"no trace of device {args.device} in {args.file} (traced: {have})")
+    path = export(
+        snap, args.output, format=args.format, redact_paths=args.redact_paths, device=args.device
+    )
+    print(f"wrote {path} ({format_size(path.stat().st_size)})")
+    return 0
+
+
+def _check_output(path: Path) -> None:
+    """An output path whose folder is missing, or that is a folder, is a usage error."""
+    if path.is_dir():
+        raise UsageError(f"output {path} is a directory")
+    parent = path.parent
+    if not parent.is_dir():
+        raise UsageError(f"output folder {parent} does not exist")
+
+
+# --------------------------------------------------------------------------------------------
+# demo
+
+#: The notebook `gpumemviz demo` opens, relative to the source checkout's root.
+DEMO_NOTEBOOK = Path("example_notebooks") / "01_quickstart.ipynb"
+_INSTALL_HINT = "pip install jupyterlab 'gpumemviz[widget]'"
+
+
+def add_demo(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="open the quickstart notebook in JupyterLab (what `make demo` runs)",
+        description="Start JupyterLab on example_notebooks/01_quickstart.ipynb: the live "
+        "panel on a simulated GPU when there is no real one.",
+    )
+    p.add_argument("--port", type=int, default=8888, help="server port (default 8888)")
+    p.add_argument(
+        "--no-browser", action="store_true", help="print the URL instead of opening a browser"
+    )
+    p.add_argument(
+        "--print-command",
+        action="store_true",
+        help="print the command (one shell-quoted line) instead of running it",
+    )
+    p.set_defaults(run=run_demo)
+
+
+def demo_command(port: int = 8888, *, no_browser: bool = False) -> tuple[list[str], Path]:
+    """The `jupyter lab` command line of `gpumemviz demo` and the folder it runs in.
+
+    Raises `UsageError` (one line) when jupyterlab is missing or the notebook is not found.
+    """
+    try:
+        import jupyterlab  # noqa: F401  (only asked whether it is there)
+    except ImportError:
+        raise UsageError(f"jupyterlab is not installed: {_INSTALL_HINT}") from None
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be 0-65535, got {port}")
+    root = Path(__file__).resolve().parents[2]  # src/gpumemviz/cli.py -> the checkout
+    notebook = root / DEMO_NOTEBOOK
+    if not notebook.is_file():
+        raise UsageError(
+            f"{DEMO_NOTEBOOK} not found beside this gpumemviz ({root}): "
+            "`gpumemviz demo` runs from a source checkout (git clone, then make demo)"
+        )
+    headless = sys.platform.startswith("linux") and not (
+        os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+    ]
+    if no_browser or headless:
+        cmd.append("--no-browser")
+    if hasattr(os, "getuid") and os.getuid() == 0:
+        cmd.append("--allow-root")  # containers run as root; jupyter refuses it otherwise
+    cmd.append(notebook.name)
+    return cmd, notebook.parent
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    import shlex
+    import subprocess
+
+    cmd, cwd = demo_command(args.port, no_browser=args.no_browser)
+    if args.print_command:
+        print(f"cd {shlex.quote(str(cwd))} && {shlex.join(cmd)}")
+        return 0
+    print(
+        f"gpumemviz demo: JupyterLab on {DEMO_NOTEBOOK}; open the "
+        f"http://127.0.0.1:{args.port}/lab?token=... URL it prints (Ctrl-C stops it)",
+        flush=True,
+    )
+    if os.name == "posix":  # become the server: Ctrl-C and kill reach jupyter, no orphan
+        os.chdir(cwd)
+        os.execv(cmd[0], cmd)
+    try:  # pragma: no cover - Windows has no real exec
+        return subprocess.call(cmd, cwd=cwd)
+    except KeyboardInterrupt:  # pragma: no cover - the user stopped the server
+        return 0
+
+
+# --------------------------------------------------------------------------------------------
 # the command
 
 #: One function per subcommand: `add(subparsers)` registers it and sets `run`.
-SUBCOMMANDS: list[Callable[[Any], None]] = [add_inspect]
+SUBCOMMANDS: list[Callable[[Any], None]] = [
+    add_inspect,
+    add_whatif,
+    add_diff,
+    add_report,
+    add_export,
+    add_demo,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -193,8 +515,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
-    except ValueError as e:  # UsageError, SnapshotError, bad sizes: one line, status 2
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+    except (ValueError, OSError) as e:  # UsageError, SnapshotError, bad sizes, unwritable
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__  # output: one line, 2
         print(f"gpumemviz {args.command}: error: {msg}", file=sys.stderr)
         return 2
 
