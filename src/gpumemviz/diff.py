@@ -7,13 +7,12 @@ nothing those modules would not; it lines the two sides up.
 
 from __future__ import annotations
 
-import sys
-import types
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ._callable import make_module_callable
 from .fragmentation import fragmentation
 from .io import as_snapshot
 from .sites import N_TOP, live_sites
@@ -311,13 +310,4 @@ class _Zero:
         return 0.0 if name in _RATIOS else 0
 
 
-class _CallableModule(types.ModuleType):
-    """`gpumemviz.diff` names both this module and its function (as `gpumemviz.fragmentation`
-    does): once the submodule is imported the package attribute is the module, so calling it
-    must work."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return diff(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_module_callable(__name__, diff)

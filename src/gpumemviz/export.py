@@ -12,14 +12,13 @@ from __future__ import annotations
 import csv
 import io as _io
 import os
-import sys
-import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from ._callable import make_module_callable
 from .allocator.timeline import Timeline
 from .frames import redact_paths as _redact_paths
 from .io import as_snapshot, atomic_write, write_torch
@@ -298,13 +297,4 @@ def sample_rows(samples: Sequence[Sample]) -> dict[str, list]:
     return cols
 
 
-class _CallableModule(types.ModuleType):
-    """`gpumemviz.export` names both this module and its function (as `gpumemviz.fragmentation`
-    does): once the submodule is imported the package attribute is the module, so calling it
-    must work."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return export(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_module_callable(__name__, export)

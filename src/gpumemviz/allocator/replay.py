@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .._callable import make_module_callable
 from ..units import format_size
 from .config import AllocatorConfig
 from .drive import DeviceReplay, ReplayError, drive
@@ -269,3 +270,7 @@ def replay(
         recorded=recorded,
         timelines=timelines,
     )
+
+
+# `import gpumemviz.allocator.replay` binds the package attribute to this module: keep it callable.
+make_module_callable(__name__, replay)
