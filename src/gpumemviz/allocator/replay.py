@@ -209,18 +209,16 @@ def replay(
 
     Examples
     --------
-    >>> base = 0x7F0000000000
-    >>> snap = {"segments": [{"device": 0, "address": base, "total_size": 2 << 20,
-    ...     "stream": 0, "segment_type": "small", "blocks": [
-    ...         {"address": base, "size": 512, "requested_size": 100,
-    ...          "state": "active_allocated"},
-    ...         {"address": base + 512, "size": (2 << 20) - 512, "state": "inactive"}]}],
-    ...     "device_traces": [[
-    ...         {"action": "segment_alloc", "addr": base, "size": 2 << 20, "stream": 0},
-    ...         {"action": "alloc", "addr": base, "size": 100, "stream": 0}]]}
-    >>> r = replay(snap)
+    Replay what the allocator model itself recorded (Timeline.from_snapshot's example shows a
+    hand-written trace):
+
+    >>> from gpumemviz.allocator.model import CachingAllocator
+    >>> a = CachingAllocator(1 << 30)
+    >>> x, y = a.malloc(100), a.malloc(3 << 20)
+    >>> a.free(x)
+    >>> r = replay(a.snapshot())
     >>> r.allocs, r.allocs_matched, r.allocs_matched_per_decision, r.peak_reserved
-    (1, 1, 1, 2097152)
+    (2, 2, 2, 23068672)
     """
     snap = _as_dict(snapshot)
     recorded_cfg = AllocatorConfig.from_settings(snap.get("allocator_settings"))
