@@ -9,7 +9,6 @@ atomic (temp file in the same folder, fsync, rename), so a crash never leaves ha
 from __future__ import annotations
 
 import contextlib
-import gc
 import io as _io
 import itertools
 import json
@@ -17,13 +16,13 @@ import operator
 import os
 import pickle
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from .snapshot import Snapshot, SnapshotError, validate
+from .snapshot import Snapshot, SnapshotError, no_gc, type_phrase, validate
 from .units import format_size
 
 __all__ = [
@@ -48,18 +47,6 @@ _PLAIN = frozenset({dict, list, tuple, str, int, float, bool, type(None), bytes}
 _CONTAINERS = frozenset({dict, list, tuple})
 _SAMPLE = 4096  # items looked at to decide whether a level is mostly shared references
 _KEY_TYPES = frozenset({str, int, float, bool, type(None), bytes})
-
-
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """Pause the cyclic GC while millions of containers are built (it makes loading ~3x slower)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -115,7 +102,7 @@ def loads_restricted(
     if not data:
         raise SnapshotError("empty input: no snapshot to read")
     try:
-        with _no_gc():
+        with no_gc():
             obj = _RestrictedUnpickler(_io.BytesIO(data)).load()
     except SnapshotError:
         raise
@@ -187,11 +174,6 @@ def _unique(objs: list) -> list:
     return list(map(objs.__getitem__, first.tolist()))
 
 
-def _a(x: Any) -> str:
-    name = type(x).__name__
-    return f"an {name}" if name[:1] in "aeiou" else f"a {name}"
-
-
 def _names(types: set[type]) -> str:
     return ", ".join(sorted(t.__name__ for t in types))
 
@@ -211,7 +193,7 @@ def _loads_json(data: bytes, max_bytes: int, max_depth: int) -> Any:
     except UnicodeDecodeError as e:
         raise SnapshotError(f"JSON is not UTF-8 (byte {e.start})") from None
     try:
-        with _no_gc():
+        with no_gc():
             obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise SnapshotError(f"invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
@@ -291,12 +273,12 @@ def load_snapshot(
         return src
     if not isinstance(src, bytes | bytearray | memoryview | str | os.PathLike | dict | list):
         raise SnapshotError(
-            f"cannot load a snapshot from {_a(src)} "
+            f"cannot load a snapshot from {type_phrase(src)} "
             "(expected a path, bytes, a torch snapshot dict or list, or a Snapshot)"
         )
     # The GC stays off until the decoded objects are gone: they die by reference counting, so
     # the collector never scans them (that scan costs ~0.5 s per 10^7 objects).
-    with _no_gc():
+    with no_gc():
         if isinstance(src, dict | list):
             obj = src
         elif isinstance(src, str | os.PathLike):

@@ -38,6 +38,11 @@ __all__ = [
 ]
 
 
+# What `from_columns` accepts for a column: a numpy array, or any sequence numpy converts.
+IntColumn = Sequence[int] | np.ndarray
+BoolColumn = Sequence[bool] | np.ndarray
+
+
 class SnapshotError(ValueError):
     """A snapshot that cannot be read or is inconsistent; the message says what and where."""
 
@@ -138,7 +143,7 @@ class _Shape:
                 idx = np.flatnonzero(self.code == c)
                 if idx.size:
                     groups.append((c, idx))
-        with _no_gc():
+        with no_gc():
             for c, idx in groups:
                 keys = self.layouts[c]
                 cols = []
@@ -181,8 +186,9 @@ def _row_builder(keys: tuple[str, ...]) -> Callable[[list[list]], list[dict]]:
 
 
 @contextmanager
-def _no_gc() -> Iterator[None]:
-    """Pause the cyclic GC while building millions of dicts (it would rescan them ~3x)."""
+def no_gc() -> Iterator[None]:
+    """Pause the cyclic GC while millions of containers are built (it would rescan them: ~3x
+    slower); io and the replay timeline use it too."""
     was = gc.isenabled()
     gc.disable()
     try:
@@ -192,8 +198,8 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _a(x: Any) -> str:
-    """'a list', 'an int': how messages name a value's type."""
+def type_phrase(x: Any) -> str:
+    """'a list', 'an int': how error messages name a value's type."""
     name = type(x).__name__
     return f"an {name}" if name[:1] in "aeiou" else f"a {name}"
 
@@ -326,12 +332,12 @@ class Trace:
     def from_entries(cls, entries: Sequence[dict], where: str = "trace") -> Trace:
         """Build from torch's list of trace-entry dicts (any generation; unknown keys kept)."""
         if not isinstance(entries, list | tuple):
-            raise SnapshotError(f"{where} is {_a(entries)}, not a list")
+            raise SnapshotError(f"{where} is {type_phrase(entries)}, not a list")
         if not entries:
             return cls.empty()
         for i, e in enumerate(entries):
             if type(e) is not dict:
-                raise SnapshotError(f"{where}, entry {i} is {_a(e)}, not a dict")
+                raise SnapshotError(f"{where}, entry {i} is {type_phrase(e)}, not a dict")
         shape = _Shape.of(entries, _TRACE_KEYS)
 
         def at(i: int) -> str:
@@ -369,12 +375,12 @@ class Trace:
     def from_columns(
         cls,
         *,
-        action: Sequence[int] | np.ndarray,
-        addr: Sequence[int] | np.ndarray,
-        size: Sequence[int] | np.ndarray,
-        stream: Sequence[int] | np.ndarray,
-        time_us: Sequence[int] | np.ndarray | None = None,
-        device_free: Sequence[int] | np.ndarray | None = None,
+        action: IntColumn,
+        addr: IntColumn,
+        size: IntColumn,
+        stream: IntColumn,
+        time_us: IntColumn | None = None,
+        device_free: IntColumn | None = None,
         frames: list | None = None,
     ) -> Trace:
         """Build from columns (the allocator model's fast path); `action` indexes `ACTIONS`.
@@ -667,13 +673,13 @@ class Snapshot:
         >>> snap.n_blocks, snap.block(1).address, snap.to_torch()["device_traces"]
         (2, 4608, [[]])
         """
-        with _no_gc():  # the source dict may hold 10^7 objects: a full GC pass costs ~0.5 s
+        with no_gc():  # the source dict may hold 10^7 objects: a full GC pass costs ~0.5 s
             return _from_torch(cls, obj)
 
     def to_torch(self) -> dict:
         """The torch dict: `from_torch(d).to_torch() == d` for dicts; a bare list gains
         `device_traces` (one empty list per device) so PyTorch's tools accept it."""
-        with _no_gc():
+        with no_gc():
             return self._to_torch()
 
     def _to_torch(self) -> dict:
@@ -743,16 +749,16 @@ class Snapshot:
     def from_columns(
         cls,
         *,
-        device: Sequence[int] | np.ndarray,
-        address: Sequence[int] | np.ndarray,
-        total_size: Sequence[int] | np.ndarray,
-        stream: Sequence[int] | np.ndarray,
-        is_small: Sequence[bool] | np.ndarray,
-        block_count: Sequence[int] | np.ndarray,
-        size: Sequence[int] | np.ndarray,
-        requested_size: Sequence[int] | np.ndarray,
-        state: Sequence[int] | np.ndarray,
-        is_expandable: Sequence[bool] | np.ndarray | None = None,
+        device: IntColumn,
+        address: IntColumn,
+        total_size: IntColumn,
+        stream: IntColumn,
+        is_small: BoolColumn,
+        block_count: IntColumn,
+        size: IntColumn,
+        requested_size: IntColumn,
+        state: IntColumn,
+        is_expandable: BoolColumn | None = None,
         pool_id: Sequence[tuple[int, int]] | np.ndarray | None = None,
         segment_frames: list | None = None,
         block_frames: list | None = None,
@@ -964,20 +970,20 @@ def _from_torch(cls: type[Snapshot], obj: Any) -> Snapshot:
         top_keys = tuple(obj)
         top_extra = {k: v for k, v in obj.items() if k not in _TOP_KEYS}
         if type(segs) is not list:
-            raise SnapshotError(f"'segments' is {_a(segs)}, not a list")
+            raise SnapshotError(f"'segments' is {type_phrase(segs)}, not a list")
         if settings is not None and not isinstance(settings, dict):
-            raise SnapshotError(f"'allocator_settings' is {_a(settings)}, not a dict")
+            raise SnapshotError(f"'allocator_settings' is {type_phrase(settings)}, not a dict")
         if notes is not None and not isinstance(notes, list):
-            raise SnapshotError(f"'external_annotations' is {_a(notes)}, not a list")
+            raise SnapshotError(f"'external_annotations' is {type_phrase(notes)}, not a list")
     else:
         raise SnapshotError(
-            f"not a snapshot: {_a(obj)} (expected the dict of "
+            f"not a snapshot: {type_phrase(obj)} (expected the dict of "
             "torch.cuda.memory._snapshot() or the list of torch.cuda.memory_snapshot())"
         )
 
     if set(map(type, segs)) - {dict}:
         i = next(i for i, s in enumerate(segs) if type(s) is not dict)
-        raise SnapshotError(f"segment {i} is {_a(segs[i])}, not a dict")
+        raise SnapshotError(f"segment {i} is {type_phrase(segs[i])}, not a dict")
     seg_shape = _Shape.of(segs, _SEG_KEYS)
     n = len(segs)
     for k in ("address", "total_size", "blocks"):
@@ -991,7 +997,7 @@ def _from_torch(cls: type[Snapshot], obj: Any) -> Snapshot:
     blists = list(map(itemgetter("blocks"), segs))
     if set(map(type, blists)) - {list}:
         i = next(i for i, bl in enumerate(blists) if type(bl) is not list)
-        raise SnapshotError(f"{seg_at(i)}: blocks is {_a(blists[i])}, not a list")
+        raise SnapshotError(f"{seg_at(i)}: blocks is {type_phrase(blists[i])}, not a list")
     count = np.fromiter(map(len, blists), np.int64, n)
 
     seg: dict[str, np.ndarray] = {"block_count": count}
@@ -1072,7 +1078,7 @@ def _block_columns(
 
     if set(map(type, blocks)) - {dict}:
         j = next(j for j, b in enumerate(blocks) if type(b) is not dict)
-        raise SnapshotError(f"{at(j)} is {_a(blocks[j])}, not a dict")
+        raise SnapshotError(f"{at(j)} is {type_phrase(blocks[j])}, not a dict")
     fast = m > 0 and not np.any(np.fromiter(map(len, blocks), np.int64, m) != len(_BLOCK_KEYS))
     if fast:
         try:
@@ -1115,7 +1121,7 @@ def _trace_columns(raw: Any) -> dict[int, Trace]:
     if raw is None:
         return {}
     if type(raw) is not list:
-        raise SnapshotError(f"'device_traces' is {_a(raw)}, not a list")
+        raise SnapshotError(f"'device_traces' is {type_phrase(raw)}, not a list")
     return {d: Trace.from_entries(t, f"device_traces[{d}]") for d, t in enumerate(raw)}
 
 

@@ -6,12 +6,12 @@ This is the ground truth the model is scored against, and what the panel scrubs 
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..snapshot import no_gc
 from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
 from .reconstruct import Rules, Step, reconstruct_layout, steps_of
 from .rules import is_small, page_size, should_split
@@ -212,14 +212,9 @@ class Timeline:
         ``device_traces`` holds the entries up to and including `event_index`. Segments that
         did not change between jumps are the same dicts as before: read them, do not modify.
         """
-        was = gc.isenabled()
-        gc.disable()  # thousands of short-lived lists: the cyclic GC only slows this down
-        try:
+        with no_gc():  # thousands of short-lived lists: the cyclic GC only slows this down
             lay = self.layout_at(event_index)
             segments = lay.to_segments(self.device, shared=True)
-        finally:
-            if was:
-                gc.enable()
         traces: list[list[dict[str, Any]]] = [[] for _ in range(self.device + 1)]
         traces[self.device] = self._entries()[: event_index + 1]
         out: dict[str, Any] = {"segments": segments, "device_traces": traces}
