@@ -234,8 +234,12 @@ def test_hover_blocks_carry_their_filtered_stacks(real_dict):
                 with_frames += bool(kept)
                 if stack is None:
                     continue
-                assert stack["lines"] == [format_frame(x) for x in kept[:MAX_LINES]]
                 user = user_frame_index(kept)
-                assert stack["user"] == (user if user is not None and user < MAX_LINES else None)
+                if user is not None:  # the user's line is shown and marked, however deep
+                    assert stack["lines"][stack["user"]] == format_frame(kept[user])
+                else:
+                    assert stack["user"] is None
+                    assert stack["lines"] == [format_frame(x) for x in kept[:MAX_LINES]]
+                assert len(stack["lines"]) <= MAX_LINES
                 checked += 1
     assert checked >= min(1, with_frames)  # where the file has stacks, they travel

@@ -143,7 +143,7 @@ def test_real_snapshot_pixels_match_its_blocks(page, notebook, artifacts):
     text = tip.text_content()
     want_block = seg["blocks"][wide]
     assert f"{format_size(want_block['size'])} {want_block['state']}" in text, text
-    assert f"block +{format_size(start)}:" in text, text
+    assert f"block 0x{seg['address'] + start:x} +{format_size(start)}:" in text, text
     page.mouse.move(0, 0)
 
     root = page.locator(".gmv-root").first

@@ -12,9 +12,36 @@ import numpy as np
 
 from gpumemviz.frames import filter_frames, format_frame, user_frame_index
 
-__all__ = ["MAX_LINES", "Stacks"]
+__all__ = ["HEAD_LINES", "MAX_LINES", "Stacks", "stack_lines"]
 
 MAX_LINES = 12  # frames shown per stack, innermost first
+HEAD_LINES = 3  # innermost frames kept when the user's frame lies deeper than MAX_LINES
+
+
+def stack_lines(frames: list) -> tuple[list[str], int | None]:
+    """The lines a hover shows for one stack, and the index of the user's line among them.
+
+    Interpreter frames are dropped (`frames.filter_frames`). When the first frame outside torch
+    lies deeper than `MAX_LINES` (C++ frames of a ``stacks="all"`` recording come first), the
+    innermost `HEAD_LINES`, a "…" line, and the stack from the user's frame on are shown.
+
+    Examples
+    --------
+    >>> cpp = [{"filename": "/x/torch/lib/libc10.so", "line": 0, "name": f"f{i}"}
+    ...        for i in range(20)]
+    >>> user = {"filename": "/home/me/train.py", "line": 9, "name": "step"}
+    >>> lines, i = stack_lines([*cpp, user])
+    >>> lines[:4], i, lines[i]
+    (['libc10.so:0:f0', 'libc10.so:0:f1', 'libc10.so:0:f2', '…'], 4, 'train.py:9:step')
+    """
+    kept = filter_frames(frames)
+    user = user_frame_index(kept)
+    if user is None or user < MAX_LINES:
+        lines = [format_frame(f) for f in kept[:MAX_LINES]]
+        return lines, user if user is not None and user < len(lines) else None
+    head = [format_frame(f) for f in kept[:HEAD_LINES]]
+    tail = [format_frame(f) for f in kept[user : user + MAX_LINES - HEAD_LINES - 1]]
+    return [*head, "…", *tail], HEAD_LINES + 1
 
 
 class Stacks:
@@ -48,14 +75,8 @@ class Stacks:
             return None
         hit = self._cache.get(id(frames))
         if hit is None or hit[0] is not frames:
-            kept = filter_frames(frames)
-            lines = [format_frame(f) for f in kept[:MAX_LINES]]
-            user = user_frame_index(kept)
-            stack = (
-                {"lines": lines, "user": user if user is not None and user < len(lines) else None}
-                if lines
-                else None
-            )
+            lines, user = stack_lines(frames)
+            stack = {"lines": lines, "user": user} if lines else None
             hit = (frames, stack)  # the list is kept alive, so its id stays unique
             self._cache[id(frames)] = hit
         return hit[1]
