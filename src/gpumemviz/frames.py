@@ -344,42 +344,25 @@ def _rebuild(obj: Any, changed: dict[str, str], memo: dict[int, Any]) -> Any:
     done = memo.get(key)
     if done is not None:
         return done
-    if type(obj) is dict:
-        new: Any = None
-        for k, v in obj.items():
-            t = type(v)
-            if t is str:
-                r = changed.get(v)
-                if r is None:
-                    continue
-            elif t is dict or t is list or t is tuple:
-                r = _rebuild(v, changed, memo)
-                if r is v:
-                    continue
-            else:
+    is_dict = type(obj) is dict
+    new: Any = None
+    for k, v in obj.items() if is_dict else enumerate(obj):
+        t = type(v)
+        if t is str:
+            r = changed.get(v)
+            if r is None:
                 continue
-            if new is None:
-                new = dict(obj)
-            new[k] = r
-    else:
-        new = None
-        for i, v in enumerate(obj):
-            t = type(v)
-            if t is str:
-                r = changed.get(v)
-                if r is None:
-                    continue
-            elif t is dict or t is list or t is tuple:
-                r = _rebuild(v, changed, memo)
-                if r is v:
-                    continue
-            else:
+        elif t is dict or t is list or t is tuple:
+            r = _rebuild(v, changed, memo)
+            if r is v:
                 continue
-            if new is None:
-                new = list(obj)
-            new[i] = r
-        if new is not None and type(obj) is tuple:
-            new = tuple(new)
+        else:
+            continue
+        if new is None:
+            new = dict(obj) if is_dict else list(obj)
+        new[k] = r
+    if new is not None and type(obj) is tuple:
+        new = tuple(new)
     out = obj if new is None else new
     memo[key] = out
     return out
