@@ -53,13 +53,8 @@ TRACE_COLUMNS = (
     "requested",
     "segments",
 )
-# One row per sample of a Sampler history; empty cells where a figure was not read.
-SAMPLE_COLUMNS = (
-    "time",
-    "monotonic",
-    "seq",
-    "device",
-    "state",
+# The `MemoryStats` properties a sample row carries, in column order.
+_STAT_COLUMNS = (
     "allocated",
     "reserved",
     "active",
@@ -69,9 +64,12 @@ SAMPLE_COLUMNS = (
     "peak_reserved",
     "num_alloc_retries",
     "num_ooms",
-    "nvml_used",
-    "nvml_total",
-    "non_pytorch",
+)
+# One row per sample of a Sampler history; empty cells where a figure was not read.
+SAMPLE_COLUMNS = (
+    *("time", "monotonic", "seq", "device", "state"),
+    *_STAT_COLUMNS,
+    *("nvml_used", "nvml_total", "non_pytorch"),
 )
 _DELTA_RESERVED = {"segment_alloc": 1, "segment_free": -1, "segment_map": 1, "segment_unmap": -1}
 _DELTA_REQUESTED = {"alloc": 1, "free_completed": -1}
@@ -269,24 +267,13 @@ def sample_rows(samples: Sequence[Sample]) -> dict[str, list]:
     its `nvml`; a figure the sample lacks is "".
     """
     cols: dict[str, list] = {c: [] for c in SAMPLE_COLUMNS}
-    stat_names = (
-        "allocated",
-        "reserved",
-        "active",
-        "requested",
-        "inactive_split",
-        "peak_allocated",
-        "peak_reserved",
-        "num_alloc_retries",
-        "num_ooms",
-    )
     for s in samples:
         cols["time"].append(repr(float(s.time)))
         cols["monotonic"].append(repr(float(s.monotonic)))
         cols["seq"].append(s.seq)
         cols["device"].append(s.device)
         cols["state"].append(s.state)
-        for k in stat_names:
+        for k in _STAT_COLUMNS:
             cols[k].append(getattr(s.stats, k) if s.stats is not None else "")
         nv = s.nvml if s.nvml is not None and s.nvml.available else None
         for col, attr in (("nvml_used", "used"), ("nvml_total", "total")):
