@@ -21,6 +21,7 @@ import types
 
 import torch
 
+from gpumemviz.allocator.stats import DeviceStats
 from gpumemviz.sampler import Sampler
 from gpumemviz.sources.torch_cuda import TorchCudaSource
 
@@ -64,26 +65,10 @@ def synthetic_segments(n_blocks: int) -> list[dict]:
 
 
 def synthetic_stats(n_blocks: int) -> dict[str, int]:
-    """A torch-2.13-shaped memory_stats() dict (about 150 keys), SYNTHETIC values."""
-    d = {}
-    for name in (
-        "allocation",
-        "segment",
-        "active",
-        "inactive_split",
-        "allocated_bytes",
-        "reserved_bytes",
-        "active_bytes",
-        "inactive_split_bytes",
-        "requested_bytes",
-    ):
-        for pool in ("all", "small_pool", "large_pool"):
-            for kind in ("current", "peak", "allocated", "freed"):
-                d[f"{name}.{pool}.{kind}"] = n_blocks * 1024
-    for k in ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc"):
-        d[k] = 1
-    d["num_device_free"] = 0
-    d["max_split_size"] = -1
+    """A torch-2.13-shaped memory_stats() dict (the allocator model's key set), SYNTHETIC values."""
+    d = dict.fromkeys(DeviceStats().as_dict(), n_blocks * 1024)
+    d.update(num_alloc_retries=1, num_ooms=1, num_sync_all_streams=1, num_device_alloc=1)
+    d.update(num_device_free=0, num_oom_rejections=0, max_split_size=-1)
     return d
 
 

@@ -7,35 +7,13 @@ import dataclasses
 import numpy as np
 import pytest
 
+from gpumemviz.allocator.stats import DeviceStats
 from gpumemviz.sample import MemoryStats, NvmlInfo, Sample, snapshot_nbytes
-
-# The keys torch 2.13's memory_stats() returns (reference torch-allocator.md section 4.1).
-STAT_ARRAYS = (
-    "allocation",
-    "segment",
-    "active",
-    "inactive_split",
-    "allocated_bytes",
-    "reserved_bytes",
-    "active_bytes",
-    "inactive_split_bytes",
-    "requested_bytes",
-)
 
 
 def torch_like_stats(allocated: int, reserved: int) -> dict[str, int]:
-    d: dict[str, int] = {}
-    for name in STAT_ARRAYS:
-        for pool in ("all", "small_pool", "large_pool"):
-            for kind in ("current", "peak", "allocated", "freed"):
-                d[f"{name}.{pool}.{kind}"] = 0
-    for kind in ("current", "peak", "allocated", "freed"):
-        d[f"oversize_allocations.{kind}"] = 0
-        d[f"oversize_segments.{kind}"] = 0
-    for k in ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc"):
-        d[k] = 0
-    d["num_device_free"] = 0
-    d["max_split_size"] = -1
+    """torch 2.13's memory_stats() key set (the allocator model's `as_dict`), a few figures set."""
+    d = DeviceStats().as_dict()
     d["allocated_bytes.all.current"] = allocated
     d["allocated_bytes.all.peak"] = allocated
     d["reserved_bytes.all.current"] = reserved
