@@ -458,3 +458,33 @@ def test_bad_arguments_are_one_line_errors(kwargs, message):
         Sampler(UnavailableSource(0, "x"), intervall=1)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="source must have a sample"):
         Sampler(object())
+
+
+@pytest.mark.skipif(not REAL_FILES, reason="needs a real trace")
+def test_history_estimate_covers_what_stats_samples_really_hold():
+    """The byte bound holds in real memory: tracemalloc measures what 1500 samples keep."""
+    import gc
+    import tracemalloc
+
+    from gpumemviz.io import load_snapshot
+    from gpumemviz.sources.replay import ReplaySource
+
+    raw = next(
+        d for d in (load_snapshot(p).to_torch() for p in REAL_FILES) if any(d["device_traces"])
+    )
+    s = Sampler(ReplaySource(raw, duration=10), interval=0.1, history_bytes=64 << 20)
+    for _ in range(50):
+        s.sample_once(segments=False)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        est0 = s.history.nbytes
+        for _ in range(1500):
+            s.sample_once(segments=False)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    estimated = s.history.nbytes - est0
+    assert held <= estimated <= 3 * held, (held, estimated)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -46,7 +47,7 @@ def test_training_workload_fragments_and_its_oom_is_classified():
     src.set_oom_handler(events.append)
     steps = run_to_end(src)
     assert steps == 10_886  # deterministic: the OOM is the 10,886th allocator call
-    assert len(events) == 1 and src.ooms == events
+    assert len(events) == 1 and list(src.ooms) == events
     ev = events[0]
     assert ev.cause == "fragmentation", ev.explanation
     assert ev.free_in_segments >= ev.request_size > ev.largest_free_block
@@ -103,3 +104,16 @@ def test_runs_on_its_own_thread_and_the_sampler_sees_the_oom():
         t for t in threading.enumerate() if t not in before and t.name.startswith("gpumemviz")
     ]
     assert s.sample_once().state == "ok"  # a closed simulation still answers, frozen
+
+
+def test_keeps_only_the_newest_ooms():
+    """Each OOM holds a full snapshot with its trace: a demo left open must not pile them up."""
+    from gpumemviz.sources.simulated import OOMS_KEPT
+
+    src = SimulatedSource("training", autostart=False)
+    run_to_end(src)
+    first = src.ooms[-1]
+    for i in range(OOMS_KEPT + 5):
+        src._deliver(dataclasses.replace(first, time=float(i)))
+    assert len(src.ooms) == OOMS_KEPT
+    assert [e.time for e in src.ooms] == [float(i) for i in range(5, OOMS_KEPT + 5)]

@@ -18,13 +18,33 @@ if TYPE_CHECKING:  # the columnar snapshot; imported for types only (sample stay
     from gpumemviz.snapshot import Snapshot
 
 __all__ = [
+    "SEGMENTS_NOT_READ",
+    "STAT_FIGURES",
     "DeviceInfo",
     "MemoryStats",
     "NvmlInfo",
     "OomEvent",
     "Sample",
+    "check_device",
     "snapshot_nbytes",
 ]
+
+SEGMENTS_NOT_READ = "segment state not read this tick"
+"""`Sample.segments_note` of a tick that read stats only (segments are read less often)."""
+
+
+def check_device(device: Any) -> int:
+    """A CUDA device index, checked: sources and samplers take only a non-negative int.
+
+    Raises
+    ------
+    ValueError
+        Naming the value, for a bool, a non-int or a negative int.
+    """
+    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+        raise ValueError(f"device must be a non-negative int, got {device!r}")
+    return device
+
 
 # One shared (keys tuple, key -> index) pair per distinct key set: every sample of a run shares it.
 _KEY_INDEX: dict[tuple[str, ...], tuple[tuple[str, ...], dict[str, int]]] = {}
@@ -39,6 +59,19 @@ def _interned(keys: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, int]]:
         hit = (keys, {k: i for i, k in enumerate(keys)})
         _KEY_INDEX[keys] = hit
     return hit
+
+
+class _Figure:
+    """A `MemoryStats` property that reads one torch key (0 when this torch lacks it)."""
+
+    def __init__(self, key: str, doc: str) -> None:
+        self.key = key
+        self.__doc__ = f"{doc} (``{key}``)"
+
+    def __get__(self, stats: MemoryStats | None, owner: type | None = None) -> int:
+        if stats is None:
+            return self  # type: ignore[return-value]  # the descriptor, for help() and docs
+        return stats._get0(self.key)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -105,58 +138,42 @@ class MemoryStats(Mapping[str, int]):
         i = _interned(self.keys_)[1].get(key)
         return 0 if i is None else int(self.values[i])
 
-    # The figures a live view needs --------------------------------------------------------------
-    @property
-    def allocated(self) -> int:
-        """Bytes in tensors (``allocated_bytes.all.current``)."""
-        return self._get0("allocated_bytes.all.current")
-
-    @property
-    def reserved(self) -> int:
-        """Bytes held from the device by the caching allocator."""
-        return self._get0("reserved_bytes.all.current")
-
-    @property
-    def active(self) -> int:
-        """Allocated plus pending-free bytes (``record_stream`` frees not yet completed)."""
-        return self._get0("active_bytes.all.current")
-
-    @property
-    def requested(self) -> int:
-        """Bytes the user asked for; ``allocated - requested`` is rounding overhead."""
-        return self._get0("requested_bytes.all.current")
-
-    @property
-    def inactive_split(self) -> int:
-        """Free bytes trapped inside partly used segments (only defragmenting frees them)."""
-        return self._get0("inactive_split_bytes.all.current")
+    # The figures a live view needs (missing keys read 0) ---------------------------------------
+    allocated = _Figure("allocated_bytes.all.current", "Bytes in tensors.")
+    reserved = _Figure("reserved_bytes.all.current", "Bytes held from the device by the allocator.")
+    active = _Figure(
+        "active_bytes.all.current",
+        "Allocated plus pending-free bytes (``record_stream`` frees not yet completed).",
+    )
+    requested = _Figure(
+        "requested_bytes.all.current",
+        "Bytes the user asked for; ``allocated - requested`` is rounding overhead.",
+    )
+    inactive_split = _Figure(
+        "inactive_split_bytes.all.current",
+        "Free bytes trapped inside partly used segments (only defragmenting frees them).",
+    )
 
     @property
     def cached(self) -> int:
         """Reserved but not allocated: what ``empty_cache`` could at most give back."""
         return self.reserved - self.allocated
 
-    @property
-    def peak_allocated(self) -> int:
-        return self._get0("allocated_bytes.all.peak")
-
-    @property
-    def peak_reserved(self) -> int:
-        return self._get0("reserved_bytes.all.peak")
-
-    @property
-    def num_alloc_retries(self) -> int:
-        """Times the allocator flushed its cache to satisfy a request: a pressure signal."""
-        return self._get0("num_alloc_retries")
-
-    @property
-    def num_ooms(self) -> int:
-        return self._get0("num_ooms")
+    peak_allocated = _Figure("allocated_bytes.all.peak", "Peak of ``allocated``.")
+    peak_reserved = _Figure("reserved_bytes.all.peak", "Peak of ``reserved``.")
+    num_alloc_retries = _Figure(
+        "num_alloc_retries",
+        "Times the allocator flushed its cache to satisfy a request: a pressure signal.",
+    )
+    num_ooms = _Figure("num_ooms", "Out-of-memory errors raised.")
 
     @property
     def nbytes(self) -> int:
-        """Approximate memory this value holds (the key tuple is shared between samples)."""
-        return int(self.values.nbytes) + 96
+        """Approximate memory this value holds (the key tuple is shared between samples).
+
+        The object, the numpy array header and the data: measured with tracemalloc.
+        """
+        return int(self.values.nbytes) + 200
 
     def as_dict(self) -> dict[str, int]:
         """A plain dict copy, as torch returned it."""
@@ -276,6 +293,25 @@ class Sample:
             monotonic=time.monotonic(),
         )
 
+    @classmethod
+    def for_oom(
+        cls, event: OomEvent, device: int, segments: Snapshot | None, **fields: Any
+    ) -> Sample:
+        """The keyframe a source makes of an OOM event (`segments`: its snapshot, read);
+        `fields` adds the source's own (source_label, demo, errors, device_info)."""
+        import time
+
+        return cls(
+            time=event.time,
+            monotonic=time.monotonic(),
+            device=device,
+            stats=None,
+            segments=segments,
+            oom=event,
+            keyframe=True,
+            **fields,
+        )
+
     def replace(self, **changes: Any) -> Sample:
         """A copy with some fields changed (the sampler adds seq, notes, cpu_time)."""
         return dataclasses.replace(self, **changes)
@@ -289,8 +325,18 @@ class Sample:
 
     @property
     def nbytes(self) -> int:
-        """Approximate bytes this sample keeps alive (for the sampler's bounded history)."""
-        n = 320
+        """Approximate bytes this sample keeps alive (for the sampler's bounded history).
+
+        The constant parts were measured with tracemalloc on long runs (the object, its floats,
+        device info and note strings: about 1.1 kB a stats-only sample of a replay); counting
+        only the numpy columns under-counted a history of stats-only samples 2.5 times.
+        """
+        n = 480 + _text_bytes(self.notes) + _text_bytes(self.errors)
+        if self.segments_note:
+            n += 50 + len(self.segments_note)
+        if self.device_info is not None:
+            info = self.device_info
+            n += 240 + len(info.name) + len(info.allocator_settings) + len(info.torch_version)
         if self.stats is not None:
             n += self.stats.nbytes
         if self.segments is not None:
@@ -303,6 +349,11 @@ class Sample:
             entries = sum(len(t) for t in raw.get("device_traces") or () if isinstance(t, list))
             n += 200 * len(raw.get("segments") or ()) + 300 * entries + 50_000
         return n
+
+
+def _text_bytes(texts: tuple[str, ...]) -> int:
+    """A tuple of strings: the tuple, and each string's object and characters."""
+    return 56 + sum(8 + 50 + len(t) for t in texts) if texts else 0
 
 
 def _array_bytes(obj: Any) -> int:
@@ -342,3 +393,9 @@ def snapshot_nbytes(snapshot: Any) -> int:
         for t in traces.values():
             cols += _array_bytes(t)
     return max(cols, 100 * n_seg + 40 * n_blk) + 256
+
+
+# The `MemoryStats` figures read from torch keys, in definition order (CSV exports use it).
+STAT_FIGURES: tuple[str, ...] = tuple(
+    name for name, v in vars(MemoryStats).items() if isinstance(v, _Figure)
+)

@@ -8,6 +8,7 @@ through the same path as a real one (an `OomEvent` with a cause), then the workl
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import threading
 import time
@@ -15,7 +16,14 @@ from typing import Any
 
 from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
 from gpumemviz.allocator.workloads import WORKLOADS, Workload
-from gpumemviz.sample import DeviceInfo, MemoryStats, NvmlInfo, OomEvent, Sample
+from gpumemviz.sample import (
+    SEGMENTS_NOT_READ,
+    DeviceInfo,
+    MemoryStats,
+    NvmlInfo,
+    OomEvent,
+    Sample,
+)
 from gpumemviz.sources.base import short_error
 from gpumemviz.sources.oom import classify_oom
 
@@ -23,6 +31,7 @@ __all__ = ["SimulatedSource"]
 
 _CONTEXT_BYTES = 512 << 20  # SYNTHETIC: what a CUDA context and libraries would hold outside
 _TRACE_ENTRIES = 20_000  # the model's recorded history ring (export and OOM snapshots)
+OOMS_KEPT = 8  # OOM events `SimulatedSource.ooms` keeps (newest last)
 _TICK_S = 0.02  # the workload thread runs a slice of steps this often
 
 
@@ -88,7 +97,9 @@ class SimulatedSource:
         self._thread: threading.Thread | None = None
         self._oom_handler: Any = None
         self.runs = 0  # workload runs started
-        self.ooms: list[OomEvent] = []
+        # the newest OOMs only: each holds a full snapshot with its trace (~5 MiB), and a demo
+        # panel left open loops through an OOM every ~40 s
+        self.ooms: collections.deque[OomEvent] = collections.deque(maxlen=OOMS_KEPT)
         self.last_mark: str | None = None
         self._closed = False
         self._reset()
@@ -247,7 +258,7 @@ class SimulatedSource:
             source_label=self.label,
             demo=True,
             device_info=info,
-            segments_note=None if segments else "segment state not read this tick",
+            segments_note=None if segments else SEGMENTS_NOT_READ,
             notes=notes,
         )
 
@@ -258,17 +269,7 @@ class SimulatedSource:
         from gpumemviz.snapshot import Snapshot
 
         snap = Snapshot.from_torch(event.snapshot) if event.snapshot is not None else None
-        return Sample(
-            time=event.time,
-            monotonic=time.monotonic(),
-            device=self.device,
-            stats=None,
-            segments=snap,
-            source_label=self.label,
-            demo=True,
-            oom=event,
-            keyframe=True,
-        )
+        return Sample.for_oom(event, self.device, snap, source_label=self.label, demo=True)
 
     def empty_cache(self) -> dict[int, int]:
         """Release the model's cached segments; bytes released on this (simulated) device."""
