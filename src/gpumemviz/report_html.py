@@ -164,6 +164,13 @@ def report_data(snap: Snapshot, *, title: str = "", budget: int | None = None) -
         for a in _advice.advise(report_, device=d, device_total=total):
             advice.append({"kind": a.kind, "message": a.message, "device": d})
     devices = {str(d): _device_figures(f) for d, f in report_.devices.items()}
+    # what the map paints "trapped": free bytes empty_cache cannot return, which on expandable
+    # segments includes sub-page slivers that torch's inactive_split_bytes (free_trapped) excludes
+    seg = report_.per_segment
+    stuck = seg.stuck_free
+    for d, figs in devices.items():
+        figs["free_stuck"] = int(stuck[seg.device == int(d)].sum())
+    totals = _device_figures(report_.total) | {"free_stuck": int(stuck.sum())}
     live = [s.to_dict() for s in _sites.live_sites(snap)]
     trace_dev = _longest_trace(snap)
     traced = (
@@ -176,7 +183,7 @@ def report_data(snap: Snapshot, *, title: str = "", budget: int | None = None) -
         "title": title,
         "header": header,
         "devices": devices,
-        "total": _device_figures(report_.total),
+        "total": totals,
         "worst": [_worst(w) for w in report_.total.worst_segments],
         "advice": advice,
         "oom": {str(d): v for d, v in ooms.items()},
