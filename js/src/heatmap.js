@@ -1,7 +1,8 @@
 // The segment map on a canvas, virtually scrolled: only the rows in view are drawn or held.
 import { KIND_NAMES, STATE_NAMES } from "./decode.js";
 import {
-  blockAt, cellColor, cellRange, cellsFor, formatSize, geometry, keepWindow, parseColor, rowLabel,
+  blockAt, blockKind, cellColor, cellRange, cellsFor, formatSize, geometry, keepWindow, parseColor,
+  rowLabel, zoomWindow,
 } from "./rows.js";
 
 export const ROW_H = 12;
@@ -9,6 +10,7 @@ export const ROW_GAP = 2;
 export const HEAD_H = 18;
 export const LABEL_W = 92;
 export const MAX_H = 420;
+export const ZOOM_H = 36;
 
 /** @typedef {import("./decode.js").Row} Row */
 /** @typedef {import("./rows.js").Group} Group */
@@ -28,7 +30,31 @@ export function createHeatmap(host, opts) {
   tip.className = "gmv-tip";
   tip.hidden = true;
   scroller.append(canvas, spacer);
-  host.append(scroller, tip);
+  const zoomBox = document.createElement("div");
+  zoomBox.className = "gmv-zoom";
+  zoomBox.hidden = true;
+  const zoomHead = document.createElement("div");
+  zoomHead.className = "gmv-zoom-head";
+  const zoomText = document.createElement("span");
+  /** @param {string} cmd @param {string} label */
+  const zbtn = (cmd, label) => {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.dataset.zoom = cmd;
+    b.textContent = label;
+    return b;
+  };
+  const zIn = zbtn("in", "+");
+  const zOut = zbtn("out", "−");
+  const zClose = zbtn("close", "×");
+  zoomHead.append(zoomText, zOut, zIn, zClose);
+  const zoomCanvas = document.createElement("canvas");
+  zoomCanvas.className = "gmv-zoom-canvas";
+  zoomCanvas.height = ZOOM_H;
+  zoomBox.append(zoomHead, zoomCanvas);
+  host.append(zoomBox, scroller, tip);
+  /** @type {{row: number, lo: number, hi: number} | null} */
+  let zoom = null;
   const ctx = /** @type {CanvasRenderingContext2D} */ (canvas.getContext("2d", { alpha: false }));
 
   /** @type {Group[]} */
@@ -117,6 +143,7 @@ export function createHeatmap(host, opts) {
       }
       drawn++;
     }
+    drawZoom();
     lastDrawMs = performance.now() - t0;
     canvas.dataset.drawnRows = String(drawn);
     canvas.dataset.first = String(first);
@@ -125,6 +152,109 @@ export function createHeatmap(host, opts) {
     canvas.dataset.drawMs = lastDrawMs.toFixed(2);
     log({ event: "draw", first, count, drawn, ms: lastDrawMs });
   }
+
+  function drawZoom() {
+    if (!zoom) return;
+    const row = cache.get(zoom.row);
+    const w = Math.max(100, cells || 100);
+    if (zoomCanvas.width !== w) { zoomCanvas.width = w; zoomCanvas.style.width = `${w}px`; }
+    zoomCanvas.style.marginLeft = `${LABEL_W}px`;
+    const zc = /** @type {CanvasRenderingContext2D} */ (zoomCanvas.getContext("2d"));
+    zc.fillStyle = palette.empty;
+    zc.fillRect(0, 0, w, ZOOM_H);
+    zoomCanvas.dataset.row = String(zoom.row);
+    zoomCanvas.dataset.lo = String(Math.round(zoom.lo));
+    zoomCanvas.dataset.hi = String(Math.round(zoom.hi));
+    if (!row) { zoomCanvas.dataset.blocks = "0"; return; }
+    const { lo, hi } = zoom;
+    const span = hi - lo;
+    zoomText.textContent = `segment 0x${row.meta.address.toString(16)} · ` +
+      `+${formatSize(lo)} .. +${formatSize(hi)} of ${rowLabel(row.meta)}` +
+      (row.blocks ? "" : " (cells: this segment has more blocks than the view carries)");
+    let drawn = 0;
+    if (row.blocks) {
+      const b = row.blocks;
+      let last = -10;
+      for (let i = 0; i < b.offset.length; i++) {
+        const a = b.offset[i], e = a + b.size[i];
+        if (e <= lo || a >= hi) continue;
+        const x0 = ((Math.max(a, lo) - lo) / span) * w;
+        const x1 = ((Math.min(e, hi) - lo) / span) * w;
+        const [r, g, bl] = palette.kinds[blockKind(b.state[i], /** @type {any} */ (row.meta))];
+        zc.fillStyle = `rgb(${r},${g},${bl})`;
+        zc.fillRect(Math.floor(x0), 0, Math.max(1, Math.ceil(x1) - Math.floor(x0)), ZOOM_H);
+        if (a >= lo && x0 - last >= 3) {
+          zc.fillStyle = palette.bg;
+          zc.fillRect(Math.floor(x0), 0, 1, ZOOM_H);
+          last = x0;
+        }
+        drawn++;
+      }
+    } else {
+      const total = row.meta.total_size;
+      for (let c = 0; c < row.cells.length; c++) {
+        const a = (c * total) / row.cells.length, e = ((c + 1) * total) / row.cells.length;
+        if (e <= lo || a >= hi) continue;
+        const [r, g, bl] = cellColor(row.cells[c], palette.kinds, palette.emptyRgb);
+        zc.fillStyle = `rgb(${r},${g},${bl})`;
+        const x0 = ((Math.max(a, lo) - lo) / span) * w;
+        const x1 = ((Math.min(e, hi) - lo) / span) * w;
+        zc.fillRect(Math.floor(x0), 0, Math.max(1, Math.ceil(x1) - Math.floor(x0)), ZOOM_H);
+      }
+    }
+    zoomCanvas.dataset.blocks = String(drawn);
+    zoomCanvas.dataset.exact = row.blocks ? "1" : "0";
+  }
+
+  /** @param {number} row */
+  function openZoom(row) {
+    const r = cache.get(row);
+    if (!r) return;
+    zoom = { row, lo: 0, hi: r.meta.total_size };
+    zoomBox.hidden = false;
+    drawZoom();
+  }
+  /** @param {number} factor @param {number} [frac] pointer position in the strip, 0..1 */
+  function zoomBy(factor, frac = 0.5) {
+    const r = zoom && cache.get(zoom.row);
+    if (!zoom || !r) return;
+    const at = zoom.lo + frac * (zoom.hi - zoom.lo);
+    [zoom.lo, zoom.hi] = zoomWindow(zoom.lo, zoom.hi, at, factor, r.meta.total_size);
+    drawZoom();
+  }
+  /** @param {MouseEvent} ev */
+  const onDbl = (ev) => {
+    const rect = canvas.getBoundingClientRect();
+    const r = geo.hit(ev.clientY - rect.top + scroller.scrollTop);
+    if (r >= 0) openZoom(r);
+  };
+  /** @param {WheelEvent} ev */
+  const onWheel = (ev) => {
+    ev.preventDefault();
+    const rect = zoomCanvas.getBoundingClientRect();
+    zoomBy(ev.deltaY < 0 ? 2 : 0.5, (ev.clientX - rect.left) / rect.width);
+  };
+  /** @param {MouseEvent} ev */
+  const onZoomMove = (ev) => {
+    const r = zoom && cache.get(zoom.row);
+    if (pinned || !zoom || !r || !r.blocks) return;
+    const rect = zoomCanvas.getBoundingClientRect();
+    const byte = zoom.lo + ((ev.clientX - rect.left) / rect.width) * (zoom.hi - zoom.lo);
+    const i = blockAt(r.blocks, byte);
+    if (i < 0) { tip.hidden = true; return; }
+    tip.textContent = blockText(r, i);
+    tip.hidden = false;
+    const hostRect = host.getBoundingClientRect();
+    tip.style.left = `${ev.clientX - hostRect.left + 12}px`;
+    tip.style.top = `${ev.clientY - hostRect.top + 12}px`;
+  };
+  zIn.onclick = () => zoomBy(4);
+  zOut.onclick = () => zoomBy(0.25);
+  zClose.onclick = () => { zoom = null; zoomBox.hidden = true; };
+  canvas.addEventListener("dblclick", onDbl);
+  zoomCanvas.addEventListener("wheel", onWheel, { passive: false });
+  zoomCanvas.addEventListener("mousemove", onZoomMove);
+  zoomCanvas.addEventListener("mouseleave", () => { if (!pinned) tip.hidden = true; });
 
   let pinned = false;
   /** @param {MouseEvent} ev */
@@ -173,6 +303,7 @@ export function createHeatmap(host, opts) {
       geo = geometry(groups, { rowH: ROW_H + ROW_GAP, headH: HEAD_H });
       scroller.style.height = `${Math.min(MAX_H, Math.max(HEAD_H + ROW_H, geo.total + 2))}px`;
       for (const r of cache.keys()) if (r >= geo.nRows) cache.delete(r);
+      if (zoom && zoom.row >= geo.nRows) { zoom = null; zoomBox.hidden = true; }
       spacer.style.height = `${Math.max(0, geo.total - size().height)}px`;
       view = { first: -1, count: 0, cells: view.cells };
       reportView();
@@ -186,6 +317,10 @@ export function createHeatmap(host, opts) {
       schedule();
     },
     drawNow: draw,
+    openZoom,
+    zoomBy,
+    get zoom() { return zoom ? { ...zoom } : null; },
+    get zoomCanvas() { return zoomCanvas; },
     /** @param {number} row @returns {{x: number, y: number, w: number, h: number} | null} */
     rowRect(row) {
       if (row < 0 || row >= geo.nRows) return null;
@@ -208,6 +343,10 @@ export function createHeatmap(host, opts) {
       canvas.removeEventListener("mousemove", onMove);
       canvas.removeEventListener("mouseleave", onLeave);
       canvas.removeEventListener("click", onClick);
+      canvas.removeEventListener("dblclick", onDbl);
+      zoomCanvas.removeEventListener("wheel", onWheel);
+      zoomCanvas.removeEventListener("mousemove", onZoomMove);
+      zoomBox.remove();
       scroller.remove();
       tip.remove();
     },
@@ -226,19 +365,28 @@ export function hoverText(row, c, cells) {
   const head = `segment 0x${row.meta.address.toString(16)} · ${rowLabel(row.meta)}`;
   if (row.blocks) {
     const i = blockAt(row.blocks, (lo + hi) / 2);
-    if (i >= 0) {
-      const state = STATE_NAMES[row.blocks.state[i]] || "?";
-      const req = row.blocks.state[i] ? ` (requested ${formatSize(row.blocks.requested[i])})` : "";
-      const addr = `0x${(row.meta.address + row.blocks.offset[i]).toString(16)}`;
-      const text = `${head}\nblock ${addr} +${formatSize(row.blocks.offset[i])}: ` +
-        `${formatSize(row.blocks.size[i])} ${state}${req}`;
-      const stack = row.blocks.stack ? row.blocks.stack[i] : null;
-      return stack ? `${text}\n${stackText(stack)}` : text;
-    }
+    if (i >= 0) return blockText(row, i);
   }
   const byte = row.cells[c];
   return `${head}\ncell +${formatSize(lo)}..+${formatSize(hi)}: ${Math.round(((byte & 63) / 63) * 100)}% allocated` +
     ((byte >> 6) ? `, rest ${KIND_NAMES[byte >> 6]}` : "");
+}
+
+/**
+ * Tooltip text for exact block `i` of a row: address, offset, size, state, requested, stack.
+ * @param {Row} row
+ * @param {number} i
+ */
+export function blockText(row, i) {
+  const b = /** @type {import("./decode.js").Blocks} */ (row.blocks);
+  const head = `segment 0x${row.meta.address.toString(16)} · ${rowLabel(row.meta)}`;
+  const state = STATE_NAMES[b.state[i]] || "?";
+  const req = b.state[i] ? ` (requested ${formatSize(b.requested[i])})` : "";
+  const addr = `0x${(row.meta.address + b.offset[i]).toString(16)}`;
+  const text = `${head}\nblock ${addr} +${formatSize(b.offset[i])}: ` +
+    `${formatSize(b.size[i])} ${state}${req}`;
+  const stack = b.stack ? b.stack[i] : null;
+  return stack ? `${text}\n${stackText(stack)}` : text;
 }
 
 /**

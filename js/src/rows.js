@@ -93,9 +93,23 @@ export function formatSize(n) {
   const sign = n < 0 ? "-" : "";
   const a = Math.abs(n);
   if (a <= 1024) return `${sign}${Math.trunc(a)} bytes`;
-  if (a <= 1048576) return `${sign}${(a / 1024).toFixed(2)} KiB`;
-  if (a <= 1073741824) return `${sign}${(a / 1048576).toFixed(2)} MiB`;
-  return `${sign}${(a / 1073741824).toFixed(2)} GiB`;
+  if (a <= 1048576) return `${sign}${fixed2(a / 1024)} KiB`;
+  if (a <= 1073741824) return `${sign}${fixed2(a / 1048576)} MiB`;
+  return `${sign}${fixed2(a / 1073741824)} GiB`;
+}
+
+/**
+ * Two decimals as Python's `f"{x:.2f}"` writes them: an exact tie (1.625) goes to the even
+ * neighbour (1.62), where `toFixed` would round up. Byte sizes over powers of two are dyadic, so
+ * `x * 100` is exact for them.
+ * @param {number} x
+ */
+export function fixed2(x) {
+  const s = x * 100;
+  const f = Math.floor(s);
+  const d = s - f;
+  const n = d > 0.5 ? f + 1 : d < 0.5 ? f : f % 2 === 0 ? f : f + 1;
+  return (n / 100).toFixed(2);
 }
 
 /**
@@ -178,4 +192,33 @@ export function blockAt(blocks, offset) {
  */
 export function cellsFor(areaWidth) {
   return Math.max(16, Math.min(1024, Math.floor(areaWidth)));
+}
+
+/**
+ * The colour class of an exact block (as render/rows.py): allocated, pending, and a free block is
+ * releasable when its segment holds nothing allocated (or is expandable: free pages go back),
+ * else trapped.
+ * @param {number} state snapshot state code
+ * @param {{allocated: number, flags: number}} meta
+ */
+export function blockKind(state, meta) {
+  if (state === 1) return KIND_ALLOCATED;
+  if (state === 2) return 1;
+  return meta.allocated > 0 && !(meta.flags & 2) ? 3 : 2;
+}
+
+/**
+ * The byte window after zooming by `factor` around byte `at` (kept inside [0, total]).
+ * @param {number} lo
+ * @param {number} hi
+ * @param {number} at
+ * @param {number} factor > 1 zooms in, < 1 out
+ * @param {number} total
+ * @returns {[number, number]}
+ */
+export function zoomWindow(lo, hi, at, factor, total) {
+  const span = Math.min(total, Math.max(1, (hi - lo) / factor));
+  let a = at - ((at - lo) / (hi - lo)) * span;
+  a = Math.max(0, Math.min(total - span, a));
+  return [a, a + span];
 }

@@ -40,6 +40,7 @@ export function createTimeline(host, opts) {
   const legend = document.createElement("div");
   legend.className = "gmv-tl-legend";
   wrap.append(canvas, legend);
+  wrap.hidden = true;  // a fixed snapshot has no timeline: no empty band
   host.append(wrap);
   /** @type {(number | null)[][]} */
   let points = [];
@@ -58,6 +59,7 @@ export function createTimeline(host, opts) {
     ctx.fillRect(0, 0, width, TL_H);
     canvas.dataset.points = String(points.length);
     canvas.dataset.marks = String(marks.length);
+    wrap.hidden = !points.length;
     if (!points.length) return;
     const s = timelineScale(points, width, TL_H);
     /** @param {number} field @param {string} colour @param {boolean} frac */

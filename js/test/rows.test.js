@@ -98,3 +98,22 @@ test("hover names the block's address, size, state and its stack, the user's lin
   assert.match(text, /\n {2}linear\.py:1:forward\n▶ train\.py:9:step$/);
   assert.doesNotMatch(hoverText(row, 3, 4), /▶/);  // the free block has no stack
 });
+
+test("zoom keeps the byte under the pointer in place and stays inside the segment", async () => {
+  const { zoomWindow, blockKind } = await import("../src/rows.js");
+  assert.deepEqual(zoomWindow(0, 100, 50, 4, 100), [37.5, 62.5]);
+  assert.deepEqual(zoomWindow(0, 100, 0, 2, 100), [0, 50]);
+  assert.deepEqual(zoomWindow(37.5, 62.5, 50, 0.1, 100), [0, 100]);
+  assert.equal(blockKind(1, { allocated: 5, flags: 0 }), 0);
+  assert.equal(blockKind(0, { allocated: 5, flags: 0 }), 3);
+  assert.equal(blockKind(0, { allocated: 0, flags: 0 }), 2);
+  assert.equal(blockKind(0, { allocated: 5, flags: 2 }), 2);
+});
+
+test("sizes round like Python's format_size, ties to even", async () => {
+  const { formatSize: fs } = await import("../src/rows.js");
+  assert.equal(fs(1.625 * 2 ** 20), "1.62 MiB");  // Python: f"{1.625:.2f}" == "1.62"
+  assert.equal(fs(1.375 * 2 ** 20), "1.38 MiB");
+  assert.equal(fs(2.5 * 2 ** 10), "2.50 KiB");
+  assert.equal(fs(0.75 * 2 ** 30 + 2 ** 30), "1.75 GiB");
+});

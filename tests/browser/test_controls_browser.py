@@ -316,3 +316,73 @@ def test_timeline_follows_the_sampler_with_step_and_cell_markers(page, notebook,
     cell = [label for kind, label in labels if kind == "cell" and label.startswith("cell [3]")]
     assert cell and "allocated " in cell[0] and ", peak " in cell[0], labels
     page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_timeline.png"))
+
+
+PICTURE = REAL_DIR / "cranberrii__ftcourse__memory_snapshot.pickle"
+
+
+@pytest.mark.skipif(not PICTURE.exists(), reason="real snapshots are not available")
+def test_zoom_into_a_segment_down_to_a_block_narrower_than_a_cell(page, notebook, artifacts):
+    from gpumemviz.io import loads_restricted
+    from gpumemviz.render.rows import build_rows
+
+    from .test_panel_browser import _kind, _panel_cell
+
+    raw = loads_restricted(PICTURE.read_bytes())
+    rows = build_rows(load_snapshot(PICTURE))
+    # a segment with an inner block narrower than half a cell even at 1,024 cells
+    pick = None
+    for r in range(rows.n_rows):
+        s = raw["segments"][int(rows.segment[r])]
+        if len(s["blocks"]) > 200:
+            continue
+        for j in range(1, len(s["blocks"]) - 1):
+            if s["blocks"][j]["size"] * 2048 < s["total_size"]:
+                pick = {"row": r, "j": j}
+                break
+        if pick:
+            break
+    assert pick is not None
+    nb = notebook("zoom.ipynb", [_panel_cell(PICTURE, "zoom")])
+    nb.run(0)
+    _wait_drawn(page)
+    page.evaluate(f"(row) => ({VIEW})().map.scrollToRow(row)", pick["row"])
+    _wait_drawn(page, pick["row"])
+    seg = raw["segments"][int(rows.segment[pick["row"]])]
+    block = seg["blocks"][pick["j"]]
+    start = sum(b["size"] for b in seg["blocks"][: pick["j"]])
+    centre = start + block["size"] / 2
+    # zoom around the block until it is at least 8 pixels wide
+    got = page.evaluate(
+        f"""([row, centre, size]) => {{ const m = ({VIEW})().map;
+            m.openZoom(row);
+            for (let k = 0; k < 40; k++) {{
+                const z = m.zoom, w = m.zoomCanvas.width;
+                if (size / (z.hi - z.lo) * w >= 8) break;
+                m.zoomBy(4, (centre - z.lo) / (z.hi - z.lo));
+            }}
+            m.drawNow();
+            const z = m.zoom, c = m.zoomCanvas, w = c.width;
+            const x = Math.floor((centre - z.lo) / (z.hi - z.lo) * w);
+            const px = c.getContext('2d').getImageData(x, 18, 1, 1).data;
+            return {{ lo: z.lo, hi: z.hi, x, rgb: [px[0], px[1], px[2]], kinds: m.palette.kinds,
+                      blocks: Number(c.dataset.blocks), exact: c.dataset.exact }}; }}""",
+        [pick["row"], centre, block["size"]],
+    )
+    assert got["exact"] == "1"
+    assert got["rgb"] == got["kinds"][_kind(seg, block)]
+    offs, n_in = 0, 0
+    for b in seg["blocks"]:
+        if offs < got["hi"] and offs + b["size"] > got["lo"]:
+            n_in += 1
+        offs += b["size"]
+    assert got["blocks"] == n_in and n_in < len(seg["blocks"])
+    # hovering the zoomed block names it exactly
+    box = page.locator(".gmv-zoom-canvas").first.bounding_box()
+    page.mouse.move(box["x"] + got["x"] + 0.5, box["y"] + 18)
+    tip = page.locator(".gmv-tip").first
+    tip.wait_for(state="visible", timeout=5000)
+    text = tip.text_content()
+    assert f"block 0x{seg['address'] + start:x} +{format_size(start)}: " in text, text
+    assert f"{format_size(block['size'])} {block['state']}" in text
+    page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_zoom.png"))
