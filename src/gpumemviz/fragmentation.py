@@ -988,12 +988,13 @@ def _largest_by_pool(c: SegmentFigures, rows: np.ndarray | None) -> dict[PoolKey
             if len(sel):
                 out[PoolKey(d, s, _pool_name(flag), (pa, pb))] = int(sel.max())
         return out
-    for d, s, pa, pb, flag, v in zip(
-        *(k.tolist() for k in keys), small.tolist(), lfree.tolist(), strict=True
-    ):
-        key = PoolKey(d, s, _pool_name(flag), (pa, pb))
-        if v > out.get(key, -1):
-            out[key] = v
+    best: dict[tuple, int] = {}  # plain tuples first: one PoolKey per pool, not per segment
+    rows_keys = zip(*(k.tolist() for k in keys), small.tolist(), strict=True)
+    for key, v in zip(rows_keys, lfree.tolist(), strict=True):
+        if v > best.get(key, -1):
+            best[key] = v
+    for (d, s, pa, pb, flag), v in best.items():
+        out[PoolKey(d, s, _pool_name(flag), (pa, pb))] = v
     return out
 
 
