@@ -8,7 +8,15 @@ import numpy as np
 import pytest
 
 from gpumemviz.allocator.stats import DeviceStats
-from gpumemviz.sample import MemoryStats, NvmlInfo, Sample, snapshot_nbytes
+from gpumemviz.sample import (
+    STAT_FIGURES,
+    MemoryStats,
+    NvmlInfo,
+    OomEvent,
+    Sample,
+    check_device,
+    snapshot_nbytes,
+)
 
 
 def torch_like_stats(allocated: int, reserved: int) -> dict[str, int]:
@@ -54,6 +62,45 @@ def test_stats_missing_keys_read_as_zero_in_properties():
     s = MemoryStats.from_torch({})
     assert (s.allocated, s.reserved, s.active, s.inactive_split, s.num_ooms) == (0, 0, 0, 0, 0)
     assert len(s) == 0
+
+
+def test_stat_figures_name_the_key_backed_properties_in_csv_order():
+    # the CSV export's sample columns follow this order: pin it
+    assert (
+        *("allocated", "reserved", "active", "requested", "inactive_split"),
+        *("peak_allocated", "peak_reserved", "num_alloc_retries", "num_ooms"),
+    ) == STAT_FIGURES
+    raw = DeviceStats().as_dict()
+    keys = [k for k in raw if k != "max_split_size"]
+    s = MemoryStats.from_torch({k: i + 1 for i, k in enumerate(keys)})
+    for name in STAT_FIGURES:
+        key = getattr(MemoryStats, name).key
+        assert getattr(s, name) == keys.index(key) + 1, name
+        assert key in MemoryStats.__dict__[name].__doc__
+    assert s.cached == s.reserved - s.allocated
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.0, "0", None])
+def test_check_device_names_a_bad_index(bad):
+    with pytest.raises(ValueError, match=f"device must be a non-negative int, got {bad!r}$"):
+        check_device(bad)
+    assert check_device(3) == 3
+
+
+def test_oom_sample_is_a_keyframe_of_the_event():
+    ev = OomEvent(
+        time=12.5,
+        device=1,
+        alloc_size=2 << 20,
+        device_limit=1 << 30,
+        device_free=0,
+        cause="capacity",
+        explanation="x",
+    )
+    s = Sample.for_oom(ev, 1, None, source_label="sim", demo=True, errors=("e",))
+    assert (s.time, s.device, s.stats, s.segments, s.oom) == (12.5, 1, None, None, ev)
+    assert s.keyframe and s.demo and s.state == "ok" and s.source_label == "sim"
+    assert s.errors == ("e",) and s.monotonic > 0
 
 
 @pytest.mark.parametrize(
@@ -110,8 +157,6 @@ def test_snapshot_bytes_are_estimated_from_numpy_columns(real_dict):
 
 
 def test_an_oom_snapshot_counts_towards_the_sample_bytes():
-    from gpumemviz.sample import OomEvent
-
     trace = [{"action": "alloc", "addr": i, "size": 512, "stream": 0} for i in range(1000)]
     ev = OomEvent(
         time=0.0,

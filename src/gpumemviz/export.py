@@ -22,7 +22,7 @@ from ._callable import make_module_callable
 from .allocator.timeline import Timeline
 from .frames import redact_paths as _redact_paths
 from .io import as_snapshot, atomic_write, write_torch
-from .sample import Sample
+from .sample import STAT_FIGURES, Sample
 from .snapshot import ACTIONS, INACTIVE, Snapshot
 
 __all__ = [
@@ -53,22 +53,10 @@ TRACE_COLUMNS = (
     "requested",
     "segments",
 )
-# The `MemoryStats` properties a sample row carries, in column order.
-_STAT_COLUMNS = (
-    "allocated",
-    "reserved",
-    "active",
-    "requested",
-    "inactive_split",
-    "peak_allocated",
-    "peak_reserved",
-    "num_alloc_retries",
-    "num_ooms",
-)
 # One row per sample of a Sampler history; empty cells where a figure was not read.
 SAMPLE_COLUMNS = (
     *("time", "monotonic", "seq", "device", "state"),
-    *_STAT_COLUMNS,
+    *STAT_FIGURES,  # the MemoryStats figures, in their order
     *("nvml_used", "nvml_total", "non_pytorch"),
 )
 _DELTA_RESERVED = {"segment_alloc": 1, "segment_free": -1, "segment_map": 1, "segment_unmap": -1}
@@ -273,7 +261,7 @@ def sample_rows(samples: Sequence[Sample]) -> dict[str, list]:
         cols["seq"].append(s.seq)
         cols["device"].append(s.device)
         cols["state"].append(s.state)
-        for k in _STAT_COLUMNS:
+        for k in STAT_FIGURES:
             cols[k].append(getattr(s.stats, k) if s.stats is not None else "")
         nv = s.nvml if s.nvml is not None and s.nvml.available else None
         for col, attr in (("nvml_used", "used"), ("nvml_total", "total")):

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from gpumemviz.sample import OomEvent, Sample
+from gpumemviz.sample import OomEvent, Sample, check_device
 
 __all__ = ["History", "Sampler", "shared"]
 
@@ -631,8 +631,7 @@ def shared(device: int = 0) -> Sampler:
     >>> shared(0) is shared(0)
     True
     """
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        raise ValueError(f"device must be a non-negative int, got {device!r}")
+    check_device(device)
     with _SHARED_LOCK:
         sampler = _SHARED.get(device)
         if sampler is None:

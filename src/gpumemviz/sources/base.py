@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from gpumemviz.sample import OomEvent, Sample
+from gpumemviz.sample import OomEvent, Sample, check_device
 
 __all__ = [
     "CAPABILITIES",
@@ -135,8 +135,7 @@ def default_source(device: int = 0) -> Source:
     >>> isinstance(src, Source)
     True
     """
-    if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        raise ValueError(f"device must be a non-negative int, got {device!r}")
+    check_device(device)
     reason = "CUDA is not available"
     try:
         import torch

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from gpumemviz.allocator.timeline import Timeline
-from gpumemviz.sample import DeviceInfo, MemoryStats, Sample
+from gpumemviz.sample import SEGMENTS_NOT_READ, DeviceInfo, MemoryStats, Sample
 from gpumemviz.sources.base import SourceCommandError, short_error
 
 __all__ = ["ReplaySource"]
@@ -189,7 +189,7 @@ class ReplaySource:
                 name="recorded trace",
                 allocator_settings=str(settings.get("PYTORCH_CUDA_ALLOC_CONF", "")),
             ),
-            segments_note=None if segments else "segment state not read this tick",
+            segments_note=None if segments else SEGMENTS_NOT_READ,
             notes=(note,),
         )
 

@@ -31,7 +31,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpumemviz.sample import DeviceInfo, MemoryStats, NvmlInfo, OomEvent, Sample
+from gpumemviz.sample import (
+    SEGMENTS_NOT_READ,
+    DeviceInfo,
+    MemoryStats,
+    NvmlInfo,
+    OomEvent,
+    Sample,
+    check_device,
+)
 from gpumemviz.sources.base import SourceCommandError, short_error
 from gpumemviz.sources.nvml import NvmlReader, normalize_uuid
 from gpumemviz.sources.oom import classify_oom, oom_request_size
@@ -353,9 +361,7 @@ class TorchCudaSource:
     demo = False
 
     def __init__(self, device: int = 0, *, nvml: bool = True) -> None:
-        if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-            raise ValueError(f"device must be a non-negative int, got {device!r}")
-        self.device = device
+        self.device = check_device(device)
         self._use_nvml = nvml
         self._nvml: NvmlReader | None = None
         self._info: DeviceInfo | None = None
@@ -498,7 +504,7 @@ class TorchCudaSource:
                 errors.append(f"memory_snapshot: {short_error(exc)}")
                 note = "segment map not readable"
         else:
-            note = "segment state not read this tick"
+            note = SEGMENTS_NOT_READ
         reserved = stats.reserved if stats is not None else None
         nvml_info = None
         if self._use_nvml:
@@ -581,17 +587,13 @@ class TorchCudaSource:
                 errors.append(f"OOM snapshot: {short_error(exc)}")
         elif event.snapshot_error:
             errors.append(f"OOM snapshot: {event.snapshot_error}")
-        return Sample(
-            time=event.time,
-            monotonic=time.monotonic(),
-            device=self.device,
-            stats=None,
-            segments=snap,
+        return Sample.for_oom(
+            event,
+            self.device,
+            snap,
             errors=tuple(errors),
             source_label=self.label,
             device_info=self._info,
-            oom=event,
-            keyframe=True,
         )
 
     # commands ------------------------------------------------------------------------------
