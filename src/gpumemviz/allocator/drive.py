@@ -20,7 +20,7 @@ from .config import AllocatorConfig
 from .layout import INACTIVE
 from .model import CachingAllocator, DescendingAddresses, OutOfMemory
 from .reconstruct import SEGMENT_ACTIONS, Step
-from .rules import K_SMALL_BUFFER, is_small
+from .rules import K_SMALL_BUFFER, is_small, page_size, reservation_size
 from .timeline import Timeline
 
 __all__ = ["DeviceReplay", "ReplayError", "drive"]
@@ -106,25 +106,36 @@ class _Provider:
         self.model: CachingAllocator | None = None
         self.synced = 0  # the model's trace_len() when its entries were last read
 
-    def load(self, model: CachingAllocator, segments: Sequence[Mapping[str, Any]]) -> None:
-        """Start over from a model loaded with `segments` (its reservations as it builds them)."""
+    def load(
+        self,
+        model: CachingAllocator,
+        segments: Sequence[Mapping[str, Any]],
+        bases: Sequence[tuple[int, bool, int]] = (),
+    ) -> None:
+        """Start over from a model loaded with `segments` and reservation `bases` (holding its
+        reservations as `from_segments` builds them)."""
         self.model, self.synced = model, model.trace_len()
         self.starts, self.ends, self.reserved = [], [], set()
         self.mapped = _Runs(segments)
-        runs: dict[tuple[int, bool], list[Mapping[str, Any]]] = {}
+        runs: dict[tuple[int, bool], list[tuple[int, int]]] = {}
         for seg in sorted(segments, key=lambda s: s["address"]):
             if seg.get("is_expandable"):
-                runs.setdefault((seg["stream"], seg["segment_type"] == "small"), []).append(seg)
+                key = (seg["stream"], seg["segment_type"] == "small")
+                runs.setdefault(key, []).append((seg["address"], seg["total_size"]))
             else:
                 self.hold(seg["address"], seg["total_size"])
-        for (_, small), group in runs.items():
-            extent = self.extent(small)
-            end = -1
-            for seg in group:  # runs within one extent of the lowest share its reservation
-                if seg["address"] + seg["total_size"] > end:
-                    size = extent or seg["total_size"]
-                    self.hold(seg["address"], size, reservation=bool(extent))
-                    end = seg["address"] + size
+        known: dict[tuple[int, bool], list[int]] = {}
+        for stream, small, base in bases:
+            known.setdefault((stream, small), []).append(base)
+        for key in runs.keys() | known.keys():
+            extent = self.extent(key[1])
+            group = runs.get(key, [])
+            if not extent:  # the model's reservations are not tracked: hold the runs
+                for addr, size in group:
+                    self.hold(addr, size)
+                continue
+            for base in _reservation_starts(group, sorted(known.get(key, ())), extent):
+                self.hold(base, extent, reservation=True)
 
     def extent(self, small: bool) -> int:
         """Address space of one reservation (section 2.13), or 0 when the total is unknown."""
@@ -290,6 +301,103 @@ class _Runs:
                 self.unmap(e[1], e[2])
 
 
+def _reservation_starts(
+    runs: Sequence[tuple[int, int]], bases: Sequence[int], extent: int
+) -> list[int]:
+    """Where `from_segments` starts the reservations of sorted mapped `runs` (address, size)
+    of one stream and pool, given sorted known `bases`: at each base, else at the lowest run
+    above the last reservation."""
+    out: list[int] = []
+    i = k = 0
+    while True:
+        nxt = runs[i][0] if i < len(runs) else None
+        if k < len(bases) and (nxt is None or bases[k] <= nxt):
+            base = bases[k]
+            k += 1
+        elif nxt is not None:
+            base = nxt
+        else:
+            return out
+        out.append(base)
+        while i < len(runs) and runs[i][0] < base + extent:
+            i += 1
+
+
+class _Reservations:
+    """Where each expandable reservation starts, as far as the trace proves it.
+
+    A snapshot shows only mapped runs, and an expandable trace cut by the ring buffer may map
+    pages below the lowest run it starts with. A reservation spans `extent` bytes, starts at
+    or below every address mapped in its life, and lives while any page of it is mapped; a
+    new one starts at its first map (section 2.13). So a map of a stream and pool that fits
+    within one extent of a live reservation's mapped pages is in it, otherwise it starts a
+    new one.
+    """
+
+    def __init__(
+        self, timeline: Timeline, small_at: Callable[[int], bool], extent: Callable[[bool], int]
+    ):
+        self.lives: list[tuple[int, int, int, bool, int]] = []  # (from, to, stream, small, base)
+        self.extent = extent
+        live: list[list[Any]] = []  # [from, stream, small, lowest, highest end, fixed, _Runs]
+        for seg in sorted(timeline.start.to_segments(timeline.device), key=lambda s: s["address"]):
+            if seg.get("is_expandable"):
+                addr, size = seg["address"], seg["total_size"]
+                small = seg["segment_type"] == "small"
+                r = self._find(live, seg["stream"], small, addr, size, greedy=True)
+                if r is None:
+                    r = [-1, seg["stream"], small, addr, addr, False, _Runs(())]
+                    live.append(r)
+                r[4] = addr + size
+                r[6].map(addr, size)
+        n = len(timeline.steps)
+        for j, (action, addr, size, stream) in enumerate(timeline.steps):
+            if action == "segment_map":
+                small = small_at(j)
+                r = self._find(live, stream, small, addr, size)
+                if r is None:
+                    r = [j, stream, small, addr, addr + size, True, _Runs(())]
+                    live.append(r)
+                r[3], r[4] = min(r[3], addr), max(r[4], addr + size)
+                r[6].map(addr, size)
+            elif action == "segment_unmap":
+                for r in live:
+                    if r[1] == stream and r[6].within(addr, addr + size):
+                        r[6].unmap(addr, size)
+                        if not r[6].starts:  # its last page went: the reservation is released
+                            live.remove(r)
+                            self.lives.append((r[0], j, r[1], r[2], r[3]))
+                        break
+        self.lives += [(r[0], n, r[1], r[2], r[3]) for r in live]
+
+    def _find(
+        self,
+        live: list[list[Any]],
+        stream: int,
+        small: bool,
+        addr: int,
+        size: int,
+        greedy: bool = False,
+    ) -> list[Any] | None:
+        """The live reservation a newly mapped [addr, addr+size) must be in, if any."""
+        extent = self.extent(small)
+        best: list[Any] | None = None
+        for r in live:
+            if r[1] != stream or r[2] != small:
+                continue
+            if r[5] or greedy:  # its base is known (greedy: the lowest run, as from_segments)
+                fits = r[3] <= addr and addr + size <= r[3] + extent
+            else:
+                fits = max(r[4], addr + size) - min(r[3], addr) <= extent
+            if fits and (best is None or abs(addr - r[3]) < abs(addr - best[3])):
+                best = r
+        return best
+
+    def at(self, i: int) -> list[tuple[int, bool, int]]:
+        """``(stream, small, base)`` of the reservations alive after trace entry i (-1: start)."""
+        return [(st, sm, base) for frm, to, st, sm, base in self.lives if frm <= i < to]
+
+
 def _layout_key(segments: Sequence[Mapping[str, Any]]) -> list[tuple]:
     return sorted(
         (
@@ -335,12 +443,17 @@ class _Driver:
 
         def small_at(j: int) -> bool:
             for k in range(j + 1, len(steps)):
-                if steps[k][0] == "alloc":
+                if steps[k][0] in ("alloc", "oom"):  # the malloc that mapped it
                     return is_small(rules.round(steps[k][2]))
             return False
 
         self.provider = _Provider(self.steps, invent=what_if, small_at=small_at)
         self.provider.full = capacity is not None
+        self.bases = _Reservations(
+            timeline,
+            small_at,
+            lambda small: reservation_size(self.total, page_size(small, config.large_segment_size)),
+        )
         self.out = DeviceReplay(
             device=timeline.device,
             config=config.settings,
@@ -355,11 +468,12 @@ class _Driver:
         self.reserved = np.zeros(n, np.int64)  # the model's figures after each trace entry
         self.allocated = np.zeros(n, np.int64)
         self.nsegs = np.zeros(n, np.int64)
-        self._load(timeline.start.to_segments(timeline.device))
+        self._load(timeline.start.to_segments(timeline.device), -1)
 
     # -- state ------------------------------------------------------------------------------
-    def _load(self, segments: list[dict[str, Any]]) -> None:
-        """A fresh model holding `segments`; blocks alive there keep their recorded address.
+    def _load(self, segments: list[dict[str, Any]], point: int) -> None:
+        """A fresh model holding `segments`, the recorded state after trace entry `point`, with
+        the reservations the trace proves; blocks alive there keep their recorded address.
 
         A block waiting on events (active_pending_free) is loaded allocated and then freed
         behind an event of its own made-up stream, so that its free_completed can finish
@@ -384,6 +498,7 @@ class _Driver:
                 }
                 for s in segments
             ]
+        bases = self.bases.at(point)
         try:
             self.model = CachingAllocator.from_segments(
                 segments,
@@ -391,6 +506,7 @@ class _Driver:
                 self.config,
                 self.tl.device,
                 self.total,
+                reservations=bases,
                 address_provider=self.provider,
                 trace_max_entries=1 << 16,  # one call never emits more
             )
@@ -410,7 +526,7 @@ class _Driver:
             self.model.record_stream(addr, fake)
             self.model.free(self.where.pop(self.rename(addr)))
             self.deferred[self.rename(addr)] = fake
-        self.provider.load(self.model, segments)
+        self.provider.load(self.model, segments, bases)
 
     def _miss(self, i: int, kind: str, detail: str) -> None:
         if len(self.out.mismatches) < self.max_mismatches:
@@ -418,7 +534,7 @@ class _Driver:
 
     def _resynchronise(self, i: int) -> None:
         """Per-decision scoring: continue from the recorded layout after entry i."""
-        self._load(self.tl.layout_at(i).to_segments(self.tl.device))
+        self._load(self.tl.layout_at(i).to_segments(self.tl.device), i)
 
     def _take(self, i: int) -> int:
         key = self.rename(self.steps[i][1])

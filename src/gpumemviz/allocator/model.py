@@ -901,6 +901,8 @@ class CachingAllocator:
         config: str | AllocatorConfig = "",
         device: int = 0,
         device_total: int | None = None,
+        *,
+        reservations: Iterable[tuple[int, bool, int]] = (),
         **kwargs: Any,
     ) -> CachingAllocator:
         """A model whose state is the given torch-format segments (of `device`).
@@ -909,8 +911,12 @@ class CachingAllocator:
         allocations (free them by address), `active_pending_free` blocks wait on an event of an
         unknown stream (-1) that `complete_events()` completes. Expandable runs of one
         (stream, pool) are placed in one address reservation starting at the lowest run when
-        they fit in it (unmapped gaps between them stay unmapped). Stats start at the walk of
-        the state (peak = current). Segments of private pools are refused.
+        they fit in it (unmapped gaps between them stay unmapped). A snapshot does not show
+        where a reservation starts: `reservations` gives known bases as ``(stream, small,
+        base)``; the runs of that stream and pool from `base` to the end of its address space
+        go in a reservation starting there (unmapped below the lowest run), and one with no
+        run in it is held entirely unmapped. Stats start at the walk of the state (peak =
+        current). Segments of private pools are refused.
         Extra keyword arguments go to the constructor.
         """
         self = cls(capacity, config, device, device_total, **kwargs)
@@ -929,8 +935,17 @@ class CachingAllocator:
                 continue
             self._load_run(seg, self._small if small else self._large, None)
             self._total += seg["total_size"]
+        bases: dict[tuple[int, bool], list[int]] = {}
+        for stream, small, base in reservations:
+            bases.setdefault((stream, bool(small)), []).append(base)
+            exp_runs.setdefault((stream, bool(small)), [])
         for (stream, small), runs in exp_runs.items():
-            self._load_expandable(stream, small, sorted(runs, key=lambda s: s["address"]))
+            self._load_expandable(
+                stream,
+                small,
+                sorted(runs, key=lambda s: s["address"]),
+                sorted(bases.get((stream, small), ())),
+            )
         # stats: current values from the state, peak = allocated = current
         st = self.stats
         st.seed_current(S.walk_stats(segs))
@@ -991,12 +1006,29 @@ class CachingAllocator:
             base = self._provide("expandable", vsize, stream)
         return _Expandable(base, vsize, page, stream, small)
 
-    def _load_expandable(self, stream: int, small: bool, runs: list[Mapping[str, Any]]) -> None:
+    def _load_expandable(
+        self, stream: int, small: bool, runs: list[Mapping[str, Any]], bases: list[int]
+    ) -> None:
+        """Place sorted mapped `runs` in reservations: one at each known base of sorted `bases`
+        (holding the runs within its address space), else one at the lowest run left."""
         pool = self._small if small else self._large
-        i = 0
-        while i < len(runs):
-            es = self._new_reservation(stream, small, runs[i]["address"])
-            end = es.base + es.size
+        i = k = 0
+        floor = 0  # end of the last reservation placed
+        while True:
+            nxt = runs[i]["address"] if i < len(runs) else None
+            if k < len(bases) and (nxt is None or bases[k] <= nxt):
+                base = bases[k]
+                k += 1
+            elif nxt is not None:
+                base = nxt
+            else:
+                break
+            if base < floor:
+                raise ValueError(
+                    f"from_segments: reservation at {base:#x} overlaps the one below it"
+                )
+            es = self._new_reservation(stream, small, base)
+            end = floor = es.base + es.size
             cursor = es.base
             last: _Block | None = None
             while i < len(runs) and runs[i]["address"] + runs[i]["total_size"] <= end:
@@ -1017,15 +1049,20 @@ class CachingAllocator:
                 cursor = run["address"] + run["total_size"]
                 self._total += run["total_size"]
                 i += 1
-            if cursor < end:
+            if i < len(runs) and runs[i]["address"] < end:
+                if runs[i]["address"] == es.base:
+                    raise ValueError(
+                        f"from_segments: expandable run at {es.base:#x} is larger than "
+                        f"the address space of one reservation ({es.size} bytes)"
+                    )
+                raise ValueError(
+                    f"from_segments: expandable run at {runs[i]['address']:#x} crosses the end "
+                    f"of the reservation at {es.base:#x} ({es.size} bytes)"
+                )
+            if cursor < end:  # the unmapped tail (the whole reservation when nothing is mapped)
                 tail = _Block(cursor, end - cursor, stream, pool, es, False)
                 _link(tail, last, None)
                 pool.insert_unmapped(tail)
-            if cursor == es.base:  # a run larger than a whole reservation
-                raise ValueError(
-                    f"from_segments: expandable run at {runs[i]['address']:#x} is larger than "
-                    f"the address space of one reservation ({es.size} bytes)"
-                )
 
     # ------------------------------------------------------------------ internals: allocation
 
