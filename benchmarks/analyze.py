@@ -18,25 +18,10 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+from _common import MIB, label, read_plain, real_files
 from gpumemviz.fragmentation import fragmentation
-
-REPO = Path(__file__).resolve().parents[1]
-REAL_DIR = REPO.parent / "shared" / "real-snapshots"
-MIB = 1 << 20
-
-
-class _NoGlobals(pickle.Unpickler):
-    """The real files hold plain types only; refuse anything else (never a plain pickle.load)."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refused global {module}.{name}")
-
-
-def read_plain(data: bytes) -> Any:
-    return _NoGlobals(io.BytesIO(data)).load()
 
 
 def floor(d: dict) -> int:
@@ -134,10 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, no 10^6 case")
     args = ap.parse_args(argv)
     cases: list[tuple[str, bytes, int]] = []
-    for p in sorted(REAL_DIR.glob("*.pickle")) if REAL_DIR.is_dir() else []:
-        cases.append(
-            (p.name.split("__")[0][:14] + ":" + p.stem.split("__")[-1][:22], p.read_bytes(), 0)
-        )
+    for p in real_files():
+        cases.append((label(p, 14, 22), p.read_bytes(), 0))
     sizes = (10**4, 10**5) if args.quick else (10**4, 10**5, 10**6)
     for n in sizes:
         cases.append((f"synthetic 10^{len(str(n)) - 1}", pickle.dumps(synthetic(n), 4), n))

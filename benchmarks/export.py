@@ -20,21 +20,15 @@ import io
 import pickle
 import random
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
+from _common import MIB, best, label, real_files, uniform_snapshot
 from gpumemviz.diff import diff
 from gpumemviz.export import export, trace_rows
 from gpumemviz.frames import redact_paths, redact_torch
 from gpumemviz.io import load_snapshot
 from gpumemviz.sites import live_sites
 from gpumemviz.snapshot import Snapshot
-
-REPO = Path(__file__).resolve().parents[1]
-REAL_DIR = REPO.parent / "shared" / "real-snapshots"
-MIB = 1 << 20
 
 
 def stacks(n: int, depth: int = 30, seed: int = 0) -> list[list[dict]]:
@@ -56,32 +50,14 @@ def stacks(n: int, depth: int = 30, seed: int = 0) -> list[list[dict]]:
     return out
 
 
-def synthetic(n_blocks: int, per_segment: int = 10, n_trace: int = 0, seed: int = 0) -> dict:
-    """A consistent torch-2.11-shaped dict with shared stacks and an optional trace."""
+def synthetic(n_blocks: int, n_trace: int = 0, seed: int = 0) -> dict:
+    """The uniform synthetic dict with 2,000 shared stacks and an optional trace."""
     rng = random.Random(seed)
     pool = stacks(2000, seed=seed)
-    segments = []
-    address = 1 << 40
-    for _ in range(n_blocks // per_segment):
-        blocks, offset, allocated, requested = [], 0, 0, 0
-        for j in range(per_segment):
-            live = j % 3 != 2
-            blocks.append({"address": address + offset, "size": MIB,
-                           "requested_size": MIB - 8 if live else 0,
-                           "state": "active_allocated" if live else "inactive",
-                           "frames": rng.choice(pool) if live else []})  # fmt: skip
-            offset += MIB
-            if live:
-                allocated += MIB
-                requested += MIB - 8
-        segments.append({"device": 0, "address": address, "total_size": offset,
-                         "allocated_size": allocated, "active_size": allocated,
-                         "requested_size": requested, "stream": 0, "segment_type": "large",
-                         "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
-                         "blocks": blocks})  # fmt: skip
-        address += offset + 2 * MIB
+    d = uniform_snapshot(n_blocks, stacks=pool, seed=seed)
+    segments = d["segments"]
     base = segments[-1]["address"] + 100 * MIB if segments else 1 << 40
-    trace = []
+    trace = d["device_traces"][0]
     for i in range(n_trace // 2):  # alloc/free pairs in a segment outside the final state
         a = base + (i % 64) * MIB
         f = rng.choice(pool)
@@ -89,17 +65,7 @@ def synthetic(n_blocks: int, per_segment: int = 10, n_trace: int = 0, seed: int 
                       "time_us": 10 * i, "frames": f})  # fmt: skip
         trace.append({"action": "free_requested", "addr": a, "size": MIB - 8, "stream": 0,
                       "time_us": 10 * i + 5, "frames": f})  # fmt: skip
-    return {"segments": segments, "device_traces": [trace]}
-
-
-def best(fn: Callable[[], Any], reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.process_time()
-        result = fn()
-        times.append(time.process_time() - t0)
-        del result
-    return min(times)
+    return d
 
 
 def row(name: str, snap: Snapshot, reps: int, folder: Path) -> None:
@@ -133,9 +99,8 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        for path in sorted(REAL_DIR.glob("*.pickle")):
-            name = path.name.split("__")[0][:20] + ":" + path.stem.split("__")[-1][:13]
-            row(name, load_snapshot(path), reps, folder)
+        for path in real_files():
+            row(label(path), load_snapshot(path), reps, folder)
         sizes = (10**4, 10**5) if args.quick else (10**4, 10**5, 10**6)
         for n in sizes:
             snap = Snapshot.from_torch(synthetic(n, n_trace=min(n, 10**5)))

@@ -15,31 +15,19 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 
+from _common import REAL_DIR, best, real_files
 from gpumemviz.allocator.replay import replay
 from gpumemviz.allocator.timeline import Timeline
 from gpumemviz.allocator.workloads import WORKLOADS, run
 from gpumemviz.io import loads_restricted
-
-REPO = Path(__file__).resolve().parents[1]
-REAL_DIR = REPO.parent / "shared" / "real-snapshots"
-
-
-def _best(fn, repeat: int = 3) -> float:
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jumps", type=int, default=200, help="random snapshot_at jumps per trace")
     args = ap.parse_args()
-    files = sorted(REAL_DIR.glob("*.pickle")) if REAL_DIR.is_dir() else []
+    files = real_files()
     if not files:
         print(f"no real snapshots in {REAL_DIR}")
         return 1
@@ -58,10 +46,12 @@ def main() -> int:
         traced = [i for i, t in enumerate(d.get("device_traces") or []) if len(t) > 1]
         if not traced:
             continue
-        t_replay = _best(lambda d=d: replay(d))
+        t_replay = best(lambda d=d: replay(d), 3, time.perf_counter)
         result = replay(d)
         for dev in traced:
-            tl_time = _best(lambda d=d, dev=dev: Timeline.from_snapshot(d, dev))
+            tl_time = best(
+                lambda d=d, dev=dev: Timeline.from_snapshot(d, dev), 3, time.perf_counter
+            )
             tl = result.timelines[dev]
             jumps = []
             for _ in range(args.jumps):
@@ -83,7 +73,7 @@ def main() -> int:
     print(f"\nworst snapshot_at jump: {worst:.1f} ms (target < 50 ms)")
     print(f"\n{'workload':<24} {'steps':>7} {'ms':>7} {'outcome'}")
     for name, w in WORKLOADS.items():
-        secs = _best(lambda w=w: run(w))
+        secs = best(lambda w=w: run(w), 3, time.perf_counter)
         o = run(w)
         outcome = "completed" if o.completed else f"OOM at step {o.oom_step}"
         print(f"{name:<24} {o.steps:>7} {secs * 1e3:>7.1f} {outcome}")

@@ -13,68 +13,16 @@ Run: .venv/bin/python benchmarks/snapshot_io.py [--quick]
 from __future__ import annotations
 
 import argparse
-import gc
-import io
 import pickle
-import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
 
+from _common import best, label, read_plain, real_files, uniform_snapshot
 from gpumemviz.io import check_plain, load_snapshot
 from gpumemviz.snapshot import Snapshot, validate
 
-REPO = Path(__file__).resolve().parents[1]
-REAL_DIR = REPO.parent / "shared" / "real-snapshots"
-MIB = 1 << 20
 
-
-class _NoGlobals(pickle.Unpickler):
-    """The floor: the C unpickler refusing globals (never a plain pickle.load)."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refused global {module}.{name}")
-
-
-def floor(data: bytes) -> Any:
-    gc.disable()
-    try:
-        return _NoGlobals(io.BytesIO(data)).load()
-    finally:
-        gc.enable()
-
-
-def synthetic(n_blocks: int, per_segment: int = 10) -> dict:
-    """A consistent torch-2.11-shaped dict; each block has its own (empty) frames list."""
-    segments = []
-    address = 1 << 40
-    for s in range(n_blocks // per_segment):
-        blocks, offset, allocated, requested = [], 0, 0, 0
-        for j in range(per_segment):
-            state = "inactive" if j % 3 == 2 else "active_allocated"
-            blocks.append({"address": address + offset, "size": MIB, "requested_size": MIB - 8,
-                           "state": state, "frames": []})  # fmt: skip
-            offset += MIB
-            if state != "inactive":
-                allocated += MIB
-                requested += MIB - 8
-        segments.append({"device": 0, "address": address, "total_size": offset,
-                         "allocated_size": allocated, "active_size": allocated,
-                         "requested_size": requested, "stream": 0, "segment_type": "large",
-                         "segment_pool_id": (0, 0), "is_expandable": s % 7 == 0, "frames": [],
-                         "blocks": blocks})  # fmt: skip
-        address += offset + 2 * MIB
-    return {"segments": segments, "device_traces": [[]]}
-
-
-def best(fn: Callable[[], Any], reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.process_time()
-        result = fn()
-        times.append(time.process_time() - t0)
-        del result
-    return min(times)
+def floor(data: bytes) -> object:
+    """The restricted C unpickler with the GC paused: no safe reader can be faster."""
+    return read_plain(data, gc_paused=True)
 
 
 def row(name: str, data: bytes, reps: int) -> None:
@@ -105,12 +53,11 @@ def main() -> None:
         f"{'cols ms':>9} {'µs/blk':>6} {'valid ms':>8} {'to_torch':>9} {'load ms':>9} "
         f"{'/floor':>7}"
     )
-    for path in sorted(REAL_DIR.glob("*.pickle")):
-        row(path.name.split("__")[0][:20] + ":" + path.stem.split("__")[-1][:13],
-            path.read_bytes(), reps)  # fmt: skip
+    for path in real_files():
+        row(label(path), path.read_bytes(), reps)
     sizes = (10**4, 10**5) if args.quick else (10**4, 10**5, 10**6)
     for n in sizes:
-        row(f"synthetic {n:,} blocks", pickle.dumps(synthetic(n), protocol=4), reps)
+        row(f"synthetic {n:,} blocks", pickle.dumps(uniform_snapshot(n), protocol=4), reps)
     print(
         "floor: restricted C unpickle, GC paused; walk: check_plain (types, depth); "
         "cols: from_torch; load: load_snapshot (unpickle + walk + cols + validate). CPU times."

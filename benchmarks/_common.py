@@ -1,0 +1,93 @@
+"""What the benchmark scripts share: where the real files are, a safe plain reader, the timer,
+and a uniform synthetic snapshot (each script imports this as `_common`; run them from the
+repository root as `.venv/bin/python benchmarks/NAME.py`)."""
+
+from __future__ import annotations
+
+import gc
+import io
+import pickle
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_DIR = REPO.parent / "shared" / "real-snapshots"
+MIB = 1 << 20
+
+
+def real_files() -> list[Path]:
+    """The real snapshots recorded on GPUs (none when ../shared is absent)."""
+    return sorted(REAL_DIR.glob("*.pickle")) if REAL_DIR.is_dir() else []
+
+
+def label(path: Path, head: int = 20, tail: int = 13) -> str:
+    """A short row name for a real file: 'owner:stem-end'."""
+    return path.name.split("__")[0][:head] + ":" + path.stem.split("__")[-1][:tail]
+
+
+class _NoGlobals(pickle.Unpickler):
+    """The C unpickler refusing every global (never a plain pickle.load): the real files hold
+    plain types only."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused global {module}.{name}")
+
+
+def read_plain(data: bytes, *, gc_paused: bool = False) -> Any:
+    """Unpickle plain data without gpumemviz; `gc_paused` makes it the fastest safe reader."""
+    was = gc.isenabled()
+    if gc_paused:
+        gc.disable()
+    try:
+        return _NoGlobals(io.BytesIO(data)).load()
+    finally:
+        if was:
+            gc.enable()
+
+
+def best(fn: Callable[[], Any], reps: int, clock: Callable[[], float] = time.process_time) -> float:
+    """Smallest time of `reps` calls (CPU seconds by default, so a busy machine distorts less);
+    the result is dropped outside the timed region."""
+    times = []
+    for _ in range(reps):
+        t0 = clock()
+        result = fn()
+        times.append(clock() - t0)
+        del result
+    return min(times)
+
+
+def uniform_snapshot(
+    n_blocks: int, per_segment: int = 10, stacks: list[list[dict]] | None = None, seed: int = 0
+) -> dict:
+    """A consistent torch-2.11-shaped dict: 1 MiB blocks, `per_segment` to a segment, every
+    third one free, every seventh segment expandable.
+
+    Live blocks get a stack drawn from `stacks` (shared lists, as torch's pickles share them);
+    without `stacks`, and for free blocks, each block has its own empty frames list.
+    """
+    rng = random.Random(seed)
+    segments = []
+    address = 1 << 40
+    for s in range(n_blocks // per_segment):
+        blocks, offset, allocated, requested = [], 0, 0, 0
+        for j in range(per_segment):
+            live = j % 3 != 2
+            blocks.append({"address": address + offset, "size": MIB,
+                           "requested_size": MIB - 8 if live else 0,
+                           "state": "active_allocated" if live else "inactive",
+                           "frames": rng.choice(stacks) if live and stacks else []})  # fmt: skip
+            offset += MIB
+            if live:
+                allocated += MIB
+                requested += MIB - 8
+        segments.append({"device": 0, "address": address, "total_size": offset,
+                         "allocated_size": allocated, "active_size": allocated,
+                         "requested_size": requested, "stream": 0, "segment_type": "large",
+                         "segment_pool_id": (0, 0), "is_expandable": s % 7 == 0, "frames": [],
+                         "blocks": blocks})  # fmt: skip
+        address += offset + 2 * MIB
+    return {"segments": segments, "device_traces": [[]]}
