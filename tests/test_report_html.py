@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import gpumemviz
+from conftest import read_real
 from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.fragmentation import fragmentation
 from gpumemviz.io import load_snapshot, save_snapshot
@@ -101,6 +102,10 @@ def test_every_real_file_reports_every_segment_within_budget(real_path: Path, tm
     assert data["header"]["allocated"] == frag.allocated
     for d, figs in data["devices"].items():
         assert figs["reserved"] == frag.device(int(d)).reserved
+    # settings the file does not record are shown as not recorded, not as PyTorch's defaults
+    raw = read_real(real_path)
+    recorded = isinstance(raw, dict) and raw.get("allocator_settings") is not None
+    assert (data["settings"] is not None) == recorded
     # the page loads nothing: no URL to fetch anything from
     assert not re.search(r"""(src|href)\s*=|@import|url\(|https?://[^\s"'<)]*\.(js|css)""", text)
 

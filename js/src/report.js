@@ -131,10 +131,15 @@ function analysis(data, host) {
     st.append(siteTable(data.sites.trace, "sites-trace"));
   }
   const keys = Object.keys(data.settings || {});
-  if (keys.length) {
-    const set = section(host, "Allocator settings");
+  const set = section(host, "Allocator settings");
+  if (data.settings === null || data.settings === undefined) {
+    set.append(el("p", "gmv-muted",
+      "Not recorded in this file (older torch): the analysis assumes PyTorch's defaults."));
+  } else if (keys.length) {
     set.append(table(["setting", "value"],
       keys.sort().map((k) => [k, JSON.stringify(data.settings[k])]), "settings"));
+  } else {
+    set.append(el("p", "gmv-muted", "Recorded: PyTorch's defaults."));
   }
 }
 

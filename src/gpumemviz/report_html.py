@@ -187,7 +187,10 @@ def report_data(snap: Snapshot, *, title: str = "", budget: int | None = None) -
         "worst": [_worst(w) for w in report_.total.worst_segments],
         "advice": advice,
         "oom": {str(d): v for d, v in ooms.items()},
-        "settings": _plain(report_.allocator_settings or {}),
+        # None: the file records no settings (older torch): shown as such, not as defaults
+        "settings": (
+            None if report_.allocator_settings is None else _plain(report_.allocator_settings)
+        ),
         "sites": {"live": live, "trace": traced, "trace_device": trace_dev},
         "violations": [v.message for v in report_.violations][:20],
     }
