@@ -10,7 +10,6 @@ totals, free bytes and UUIDs are SYNTHETIC stand-in values and named so.
 from __future__ import annotations
 
 import copy
-import pickle
 import pickletools
 import sys
 import time
@@ -469,8 +468,45 @@ def test_capture_oom_falls_back_to_the_exception_when_no_observer_ran(serve, tmp
     with pytest.raises(torch.OutOfMemoryError), capture_oom(path) as cap:
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.94 GiB")
     assert cap.written == path
-    with path.open("rb") as f:
-        assert pickle.load(f)["segments"] == raw["segments"]  # our own file, just written
+    assert read_real(path)["segments"] == raw["segments"]
+
+
+def test_capture_oom_writes_through_io_fsynced_and_leaves_nothing_partial(tmp_path, monkeypatch):
+    import os
+
+    import gpumemviz.io as gio
+
+    snap = {"segments": [], "device_traces": [[]]}
+    event = OomEvent(
+        time=1.0,
+        device=0,
+        alloc_size=2 << 20,
+        device_limit=1 << 30,
+        device_free=0,
+        cause="capacity",
+        explanation="x",
+        snapshot=snap,
+    )
+    path = tmp_path / "sub" / "oom.pickle"
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    cap = capture_oom(path)
+    cap._on_oom(event)
+    assert cap.written == path and cap.error is None and synced  # the folder was created
+    assert read_real(path) == snap
+    before = path.read_bytes()
+
+    def half_then_fail(data, f):
+        f.write(b"\x80\x04partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(gio, "_write_pickle", half_then_fail)
+    again = capture_oom(path)
+    again._on_oom(event)
+    assert again.written is None and again.error == f"could not write {path}: OSError: disk full"
+    assert path.read_bytes() == before
+    assert [p.name for p in path.parent.iterdir()] == ["oom.pickle"]
 
 
 def test_capture_oom_without_cuda_does_nothing(tmp_path):

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import inspect
 import os
-import pickle
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpumemviz.io import write_torch
 from gpumemviz.sample import (
     SEGMENTS_NOT_READ,
     DeviceInfo,
@@ -219,16 +218,9 @@ def _reset_observer_for_tests() -> None:
 # capture_oom: for scripts and torchrun jobs.
 # --------------------------------------------------------------------------------------------
 def _write_pickle(obj: Any, path: Path) -> None:
-    """Protocol 4 (memory_viz rejects 5), written atomically."""
+    """Protocol 4 (memory_viz rejects 5), atomically and fsynced (`io.write_torch`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(obj, f, protocol=4)
-        Path(tmp).replace(path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_torch(obj, path)
 
 
 class OomCapture:
