@@ -63,7 +63,8 @@ ACTIONS = (
 )
 
 # Key order of a torch 2.11 dict; rows built by `from_columns` use these layouts.
-_SEG_KEYS = (
+# The first segment keys are int columns of SegmentTable under the same names.
+_SEG_INT_KEYS = (
     "device",
     "address",
     "total_size",
@@ -71,6 +72,9 @@ _SEG_KEYS = (
     "active_size",
     "requested_size",
     "stream",
+)
+_SEG_KEYS = (
+    *_SEG_INT_KEYS,
     "segment_type",
     "segment_pool_id",
     "is_expandable",
@@ -722,18 +726,7 @@ class Snapshot:
         s = self.segments
         n = len(s)
         frames = self._seg_frames
-        vals: dict[str, Any] = {
-            k: _taker(getattr(s, k))
-            for k in (
-                "device",
-                "address",
-                "total_size",
-                "allocated_size",
-                "active_size",
-                "requested_size",
-                "stream",
-            )
-        }
+        vals: dict[str, Any] = {k: _taker(getattr(s, k)) for k in _SEG_INT_KEYS}
         vals["segment_type"] = lambda idx: [
             "small" if x else "large" for x in _take(s.is_small, idx)
         ]
