@@ -4,6 +4,7 @@ repository root as `.venv/bin/python benchmarks/NAME.py`)."""
 
 from __future__ import annotations
 
+import argparse
 import gc
 import io
 import pickle
@@ -16,6 +17,17 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 REAL_DIR = REPO.parent / "shared" / "real-snapshots"
 MIB = 1 << 20
+
+
+def quick_or_full(doc: str | None) -> tuple[int, tuple[int, ...]]:
+    """Parse the command line (`--quick`): (repetitions, synthetic sizes in blocks).
+
+    Full: 3 repetitions at 10^4, 10^5 and 10^6 blocks; quick: one, without 10^6.
+    """
+    parser = argparse.ArgumentParser(description=(doc or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="skip 10^6 blocks, one repetition")
+    quick = parser.parse_args().quick
+    return (1, (10**4, 10**5)) if quick else (3, (10**4, 10**5, 10**6))
 
 
 def real_files() -> list[Path]:

@@ -15,14 +15,13 @@ Run: .venv/bin/python benchmarks/export.py [--quick]
 
 from __future__ import annotations
 
-import argparse
 import io
 import pickle
 import random
 import tempfile
 from pathlib import Path
 
-from _common import MIB, best, label, real_files, uniform_snapshot
+from _common import MIB, best, label, quick_or_full, real_files, uniform_snapshot
 from gpumemviz.diff import diff
 from gpumemviz.export import export, trace_rows
 from gpumemviz.frames import redact_paths, redact_torch
@@ -88,10 +87,7 @@ def row(name: str, snap: Snapshot, reps: int, folder: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="skip 10^6 blocks, one repetition")
-    args = parser.parse_args()
-    reps = 1 if args.quick else 3
+    reps, sizes = quick_or_full(__doc__)
     print(
         f"{'snapshot':<34} {'blocks':>9} {'floor ms':>8} {'export ms':>9} {'/floor':>7} "
         f"{'redact ms':>9} {'µs/blk':>6} {'dict ms':>9} {'red+exp':>9} {'sites ms':>8} "
@@ -101,7 +97,6 @@ def main() -> None:
         folder = Path(tmp)
         for path in real_files():
             row(label(path), load_snapshot(path), reps, folder)
-        sizes = (10**4, 10**5) if args.quick else (10**4, 10**5, 10**6)
         for n in sizes:
             snap = Snapshot.from_torch(synthetic(n, n_trace=min(n, 10**5)))
             row(f"synthetic {n:,} blocks", snap, reps, folder)

@@ -12,10 +12,9 @@ Run: .venv/bin/python benchmarks/snapshot_io.py [--quick]
 
 from __future__ import annotations
 
-import argparse
 import pickle
 
-from _common import best, label, read_plain, real_files, uniform_snapshot
+from _common import best, label, quick_or_full, read_plain, real_files, uniform_snapshot
 from gpumemviz.io import check_plain, load_snapshot
 from gpumemviz.snapshot import Snapshot, validate
 
@@ -44,10 +43,7 @@ def row(name: str, data: bytes, reps: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="skip 10^6 blocks, one repetition")
-    args = parser.parse_args()
-    reps = 1 if args.quick else 3
+    reps, sizes = quick_or_full(__doc__)
     print(
         f"{'snapshot':<34} {'MB':>7} {'blocks':>9} {'floor ms':>9} {'walk ms':>9} "
         f"{'cols ms':>9} {'µs/blk':>6} {'valid ms':>8} {'to_torch':>9} {'load ms':>9} "
@@ -55,7 +51,6 @@ def main() -> None:
     )
     for path in real_files():
         row(label(path), path.read_bytes(), reps)
-    sizes = (10**4, 10**5) if args.quick else (10**4, 10**5, 10**6)
     for n in sizes:
         row(f"synthetic {n:,} blocks", pickle.dumps(uniform_snapshot(n), protocol=4), reps)
     print(
