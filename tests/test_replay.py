@@ -380,8 +380,7 @@ _CONFS = ["", "expandable_segments:True", "max_split_size_mb:64", "roundup_power
 def test_programs_that_keep_running_out_of_memory_replay_exactly(seed):
     """A program that catches OOMs and goes on, with deferred frees and empty_cache: every
     release path in every order, with the capacity taken from the recorded oom entries. Cut
-    in the middle too, except with expandable segments, whose address reservations at the
-    start of a cut trace a snapshot does not show."""
+    in the middle too (expandable segments included: test_replay_cut.py)."""
     import random
 
     from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
@@ -410,8 +409,7 @@ def test_programs_that_keep_running_out_of_memory_replay_exactly(seed):
     snap = a.snapshot(record=False)
     trace = snap["device_traces"][0]
     assert sum(e["action"] == "oom" for e in trace) > 0
-    starts = (0,) if "expandable" in config else (0, len(trace) // 2)
-    for start in starts:
+    for start in (0, len(trace) // 2):
         dev = replay({**snap, "device_traces": [trace[start:]]}).devices[0]
         assert dev.exact, (start, dev.mismatches)
 

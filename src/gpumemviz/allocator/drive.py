@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .config import AllocatorConfig
-from .layout import INACTIVE
+from .layout import INACTIVE, Layout, LayoutError
 from .model import CachingAllocator, DescendingAddresses, OutOfMemory
 from .reconstruct import SEGMENT_ACTIONS, Step
 from .rules import K_SMALL_BUFFER, is_small, page_size, reservation_size
@@ -99,6 +99,7 @@ class _Provider:
         self.full = False  # reservations held with their whole extent (device total known)
         self.fallback = DescendingAddresses(_INVENTED_TOP)
         self.surprises = 0  # the model asked when the trace shows nothing to answer with
+        self.cut: list[tuple[str, int, int]] = []  # a new segment / map the cut hid (below)
         self.starts: list[int] = []  # ranges the model holds, sorted by start
         self.ends: list[int] = []
         self.reserved: set[int] = set()  # which of them are expandable reservations
@@ -182,6 +183,11 @@ class _Provider:
         span = size if not expandable or self.full else 1
         if not self.invent:
             want = "segment_map" if expandable else "segment_alloc"
+            for entry in self.cut:
+                if entry[0] == want and not self.overlaps(entry[1], span):
+                    self.cut.remove(entry)
+                    self.hold(entry[1], span, reservation=expandable)
+                    return entry[1]
             for j in self.window:
                 if j not in self.used and self.steps[j][0] == want:
                     self.used.add(j)
@@ -411,6 +417,20 @@ def _layout_key(segments: Sequence[Mapping[str, Any]]) -> list[tuple]:
     )
 
 
+def _without(lay: Layout, entry: tuple[str, int, int]) -> Layout | None:
+    """`lay` before a new segment / mapped range `entry` (None when it is not there, free)."""
+    out = lay.copy()
+    action, addr, size = entry
+    try:
+        if action == "segment_alloc":
+            out.remove_segment(addr, size, "hidden segment_alloc")
+        else:
+            out.unmap_range(addr, size, "hidden segment_map")
+    except LayoutError:
+        return None
+    return out
+
+
 class _Driver:
     """One pass over one device's trace with a fresh model (see `drive`)."""
 
@@ -468,7 +488,9 @@ class _Driver:
         self.reserved = np.zeros(n, np.int64)  # the model's figures after each trace entry
         self.allocated = np.zeros(n, np.int64)
         self.nsegs = np.zeros(n, np.int64)
-        self._load(timeline.start.to_segments(timeline.device), -1)
+        self.cut_at = -1  # the first malloc, when the cut hid the segment it made
+        self.cut_grew: list[tuple[str, int, int]] = []
+        self._load(self._start().to_segments(timeline.device), -1)
 
     # -- state ------------------------------------------------------------------------------
     def _load(self, segments: list[dict[str, Any]], point: int) -> None:
@@ -527,6 +549,84 @@ class _Driver:
             self.model.free(self.where.pop(self.rename(addr)))
             self.deferred[self.rename(addr)] = fake
         self.provider.load(self.model, segments, bases)
+
+    def _start(self) -> Layout:
+        """The state the model starts from: the reconstructed one, unless the ring buffer cut
+        between the first malloc's new segment (or mapped pages) and its alloc entry.
+
+        The start state then already holds that segment, free. Both stories give the same
+        entries; they differ only where the model would not pick that block by searching
+        (max_split_size: an oversize block; a refilled hole of an expandable segment), and
+        then only the story where the malloc makes it reproduces the recorded block. The
+        hidden new segment or map is handed to the model like a recorded one.
+        """
+        tl, steps = self.tl, self.steps
+        start = tl.start
+        if self.what_if:
+            return start
+        i0 = next((i for i, st in enumerate(steps) if st[0] in ("alloc", "oom")), None)
+        if i0 is None or steps[i0][0] != "alloc":
+            return start
+        if any(steps[j][0] in SEGMENT_ACTIONS for j in range(i0)):
+            return start
+        stories = self._hidden_growth(start, steps[i0])
+        if not stories:
+            return start
+        before = tl.layout_at(i0 - 1)
+        if self._trial(before, i0, None):
+            return start
+        for entry in stories:
+            lay = _without(before, entry)
+            if lay is not None and self._trial(lay, i0, entry):
+                self.cut_at, self.cut_grew = i0, [entry]
+                self.provider.cut = [entry]
+                self.provider.surprises = 0
+                self.provider.fallback = DescendingAddresses(_INVENTED_TOP)
+                return _without(start, entry) or start
+        self.provider.surprises = 0
+        self.provider.fallback = DescendingAddresses(_INVENTED_TOP)
+        return start
+
+    def _hidden_growth(self, start: Layout, step: Step) -> list[tuple[str, int, int]]:
+        """What the first malloc may have made before the cut: the whole free segment its
+        block starts, or the last pages mapped under it (reference 9.2: the allocation starts
+        at the free tail, and ceil((rounded - tail) / page) pages are mapped above it)."""
+        _, addr, size, stream = step
+        seg = start.segment_at(addr)
+        if seg is None or seg.stream != stream:
+            return []
+        k = seg.index(addr)
+        b = seg.blocks[k]
+        if b[0] != addr or b[2] != INACTIVE:
+            return []
+        if not seg.expandable:
+            if len(seg.blocks) == 1:
+                return [("segment_alloc", seg.address, seg.size)]
+            return []
+        page = page_size(seg.small, self.config.large_segment_size)
+        rounded = self.tl.rules.round(size)
+        end = b[0] + b[1]
+        out = []
+        m = seg.address + -(-(addr - seg.address) // page) * page  # first page boundary >= addr
+        while m - addr < rounded and m < end:
+            n = -(-(rounded - (m - addr)) // page) * page
+            if m + n <= end:
+                out.append(("segment_map", m, n))
+            m += page
+        return out
+
+    def _trial(self, lay: Layout, i: int, entry: tuple[str, int, int] | None) -> bool:
+        """Does the model, started from `lay` (the state before malloc `i`), put it at the
+        recorded address, making exactly `entry` (None: nothing)?"""
+        self.provider.cut = [entry] if entry else []
+        self._load(lay.to_segments(self.tl.device), i - 1)
+        _, addr, size, stream = self.steps[i]
+        self.provider.window, self.provider.used, self.provider.pos = [], set(), i
+        mark = self.model.trace_len()
+        got, oomed = self._try(size, stream)
+        grew = [(e[0], e[1], e[2]) for e in self.model.trace_since(mark) if e[0] in SEGMENT_ACTIONS]
+        self.provider.cut = []
+        return not oomed and got == addr and grew == ([entry] if entry else [])
 
     def _miss(self, i: int, kind: str, detail: str) -> None:
         if len(self.out.mismatches) < self.max_mismatches:
@@ -686,6 +786,8 @@ class _Driver:
                 got, oomed = self._try(size, stream)
         model = self.model
         own = self._own(mark, run, allocated_before)
+        if i == self.cut_at:  # the new segment the cut hid is not scored as the model's own
+            own = [e for e in own if (e[0], e[1], e[2]) not in self.cut_grew]
         differs = False
         if not self.what_if:
             differs = not self._score(i, own, run)
