@@ -57,7 +57,7 @@ const FIGURE_ROWS = /** @type {const} */ ([
   ["internal_waste", "rounding waste (allocated - requested)", "bytes"],
   ["pending_free", "pending free", "bytes"], ["free", "free in reserved", "bytes"],
   ["free_trapped", "free, trapped in partly used segments (inactive_split_bytes)", "bytes"],
-  ["free_stuck", "free, empty_cache() cannot return it (the map's trapped)", "bytes"],
+  ["free_stuck", "free after empty_cache() (pending frees synced; the map's trapped)", "bytes"],
   ["releasable", "free, empty_cache() releases it", "bytes"],
   ["largest_free", "largest free block", "bytes"],
   ["external_fragmentation", "fragmentation (1 - largest free / free)", "ratio"],

@@ -164,13 +164,12 @@ def report_data(snap: Snapshot, *, title: str = "", budget: int | None = None) -
         for a in _advice.advise(report_, device=d, device_total=total):
             advice.append({"kind": a.kind, "message": a.message, "device": d})
     devices = {str(d): _device_figures(f) for d, f in report_.devices.items()}
-    # what the map paints "trapped": free bytes empty_cache cannot return, which on expandable
-    # segments includes sub-page slivers that torch's inactive_split_bytes (free_trapped) excludes
-    seg = report_.per_segment
-    stuck = seg.stuck_free
+    # free bytes empty_cache cannot return (it syncs pending frees first, so they count): what
+    # the map paints trapped; on expandable segments it includes sub-page slivers, which torch's
+    # inactive_split_bytes (free_trapped) excludes
     for d, figs in devices.items():
-        figs["free_stuck"] = int(stuck[seg.device == int(d)].sum())
-    totals = _device_figures(report_.total) | {"free_stuck": int(stuck.sum())}
+        figs["free_stuck"] = _stuck(report_.devices[int(d)])
+    totals = _device_figures(report_.total) | {"free_stuck": _stuck(report_.total)}
     live = [s.to_dict() for s in _sites.live_sites(snap)]
     trace_dev = _longest_trace(snap)
     traced = (
@@ -317,6 +316,11 @@ _FIGURES = (
 
 def _device_figures(f: Any) -> dict:
     return {k: getattr(f, k) for k in _FIGURES}
+
+
+def _stuck(f: Any) -> int:
+    """Bytes left free after empty_cache(): free and pending free, less what it releases."""
+    return max(0, f.free + f.pending_free - f.releasable)
 
 
 def _worst(w: Any) -> dict:
