@@ -80,12 +80,27 @@ KNOWN: dict[str, str] = {
     "rss@cli": "the memo-index allocation through `gpumemviz inspect` (killed by the RSS guard)",
     "TypeError@snapshot.py:from_entries": "snapshot: an unhashable trace action (a list) raises "
     "TypeError (tests/data/fuzz/trace_action_list.json)",
+    "cli:TypeError@snapshot.py:from_entries": "the same through `gpumemviz inspect`",
     "RecursionError@snapshot.py": "snapshot.from_torch on a dict holding a value "
     "nested 100k deep: building the error message's repr recurses (files are depth-checked)",
     "ext-cache": "io.loads_restricted: EXT1/EXT2/EXT4 take a global from copyreg's extension "
     "cache without calling find_class; once anything in the process unpickled a registered "
     "extension code, a snapshot file naming that code runs it (not reachable by the workers, "
     "whose cache stays empty; reproducer in the report)",
+    "OverflowError@snapshot.py:_pool_column": "snapshot: a segment_pool_id beyond int64 raises "
+    "OverflowError, from a file too (tests/data/fuzz/pool_id_overflow.pickle)",
+    "cli:OverflowError@snapshot.py:_pool_column": "the same through `gpumemviz inspect`",
+    "ValueError@snapshot.py:_assemble": "snapshot: a mutated torch dict reaches numpy "
+    "'provided out is the wrong size for the accumulation' (a plain ValueError; the case held a "
+    "value nested too deep to save: dict target, seed 7)",
+    "multiline@io.py:find_class": "io: a refused global's name with a newline (STACK_GLOBAL "
+    "strings may hold one) makes a two-line message (tests/data/fuzz/global_name_newline.pickle)",
+    "cli:stderr": "under the address-space cap only: CPython prints 'SystemError: deallocated "
+    "bytearray object has exported buffers' to stderr before the one-line error (a failed "
+    "BYTEARRAY8 allocation)",
+    "cli:OverflowError@config.py:from_settings": "allocator/config: an infinite "
+    "roundup_power2_divisions value raises OverflowError (tests/data/fuzz/roundup_divisions_inf"
+    ".pickle)",
     "cli:TypeError@config.py:from_settings": "allocator/config: roundup_power2_divisions "
     "values that are not numbers raise TypeError in fragmentation() "
     "(tests/data/fuzz/roundup_divisions_dict.json)",
@@ -927,6 +942,7 @@ def atheris_worker(args: argparse.Namespace) -> int:
             (corpus / f"seed-{i}").write_bytes(data)
     _set_rlimit(args.rss_mb + (4200 if args.target == "cli" else 0))
     out, tmp = Path(args.out), Path(tempfile.mkdtemp(prefix="case-", dir=args.workdir))
+    out.mkdir(parents=True, exist_ok=True)  # libFuzzer writes its artifacts there
     known: Counter = Counter()
 
     def one(data: bytes) -> None:

@@ -31,7 +31,7 @@ __all__ = ["SimulatedSource"]
 
 _CONTEXT_BYTES = 512 << 20  # SYNTHETIC: what a CUDA context and libraries would hold outside
 _TRACE_ENTRIES = 20_000  # the model's recorded history ring (export and OOM snapshots)
-OOMS_KEPT = 8  # OOM events `SimulatedSource.ooms` keeps (newest last)
+OOMS_KEPT = 2  # OOM events `SimulatedSource.ooms` keeps (newest last)
 _TICK_S = 0.02  # the workload thread runs a slice of steps this often
 
 
