@@ -228,6 +228,30 @@ def test_a_snapshot_without_trace_is_refused():
         replay({"segments": [], "device_traces": [[]]})
 
 
+def test_a_segment_of_a_private_pool_is_refused_by_name():
+    """The recorded history keeps no pool, so a CUDA-graph / MemPool segment the trace used
+    would silently join the default pools: replay names the pool and stops."""
+    from gpumemviz.allocator.model import CachingAllocator
+
+    a = CachingAllocator(1 << 30)
+    x = a.malloc(3 * MIB)
+    a.malloc(512)
+    a.free(x)
+    snap = a.snapshot(record=False)
+    assert replay(snap).devices[0].exact  # the same snapshot with default pools replays
+    seg = next(s for s in snap["segments"] if s["segment_type"] == "small")
+    seg["segment_pool_id"] = [1, 2]  # as a JSON file gives it
+    with pytest.raises(
+        ReplayError,
+        match=rf"device 0: segment at {seg['address']:#x} belongs "
+        r"to private pool \(1, 2\) \(CUDA graphs, MemPool\)",
+    ):
+        replay(snap)
+    seg["segment_pool_id"] = (0, 0)
+    snap["segments"].append({**seg, "device": 1, "segment_pool_id": (3, 0)})
+    assert replay(snap).devices[0].exact  # another device's private pool does not stop it
+
+
 def test_an_inconsistent_trace_names_device_and_entry():
     d = _hand("two_streams")
     d["device_traces"][0][0]["addr"] += 4096  # an alloc in the middle of a block
