@@ -31,10 +31,10 @@ export function createHeatmap(host, opts) {
   tip.hidden = true;
   scroller.append(canvas, spacer);
   const zoomBox = document.createElement("div");
-  zoomBox.className = "gmv-zoom";
+  zoomBox.className = "gmv-seg-zoom";
   zoomBox.hidden = true;
   const zoomHead = document.createElement("div");
-  zoomHead.className = "gmv-zoom-head";
+  zoomHead.className = "gmv-seg-zoom-head";
   const zoomText = document.createElement("span");
   /** @param {string} cmd @param {string} label */
   const zbtn = (cmd, label) => {
@@ -49,7 +49,7 @@ export function createHeatmap(host, opts) {
   const zClose = zbtn("close", "×");
   zoomHead.append(zoomText, zOut, zIn, zClose);
   const zoomCanvas = document.createElement("canvas");
-  zoomCanvas.className = "gmv-zoom-canvas";
+  zoomCanvas.className = "gmv-seg-zoom-canvas";
   zoomCanvas.height = ZOOM_H;
   zoomBox.append(zoomHead, zoomCanvas);
   host.append(zoomBox, scroller, tip);

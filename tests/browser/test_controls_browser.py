@@ -378,7 +378,7 @@ def test_zoom_into_a_segment_down_to_a_block_narrower_than_a_cell(page, notebook
         offs += b["size"]
     assert got["blocks"] == n_in and n_in < len(seg["blocks"])
     # hovering the zoomed block names it exactly
-    box = page.locator(".gmv-zoom-canvas").first.bounding_box()
+    box = page.locator(".gmv-seg-zoom-canvas").first.bounding_box()
     page.mouse.move(box["x"] + got["x"] + 0.5, box["y"] + 18)
     tip = page.locator(".gmv-tip").first
     tip.wait_for(state="visible", timeout=5000)
