@@ -284,10 +284,18 @@ def test_views():
     b0 = snap.block(0)
     assert b0.frames == ({"filename": "train.py", "line": 10, "name": "forward"},)
     assert snap.segment(-1) == seg and snap.block(-5) == b0
-    with pytest.raises(IndexError, match="segment 2 out of range"):
+    with pytest.raises(IndexError, match=r"^segment 2 out of range \(2 segments\)$"):
         snap.segment(2)
-    with pytest.raises(IndexError, match="block 5 out of range"):
+    with pytest.raises(IndexError, match=r"^segment -3 out of range \(2 segments\)$"):
+        snap.segment(-3)
+    with pytest.raises(IndexError, match=r"^block 5 out of range \(5 blocks\)$"):
         snap.block(5)
+    trace = snap.traces[0]
+    assert trace.entry(-len(trace)) == trace.entry(0)
+    with pytest.raises(
+        IndexError, match=rf"^trace entry {len(trace)} out of range \({len(trace)} entries\)$"
+    ):
+        trace.entry(len(trace))
     with pytest.raises(dataclasses.FrozenInstanceError):
         seg.size = 1  # type: ignore[misc]
     assert "segments=2" in repr(snap) and "blocks=5" in repr(snap)

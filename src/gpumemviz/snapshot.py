@@ -208,6 +208,13 @@ def type_phrase(x: Any) -> str:
     return f"an {name}" if name[:1] in "aeiou" else f"a {name}"
 
 
+def _index(i: int, n: int, what: str, plural: str) -> int:
+    """`i` as a row index into `n` rows (negative counts from the end), or IndexError."""
+    if not -n <= i < n:
+        raise IndexError(f"{what} {i} out of range ({n} {plural})")
+    return i % n
+
+
 def _readonly(a: np.ndarray) -> np.ndarray:
     a.flags.writeable = False
     return a
@@ -444,10 +451,7 @@ class Trace:
 
     def entry(self, i: int) -> dict:
         """Entry `i` as torch writes it."""
-        n = len(self)
-        if not -n <= i < n:
-            raise IndexError(f"trace entry {i} out of range ({n} entries)")
-        i %= n
+        i = _index(i, len(self), "trace entry", "entries")
         c = 0 if self._shape.code is None else int(self._shape.code[i])
         vals = self._values()
         out = {}
@@ -535,10 +539,7 @@ class Snapshot:
 
     def block(self, i: int) -> Block:
         """Block `i` (in table order) as a frozen value."""
-        n = self.n_blocks
-        if not -n <= i < n:
-            raise IndexError(f"block {i} out of range ({n} blocks)")
-        i %= n
+        i = _index(i, self.n_blocks, "block", "blocks")
         b = self.blocks
         frames = self._blk_frames[i] if self._blk_frames is not None else None
         if frames is None:
@@ -622,10 +623,7 @@ class Snapshot:
 
     def segment(self, i: int) -> Segment:
         """Segment `i` (in file order) with its blocks, as a frozen value."""
-        n = self.n_segments
-        if not -n <= i < n:
-            raise IndexError(f"segment {i} out of range ({n} segments)")
-        i %= n
+        i = _index(i, self.n_segments, "segment", "segments")
         s = self.segments
         start, count = int(s.block_start[i]), int(s.block_count[i])
         frames = self._seg_frames[i] if self._seg_frames is not None else None
