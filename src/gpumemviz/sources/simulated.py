@@ -16,14 +16,7 @@ from typing import Any
 
 from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
 from gpumemviz.allocator.workloads import WORKLOADS, Workload
-from gpumemviz.sample import (
-    SEGMENTS_NOT_READ,
-    DeviceInfo,
-    MemoryStats,
-    NvmlInfo,
-    OomEvent,
-    Sample,
-)
+from gpumemviz.sample import SEGMENTS_NOT_READ, DeviceInfo, MemoryStats, NvmlInfo, OomEvent, Sample
 from gpumemviz.sources.base import short_error
 from gpumemviz.sources.oom import classify_oom
 
