@@ -30,6 +30,20 @@ def torch_like_stats(allocated: int, reserved: int) -> dict[str, int]:
     return d
 
 
+def oom_event(**fields) -> OomEvent:
+    """A capacity OOM of a 2 MiB segment on a full 1 GiB device; `fields` override."""
+    base = OomEvent(
+        time=0.0,
+        device=0,
+        alloc_size=2 << 20,
+        device_limit=1 << 30,
+        device_free=0,
+        cause="capacity",
+        explanation="x",
+    )
+    return dataclasses.replace(base, **fields)
+
+
 def test_stats_read_like_torch_dict_and_name_the_live_figures():
     raw = torch_like_stats(allocated=3 << 20, reserved=20 << 20)
     s = MemoryStats.from_torch(raw)
@@ -88,15 +102,7 @@ def test_check_device_names_a_bad_index(bad):
 
 
 def test_oom_sample_is_a_keyframe_of_the_event():
-    ev = OomEvent(
-        time=12.5,
-        device=1,
-        alloc_size=2 << 20,
-        device_limit=1 << 30,
-        device_free=0,
-        cause="capacity",
-        explanation="x",
-    )
+    ev = oom_event(time=12.5, device=1)
     s = Sample.for_oom(ev, 1, None, source_label="sim", demo=True, errors=("e",))
     assert (s.time, s.device, s.stats, s.segments, s.oom) == (12.5, 1, None, None, ev)
     assert s.keyframe and s.demo and s.state == "ok" and s.source_label == "sim"
@@ -158,15 +164,6 @@ def test_snapshot_bytes_are_estimated_from_numpy_columns(real_dict):
 
 def test_an_oom_snapshot_counts_towards_the_sample_bytes():
     trace = [{"action": "alloc", "addr": i, "size": 512, "stream": 0} for i in range(1000)]
-    ev = OomEvent(
-        time=0.0,
-        device=0,
-        alloc_size=1,
-        device_limit=1,
-        device_free=0,
-        cause="capacity",
-        explanation="x",
-        snapshot={"segments": [], "device_traces": [trace]},
-    )
+    ev = oom_event(snapshot={"segments": [], "device_traces": [trace]})
     plain = Sample.failed(0, "x")
     assert plain.replace(oom=ev).nbytes - plain.nbytes >= 300 * 1000
