@@ -337,14 +337,20 @@ class _Reservations:
     or below every address mapped in its life, and lives while any page of it is mapped; a
     new one starts at its first map (section 2.13). So a map of a stream and pool that fits
     within one extent of a live reservation's mapped pages is in it, otherwise it starts a
-    new one.
+    new one. Reservations alive together do not overlap: when the extent is the device's
+    (`bounded`), one whose base is unknown ends at or below the next one above it.
     """
 
     def __init__(
-        self, timeline: Timeline, small_at: Callable[[int], bool], extent: Callable[[bool], int]
+        self,
+        timeline: Timeline,
+        small_at: Callable[[int], bool],
+        extent: Callable[[bool], int],
+        bounded: bool,
     ):
         self.lives: list[tuple[int, int, int, bool, int]] = []  # (from, to, stream, small, base)
         self.extent = extent
+        done: list[tuple[list[Any], int]] = []  # (reservation, trace index it ended at)
         live: list[list[Any]] = []  # [from, stream, small, lowest, highest end, fixed, _Runs]
         for seg in sorted(timeline.start.to_segments(timeline.device), key=lambda s: s["address"]):
             if seg.get("is_expandable"):
@@ -372,9 +378,21 @@ class _Reservations:
                         r[6].unmap(addr, size)
                         if not r[6].starts:  # its last page went: the reservation is released
                             live.remove(r)
-                            self.lives.append((r[0], j, r[1], r[2], r[3]))
+                            done.append((r, j))
                         break
-        self.lives += [(r[0], n, r[1], r[2], r[3]) for r in live]
+        done += [(r, n) for r in live]
+        base: dict[int, int] = {}
+        for r, to in sorted(done, key=lambda d: -d[0][3]):  # highest first
+            b = r[3]
+            if bounded and not r[5]:
+                ext = extent(r[2])
+                for q, qto in done:
+                    if id(q) in base and q[3] > r[3] and q[0] < to and r[0] < qto:
+                        b = min(b, base[id(q)] - ext)
+                if b < r[4] - ext or b <= 0:  # the extent is smaller than the device's
+                    b = r[3]
+            base[id(r)] = b
+            self.lives.append((r[0], to, r[1], r[2], b))
 
     def _find(
         self,
@@ -473,6 +491,7 @@ class _Driver:
             timeline,
             small_at,
             lambda small: reservation_size(self.total, page_size(small, config.large_segment_size)),
+            bounded=capacity is not None,
         )
         self.out = DeviceReplay(
             device=timeline.device,
@@ -754,36 +773,54 @@ class _Driver:
             pinch = self._pinch(run, rels)
         if not rels or self.what_if or (self.capacity is None and pinch is None):
             explicit = bool(rels) and (rels[0] in self.explicit if self.what_if else True)
-            self._complete(leading)
+            if not (leading and action == "oom" and not rels and not self.what_if):
+                self._complete(leading)
             mark = self.model.trace_len()
             allocated_before = self.model.allocated
             if explicit:
                 self.model.empty_cache()
                 self.out.explicit_bursts.append(rels[0])
-            got, oomed = self._try(size, stream)
+            if leading and action == "oom" and not rels and not self.what_if:
+                got, oomed = self._synced_oom(size, stream, leading)
+            else:
+                got, oomed = self._try(size, stream)
         else:  # the model's own release after a failed cudaMalloc, or else an empty_cache
             saved = self._checkpoint()
-            accepted = False
-            for first in (True, False) if leading else (True,):
-                if first:
+
+            def attempt(story: str) -> tuple[int, int, int | None, bool, int]:
+                """The malloc after `leading` finished ("before" it; "synced": by its own
+                release), or after an explicit "empty_cache"; last: 2 when every segment
+                entry is as recorded, 1 the releases only."""
+                if story != "synced":
                     self._complete(leading)
                 mark = self.model.trace_len()
                 allocated_before = self.model.allocated
-                if pinch is not None:
+                if story == "empty_cache":
+                    self.model.empty_cache()
+                elif pinch is not None:
                     self.model.capacity = pinch
                 got, oomed = self._try(size, stream)
                 self.model.capacity = self.cap
-                if self._same_releases(self.model.trace_since(mark), rels):
-                    accepted = True
+                own = self.model.trace_since(mark)
+                level = 2 if self._same_entries(own, run) else int(self._same_releases(own, rels))
+                return mark, allocated_before, got, oomed, level
+
+            stories = ["before", "synced"] if leading else ["before"]
+            chosen = None
+            partly = None  # the model's own release as recorded, growing otherwise
+            for story in [*stories, "empty_cache"]:
+                mark, allocated_before, got, oomed, level = attempt(story)
+                if level == 2:
+                    chosen = story
                     break
+                if level == 1 and partly is None and story != "empty_cache":
+                    partly = story
                 self._rollback(saved)
-            if not accepted:
-                self._complete(leading)
-                mark = self.model.trace_len()
-                allocated_before = self.model.allocated
-                self.model.empty_cache()
+            if chosen is None:
+                chosen = partly or "empty_cache"
+                mark, allocated_before, got, oomed, _ = attempt(chosen)
+            if chosen == "empty_cache":
                 self.out.explicit_bursts.append(rels[0])
-                got, oomed = self._try(size, stream)
         model = self.model
         own = self._own(mark, run, allocated_before)
         if i == self.cut_at:  # the new segment the cut hid is not scored as the model's own
@@ -830,6 +867,30 @@ class _Driver:
                 differs = True
         if differs and self.resync and not self.what_if:
             self._resynchronise(i)
+
+    def _synced_oom(
+        self, size: int, stream: int, leading: Sequence[int]
+    ) -> tuple[int | None, bool]:
+        """A recorded OOM after deferred frees completed: either they completed before the
+        malloc (process_events) and did not help, or the OOM path's release synchronised them
+        after the search had failed (then the retry only asks for a new segment). The story
+        where the model runs out, as recorded, is kept."""
+        saved = self._checkpoint()
+        self._complete(leading)
+        got, oomed = self._try(size, stream)
+        if oomed:
+            return got, oomed
+        self._rollback(saved)
+        got, oomed = self._try(size, stream)  # the release synchronises them
+        if oomed:
+            return got, oomed
+        self._rollback(saved)
+        self._complete(leading)
+        return self._try(size, stream)
+
+    def _same_entries(self, own: Sequence[tuple], run: Sequence[int]) -> bool:
+        mine = [(e[0], e[1], e[2]) for e in own if e[0] in SEGMENT_ACTIONS]
+        return mine == [(self.steps[j][0], self.steps[j][1], self.steps[j][2]) for j in run]
 
     def _same_releases(self, own: Sequence[tuple], rels: Sequence[int]) -> bool:
         mine = [(e[0], e[1], e[2]) for e in own if e[0] in _RELEASES]
@@ -889,12 +950,13 @@ class _Driver:
             self.model.free(self.where.pop(key))
 
     def _release_follows(self, i: int) -> bool:
-        """Do the free_completed entries from i lead into segment_free / segment_unmap?"""
+        """Do the free_completed entries from i lead into segment_free / segment_unmap, or into
+        an oom (whose release synchronises events even when it frees nothing)?"""
         steps = self.steps
         j = i + 1
         while j < len(steps) and steps[j][0] == "free_completed":
             j += 1
-        return j < len(steps) and steps[j][0] in _RELEASES
+        return j < len(steps) and (steps[j][0] in _RELEASES or steps[j][0] == "oom")
 
     def _finish_synced(self, synced: Sequence[int]) -> None:
         """Deferred frees whose events a release synchronised: the model's own release did the
