@@ -493,3 +493,83 @@ def test_report_is_frozen_and_names_its_figures():
     with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
         _ = r.nonsense
     assert pickle.loads(pickle.dumps(r.total)) == r.total
+
+
+# ---------------------------------------------------------------- follow-ups: the flush and caps
+
+EXP = {"expandable_segments": True, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
+
+def _exp_run(blocks: list[dict], address: int, stream: int = 0) -> dict:
+    return seg(blocks, address=address, stream=stream, is_expandable=True)
+
+
+def test_flush_unmaps_the_tail_it_would_grow():
+    """After the flush the stream-7 tail keeps only its sub-page sliver: 140 MiB of pages are
+    needed and 132 MiB are free, so the model raises; before the fix can_fit said it fits."""
+    capacity = 512 * MIB
+    tail = 39 * MIB + 790 * 1024
+    segs = [
+        _exp_run([blk(340 * MIB, "active_allocated")], BASE),
+        _exp_run([blk(80 * MIB)], BASE + 400 * MIB),  # releasable: a whole free run
+        _exp_run([blk(60 * MIB - tail, "active_allocated"), blk(tail)], BASE + (1 << 34), 7),
+    ]
+    d = snap(*segs, settings=EXP)
+    r = fragmentation(d)
+    room = capacity - r.reserved
+    size = 150 * MIB + 670 * 1024
+    ans = r.can_fit(size, stream=7, device_free=room)
+    model = CachingAllocator.from_segments(
+        copy.deepcopy(segs), capacity, EXP["PYTORCH_CUDA_ALLOC_CONF"], device_total=1 << 44
+    )
+    assert _model_outcome(model, size, 7)[0] == "out_of_memory"
+    assert (ans.verdict, ans.fits) == ("out_of_memory", False)
+    assert format_size(140 * MIB) + " of pages after the flush" in ans.explanation
+    # with 8 MiB more on the device the flushed layout fits, through the retry
+    more = r.can_fit(size, stream=7, device_free=room + 8 * MIB)
+    model = CachingAllocator.from_segments(
+        copy.deepcopy(segs),
+        capacity + 8 * MIB,
+        EXP["PYTORCH_CUDA_ALLOC_CONF"],
+        device_total=1 << 44,
+    )
+    assert more.verdict == _model_outcome(model, size, 7)[0] == "flush_and_retry"
+
+
+def _random_expandable_state(seed: int) -> dict:
+    """A model driven by random mallocs, frees and cross-stream frees (pending), no flushes."""
+    rng = np.random.default_rng(seed)
+    m = CachingAllocator(1 << 40, "expandable_segments:True", device_total=1 << 44)
+    live: list[int] = []
+    for _ in range(60):
+        if live and rng.random() < 0.4:
+            addr = live.pop(int(rng.integers(len(live))))
+            if rng.random() < 0.3:
+                m.record_stream(addr, 9)
+            m.free(addr)
+        else:
+            size = int(rng.choice([600, 300_000, 3 * MIB, 7 * MIB, 25 * MIB, 61 * MIB]))
+            size += int(rng.integers(0, 1 << 19))
+            live.append(m.malloc(size, int(rng.choice([0, 7]))))
+    return m.snapshot(include_traces=False)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_can_fit_agrees_with_the_model_on_random_expandable_states(seed):
+    d = _random_expandable_state(seed)
+    r = fragmentation(d)
+    conf = d["allocator_settings"].get("PYTORCH_CUDA_ALLOC_CONF") or "expandable_segments:True"
+    assert r.expandable_mode
+    for room in (0, 30 * MIB, 90 * MIB):
+        model = CachingAllocator.from_segments(
+            copy.deepcopy(d["segments"]), r.reserved + room, conf, device_total=1 << 44
+        )
+        for stream in (0, 7):
+            for size in (5 * MIB, 45 * MIB, 130 * MIB, r.releasable + room + 1):
+                ans = r.can_fit(size, stream=stream, device_free=room)
+                verdict, addr, grew = _model_outcome(model, size, stream)
+                assert ans.verdict == verdict, (seed, size, stream, room, ans.explanation)
+                if verdict == "cached":
+                    assert ans.block_address == addr
+                if verdict == "new_segment":
+                    assert ans.new_bytes == grew

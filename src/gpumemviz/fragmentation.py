@@ -263,6 +263,9 @@ class FragmentationReport:
     _free_segment: np.ndarray = field(repr=False)
     _free_offset: np.ndarray = field(repr=False)
     _free_size: np.ndarray = field(repr=False)
+    _pend_segment: np.ndarray = field(repr=False)  # active_pending_free blocks, the same way
+    _pend_offset: np.ndarray = field(repr=False)
+    _pend_size: np.ndarray = field(repr=False)
 
     def __getattr__(self, name: str) -> Any:
         if name in _FIGURE_NAMES:
@@ -834,6 +837,9 @@ def _reduce(cols: _Columns, settings: Any, devices: tuple[int, ...]) -> Fragment
         _free_segment=cols.free_segment,
         _free_offset=cols.free_offset,
         _free_size=cols.free_size,
+        _pend_segment=cols.pend_segment,
+        _pend_offset=cols.pend_offset,
+        _pend_size=cols.pend_size,
     )
 
 
@@ -1154,20 +1160,29 @@ def _can_fit(
     if need <= room:
         verdict, fits = "new_segment", True
         tail = f", which the device has ({format_size(room)} free)."
-    elif need <= room + releasable:
-        verdict, fits = "flush_and_retry", True
-        tail = (
-            f": only {format_size(room)} is free on the device, so it succeeds only through the "
-            f"allocator's own sync, flush of {format_size(releasable)} of cached segments and "
-            "retry (num_alloc_retries)."
-        )
     else:
-        verdict, fits = "out_of_memory", False
-        tail = (
-            f": the device has {format_size(room)} free and the allocator's flush adds only "
-            f"{format_size(releasable)}, so it is out of memory (a manual empty_cache would not "
-            "help: the allocator flushes before it raises)."
+        # the flush also unmaps the whole free pages of the tail it would grow, so in
+        # expandable mode the retry needs the pages of the flushed layout
+        after = (
+            _pages_to_map(r, rounded, stream, device, small, flushed=True)[0]
+            if r.expandable_mode
+            else need
         )
+        then = "" if after == need else f" ({format_size(after)} of pages after the flush)"
+        if after <= room + releasable:
+            verdict, fits = "flush_and_retry", True
+            tail = (
+                f": only {format_size(room)} is free on the device, so it succeeds only through "
+                f"the allocator's own sync, flush of {format_size(releasable)} of cached "
+                f"segments{then} and retry (num_alloc_retries)."
+            )
+        else:
+            verdict, fits = "out_of_memory", False
+            tail = (
+                f": the device has {format_size(room)} free and the allocator's flush adds only "
+                f"{format_size(releasable)}{then}, so it is out of memory (a manual empty_cache "
+                "would not help: the allocator flushes before it raises)."
+            )
     return FitAnswer(
         verdict=verdict,
         fits=fits,
@@ -1227,15 +1242,22 @@ def _next_run(c: SegmentFigures, row: int) -> int | None:
 
 
 def _pages_to_map(
-    r: FragmentationReport, rounded: int, stream: int, device: int, small: bool
+    r: FragmentationReport,
+    rounded: int,
+    stream: int,
+    device: int,
+    small: bool,
+    flushed: bool = False,
 ) -> tuple[int, str]:
     """Bytes an expandable allocation maps, as `find_expandable_block` and `map_block` do.
 
     The unmapped ranges of the stream's pool are tried in address order: the gaps between its
-    mapped runs (one reservation is assumed, as the snapshot does not record reservations),
-    then the space after the last run. A range is taken when, counted from the free block just
-    before it and through every free block and unmapped range after it, there are `rounded`
-    bytes in a row; then only the missing part is mapped, in whole pages (section 9.2).
+    mapped runs (one reservation, starting at the lowest run, is assumed: the snapshot does not
+    record reservations), then the space after the last run. A range is taken when, counted
+    from the free block just before it and through every free block and unmapped range after
+    it, there are `rounded` bytes in a row; then only the missing part is mapped, in whole pages
+    (section 9.2). `flushed`: the layout after the allocator's own flush, which completes the
+    pending frees and unmaps every whole free page first, so the tail it grows shrinks.
     """
     c = r.per_segment
     page = page_size(small, r.config.large_segment_size)
@@ -1248,58 +1270,107 @@ def _pages_to_map(
         & (c.pool_id[:, 1] == 0)
     )
     rows = rows[np.argsort(c.address[rows], kind="stable")].tolist()
-    runs = [_run_shape(r, row) for row in rows]  # (lead free, tail free, total)
-    for k, row in enumerate(rows):
-        end = int(c.address[row] + c.total_size[row])
-        # the chain: free tail, gap, whole free runs and gaps, the next run's free head
-        pieces: list[tuple[bool, float]] = []
-        j = k
-        while True:
-            gap = (
-                float("inf")
-                if j + 1 >= len(rows)
-                else float(c.address[rows[j + 1]])
-                - (float(c.address[rows[j]] + c.total_size[rows[j]]))
-            )
-            pieces.append((False, gap))
-            if gap == float("inf"):
-                break
-            lead, _, total = runs[j + 1]
-            pieces.append((True, float(lead)))
-            if lead != total:
-                break
-            j += 1
-        tail = runs[k][1]
-        if tail + sum(n for _, n in pieces) < rounded:
-            continue
-        have, mapped = tail, 0
-        for is_mapped, n in pieces:
-            if have >= rounded:
-                break
-            if is_mapped:
-                have += int(n)
-            else:
-                take = min(n, rounded - have)
-                pages = -(-int(take) // page) * page
-                mapped += pages
-                have += pages
+    runs: list[tuple[int, int, int, int]] = []  # (address, total, free head, free tail)
+    for row in rows:
+        runs.extend(_flushed_pieces(r, row, page) if flushed else [_run_shape(r, row)])
+    base = int(c.address[rows[0]]) if rows else 0
+    found = _first_fit(runs, base, rounded, page)
+    if found is not None:
+        mapped, tail, tail_at = found
         return mapped, (
             f"{mapped // page} more {format_size(page)} page(s) mapped after the "
-            f"{format_size(tail)} free tail at 0x{end - tail:x}"
+            f"{format_size(tail)} free tail at 0x{tail_at:x}"
         )
     need = -(-rounded // page) * page
     return need, f"{need // page} {format_size(page)} page(s) of a new expandable segment"
 
 
-def _run_shape(r: FragmentationReport, row: int) -> tuple[int, int, int]:
-    """A mapped run's free head, free tail and total size."""
+def _first_fit(
+    runs: list[tuple[int, int, int, int]], base: int, rounded: int, page: int
+) -> tuple[int, int, int] | None:
+    """`find_expandable_block` over mapped runs (address, total, free head, free tail) of one
+    reservation from `base`: (bytes mapped, free tail used, its address), or None when no
+    unmapped range of the reservation serves (a new reservation then)."""
+    # the reservation in address order: ("gap", size) and ("run", total, head, tail)
+    items: list[tuple[str, float, int, int]] = []
+    at = base
+    for addr, total, head, tail in runs:
+        if addr > at:
+            items.append(("gap", float(addr - at), 0, 0))
+        items.append(("run", float(total), head, tail))
+        at = addr + total
+    items.append(("gap", float("inf"), 0, 0))
+    ends = []  # address of each item's end
+    at = base
+    for _kind, size, _, _ in items:
+        at = at + int(size) if size != float("inf") else at
+        ends.append(at)
+    for g, (kind, _, _, _) in enumerate(items):
+        if kind != "gap":
+            continue
+        tail = items[g - 1][3] if g and items[g - 1][0] == "run" else 0
+        have, mapped = tail, 0
+        for kind2, size, head, _ in items[g:]:
+            if have >= rounded:
+                break
+            if kind2 == "gap":
+                take = min(size, rounded - have)
+                pages = -(-int(take) // page) * page
+                mapped += pages
+                have += pages
+            else:
+                have += head
+                if head != size:
+                    break
+        if have >= rounded:
+            tail_at = ends[g - 1] - tail if g else base
+            return mapped, tail, tail_at
+    return None
+
+
+def _flushed_pieces(r: FragmentationReport, row: int, page: int) -> list[tuple[int, int, int, int]]:
+    """A mapped run after the flush: its free and pending-free ranges lose their whole pages,
+    which splits it into mapped pieces (address, total, free head, free tail)."""
+    start = int(r.per_segment.address[row])
+    total = int(r.per_segment.total_size[row])
+    blocks = sorted(
+        [
+            *_blocks_of(r._free_segment, r._free_offset, r._free_size, row),
+            *_blocks_of(r._pend_segment, r._pend_offset, r._pend_size, row),
+        ]
+    )
+    ranges: list[list[int]] = []  # merged free ranges, offsets in the run
+    for off, size in blocks:
+        if ranges and ranges[-1][1] == off:
+            ranges[-1][1] = off + size
+        else:
+            ranges.append([off, off + size])
+    pieces: list[tuple[int, int, int, int]] = []
+    lo = head = 0  # the current piece's start and free head (offsets in the run)
+    for b, e in ranges:
+        ub, ue = -(-b // page) * page, e // page * page
+        if ub >= ue:  # no whole page inside: the range stays mapped
+            if b == lo:
+                head = e - b
+            continue
+        if ub > lo:  # a piece ends here, with the sliver [b, ub) as its free tail
+            pieces.append((start + lo, ub - lo, head, ub - b))
+        lo, head = ue, e - ue
+    if lo < total:
+        last_b, last_e = ranges[-1] if ranges else (0, 0)
+        pieces.append((start + lo, total - lo, head, total - last_b if last_e == total else 0))
+    return pieces
+
+
+def _run_shape(r: FragmentationReport, row: int) -> tuple[int, int, int, int]:
+    """A mapped run's address, total size, free head and free tail."""
     sel = np.flatnonzero(r._free_segment == row)
     total = int(r.per_segment.total_size[row])
     offs = r._free_offset[sel]
     sizes = r._free_size[sel]
     lead = int(sizes[offs == 0].sum())
     tail = int(sizes[offs + sizes == total].sum())
-    return lead, tail, total
+    return int(r.per_segment.address[row]), total, lead, tail
 
 
 class _CallableModule(types.ModuleType):
