@@ -334,6 +334,48 @@ def test_failed_fsync_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
+def test_os_errors_name_the_target_and_the_reason_not_the_temp_file(tmp_path, monkeypatch):
+    def write(f):
+        f.write(b"x")
+
+    missing = tmp_path / "missing" / "x.html"
+    with pytest.raises(FileNotFoundError) as e:
+        gio.atomic_write(missing, write)
+    assert str(e.value) == (
+        f"cannot write {missing}: folder {missing.parent}: No such file or directory"
+    )
+    assert e.value.errno == 2
+
+    with pytest.raises(FileNotFoundError, match=r"^cannot write /proc/x\.csv: folder /proc: "):
+        gio.atomic_write("/proc/x.csv", write)
+
+    folder = tmp_path / "a_dir"
+    folder.mkdir()
+    with pytest.raises(IsADirectoryError) as e:
+        gio.atomic_write(folder, write)
+    assert str(e.value) == f"cannot write {folder}: Is a directory"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir"]  # no temp left
+
+    path = tmp_path / "run.pickle"
+
+    def full(f):
+        f.write(b"partial")
+        raise OSError(28, "No space left on device")  # a real OS error from inside the writer
+
+    with pytest.raises(OSError) as e:
+        gio.atomic_write(path, full)
+    assert str(e.value) == f"cannot write {path}: No space left on device"
+    assert e.value.errno == 28 and ".tmp" not in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir"]
+
+    def mine(f):
+        raise OSError("disk full")  # the caller's own error (no errno) passes unchanged
+
+    with pytest.raises(OSError) as e:
+        gio.atomic_write(path, mine)
+    assert str(e.value) == "disk full"
+
+
 def test_json_refuses_bytes_values_cleanly(tmp_path):
     d = minimal()
     d["blob"] = b"\x00"

@@ -372,6 +372,18 @@ def write_torch(data: dict | list, path: str | os.PathLike, *, format: str = "pi
     return path
 
 
+def _write_error(e: OSError, path: Path, where: str = "") -> OSError:
+    """`e` reworded as ``cannot write PATH: [where: ]reason``, one line, same class and errno."""
+    reason = e.strerror or (str(e).splitlines()[0] if str(e) else type(e).__name__)
+    msg = f"cannot write {path}: {where + ': ' if where else ''}{reason}"
+    try:
+        err = type(e)(msg)
+    except TypeError:  # a subclass with its own constructor
+        err = OSError(msg)
+    err.errno = e.errno
+    return err
+
+
 def _write_pickle(data: Any, f: BinaryIO) -> None:
     pickle.dump(data, f, protocol=4)
 
@@ -388,15 +400,23 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
     """Call `write(f)` on a temp file beside `path`, fsync it, then rename it over `path`.
 
     An exception (from `write` or the OS) leaves the old file as it was and no temp file; the
-    old file's permission bits are kept. Every file gpumemviz writes goes through here.
+    old file's permission bits are kept. Every file gpumemviz writes goes through here. An OS
+    error says ``cannot write PATH: reason`` in one line, naming the target, never the temp
+    file the user did not ask for (same exception class and errno).
     """
     path = Path(path)
     folder = path.parent
-    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise _write_error(e, path, f"folder {folder}") from None
     tmp = Path(name)
+    in_write = False
     try:
         with os.fdopen(fd, "wb") as f:
+            in_write = True
             write(f)
+            in_write = False
             f.flush()
             os.fsync(f.fileno())
         try:
@@ -405,8 +425,11 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> 
             mode = 0o644
         tmp.chmod(mode)
         tmp.replace(path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        # The caller's own errors pass unchanged; the OS's (an errno, or our steps) name `path`.
+        if isinstance(e, OSError) and (e.errno is not None or not in_write):
+            raise _write_error(e, path) from None
         raise
     with contextlib.suppress(OSError):  # make the rename itself durable where the OS allows
         dir_fd = os.open(folder, os.O_RDONLY)
