@@ -74,6 +74,37 @@ def test_the_recorded_oom_is_reproduced_with_the_inferred_capacity():
     # the six unmaps before the failing map were the model's own release-and-retry
     assert dev1.bursts == dev1.bursts_matched == 1 and dev1.explicit_bursts == []
     assert "capacity unknown" in r.summary() and "capacity 78.51 GiB" in r.summary()
+    assert (dev1.capacity_source, dev1.capacity_oom) == ("oom entry", oom_at)
+    assert f"78.51 GiB (from the oom entry at event {oom_at})" in r.summary()
+    assert (r.devices[0].capacity_source, r.devices[0].capacity_oom) == ("unknown", None)
+
+
+def test_the_result_says_which_source_gave_the_capacity():
+    """oom entry, user, or unknown: a recorded per_process_memory_fraction is a share of a
+    device total the snapshot does not hold, so it gives no capacity."""
+    from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+
+    a = CachingAllocator(
+        1 << 30, "garbage_collection_threshold:0.6,per_process_memory_fraction:0.8"
+    )
+    a.free(a.malloc(30 * MIB))
+    snap = a.snapshot(record=False)
+    dev = replay(snap).devices[0]
+    assert (dev.capacity, dev.capacity_known, dev.capacity_source) == (None, False, "unknown")
+    assert "per_process_memory_fraction 0.8 is a share of a device total not recorded" in (
+        replay(snap).summary()
+    )
+    r = replay(snap, capacity={0: 2 << 30})
+    assert (r.devices[0].capacity_source, r.recorded[0].capacity_source) == ("user", "unknown")
+    assert "capacity 2.00 GiB (given)" in r.summary()
+
+    b = CachingAllocator(100 * MIB)
+    b.malloc(60 * MIB)
+    with pytest.raises(OutOfMemory):
+        b.malloc(60 * MIB)
+    r = replay(b.snapshot(record=False), config="expandable_segments:True")
+    assert r.what_if and r.devices[0].capacity == 100 * MIB
+    assert (r.devices[0].capacity_source, r.devices[0].capacity_oom) == ("oom entry", 2)
 
 
 def _scramble(addr: int) -> int:

@@ -46,6 +46,11 @@ class DeviceReplay:
     capacity: int | None
     capacity_known: bool
     events: int
+    # where `capacity` came from: "oom entry" (reserved + device_free at the recorded OOM),
+    # "user" (replay's capacity argument) or "unknown" (no OOM recorded: the model never runs
+    # out; a recorded per_process_memory_fraction is a share of a device total nobody recorded)
+    capacity_source: str = "unknown"
+    capacity_oom: int | None = None  # trace index of the oom entry it came from
     allocs: int = 0
     allocs_matched: int = 0  # end to end: the model ran on its own state throughout
     allocs_matched_per_decision: int = 0  # re-synchronised to the recorded state after a miss

@@ -109,8 +109,7 @@ class ReplayResult:
 
         lines = []
         for dev, d in sorted(self.devices.items()):
-            cap = format_size(d.capacity) if d.capacity is not None else "unknown"
-            head = f"device {dev} [{d.config or 'default settings'}] capacity {cap}: "
+            head = f"device {dev} [{d.config or 'default settings'}] capacity {_capacity(d)}: "
             if d.what_if:
                 lines.append(
                     head + f"peak reserved {format_size(d.peak_reserved)} (recorded "
@@ -126,6 +125,24 @@ class ReplayResult:
                     f"{'equal' if d.final_matched else 'different'}"
                 )
         return "\n".join(lines)
+
+
+def _capacity(d: DeviceReplay) -> str:
+    """The capacity and where it came from, in words."""
+    if d.capacity is None:
+        try:
+            fraction = AllocatorConfig.parse(d.config).per_process_memory_fraction
+        except ValueError:
+            fraction = 1.0
+        share = (
+            f"; per_process_memory_fraction {fraction:g} is a share of a device total not recorded"
+            if fraction < 1
+            else ""
+        )
+        return f"unknown (no OOM recorded{share})"
+    if d.capacity_source == "oom entry":
+        return f"{format_size(d.capacity)} (from the oom entry at event {d.capacity_oom})"
+    return f"{format_size(d.capacity)} (given)"
 
 
 # --------------------------------------------------------------------------- the public entry
@@ -167,11 +184,20 @@ def _refuse_private_pools(snap: Mapping[str, Any], device: int) -> None:
 
 def _capacity_from_oom(tl: Timeline) -> int | None:
     """Bytes the process could get: reserved at the recorded OOM plus the device_free it saw."""
-    for i, step in enumerate(tl.steps):
-        if step[0] == "oom":
-            before = int(tl.reserved[i - 1]) if i > 0 else tl.start.totals()[0]
-            return before + step[1]
-    return None
+    i = _first_oom(tl)
+    if i is None:
+        return None
+    before = int(tl.reserved[i - 1]) if i > 0 else tl.start.totals()[0]
+    return before + tl.steps[i][1]
+
+
+def _first_oom(tl: Timeline) -> int | None:
+    return next((i for i, step in enumerate(tl.steps) if step[0] == "oom"), None)
+
+
+def _source(d: DeviceReplay, source: str, oom_at: int | None) -> None:
+    d.capacity_source = source
+    d.capacity_oom = oom_at if source == "oom entry" else None
 
 
 def _as_config(config: str | AllocatorConfig | None, recorded: AllocatorConfig) -> AllocatorConfig:
@@ -211,7 +237,10 @@ def replay(
     capacity
         Bytes the process can get on each device (an int for all, or {device: bytes}).
         Default: inferred from a recorded ``oom`` entry (reserved + device_free there);
-        otherwise unknown (`capacity_known` is False) and the model never runs out.
+        otherwise unknown (`capacity_known` is False) and the model never runs out. A
+        recorded ``per_process_memory_fraction`` gives no size (the device total is not
+        recorded). Each device's ``capacity_source`` says which: "oom entry", "user" or
+        "unknown".
 
     Returns
     -------
@@ -255,15 +284,19 @@ def replay(
             raise ReplayError(f"device {dev}: {err}") from None
         timelines[dev] = tl
         inferred = _capacity_from_oom(tl)
+        oom_at = _first_oom(tl)
         total = inferred
         rec, _ = drive(tl, recorded_cfg, inferred, device_total=total)
         if rec.allocs_matched < rec.allocs or not rec.exact:
             per, _ = drive(tl, recorded_cfg, inferred, device_total=total, resync=True)
             rec.allocs_matched_per_decision = per.allocs_matched
+        _source(rec, "unknown" if inferred is None else "oom entry", oom_at)
         recorded[dev] = rec
         cap = capacity.get(dev) if isinstance(capacity, Mapping) else capacity
+        source = "user"
         if cap is None:
             cap = inferred
+            source = rec.capacity_source
         what_if = not _same_rules(cfg, recorded_cfg) or cap != inferred
         any_what_if = any_what_if or what_if
         if what_if:
@@ -275,6 +308,7 @@ def replay(
                 explicit=set(rec.explicit_bursts),
                 device_total=cap or total,
             )
+            _source(devices[dev], source, oom_at)
         else:
             devices[dev] = rec
     return ReplayResult(
