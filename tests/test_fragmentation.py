@@ -573,3 +573,105 @@ def test_can_fit_agrees_with_the_model_on_random_expandable_states(seed):
                     assert ans.block_address == addr
                 if verdict == "new_segment":
                     assert ans.new_bytes == grew
+
+
+def _outcome_with_gc(model: CachingAllocator, size: int) -> str:
+    """The model's path: a retry, an OOM, or new memory after the garbage collection freed some."""
+    m = copy.deepcopy(model)
+    before = m.memory_stats()
+    try:
+        m.malloc(size)
+    except OutOfMemory:
+        return "out_of_memory"
+    after = m.memory_stats()
+    if after["num_alloc_retries"] > before["num_alloc_retries"]:
+        return "flush_and_retry"
+    if after["num_device_free"] > before["num_device_free"]:
+        return "garbage_collect"
+    return "new_segment" if after["num_device_alloc"] > before["num_device_alloc"] else "cached"
+
+
+def _capped(conf: str, *segments: dict, room: int):
+    d = snap(*segments, settings={"PYTORCH_CUDA_ALLOC_CONF": conf})
+    r = fragmentation(d)
+    total = r.reserved + room
+    model = CachingAllocator.from_segments(
+        copy.deepcopy(d["segments"]), total, conf, device_total=total
+    )
+    return r, model
+
+
+def test_can_fit_honours_per_process_memory_fraction():
+    # device total 500 MiB, cap 250 MiB; 100 MiB allocated, a 20 MiB segment releasable
+    r, model = _capped(
+        "per_process_memory_fraction:0.5",
+        seg([blk(100 * MIB, "active_allocated")]),
+        seg([blk(20 * MIB)], address=BASE + 200 * MIB),
+        room=380 * MIB,
+    )
+    for size, want in (
+        (120 * MIB, "new_segment"),  # 120 + 120 <= 250
+        (140 * MIB, "flush_and_retry"),  # 120 + 140 > 250, 100 + 140 <= 250
+        (160 * MIB, "out_of_memory"),  # 380 MiB free on the device, but over the cap
+    ):
+        ans = r.can_fit(size, device_free=380 * MIB)
+        assert ans.verdict == _outcome_with_gc(model, size) == want, ans.explanation
+        if want != "new_segment":
+            assert "per_process_memory_fraction caps reserved at 250.00 MiB" in ans.explanation
+
+
+def test_can_fit_garbage_collection_succeeds_without_a_retry():
+    # cap 250 MiB, GC above 150 MiB: reserved 160 MiB, 60 MiB of whole unused large segments
+    conf = "per_process_memory_fraction:0.5,garbage_collection_threshold:0.6"
+    r, model = _capped(
+        conf,
+        seg([blk(100 * MIB, "active_allocated")]),
+        seg([blk(20 * MIB)], address=BASE + 200 * MIB),
+        seg([blk(40 * MIB)], address=BASE + 300 * MIB),
+        room=340 * MIB,
+    )
+    gc = r.can_fit(100 * MIB, device_free=340 * MIB)  # needs >= 10 MiB back: GC frees >= 10
+    assert gc.verdict == _outcome_with_gc(model, 100 * MIB) == "garbage_collect"
+    assert gc.fits and "garbage collection" in gc.explanation and "10.00 MiB" in gc.explanation
+    # 140 MiB fits only if the GC frees both (ages decide): a flush-and-retry at worst
+    maybe = r.can_fit(140 * MIB, device_free=340 * MIB)
+    assert maybe.verdict == "flush_and_retry" and "depending on the segments' ages" in str(maybe)
+    assert _outcome_with_gc(model, 140 * MIB) in ("garbage_collect", "flush_and_retry")
+    big = r.can_fit(160 * MIB, device_free=340 * MIB)  # 100 + 160 > 250 even after the flush
+    assert big.verdict == _outcome_with_gc(model, 160 * MIB) == "out_of_memory"
+    assert list(VERDICTS).index("garbage_collect") == 2
+
+
+_CAPPED_CONFS = (
+    "per_process_memory_fraction:0.6",
+    "per_process_memory_fraction:0.5,garbage_collection_threshold:0.5",
+    "per_process_memory_fraction:0.7,garbage_collection_threshold:0.3,expandable_segments:True",
+)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_can_fit_agrees_with_the_model_under_a_fraction_cap(seed):
+    rng = np.random.default_rng(seed)
+    conf = _CAPPED_CONFS[seed % len(_CAPPED_CONFS)]
+    m = CachingAllocator(1 << 40, "", device_total=1 << 44)
+    live: list[int] = []
+    for _ in range(40):
+        if live and rng.random() < 0.45:
+            m.free(live.pop(int(rng.integers(len(live)))))
+        else:
+            size = int(rng.choice([600, 3 * MIB, 7 * MIB, 25 * MIB, 61 * MIB]))
+            live.append(m.malloc(size + int(rng.integers(0, 1 << 19))))
+    segs = m.snapshot(include_traces=False)["segments"]
+    r = fragmentation({"segments": segs, "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": conf}})
+    for room in (0, 50 * MIB, 200 * MIB, 600 * MIB):
+        total = r.reserved + room
+        model = CachingAllocator.from_segments(copy.deepcopy(segs), total, conf, device_total=total)
+        for size in (5 * MIB, 45 * MIB, 130 * MIB, 300 * MIB):
+            ans = r.can_fit(size, device_free=room)
+            got = _outcome_with_gc(model, size)
+            if got == "garbage_collect" and ans.verdict == "new_segment":
+                assert "garbage collection frees" in ans.explanation  # ran, not needed
+            elif got == "garbage_collect" and ans.verdict == "flush_and_retry":
+                assert "depending on the segments' ages" in ans.explanation
+            else:
+                assert ans.verdict == got, (conf, room, size, ans.explanation)

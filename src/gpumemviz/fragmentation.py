@@ -51,7 +51,14 @@ __all__ = [
 N_WORST = 5
 
 #: `FitAnswer.verdict` values, in the order the allocator tries them (section 2.6).
-VERDICTS = ("cached", "new_segment", "flush_and_retry", "out_of_memory", "room_unknown")
+VERDICTS = (
+    "cached",
+    "new_segment",
+    "garbage_collect",
+    "flush_and_retry",
+    "out_of_memory",
+    "room_unknown",
+)
 
 _ALLOCATED = "active_allocated"
 _INACTIVE = "inactive"
@@ -1157,9 +1164,36 @@ def _can_fit(
             ),
             **base,
         )
-    if need <= room:
+    reserved = r.devices[device].reserved
+    alloc = allocation_size(rounded, cfg.large_segment_size)
+    fraction = cfg.per_process_memory_fraction
+    # per_process_memory_fraction caps reserved at fraction x device total (free + reserved);
+    # alloc_block checks the cap against the segment size, in expandable mode too
+    cap = int(fraction * (room + reserved)) if fraction < 1.0 else None
+
+    def fits_with(freed: int, pages: int) -> bool:
+        """Does an attempt succeed once `freed` bytes went back and it maps `pages`?"""
+        return pages <= room + freed and (cap is None or reserved - freed + alloc <= cap)
+
+    capped = (
+        "" if cap is None else f" (per_process_memory_fraction caps reserved at {format_size(cap)})"
+    )
+    gc_low, gc_high = _garbage_collected(r, device, cap, cfg.garbage_collection_threshold)
+    if fits_with(0, need):
         verdict, fits = "new_segment", True
-        tail = f", which the device has ({format_size(room)} free)."
+        gc_first = (
+            " (the allocator's garbage collection frees some unused segments first)"
+            if gc_high
+            else ""
+        )
+        tail = f", which the device has ({format_size(room)} free){capped}{gc_first}."
+    elif gc_high and fits_with(gc_low, need):
+        verdict, fits = "garbage_collect", True
+        tail = (
+            f"{capped}: it succeeds without a retry once the allocator's garbage collection "
+            f"(reserved above garbage_collection_threshold) frees at least {format_size(gc_low)} "
+            "of its oldest unused segments."
+        )
     else:
         # the flush also unmaps the whole free pages of the tail it would grow, so in
         # expandable mode the retry needs the pages of the flushed layout
@@ -1169,19 +1203,25 @@ def _can_fit(
             else need
         )
         then = "" if after == need else f" ({format_size(after)} of pages after the flush)"
-        if after <= room + releasable:
+        if fits_with(releasable, after):
             verdict, fits = "flush_and_retry", True
+            maybe = (
+                " (the garbage collection before it may already free enough, depending on the "
+                "segments' ages)"
+                if gc_high and fits_with(gc_high, need)
+                else ""
+            )
             tail = (
-                f": only {format_size(room)} is free on the device, so it succeeds only through "
-                f"the allocator's own sync, flush of {format_size(releasable)} of cached "
-                f"segments{then} and retry (num_alloc_retries)."
+                f": only {format_size(room)} is free on the device{capped}, so it succeeds only "
+                f"through the allocator's own sync, flush of {format_size(releasable)} of cached "
+                f"segments{then} and retry (num_alloc_retries){maybe}."
             )
         else:
             verdict, fits = "out_of_memory", False
             tail = (
-                f": the device has {format_size(room)} free and the allocator's flush adds only "
-                f"{format_size(releasable)}{then}, so it is out of memory (a manual empty_cache "
-                "would not help: the allocator flushes before it raises)."
+                f": the device has {format_size(room)} free{capped} and the allocator's flush "
+                f"adds only {format_size(releasable)}{then}, so it is out of memory (a manual "
+                "empty_cache would not help: the allocator flushes before it raises)."
             )
     return FitAnswer(
         verdict=verdict,
@@ -1194,6 +1234,31 @@ def _can_fit(
         explanation=head + tail,
         **base,
     )
+
+
+def _garbage_collected(
+    r: FragmentationReport, device: int, cap: int | None, threshold: float
+) -> tuple[int, int]:
+    """What `garbage_collect_cached_blocks` frees before a new segment (section 2.11): at least
+    and at most, in bytes. It runs only with a fraction cap and a threshold, while reserved is
+    above threshold x cap, and frees whole unused large non-expandable segments oldest first
+    (by an age the snapshot does not record) until reserved is back under the threshold."""
+    if cap is None or threshold <= 0.0:
+        return 0, 0
+    reserved = r.devices[device].reserved
+    limit = int(threshold * cap)
+    if reserved <= limit:
+        return 0, 0
+    c = r.per_segment
+    whole = (
+        (c.device == device)
+        & ~c.is_small
+        & ~c.is_expandable
+        & ~c.pool_id.any(axis=1)
+        & (c.free == c.total_size)
+    )
+    freeable = int(c.total_size[whole].sum())
+    return min(freeable, reserved - limit), freeable
 
 
 def _expandable_walk(r: FragmentationReport, cand: np.ndarray) -> int:
@@ -1276,11 +1341,13 @@ def _pages_to_map(
     base = int(c.address[rows[0]]) if rows else 0
     found = _first_fit(runs, base, rounded, page)
     if found is not None:
-        mapped, tail, tail_at = found
-        return mapped, (
-            f"{mapped // page} more {format_size(page)} page(s) mapped after the "
-            f"{format_size(tail)} free tail at 0x{tail_at:x}"
+        mapped, tail, gap_at = found
+        where = (
+            f"after the {format_size(tail)} free tail at 0x{gap_at - tail:x}"
+            if tail
+            else f"at 0x{gap_at:x} of its reservation"
         )
+        return mapped, f"{mapped // page} more {format_size(page)} page(s) mapped {where}"
     need = -(-rounded // page) * page
     return need, f"{need // page} {format_size(page)} page(s) of a new expandable segment"
 
@@ -1289,8 +1356,10 @@ def _first_fit(
     runs: list[tuple[int, int, int, int]], base: int, rounded: int, page: int
 ) -> tuple[int, int, int] | None:
     """`find_expandable_block` over mapped runs (address, total, free head, free tail) of one
-    reservation from `base`: (bytes mapped, free tail used, its address), or None when no
-    unmapped range of the reservation serves (a new reservation then)."""
+    reservation from `base`: (bytes mapped, free tail used, address of the unmapped range), or
+    None when no unmapped range of the reservation serves (a new reservation then)."""
+    if not runs:
+        return None
     # the reservation in address order: ("gap", size) and ("run", total, head, tail)
     items: list[tuple[str, float, int, int]] = []
     at = base
@@ -1323,8 +1392,7 @@ def _first_fit(
                 if head != size:
                     break
         if have >= rounded:
-            tail_at = ends[g - 1] - tail if g else base
-            return mapped, tail, tail_at
+            return mapped, tail, ends[g - 1] if g else base
     return None
 
 
