@@ -42,6 +42,8 @@ def test_json_has_the_issue_structure_on_real_files(real_path, capsys):
     assert t["free"] == sum(free)
     assert t["largest_free"] == max(free, default=0)
     assert t["segments"] == len(d["segments"]) and t["blocks"] == len(blocks)
+    assert t["free_stuck"] == max(t["free"] + t["pending_free"] - t["releasable"], 0)
+    assert type(t["free_stuck_expandable"]) is int
     if free:
         assert t["external_fragmentation"] == pytest.approx(1 - max(free) / sum(free))
         sq = sum(x * x for x in free) / sum(free) ** 2
@@ -56,6 +58,10 @@ def test_text_summary_on_real_files(real_path, capsys):
     report = fragmentation(read_real(real_path))
     for d, f in report.devices.items():
         assert f"device {d}: reserved {format_size(f.reserved)}" in text
+        assert (
+            f"left after empty_cache {format_size(f.free_stuck)} "
+            f"({format_size(f.free_stuck_expandable)} in partial pages of expandable segments)"
+        ) in text
         for s in f.worst_segments:
             assert f"0x{s.address:x}" in text
     assert "advice:" in text

@@ -675,3 +675,50 @@ def test_can_fit_agrees_with_the_model_under_a_fraction_cap(seed):
                 assert "depending on the segments' ages" in ans.explanation
             else:
                 assert ans.verdict == got, (conf, room, size, ans.explanation)
+
+
+def _left_after_empty_cache(segs: list[dict], conf: str) -> tuple[int, int]:
+    """Inactive bytes the model keeps after empty_cache(): all, and in expandable segments."""
+    m = CachingAllocator.from_segments(copy.deepcopy(segs), 1 << 40, conf, device_total=1 << 44)
+    m.empty_cache()
+    left = [
+        (b["size"], s["is_expandable"])
+        for s in m.snapshot(include_traces=False)["segments"]
+        for b in s["blocks"]
+        if b["state"] == "inactive"
+    ]
+    return sum(n for n, _ in left), sum(n for n, e in left if e)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_free_stuck_is_what_empty_cache_leaves(seed):
+    d = _random_expandable_state(seed)
+    r = fragmentation(d)
+    conf = "expandable_segments:True"
+    stuck, sliver = _left_after_empty_cache(d["segments"], conf)
+    assert (r.free_stuck, r.free_stuck_expandable) == (stuck, sliver)
+    assert r.free_stuck == r.free + r.pending_free - r.releasable
+    assert int(r.per_segment.stuck_free.sum()) == r.free_stuck  # one pool: columns add up
+    out = r.to_dict()["devices"]["0"]
+    assert (out["free_stuck"], out["free_stuck_expandable"]) == (stuck, sliver)
+
+
+def test_stuck_free_counts_pending_frees_in_expandable_segments():
+    # 2 MiB pages: [0, 1) allocated, [1, 3) pending, [3, 6.5) free, [6.5, 8) allocated;
+    # after the sync the free run [1, 6.5) MiB gives back pages [2, 6): 1.5 MiB stay (the old
+    # formula, free - releasable, said 0)
+    run = seg(
+        [
+            blk(1 * MIB, "active_allocated"),
+            blk(2 * MIB, "active_pending_free"),
+            blk(3 * MIB + MIB // 2),
+            blk(MIB + MIB // 2, "active_allocated"),
+        ],
+        is_expandable=True,
+        segment_type="small",
+    )
+    r = fragmentation(snap(run, settings={"expandable_segments": True}))
+    assert r.per_segment.releasable.tolist() == [4 * MIB]
+    assert r.per_segment.stuck_free.tolist() == [3 * MIB // 2]
+    assert r.free_stuck == r.free_stuck_expandable == 3 * MIB // 2
+    assert _left_after_empty_cache([run], "expandable_segments:True") == (3 * MIB // 2,) * 2

@@ -132,6 +132,8 @@ def _device_lines(
         f"  trapped in partly used segments {fs(f.free_trapped)}; empty_cache would release "
         f"{fs(f.releasable)}"
         + (f" (+{fs(f.releasable_private)} of private pools)" if f.releasable_private else ""),
+        f"  left after empty_cache {fs(f.free_stuck)} ({fs(f.free_stuck_expandable)} in "
+        "partial pages of expandable segments)",
     ]
     if oom_free is not None:
         lines.append(f"  last OOM: the driver had {fs(oom_free)} free")

@@ -151,6 +151,8 @@ class MemoryFigures:
     internal_waste: int  # allocated - requested: rounding and whole-block handouts
     free: int  # sum of inactive block sizes
     free_trapped: int  # free inside non-expandable segments that still hold an allocated block
+    free_stuck: int  # free + pending_free - releasable: what stays free after empty_cache
+    free_stuck_expandable: int  # the part of free_stuck in partial pages of expandable segments
     releasable: int  # what empty_cache would return from the default pool
     releasable_private: int  # the same for private pools (only once the pool is released)
     largest_free: int  # the largest inactive block, over all streams and pools
@@ -205,10 +207,9 @@ class SegmentFigures:
 
     @property
     def stuck_free(self) -> np.ndarray:
-        """Free bytes that empty_cache cannot return (trapped, or slivers of expandable pages)."""
-        return np.maximum(self.free - np.minimum(self.releasable, self.free), 0) * (
-            (self.allocated > 0) | self.is_expandable
-        )
+        """Free bytes left after empty_cache (which completes pending frees first): free +
+        pending_free - releasable (trapped blocks, or slivers of expandable pages)."""
+        return np.maximum(self.free + self.pending_free - self.releasable, 0)
 
     @property
     def external_fragmentation(self) -> np.ndarray:
@@ -820,6 +821,7 @@ def _reduce(cols: _Columns, settings: Any, devices: tuple[int, ...]) -> Fragment
             np.where((c.allocated > 0) & ~c.is_expandable, c.free, 0),
             rel_default,
             releasable - rel_default,
+            np.where(c.is_expandable & default_pool, stuck, 0),
         ]
     )
     by_device: dict[int, MemoryFigures] = {}
@@ -904,7 +906,7 @@ def _figures(
         in_dev[rows] = True
         n_free_blocks = int(in_dev[cols.free_segment].sum())
         n_pending = int(in_dev[cols.pend_segment].sum())
-    reserved, allocated, pending, free, requested, n_blocks, trapped, rel, rel_private = col
+    reserved, allocated, pending, free, requested, n_blocks, trapped, rel, rel_private, sliver = col
     largest = int(lfree.max()) if len(lfree) else 0
     return {
         "reserved": reserved,
@@ -915,6 +917,8 @@ def _figures(
         "internal_waste": allocated - requested,
         "free": free,
         "free_trapped": trapped,
+        "free_stuck": max(free + pending - rel, 0),
+        "free_stuck_expandable": sliver,
         "releasable": rel,
         "releasable_private": rel_private,
         "largest_free": largest,
@@ -957,6 +961,8 @@ def _total(figs: list[MemoryFigures], c: SegmentFigures) -> MemoryFigures:
         internal_waste=add("internal_waste"),
         free=free,
         free_trapped=add("free_trapped"),
+        free_stuck=add("free_stuck"),
+        free_stuck_expandable=add("free_stuck_expandable"),
         releasable=add("releasable"),
         releasable_private=add("releasable_private"),
         largest_free=largest,
