@@ -722,3 +722,21 @@ def test_stuck_free_counts_pending_frees_in_expandable_segments():
     assert r.per_segment.stuck_free.tolist() == [3 * MIB // 2]
     assert r.free_stuck == r.free_stuck_expandable == 3 * MIB // 2
     assert _left_after_empty_cache([run], "expandable_segments:True") == (3 * MIB // 2,) * 2
+
+
+def test_requested_and_free_trapped_differ_from_torch_stats_as_documented():
+    """`requested` is segsum's (allocated blocks only), torch's requested_bytes also counts
+    pending frees; free_trapped needs an allocated block, inactive_split_bytes only a split."""
+    segs = [
+        seg([blk(4 * MIB, "active_allocated", 3 * MIB), blk(16 * MIB)]),
+        seg(  # only a pending free and free blocks: split, nothing allocated
+            [blk(6 * MIB, "active_pending_free", 5 * MIB), blk(14 * MIB)],
+            address=BASE + 20 * MIB,
+        ),
+    ]
+    r = fragmentation(snap(*segs))
+    stats = CachingAllocator.from_segments(copy.deepcopy(segs), 1 << 30).memory_stats()
+    assert r.requested == 3 * MIB
+    assert stats["requested_bytes.all.current"] == 3 * MIB + 5 * MIB
+    assert r.free_trapped == 16 * MIB
+    assert stats["inactive_split_bytes.all.current"] == 16 * MIB + 14 * MIB
