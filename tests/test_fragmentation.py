@@ -740,3 +740,21 @@ def test_requested_and_free_trapped_differ_from_torch_stats_as_documented():
     assert stats["requested_bytes.all.current"] == 3 * MIB + 5 * MIB
     assert r.free_trapped == 16 * MIB
     assert stats["inactive_split_bytes.all.current"] == 16 * MIB + 14 * MIB
+
+
+def test_the_module_is_the_function():
+    import pydoc
+
+    import gpumemviz
+    import gpumemviz.fragmentation as mod
+
+    assert gpumemviz.fragmentation is mod
+    assert (
+        gpumemviz.fragmentation(_cached_layout()).reserved
+        == fragmentation(_cached_layout()).reserved
+    )
+    with pytest.raises(TypeError, match=r"fragmentation\(\) got an unexpected keyword .*'foo'"):
+        gpumemviz.fragmentation(_cached_layout(), foo=1)
+    text = pydoc.render_doc(gpumemviz.fragmentation, renderer=pydoc.plaintext)
+    assert "Measure the allocator's memory and its fragmentation" in text
+    assert ">>> r = fragmentation(" in text

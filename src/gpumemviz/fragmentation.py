@@ -14,8 +14,6 @@ columns. Full validation belongs to `load_snapshot`; the dict path checks only w
 
 from __future__ import annotations
 
-import sys
-import types
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -23,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ._callable import make_module_callable
 from .allocator.config import AllocatorConfig, ConfigError
 from .allocator.rules import (
     K_SMALL_BUFFER,
@@ -1447,12 +1446,4 @@ def _run_shape(r: FragmentationReport, row: int) -> tuple[int, int, int, int]:
     return int(r.per_segment.address[row]), total, lead, tail
 
 
-class _CallableModule(types.ModuleType):
-    """`gpumemviz.fragmentation` names both this module and its function: once the submodule
-    is imported, Python binds the package attribute to the module, so calling it must work."""
-
-    def __call__(self, snapshot: Any) -> FragmentationReport:
-        return fragmentation(snapshot)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+make_module_callable(__name__, fragmentation)
