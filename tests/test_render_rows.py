@@ -255,3 +255,74 @@ def test_cells_conserve_the_allocated_fraction(segments, cells):
         level = (grid[r] & 63).astype(float) / LEVELS
         want = rows.kind_bytes[r, KIND_ALLOCATED] / rows.total_size[r] * cells
         assert abs(level.sum() - want) <= cells * 0.5 / LEVELS + 1e-6
+
+
+def _random_model_state(seed: int):
+    """The allocator model after random mallocs, frees and cross-stream frees (pending) in
+    expandable mode; returns the model and its snapshot."""
+    from gpumemviz.allocator.model import CachingAllocator
+
+    rng = np.random.default_rng(seed)
+    m = CachingAllocator(1 << 40, "expandable_segments:True", device_total=1 << 44)
+    live: list[int] = []
+    for _ in range(60):
+        if live and rng.random() < 0.4:
+            addr = live.pop(int(rng.integers(len(live))))
+            if rng.random() < 0.4:
+                m.record_stream(addr, 9)
+            m.free(addr)
+        else:
+            size = int(rng.choice([600, 300_000, 3 * MiB, 7 * MiB, 25 * MiB, 61 * MiB]))
+            size += int(rng.integers(0, 1 << 19))
+            live.append(m.malloc(size, int(rng.choice([0, 7]))))
+    return m, m.snapshot(include_traces=False)
+
+
+def _overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    """Bytes shared by two lists of disjoint [lo, hi) intervals."""
+    a, b = sorted(a), sorted(b)
+    i = j = out = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        out += max(hi - lo, 0)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_painted_trapped_is_what_empty_cache_leaves_of_the_free_blocks(seed):
+    """Each painted trapped byte stays free after the model's empty_cache (which syncs pending
+    frees first, merging them with their free neighbours) and each painted releasable byte goes;
+    with the pending bytes that stay, they add up to the report's free_stuck."""
+    from gpumemviz.fragmentation import fragmentation
+
+    m, d = _random_model_state(seed)
+    rows = build_rows(Snapshot.from_torch(d))
+    base = rows.address[rows.span_row]
+    spans = {
+        k: list(
+            zip(
+                (base + rows.span_start)[rows.span_kind == k].tolist(),
+                (base + rows.span_start + rows.span_size)[rows.span_kind == k].tolist(),
+                strict=True,
+            )
+        )
+        for k in (KIND_PENDING, KIND_RELEASABLE, KIND_TRAPPED)
+    }
+    m.empty_cache()
+    after = [
+        (b["address"], b["address"] + b["size"])
+        for s in m.snapshot(include_traces=False)["segments"]
+        for b in s["blocks"]
+        if b["state"] == "inactive"
+    ]
+    trapped = sum(hi - lo for lo, hi in spans[KIND_TRAPPED])
+    assert _overlap(spans[KIND_TRAPPED], after) == trapped
+    assert _overlap(spans[KIND_RELEASABLE], after) == 0
+    report = fragmentation(d)
+    assert trapped + _overlap(spans[KIND_PENDING], after) == report.free_stuck
+    if report.pending_free == 0:
+        assert trapped == report.free_stuck

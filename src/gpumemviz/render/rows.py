@@ -204,7 +204,13 @@ def build_rows(snap: Snapshot, device: int | None = None) -> RowTable:
 
     if expandable.any():
         span_row, span_start, span_size, span_kind = _split_pages(
-            row_of_blk, start, end, kind, free & expandable[seg_of_blk], small[seg_of_blk]
+            row_of_blk,
+            start,
+            end,
+            kind,
+            (free | (state == _PENDING)) & expandable[seg_of_blk],
+            free & expandable[seg_of_blk],
+            small[seg_of_blk],
         )
     else:  # one span per block
         span_row, span_start, span_size, span_kind = row_of_blk, start, size, kind
@@ -329,19 +335,35 @@ def _split_pages(
     start: np.ndarray,
     end: np.ndarray,
     kind: np.ndarray,
+    syncs_free: np.ndarray,
     exp_free: np.ndarray,
     small: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Spans for blocks where free blocks of expandable segments become up to three pieces:
-    a trapped sliver, the whole pages that empty_cache unmaps (releasable), a trapped sliver."""
+    a trapped sliver, the whole pages that empty_cache unmaps (releasable), a trapped sliver.
+
+    empty_cache completes pending frees first, so a pending block merges with its free
+    neighbours and the whole pages are those of the merged run (`syncs_free` marks the blocks
+    that are free once synced); the pending bytes themselves stay painted as pending.
+    """
     page = np.where(small, _SMALL_PAGE, _LARGE_PAGE)
-    lo = -(-start // page) * page
-    hi = end // page * page
-    has_pages = exp_free & (lo < hi)
-    cut0 = np.where(has_pages, lo, end)
-    cut1 = np.where(has_pages, hi, end)
-    kind0 = np.where(exp_free, KIND_TRAPPED, kind).astype(np.uint8)
     n_b = len(start)
+    # runs of adjacent blocks of one row that are free after the sync
+    joins = np.zeros(n_b, bool)
+    if n_b > 1:
+        joins[1:] = (
+            syncs_free[1:] & syncs_free[:-1] & (row[1:] == row[:-1]) & (start[1:] == end[:-1])
+        )
+    run_id = np.cumsum(~joins) - 1
+    heads = np.flatnonzero(~joins)
+    tails = np.append(heads[1:] - 1, n_b - 1) if n_b else heads
+    run_lo = start[heads][run_id] if n_b else start
+    run_hi = end[tails][run_id] if n_b else end
+    lo = -(-run_lo // page) * page
+    hi = run_hi // page * page
+    cut0 = np.where(exp_free, np.clip(lo, start, end), end)
+    cut1 = np.where(exp_free, np.clip(hi, cut0, end), end)
+    kind0 = np.where(exp_free, KIND_TRAPPED, kind).astype(np.uint8)
     piece_start = np.concatenate([start, cut0, cut1])
     piece_end = np.concatenate([cut0, cut1, end])
     piece_kind = np.concatenate(
