@@ -390,3 +390,22 @@ def test_timeline_grows_when_figures_move_and_marks_reach_every_panel():
     finally:
         panel.close()
         other.close()
+
+
+def test_header_says_what_stays_after_empty_cache_from_the_report(real_path, real_dict):
+    """One "stuck" figure: the fragmentation report's free_stuck for the device shown, not the
+    painted slivers nor torch's inactive_split_bytes (they differ on expandable segments)."""
+    from gpumemviz.fragmentation import fragmentation
+
+    snap = Snapshot.from_torch(real_dict)
+    device = int(snap.segments.device[0]) if len(snap.segments.device) else 0
+    report = fragmentation(snap)
+    p = MemoryPanel.from_snapshot(snap, device=device)
+    try:
+        assert p.flush()
+        assert "free_trapped" not in p.header
+        assert p.header["free_stuck"] == report.devices[device].free_stuck
+        figs = report.devices[device]
+        assert p.header["free_stuck"] == figs.free + figs.pending_free - figs.releasable
+    finally:
+        p.close()

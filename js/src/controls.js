@@ -7,7 +7,7 @@ export const FIGURES = /** @type {const} */ ([
   ["reserved", "reserved", true],
   ["allocated", "allocated", true],
   ["free", "free in reserved", true],
-  ["free_trapped", "trapped", true],
+  ["free_stuck", "stuck after empty_cache", true],
   ["free_releasable", "releasable", true],
   ["largest_free", "largest free block", true],
   ["pending_free", "pending free", true],
@@ -20,7 +20,12 @@ export const FIGURES = /** @type {const} */ ([
   ["blocks", "blocks", false],
 ]);
 
-const LEGEND = ["allocated", "pending free", "free, empty_cache releases it", "free, trapped"];
+const LEGEND = [
+  "allocated",
+  "pending free",
+  "free, empty_cache releases it",
+  "free, stays after empty_cache",
+];
 
 /**
  * Format one figure for display.

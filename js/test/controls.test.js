@@ -24,3 +24,11 @@ test("a pending command says queued only when the kernel cannot take it now", as
   assert.equal(pendingText("main", QUEUED_AFTER_MS), "queued until the cell finishes");
   assert.equal(pendingText("subshell", QUEUED_AFTER_MS), "working…");
 });
+
+test("the header's stuck figure is the report's free_stuck, labelled by what it means", async () => {
+  const { FIGURES } = await import("../src/controls.js");
+  const keys = FIGURES.map(([key]) => key);
+  assert.ok(!keys.includes("free_trapped"), "one definition of stuck bytes in the header");
+  const stuck = FIGURES.find(([key]) => key === "free_stuck");
+  assert.deepEqual(stuck, ["free_stuck", "stuck after empty_cache", true]);
+});

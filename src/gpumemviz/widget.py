@@ -17,7 +17,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anywidget
 import numpy as np
@@ -28,6 +28,9 @@ from gpumemviz.render.stacks import Stacks
 from gpumemviz.render.timeline import TimelineData
 from gpumemviz.render.wire import Wire, figures
 from gpumemviz.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from gpumemviz.fragmentation import FragmentationReport
 
 __all__ = ["MemoryPanel", "bundle_path", "mark", "monitor"]
 
@@ -311,9 +314,9 @@ class MemoryPanel(anywidget.AnyWidget):
             return
         what, value = item
         if what == "snapshot":
-            self._show(value, {}, status="snapshot")
+            report = self._show(value, {}, status="snapshot")
             self._advise(
-                value, settings=None, stats=None, total=None, device=self._device, force=True
+                report, settings=None, stats=None, total=None, device=self._device, force=True
             )
         else:
             self._apply_sample(value)
@@ -352,9 +355,11 @@ class MemoryPanel(anywidget.AnyWidget):
                 self.status = errors[0] if errors else (sample.segments_note or label)
             return
         device = self._device if self._device is not None else sample.device
-        self._show(sample.segments, extra, status=errors[0] if errors else label, device=device)
+        report = self._show(
+            sample.segments, extra, status=errors[0] if errors else label, device=device
+        )
         self._advise(
-            sample.segments,
+            report,
             settings=(info.allocator_settings or None) if info is not None else None,
             stats=stats,
             total=(info.total_memory or None) if info is not None else None,
@@ -386,7 +391,7 @@ class MemoryPanel(anywidget.AnyWidget):
 
     def _advise(
         self,
-        snap: Snapshot,
+        report: FragmentationReport,
         *,
         settings: str | None,
         stats: Any,
@@ -400,9 +405,7 @@ class MemoryPanel(anywidget.AnyWidget):
             return
         self._advice_at = now
         from gpumemviz.advice import advise
-        from gpumemviz.fragmentation import fragmentation
 
-        report = fragmentation(snap)
         if device is not None and device not in report.devices:
             self.advice = []
             return
@@ -411,15 +414,22 @@ class MemoryPanel(anywidget.AnyWidget):
 
     def _show(
         self, snap: Snapshot, extra: dict[str, Any], status: str, device: int | None = None
-    ) -> None:
+    ) -> FragmentationReport:
+        """Draw a snapshot; returns its fragmentation report (the advice reads it too)."""
+        from gpumemviz.fragmentation import fragmentation
+
         device = self._device if device is None else device
         rows = build_rows(snap, device=device)
+        report = fragmentation(snap)
         self.shown, self._shown_device = snap, device
         if self._wire.set_rows(rows, Stacks(snap)):
             self.map_layout = self._wire.layout()
-        self.header = {**figures(rows), **extra}
+        painted = figures(rows)
+        del painted["free_trapped"]  # the painted slivers; the header says free_stuck instead
+        self.header = {**painted, **_report_figures(report, device), **extra}
         self.status = status
         self._send_frames(self._wire.update())
+        return report
 
     def fit_inputs(self) -> tuple[Snapshot | None, int | None, int]:
         """What "would N fit?" reads: the snapshot shown, the device's free bytes (NVML, when
@@ -523,6 +533,14 @@ def _plain(entry: dict) -> dict:
     for k, v in entry.items():
         out[k] = {str(a): b for a, b in v.items()} if isinstance(v, dict) else v
     return out
+
+
+def _report_figures(report: FragmentationReport, device: int | None) -> dict[str, int]:
+    """Header figures taken from the fragmentation report rather than from the painted rows:
+    free_stuck (what empty_cache leaves free, pending frees synced) is the report's own number,
+    so the panel and ``gpumemviz inspect`` say the same."""
+    figs = report.total if device is None else report.devices.get(device)
+    return {"free_stuck": figs.free_stuck if figs is not None else 0}
 
 
 def _oom_dict(event: Any) -> dict:
