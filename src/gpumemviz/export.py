@@ -123,6 +123,27 @@ def export(
     gains ``device_traces`` so ``python -m torch.cuda._memory_viz stats/trace`` accept it.
     The CSV of a snapshot has one row per trace entry (`TRACE_COLUMNS`, see `trace_rows`);
     of samples one row per sample (`SAMPLE_COLUMNS`).
+
+    Examples
+    --------
+    >>> import pathlib, shutil, tempfile
+    >>> import gpumemviz
+    >>> seg = {"device": 0, "address": 0x7F0000000000, "total_size": 2 << 20, "stream": 0,
+    ...        "segment_type": "small", "allocated_size": 512, "active_size": 512,
+    ...        "requested_size": 100, "blocks": [
+    ...     {"size": 512, "requested_size": 100, "state": "active_allocated"},
+    ...     {"size": (2 << 20) - 512, "requested_size": 0, "state": "inactive"}]}
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> path = gpumemviz.export([seg], folder / "run.pickle")  # a bare list gains device_traces
+    >>> sorted(gpumemviz.load_snapshot(path).to_torch())
+    ['device_traces', 'segments']
+    >>> alloc = {"action": "alloc", "addr": seg["address"], "size": 512, "stream": 0,
+    ...          "time_us": 1, "frames": []}
+    >>> csv = gpumemviz.export({"segments": [seg], "device_traces": [[alloc]]}, folder / "t.csv")
+    >>> print(csv.read_text(), end="")
+    device,index,time_us,action,addr,size,stream,device_free,reserved,allocated,requested,segments
+    0,0,1,alloc,139637976727552,512,0,,2097152,512,100,1
+    >>> shutil.rmtree(folder)
     """
     path = Path(path)
     fmt = _format_of(path, format)
