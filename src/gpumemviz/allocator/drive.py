@@ -938,7 +938,12 @@ class _Driver:
         a = self._take(i)
         steps = self.steps
         nxt = steps[i + 1] if i + 1 < len(steps) else None
-        if nxt is not None and nxt[0] == "free_completed" and nxt[1] == steps[i][1]:
+        if (
+            nxt is not None
+            and nxt[0] == "free_completed"
+            and nxt[1] == steps[i][1]
+            and not self._release_follows(i + 1)
+        ):  # freed at once (before a release, it may have waited on events until it)
             self.model.free(a)
             return
         fake = -(1000 + i)  # the free waits on other streams' work until its free_completed
@@ -963,20 +968,29 @@ class _Driver:
             j += 1
         return j < len(steps) and (steps[j][0] in _RELEASES or steps[j][0] == "oom")
 
-    def _finish_synced(self, synced: Sequence[int]) -> None:
+    def _finish_synced(self, leading: Sequence[int], synced: Sequence[int]) -> None:
         """Deferred frees whose events a release synchronised: the model's own release did the
-        same (and then this does nothing), an explicit empty_cache did too."""
+        same (and then this does nothing), an explicit empty_cache did too. The figures after
+        `synced` ones (inside the release run) are those after the run; `leading` ones were
+        filled before it (`_fill`)."""
         m = self.model
-        for j in synced:
+        for j in (*leading, *synced):
             fake = self.deferred.pop(self.rename(self.steps[j][1]), None)
             if fake is not None:
                 m.complete_events(fake, process=True)
+        self._fill(synced)
+        self.provider.synced = m.trace_len()
+
+    def _fill(self, entries: Sequence[int]) -> None:
+        """The model's figures now, after each of `entries` (a free changes neither reserved
+        nor allocated once requested: torch counts a block out of allocated at free())."""
+        m = self.model
+        for j in entries:
             self.reserved[j], self.allocated[j], self.nsegs[j] = (
                 m.reserved,
                 m.allocated,
                 len(self.runs),
             )
-        self.provider.synced = m.trace_len()
 
     # -- the pass ---------------------------------------------------------------------------
     def run(self) -> DeviceReplay:
@@ -1001,12 +1015,14 @@ class _Driver:
                 continue
             if run and action not in ("alloc", "oom"):
                 self._complete(leading)
+                self._fill(leading)
                 self._standalone_run(run)
-                self._finish_synced(leading + synced)
+                self._finish_synced(leading, synced)
                 run, synced, leading = [], [], []
             if action in ("alloc", "oom"):
+                self._fill(leading)
                 self._malloc(i, run, leading)
-                self._finish_synced(leading + synced)
+                self._finish_synced(leading, synced)
                 run, synced, leading = [], [], []
             elif action == "free_requested":
                 self._free_requested(i)
@@ -1023,8 +1039,9 @@ class _Driver:
                 break
         if run and done == n:
             self._complete(leading)
+            self._fill(leading)
             self._standalone_run(run)
-            self._finish_synced(leading + synced)
+            self._finish_synced(leading, synced)
         out = self.out
         out.reserved, out.allocated, out.segments = reserved[:done], allocated[:done], nsegs[:done]
         start_reserved, start_allocated, _ = self.tl.start.totals()
