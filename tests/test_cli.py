@@ -272,6 +272,8 @@ def test_whatif_expandable_text_side_by_side(tmp_path, capsys):
         (["--conf", "bogus_key:1"], "--conf 'bogus_key:1': Unrecognized key 'bogus_key'"),
         (["--capacity", "10XB"], "not a size: '10XB'"),
         (["--capacity", "0"], "--capacity must be positive"),
+        (["--capacity", "-5GiB"], "--capacity must be positive, got '-5GiB'"),
+        (["--capacity=-5"], "--capacity must be positive, got '-5'"),
     ],
 )
 def test_whatif_bad_options_exit_2(tmp_path, capsys, extra, message):
@@ -520,3 +522,22 @@ def test_report_bad_input_exits_2(tmp_path, capsys, args, message):
     assert captured.out == "" and "\n" not in err
     assert err.startswith("gpumemviz report: error:") and message in err
     assert main(["report", str(src)]) == 2  # argparse: -o is required
+
+
+def test_settings_not_recorded_are_said_the_same_in_inspect_and_whatif(tmp_path, capsys):
+    d = pickle.loads(_model_snapshot(tmp_path).read_bytes())
+    assert d["allocator_settings"]  # the model records them: the defaults
+    del d["allocator_settings"]
+    path = _write(tmp_path / "bare.pickle", pickle.dumps(d, protocol=4))
+    said = "not recorded (assumed PyTorch's defaults)"
+    assert main(["inspect", str(path)]) == 0
+    assert f"allocator settings: {said}" in capsys.readouterr().out
+    assert main(["whatif", str(path)]) == 0
+    assert f"(recorded: {said})" in capsys.readouterr().out.splitlines()[0]
+
+
+@pytest.mark.parametrize(("uid", "allow_root"), [(0, True), (1000, False)])
+def test_demo_passes_allow_root_only_as_root(monkeypatch, capsys, uid, allow_root):
+    monkeypatch.setattr(os, "getuid", lambda: uid)
+    assert main(["demo", "--print-command", "--no-browser"]) == 0
+    assert ("--allow-root" in capsys.readouterr().out.split()) is allow_root

@@ -21,7 +21,14 @@ from .advice import Advice, advise, oom_device_free
 from .fragmentation import FragmentationReport, MemoryFigures, SegmentSummary, fragmentation
 from .units import format_size, parse_size
 
-__all__ = ["DEMO_NOTEBOOK", "SUBCOMMANDS", "UsageError", "demo_command", "main"]
+__all__ = ["DEMO_NOTEBOOK", "NOT_RECORDED", "SUBCOMMANDS", "UsageError", "demo_command", "main"]
+
+
+#: What `inspect` and `whatif` say of a file that does not record its allocator settings.
+NOT_RECORDED = "not recorded (assumed PyTorch's defaults)"
+
+#: Options taking a size, whose value may start with "-" (to be refused as not positive).
+_SIZE_OPTIONS = ("--capacity",)
 
 
 class UsageError(ValueError):
@@ -98,9 +105,7 @@ def _text(
     t = report.total
     conf = (report.allocator_settings or {}).get("PYTORCH_CUDA_ALLOC_CONF")
     settings = (
-        "not recorded"
-        if report.allocator_settings is None
-        else (repr(conf) if conf else "defaults")
+        NOT_RECORDED if report.allocator_settings is None else (repr(conf) if conf else "defaults")
     )
     lines = [
         f"{name}: {len(report.devices)} device(s), {t.segments} segments, {t.blocks} blocks; "
@@ -187,6 +192,8 @@ def run_whatif(args: argparse.Namespace) -> int:
     from .allocator.replay import replay
     from .io import load_snapshot
 
+    if args.capacity is not None and args.capacity.strip().startswith("-"):
+        raise UsageError(f"--capacity must be positive, got {args.capacity!r}")
     capacity = parse_size(args.capacity) if args.capacity is not None else None
     if capacity is not None and capacity <= 0:
         raise UsageError(f"--capacity must be positive, got {args.capacity!r}")
@@ -196,7 +203,8 @@ def run_whatif(args: argparse.Namespace) -> int:
             conf = AllocatorConfig.parse(args.conf)
         except ValueError as e:
             raise UsageError(f"--conf {args.conf!r}: {e}") from None
-    result = replay(load_snapshot(args.file), config=conf, capacity=capacity)
+    snap = load_snapshot(args.file)
+    result = replay(snap, config=conf, capacity=capacity)
     rows = {dev: _whatif_device(result, dev) for dev in sorted(result.devices)}
     if args.json:
         out = {
@@ -208,7 +216,8 @@ def run_whatif(args: argparse.Namespace) -> int:
         }
         print(json.dumps(out, indent=2))
     else:
-        print("\n".join(_whatif_text(result, rows, str(args.file))))
+        recorded = snap.allocator_settings is not None
+        print("\n".join(_whatif_text(result, rows, str(args.file), recorded)))
     return 0
 
 
@@ -240,11 +249,14 @@ def _whatif_device(result: Any, dev: int) -> dict[str, Any]:
     }
 
 
-def _whatif_text(result: Any, rows: dict[int, dict[str, Any]], name: str) -> list[str]:
+def _whatif_text(
+    result: Any, rows: dict[int, dict[str, Any]], name: str, recorded: bool
+) -> list[str]:
     def conf(s: str) -> str:
         return f"PYTORCH_CUDA_ALLOC_CONF={s!r}" if s else "the default settings"
 
-    lines = [f"{name}: what if {conf(result.config)} (recorded: {conf(result.recorded_config)})"]
+    was = conf(result.recorded_config) if recorded else NOT_RECORDED
+    lines = [f"{name}: what if {conf(result.config)} (recorded: {was})"]
     if not result.what_if:
         lines.append("  same settings and capacity as recorded: predicted = the model's replay")
     for dev, r in rows.items():
@@ -504,7 +516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_glue_negative(sys.argv[1:] if argv is None else list(argv)))
     except SystemExit as e:  # --help, --version, or a usage error argparse already printed
         return e.code if isinstance(e.code, int) else 2
     run = getattr(args, "run", None)
@@ -521,6 +533,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__  # output: one line, 2
         print(f"gpumemviz {args.command}: error: {msg}", file=sys.stderr)
         return 2
+
+
+def _glue_negative(argv: list[str]) -> list[str]:
+    """`--capacity -5GiB` as `--capacity=-5GiB`: argparse reads a value starting with "-" and
+    a digit as a missing value, so the run could not say the size must be positive."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if argv[i] in _SIZE_OPTIONS and nxt.startswith("-") and nxt[1:2].isdigit():
+            out.append(f"{argv[i]}={nxt}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
 
 
 if __name__ == "__main__":
