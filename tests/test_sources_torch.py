@@ -394,7 +394,9 @@ def test_oom_observer_takes_the_snapshot_once_per_failure(serve):
     assert (ev.device, ev.alloc_size, ev.device_free) == (1, size, free)
     assert ev.request_size == size  # read back from the real `oom` trace entry
     assert ev.snapshot == raw and fake.calls.count("_snapshot") == 1
-    assert ev.cause in {"capacity", "fragmentation", "outside"}
+    # this file was dumped after the error unwound (174 frees follow its `oom` entry): a free
+    # block now fits the request, so the honest verdict is "unknown", saying why
+    assert ev.cause == "unknown" and "freed after the failure" in ev.explanation
     assert tc.oom_observer_status()["dropped"] == 1
     # an OOM on another device is not this source's
     tc._OOM["last"].clear()
