@@ -169,3 +169,33 @@ def test_each_cell_leaves_a_marker_with_its_deltas(shell):
     sign = "+" if delta >= 0 else "-"
     assert f"allocated {sign}{format_size(abs(delta))}" in marks[-1]["label"]
     assert marks[-1]["label"].startswith("cell [")
+
+
+def test_export_with_nothing_shown_and_no_cuda_refuses_and_writes_nothing(shell, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the shared source has real memory to export")
+    from gpumemviz.sampler import shared
+
+    # a device no other test has shown: its shared (simulated, no CUDA) source has run nothing
+    assert shared(6).history.latest() is None
+    path = tmp_path / "run.pickle"
+    with pytest.raises(UsageError, match="nothing to export on device 6: no segments"):
+        shell.run_line_magic("gpumemviz", f"--device 6 export {path}")
+    assert not path.exists()
+    # once the default source has run (no CUDA: the demo), its state is what export writes
+    shell.run_line_magic("gpumemviz", "--device 6")
+    shell.run_line_magic("gpumemviz", f"--device 6 export {path}")
+    assert load_snapshot(path).n_segments > 0
+
+
+def test_help_prints_the_options_instead_of_an_error(shell, capsys):
+    assert shell.run_line_magic("gpumemviz", "--help") is None
+    out = capsys.readouterr().out
+    assert out.startswith("usage: %gpumemviz [--device N] [--interval S]")
+    for option in ("--device N", "--interval S", "--demo WORKLOAD", "--replay FILE", "export"):
+        assert option in out
+    assert not _magics(shell).feeds  # help shows nothing and starts nothing
+    shell.run_line_magic("gpumemviz", "-h")
+    assert "usage: %gpumemviz" in capsys.readouterr().out

@@ -35,13 +35,35 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> _Parser:
-    p = _Parser(prog="%gpumemviz", add_help=False)
-    p.add_argument("--device", type=int, default=None)
-    p.add_argument("--interval", type=float, default=None)
-    p.add_argument("--demo", metavar="WORKLOAD", default=None)
-    p.add_argument("--replay", metavar="FILE", default=None)
-    p.add_argument("command", nargs="?", choices=("stop", "status", "export"))
-    p.add_argument("path", nargs="?")
+    p = _Parser(
+        prog="%gpumemviz",
+        add_help=False,
+        usage=USAGE.replace("%", "%%"),  # argparse %-formats the usage line
+        description="Show the live memory panel of a CUDA device (a text summary in a terminal).",
+    )
+    p.add_argument("-h", "--help", action="store_true", help="show this help and do nothing else")
+    p.add_argument(
+        "--device", metavar="N", type=int, default=None, help="CUDA device index (default: 0)"
+    )
+    p.add_argument(
+        "--interval", metavar="S", type=float, default=None, help="seconds between reads"
+    )
+    p.add_argument(
+        "--demo",
+        metavar="WORKLOAD",
+        default=None,
+        help="show a simulated allocator running WORKLOAD (no GPU needed)",
+    )
+    p.add_argument(
+        "--replay", metavar="FILE", default=None, help="play back a recorded snapshot file"
+    )
+    p.add_argument(
+        "command",
+        nargs="?",
+        choices=("stop", "status", "export"),
+        help="stop sampling, print the sampler's status, or export PATH (a torch pickle)",
+    )
+    p.add_argument("path", nargs="?", help="where export writes")
     return p
 
 
@@ -81,6 +103,9 @@ class GpumemvizMagics(Magics):
         except ValueError as exc:
             raise UsageError(f"%gpumemviz: {exc}; usage: {USAGE}") from None
         args = _parser().parse_args(words)
+        if args.help:
+            print(_parser().format_help(), end="")
+            return None
         if args.device is not None and args.device < 0:
             raise UsageError(f"%gpumemviz: --device must be >= 0, got {args.device}")
         if args.interval is not None and not args.interval > 0:
@@ -245,8 +270,15 @@ class GpumemvizMagics(Magics):
             raw = source.export()
         except Exception as exc:
             raise UsageError(f"%gpumemviz export: {exc}") from None
-        written = save_snapshot(raw, Path(path).expanduser())
         n = len(raw.get("segments") or ()) if isinstance(raw, dict) else len(raw)
+        traced = isinstance(raw, dict) and any(raw.get("device_traces") or ())
+        if not n and not traced:
+            raise UsageError(
+                f"%gpumemviz export: nothing to export on device {device}: no segments and no "
+                "recorded history (no CUDA memory in use here, and no %gpumemviz --demo or "
+                "--replay shown); nothing written"
+            )
+        written = save_snapshot(raw, Path(path).expanduser())
         print(f"gpumemviz: wrote {written} ({n} segments, {format_size(written.stat().st_size)})")
 
     # per-cell markers ---------------------------------------------------------------------------
