@@ -28,6 +28,26 @@ export function timelineScale(points, width, height) {
   };
 }
 
+const EPOCH_LO = 946684800; // 2000-01-01: earlier "times" are a counter, not a wall clock
+const EPOCH_HI = 4102444800; // 2100-01-01
+
+/**
+ * The legend's time span: clock times when the points carry Unix times, otherwise the raw
+ * values (the allocator model's tick clock, or trace entry indices), which as dates would read
+ * as 1970.
+ * @param {number} t0
+ * @param {number} t1
+ * @returns {string}
+ */
+export function spanText(t0, t1) {
+  if (t0 >= EPOCH_LO && t1 <= EPOCH_HI) {
+    return `${new Date(t0 * 1000).toLocaleTimeString()} – ${new Date(t1 * 1000).toLocaleTimeString()}`;
+  }
+  /** @param {number} t */
+  const num = (t) => Number(t.toPrecision(6)).toLocaleString("en-US", { maximumFractionDigits: 6 });
+  return `t ${num(t0)} – ${num(t1)} (recorded clock, not wall time)`;
+}
+
 /**
  * @param {HTMLElement} host
  * @param {{onSync: (since: number) => void, colours: () => Record<string, string>}} opts
@@ -90,8 +110,7 @@ export function createTimeline(host, opts) {
       ctx.fillRect(x, 0, 1, TL_H);
       if (m.kind !== "cell") ctx.fillText(m.label, x + 3, 10);
     }
-    legend.textContent = `${new Date(s.t0 * 1000).toLocaleTimeString()} – ` +
-      `${new Date(s.t1 * 1000).toLocaleTimeString()} · allocated, reserved, NVML used, ` +
+    legend.textContent = `${spanText(s.t0, s.t1)} · allocated, reserved, NVML used, ` +
       `non-PyTorch (0 – ${Math.round(s.top / 2 ** 20)} MiB), fragmentation (0 – 1)` +
       (marks.length ? ` · last marker: ${marks[marks.length - 1].label}` : "");
   }
