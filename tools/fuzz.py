@@ -25,7 +25,6 @@ Run: ``python tools/fuzz.py [--seconds 600] [--seed N] [--targets pickle,json,di
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import copyreg
 import hashlib
@@ -610,6 +609,10 @@ def run_cli(data: bytes, tmp: Path) -> str:
                 raise
             sig = f"cli:{type(e).__name__}@{_where(e.__traceback__)}"
             raise Finding(sig, "".join(traceback.format_exception(e))) from e
+        try:  # a terminal takes UTF-8: a lone surrogate in the report would be a traceback
+            out.getvalue().encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise Finding("cli:stdout-not-utf8", f"{e}") from None
         lines = err.getvalue().splitlines()
         if rc == 2:
             if len(lines) != 1 or not lines[0].startswith("gpumemviz inspect: error: "):
@@ -740,6 +743,7 @@ def worker(args: argparse.Namespace) -> int:
         if outcome not in seen and not outcome.startswith("FINDING"):
             seen.add(outcome)
             corpus.append(case)  # a new kind of outcome: mutate it further
+        outcome = outcome.encode("ascii", "backslashreplace").decode()  # lone surrogates too
         print(f"E {i} {dt:.4f} {outcome}", flush=True)
         i += 1
     return 0
@@ -890,7 +894,8 @@ def fuzz(ns: argparse.Namespace) -> Report:
 
 
 def print_report(rep: Report, seconds: float) -> None:
-    print(f"\nfuzz: {sum(rep.cases.values())} cases in {seconds:.0f} s, {rep.restarts} restarts")
+    n = sum(rep.cases.values())
+    print(f"\nmutation fuzzing: {n} cases, {seconds:.0f} s in all, {rep.restarts} worker restarts")
     print(f"{'target':8} {'cases':>8} {'Snapshot':>9} {'error':>7} {'slowest s':>10}")
     for t, n in rep.cases.items():
         ok = sum(c for (tt, o), c in rep.outcomes.items() if tt == t and o in ("Snapshot", "0 0"))
@@ -953,6 +958,8 @@ def atheris_worker(args: argparse.Namespace) -> int:
                 run_loader(data, args.target)
         except Finding as f:
             known[f.sig] += 1
+            if known[f.sig] == 1:  # libFuzzer may end with exit(): say it at once
+                print(f"SEEN {f.sig}", flush=True)
             if f.sig not in KNOWN:
                 _save(out, f.sig, data, f.detail)
                 print(f"FINDING {f.sig}", flush=True)
@@ -966,7 +973,6 @@ def atheris_worker(args: argparse.Namespace) -> int:
         "-max_len=65536", f"-seed={args.seed}", "-print_final_stats=1",
         f"-artifact_prefix={out}/atheris-{args.target}-", str(corpus),
     ]  # fmt: skip
-    atexit.register(lambda: print(f"KNOWN {dict(known)}", flush=True))
     atheris.Setup(argv, one)
     atheris.Fuzz()
     return 0
@@ -987,12 +993,12 @@ def run_atheris(ns: argparse.Namespace, seconds: float) -> list[str]:
         text = r.stdout + r.stderr
         stats = {m.group(1): m.group(2) for m in re.finditer(r"stat::(\w+):\s+(\d+)", text)}
         cov = re.findall(r"cov: (\d+) ft: (\d+)", text)
-        known = re.findall(r"KNOWN (\{.*\})", text)
+        known = sorted(set(re.findall(r"SEEN (\S+)", text)) & set(KNOWN))
         print(
             f"atheris {t}: {stats.get('number_of_executed_units', '?')} cases, "
             f"{stats.get('average_exec_per_sec', '?')}/s, coverage {cov[-1][0] if cov else '?'} "
-            f"edges ({cov[-1][1] if cov else '?'} features), known findings "
-            f"{known[-1] if known else '{}'}",
+            f"edges ({cov[-1][1] if cov else '?'} features), known findings seen: "
+            f"{', '.join(known) or 'none'}",
             flush=True,
         )
         found = re.findall(r"FINDING (\S+)", text)
