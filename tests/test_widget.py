@@ -409,3 +409,51 @@ def test_header_says_what_stays_after_empty_cache_from_the_report(real_path, rea
         assert p.header["free_stuck"] == figs.free + figs.pending_free - figs.releasable
     finally:
         p.close()
+
+
+def test_export_writes_the_live_source_state(panel, tmp_path):
+    """panel.export (design.md): the source's own export, written as a protocol-4 torch pickle
+    that gpumemviz and torch's _memory_viz read back."""
+    from torch.cuda import _memory_viz
+
+    from gpumemviz.io import load_snapshot
+    from gpumemviz.sampler import Sampler
+    from gpumemviz.sources.simulated import SimulatedSource
+
+    src = SimulatedSource("training", autostart=False)
+    src.step(1500)
+    sampler = Sampler(src)
+    sampler.sample_once(segments=True)
+    panel.attach(sampler)
+    path = panel.export(tmp_path / "oom.pickle")
+    assert path == tmp_path / "oom.pickle" and path.read_bytes()[:2] == b"\x80\x04"
+    written = load_snapshot(path)
+    assert written.n_segments == src.sample().segments.n_segments > 0
+    assert np.array_equal(written.blocks.size, src.sample().segments.blocks.size)
+    assert _memory_viz.segsum(_read(path))  # torch's own reader takes it
+
+
+def test_export_of_a_fixed_snapshot_can_redact_paths(tmp_path):
+    from conftest import REAL_DIR
+    from gpumemviz.io import load_snapshot
+
+    src = REAL_DIR / "kkaitlyn111__cs336-a2-systems__memory_2.7b_forward.pickle"
+    if not src.is_file():
+        pytest.skip(f"{src} is not available")
+    p = MemoryPanel.from_snapshot(src)
+    try:
+        assert p.flush()
+        plain = p.export(tmp_path / "plain.pickle")
+        red = p.export(tmp_path / "red.pickle", redact_paths=True)
+    finally:
+        p.close()
+    assert b"/home/" in plain.read_bytes()
+    assert b"/home/" not in red.read_bytes() and b"~user" in red.read_bytes()
+    a, b = load_snapshot(plain), load_snapshot(red)
+    assert np.array_equal(a.blocks.size, b.blocks.size) and a.n_segments == b.n_segments
+
+
+def test_export_with_nothing_shown_says_so(panel, tmp_path):
+    with pytest.raises(ValueError, match="nothing shown yet: nothing to export"):
+        panel.export(tmp_path / "x.pickle")
+    assert not (tmp_path / "x.pickle").exists()

@@ -60,17 +60,12 @@ def _empty_cache(panel: Any, args: dict) -> dict:
 
 
 def _export(panel: Any, args: dict) -> dict:
-    from gpumemviz.io import save_snapshot
-
     if panel.sampler is not None:
         _needs(panel.sampler.source, "export", "export a snapshot")
-        data: Any = panel.sampler.source.export()
-    elif panel.shown is not None:
-        data = panel.shown
-    else:
+    elif panel.shown is None:
         raise CommandError("nothing shown yet: nothing to export")
     name = time.strftime("gpumemviz-snapshot-%Y%m%d-%H%M%S.pickle")
-    path = save_snapshot(data, Path.cwd() / name)
+    path = panel.export(Path.cwd() / name)  # the same file as MemoryPanel.export
     url = file_url(path)
     size = format_size(path.stat().st_size)
     return {"text": f"wrote {path.name} ({size})", "path": str(path), "url": url}

@@ -9,6 +9,7 @@ publishing from one background thread is.
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import shutil
 import subprocess
@@ -430,6 +431,42 @@ class MemoryPanel(anywidget.AnyWidget):
         self.status = status
         self._send_frames(self._wire.update())
         return report
+
+    def export(self, path: str | os.PathLike[str], *, redact_paths: bool = False) -> Path:
+        """Write what the panel shows for sharing: a live source's full snapshot (recorded history
+        included), or the fixed snapshot shown.
+
+        Parameters
+        ----------
+        path : str or PathLike
+            Where to write; the suffix picks the format as in `gpumemviz.export` (anything but
+            .json or .csv is a torch pickle, protocol 4, that MemoryViz opens).
+        redact_paths : bool
+            Replace home directories and user names with placeholders first.
+
+        Returns
+        -------
+        Path
+            The path written.
+
+        Raises
+        ------
+        ValueError
+            When the panel shows nothing yet, or its source cannot export.
+        """
+        from gpumemviz.export import export
+
+        if self.sampler is not None:
+            source = self.sampler.source
+            if "export" not in getattr(source, "capabilities", frozenset()):
+                label = getattr(source, "label", type(source).__name__)
+                raise ValueError(f"{label} cannot export a snapshot")
+            data: Any = source.export()
+        elif self.shown is not None:
+            data = self.shown
+        else:
+            raise ValueError("nothing shown yet: nothing to export")
+        return export(data, path, redact_paths=redact_paths)
 
     def fit_inputs(self) -> tuple[Snapshot | None, int | None, int]:
         """What "would N fit?" reads: the snapshot shown, the device's free bytes (NVML, when
