@@ -150,3 +150,34 @@ def test_the_device_switcher_follows_the_other_devices_shared_sampler(monkeypatc
         panel.close()
         for d in (0, 1):
             shared(d).stop()
+
+
+def test_reset_peaks_starts_the_peaks_again_from_the_current_figures(live):
+    panel, src, _ = live
+    assert panel.controls["can_reset_peaks"]
+    for _ in range(100):  # until the workload has freed below its peak
+        if src.sample().stats.peak_allocated > src.sample().stats.allocated:
+            break
+        src.step(50)
+    assert src.sample().stats.peak_allocated > src.sample().stats.allocated
+    reply = panel.command("reset_peaks")
+    assert reply["ok"] and reply["text"] == "peaks reset"
+    st = src.sample().stats
+    assert st.peak_allocated == st.allocated and st.peak_reserved == st.reserved
+    src.step(200)
+    st2 = src.sample().stats
+    assert st2.peak_allocated >= st2.allocated  # and they follow the run again
+
+
+def test_reset_peaks_on_torch_without_cuda_says_waiting_and_leaves_cuda_alone():
+    import torch
+
+    from gpumemviz.sources import SourceCommandError
+    from gpumemviz.sources.torch_cuda import TorchCudaSource
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    src = TorchCudaSource(0, nvml=False)
+    with pytest.raises(SourceCommandError, match="cannot reset peaks: waiting for CUDA"):
+        src.reset_peaks()
+    assert not torch.cuda.is_initialized()

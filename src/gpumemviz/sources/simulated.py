@@ -269,6 +269,12 @@ class SimulatedSource:
         with self._lock:
             return {self.device: int(self._model.empty_cache())}
 
+    def reset_peaks(self) -> None:
+        """Start the model's peak figures again from the current ones (as
+        ``torch.cuda.reset_peak_memory_stats``), so a panel can watch the next phase's peak."""
+        with self._lock:
+            self._model.reset_peak_stats()
+
     def export(self) -> dict:
         """The model's full snapshot (torch 2.11 format, with its recorded history)."""
         with self._lock:

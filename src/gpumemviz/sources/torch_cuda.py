@@ -611,6 +611,14 @@ class TorchCudaSource:
         after = reserved()
         return {d: before[d] - after.get(d, 0) for d in before}
 
+    def reset_peaks(self) -> None:
+        """``torch.cuda.reset_peak_memory_stats`` on this device: the peak figures start again
+        from the current ones. Never initialises CUDA."""
+        torch = _torch()
+        if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+            raise SourceCommandError("cannot reset peaks: " + WAITING)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
     def export(self) -> dict:
         """The full ``torch.cuda.memory._snapshot()`` dict (all devices, recorded history)."""
         torch = _torch()
