@@ -261,6 +261,8 @@ class Sampler:
         self.segment_interval = float(segment_interval)
         self.cpu_budget = float(cpu_budget)
         self.read_timeout = float(read_timeout) if read_timeout else max(2.0, 4 * self.interval)
+        self._auto_timeout = not read_timeout  # follows the interval (set_interval)
+        self._regrid = False  # set_interval asks the thread for a new tick grid
         self.history = History(history_bytes, keyframe_interval)
         self.segments_wanted = True  # a panel sets this False while it is hidden
         self._listeners: tuple[Listener, ...] = ()
@@ -356,6 +358,25 @@ class Sampler:
                 self._thread = None
         return stopped
 
+    def set_interval(self, interval: float) -> None:
+        """Change the tick interval of a running or stopped sampler, without a restart.
+
+        The thread starts a new tick grid at once (a long wait is cut short), so listeners and
+        the history carry on; a default ``read_timeout`` follows the interval.
+
+        Parameters
+        ----------
+        interval : float
+            Seconds between reads, > 0.
+        """
+        if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not interval > 0:
+            raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+        self.interval = float(interval)
+        if self._auto_timeout:
+            self.read_timeout = max(2.0, 4 * self.interval)
+        self._regrid = True
+        self._wake.set()
+
     def pause(self) -> None:
         """Stop reading until `resume` (the thread keeps its schedule)."""
         self._paused = True
@@ -450,6 +471,8 @@ class Sampler:
                 self._count_error(f"sampler: {_one_line(exc)}")
             # Drift-free: ticks sit on the grid start + k * interval; missed ticks are skipped.
             now = time.monotonic()
+            if self._regrid:  # set_interval: a new grid from now
+                self._regrid, start, k = False, now, 0
             k = max(k + 1, math.floor((now - start) / self.interval) + 1)
             while not self._stop.is_set():
                 delay = start + k * self.interval - time.monotonic()
@@ -459,6 +482,8 @@ class Sampler:
                 self._wake.clear()
                 if self._ooms:
                     self._drain_ooms()
+                if self._regrid:
+                    self._regrid, start, k = False, time.monotonic(), 1
 
     def _drain_ooms(self) -> None:
         while self._ooms:

@@ -605,19 +605,12 @@ def mark(label: str) -> None:
 
 
 def retime(sampler: Any, interval: float) -> None:
-    """Give a sampler a new tick interval, restarting it if it runs (its tick grid is fixed at
-    start, so the interval cannot change under a running thread)."""
+    """Give a sampler a new tick interval (`Sampler.set_interval`: a running sampler keeps its
+    thread and listeners)."""
     if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not interval > 0:
         raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
-    if float(interval) == sampler.interval:
-        return
-    running = sampler.running
-    if running:
-        sampler.stop()
-    sampler.interval = float(interval)
-    sampler.read_timeout = max(2.0, 4 * sampler.interval)
-    if running:
-        sampler.start()
+    if float(interval) != sampler.interval:
+        sampler.set_interval(float(interval))
 
 
 def monitor(
