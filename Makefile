@@ -34,11 +34,7 @@ test: lint system-deps
 # JupyterLab on the quickstart notebook, bound to 127.0.0.1; it prints the URL (with its token) to
 # open. No browser is started where there is no display.
 demo: $(STAMP)
-	@echo "gpumemviz demo: JupyterLab on example_notebooks/; open the" \
-	  "http://127.0.0.1:8888/lab?token=... URL it prints, then 01_quickstart.ipynb"
-	cd example_notebooks && ../$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 \
-	  --ServerApp.port=8888 $(if $(DISPLAY),,--no-browser) \
-	  $(if $(filter 0,$(shell id -u)),--allow-root) 01_quickstart.ipynb
+	$(VENV)/bin/gpumemviz demo
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -89,3 +89,33 @@ def test_notebook_runs_headless(path: Path, tmp_path: Path):
     _, outputs = EXTRA.get(path.name, (None, None))
     if outputs is not None:
         outputs(nb)
+
+
+def test_make_demo_runs_the_cli_demo_command():
+    """`make demo` is `gpumemviz demo` (one command, no copy of its jupyter line in the
+    Makefile), and that command opens JupyterLab on the quickstart notebook."""
+    import subprocess
+    import sys
+
+    root = FOLDER.parent
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    dry = subprocess.run(
+        [make, "-n", "-s", "demo"], cwd=root, capture_output=True, text=True, timeout=60
+    )
+    assert dry.returncode == 0, dry.stderr
+    lines = [ln for ln in dry.stdout.splitlines() if ln.strip()]
+    assert lines[-1].endswith("/bin/gpumemviz demo")
+    assert "jupyter" not in "\n".join(lines)
+    cli = Path(sys.executable).parent / "gpumemviz"
+    shown = subprocess.run(
+        [str(cli), "demo", "--print-command", "--no-browser"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"cd {FOLDER} && " in shown.stdout
+    assert "jupyter lab --ServerApp.ip=127.0.0.1" in shown.stdout
+    assert shown.stdout.rstrip().endswith("01_quickstart.ipynb")
