@@ -487,3 +487,42 @@ def test_export_with_nothing_shown_says_so(panel, tmp_path):
     with pytest.raises(ValueError, match="nothing shown yet: nothing to export"):
         panel.export(tmp_path / "x.pickle")
     assert not (tmp_path / "x.pickle").exists()
+
+
+def test_a_replay_timeline_is_the_recorded_run_with_its_annotations(panel, sent):
+    """Replay mode: the timeline holds the trace's own times and replayed figures (peaks kept
+    when bucketed), and record_function scopes (external_annotations) as markers."""
+    from conftest import REAL_DIR
+    from gpumemviz.render.timeline import MAX_POINTS
+    from gpumemviz.sampler import Sampler
+    from gpumemviz.sources.replay import ReplaySource
+
+    path = REAL_DIR / "Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle"
+    if not path.is_file():
+        pytest.skip(f"{path} is not available")
+    raw = _read(path)  # independent of gpumemviz's loader
+    src = ReplaySource(path, device=0, loop=False)
+    sampler = Sampler(src)
+    src.seek(10)
+    sampler.sample_once(segments=True)
+    panel.attach(sampler, owned=True)
+    assert panel.flush()
+    first, points = panel.timeline.since(0)
+    trace = raw["device_traces"][0]
+    assert first == 0 and len(points) == min(len(trace), MAX_POINTS) == MAX_POINTS
+    times = {e["time_us"] / 1e6 for e in trace}
+    assert all(p[0] in times for p in points)
+    assert [p[0] for p in points] == sorted(p[0] for p in points)
+    assert max(p[1] for p in points) == int(src.timeline.allocated.max())  # the peak survives
+    notes = [a for a in raw["external_annotations"] if a["device"] == 0]
+    marks = panel.timeline.marks()
+    assert all(points[0][0] <= m["t"] <= points[-1][0] for m in marks)  # inside the run: drawn
+    assert [(m["t"], m["label"]) for m in marks] == [(a["time_us"] / 1e6, a["name"]) for a in notes]
+    assert [m["kind"] for m in marks] == [
+        "annotation" if a["stage"] == "START" else "cell" for a in notes
+    ]
+    reset = [c for c, _, _ in sent if c.get("kind") == "timeline" and c.get("reset")]
+    assert reset and reset[-1]["marks"] == marks and len(reset[-1]["points"]) == MAX_POINTS
+    sampler.sample_once(segments=True)  # replayed samples move the map, not the timeline
+    assert panel.flush()
+    assert panel.timeline.count == MAX_POINTS

@@ -26,7 +26,7 @@ import traitlets
 
 from gpumemviz.render.rows import build_rows
 from gpumemviz.render.stacks import Stacks
-from gpumemviz.render.timeline import TimelineData
+from gpumemviz.render.timeline import TimelineData, annotation_marks, recorded_points
 from gpumemviz.render.wire import Wire, figures
 from gpumemviz.snapshot import Snapshot
 
@@ -190,6 +190,7 @@ class MemoryPanel(anywidget.AnyWidget):
         self._device_free: int | None = None
         self.command_log: list[dict[str, Any]] = []  # handled commands, newest last
         self.timeline = TimelineData()
+        self._recorded = False  # the timeline holds a replayed run's own series (not samples)
         self._last_point: list | None = None
         self._owns_sampler = False
         self._advice_at = -float("inf")
@@ -240,6 +241,27 @@ class MemoryPanel(anywidget.AnyWidget):
             self.push_sample(newest)
         sampler.add_listener(self.push_sample)
         self._writer.submit(self._refresh_controls)
+        self._writer.submit(self._load_recorded)
+
+    def _load_recorded(self) -> None:
+        """A replay's timeline is the recorded run itself (times from the trace, allocated and
+        reserved per entry) with its ``external_annotations`` as markers; samples add nothing."""
+        source = getattr(self.sampler, "source", None)
+        replay = source is not None and "time_travel" in getattr(source, "capabilities", ())
+        was, self._recorded = self._recorded, bool(replay)
+        if not replay:
+            if was:  # back to sampling: start an empty timeline
+                self.timeline.reset([], [])
+                self._last_point = None
+                self.send({"kind": "timeline", "first": 0, "points": [], "reset": True})
+            return
+        raw, device, replayed = source.raw, int(source.device), source.timeline
+        traces = raw.get("device_traces") or []
+        trace = traces[device] if device < len(traces) else []
+        points = recorded_points(trace, replayed.allocated, replayed.reserved)
+        marks = annotation_marks(raw.get("external_annotations"), device)
+        self.timeline.reset(points, marks)
+        self.send({"kind": "timeline", "first": 0, "points": points, "reset": True, "marks": marks})
 
     @property
     def owns_sampler(self) -> bool:
@@ -371,7 +393,7 @@ class MemoryPanel(anywidget.AnyWidget):
     def _add_point(self, sample: Any) -> None:
         """Extend the timeline when a figure moved (equal samples add nothing, send nothing)."""
         stats = getattr(sample, "stats", None)
-        if stats is None:
+        if stats is None or self._recorded:
             return
         last = self._last_point
         frag = self.header.get("fragmentation")

@@ -7,10 +7,14 @@ Points are numbered from the first one ever appended, so a browser view that hol
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["FIELDS", "MAX_POINTS", "TimelineData"]
+import numpy as np
+
+__all__ = ["FIELDS", "MAX_POINTS", "TimelineData", "annotation_marks", "recorded_points"]
 
 FIELDS = ("t", "allocated", "reserved", "nvml_used", "non_pytorch", "fragmentation")
 MAX_POINTS = 4000
@@ -68,6 +72,16 @@ class TimelineData:
             self._marks.append(mark)
         return mark
 
+    def reset(self, points: list[list], marks: list[dict]) -> None:
+        """Hold exactly these points (numbered from 0) and markers: a recorded run's own
+        timeline replaces the sampled one."""
+        with self._lock:
+            self._points.clear()
+            self._points.extend(points[-(self._points.maxlen or len(points)) :])
+            self._count = len(points)
+            self._marks.clear()
+            self._marks.extend(marks)
+
     def since(self, n: int) -> tuple[int, list[list]]:
         """``(first, points)``: the points numbered ``n`` and after that are still held."""
         with self._lock:
@@ -82,3 +96,66 @@ class TimelineData:
     def points_between(self, t0: float, t1: float) -> list[list]:
         with self._lock:
             return [p for p in self._points if t0 <= p[0] <= t1]
+
+
+def recorded_points(
+    trace: Sequence[dict],
+    allocated: Sequence[int],
+    reserved: Sequence[int],
+    max_points: int = MAX_POINTS,
+) -> list[list]:
+    """Timeline points of a recorded trace, one per entry: t from the entry's ``time_us`` (in
+    seconds; the entry index when the trace has no times), the replayed allocated and reserved.
+
+    Longer traces keep, per bucket of entries, the one with the most allocated (peaks survive).
+
+    >>> recorded_points([{"time_us": 2_000_000}, {"time_us": 3_500_000}], [512, 0], [2 << 20] * 2)
+    [[2.0, 512, 2097152, None, None, None], [3.5, 0, 2097152, None, None, None]]
+    """
+    n = min(len(trace), len(allocated), len(reserved))
+    if n == 0:
+        return []
+    times = [e.get("time_us") if isinstance(e, dict) else None for e in trace[:n]]
+    timed = all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in times)
+    t = np.array(times, np.float64) / 1e6 if timed else np.arange(n, dtype=np.float64)
+    alloc = np.asarray(allocated[:n], np.int64)
+    res = np.asarray(reserved[:n], np.int64)
+    keep = np.arange(n)
+    if n > max_points:
+        edges = np.linspace(0, n, max_points + 1).astype(np.int64)
+        keep = np.array(
+            [
+                lo + int(np.argmax(alloc[lo:hi]))
+                for lo, hi in itertools.pairwise(edges.tolist())
+                if hi > lo
+            ]
+        )
+    return [[float(t[i]), int(alloc[i]), int(res[i]), None, None, None] for i in keep.tolist()]
+
+
+def annotation_marks(annotations: Sequence[Any] | None, device: int) -> list[dict]:
+    """Markers from a snapshot's ``external_annotations`` (``record_function`` scopes recorded
+    with the history) for one device: a labelled mark where a scope starts, a plain line where
+    it ends. Entries without a time are skipped.
+
+    >>> annotation_marks([{"stage": "START", "name": "step", "device": 0, "time_us": 5_000_000},
+    ...                   {"stage": "END", "name": "step", "device": 0, "time_us": 6_000_000},
+    ...                   {"stage": "START", "name": "other", "device": 1, "time_us": 1}], 0)
+    [{'t': 5.0, 'label': 'step', 'kind': 'annotation'}, {'t': 6.0, 'label': 'step', 'kind': 'cell'}]
+    """
+    out = []
+    for a in annotations or ():
+        if not isinstance(a, dict) or a.get("device", device) != device:
+            continue
+        t = a.get("time_us")
+        if not isinstance(t, (int, float)) or isinstance(t, bool):
+            continue
+        start = str(a.get("stage", "START")).upper() != "END"
+        out.append(
+            {
+                "t": t / 1e6,
+                "label": str(a.get("name", ""))[:80],
+                "kind": "annotation" if start else "cell",
+            }
+        )
+    return out
