@@ -526,3 +526,23 @@ def test_a_replay_timeline_is_the_recorded_run_with_its_annotations(panel, sent)
     sampler.sample_once(segments=True)  # replayed samples move the map, not the timeline
     assert panel.flush()
     assert panel.timeline.count == MAX_POINTS
+
+
+def test_a_newer_sample_never_drops_a_waiting_oom(panel):
+    """The sampler publishes an OOM sample and, before the writer takes it, another sample
+    arrives: the map shows the newer one, the OOM verdict and marker still land."""
+    from gpumemviz.sources.simulated import SimulatedSource
+
+    src = SimulatedSource("training", autostart=False)
+    src.step(100_000)
+    event = src.ooms[-1]
+    gate = threading.Event()
+    panel._writer.submit(gate.wait)  # the writer is busy: both samples wait in _offer
+    panel.push_sample(src.oom_sample(event))
+    newer = src.sample()
+    panel.push_sample(newer)
+    gate.set()
+    assert panel.flush()
+    assert panel.oom["cause"] == event.cause and panel.oom["alloc_size"] == event.alloc_size
+    assert panel.timeline.marks()[-1]["kind"] == "oom"
+    assert panel.map_layout["n_rows"] == newer.segments.n_segments  # the newest state is drawn

@@ -9,6 +9,7 @@ publishing from one background thread is.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import shutil
@@ -325,7 +326,12 @@ class MemoryPanel(anywidget.AnyWidget):
 
     def _offer(self, item: tuple[str, Any]) -> None:
         with self._latest_lock:
-            queued = self._latest is not None
+            old = self._latest
+            queued = old is not None
+            lost = getattr(old[1], "oom", None) if old is not None and old[0] == "sample" else None
+            if lost is not None and item[0] == "sample" and getattr(item[1], "oom", 1) is None:
+                # a newer sample may replace a waiting one, but never drop its OOM
+                item = ("sample", dataclasses.replace(item[1], oom=lost))
             self._latest = item
         if not queued:
             self._writer.submit(self._take_latest)
