@@ -40,11 +40,12 @@ const EPOCH_HI = 4102444800; // 2100-01-01
  * @returns {string}
  */
 export function spanText(t0, t1) {
-  if (t0 >= EPOCH_LO && t1 <= EPOCH_HI) {
-    return `${new Date(t0 * 1000).toLocaleTimeString()} – ${new Date(t1 * 1000).toLocaleTimeString()}`;
-  }
   /** @param {number} t */
   const num = (t) => Number(t.toPrecision(6)).toLocaleString("en-US", { maximumFractionDigits: 6 });
+  if (t0 >= EPOCH_LO && t1 <= EPOCH_HI) {
+    const clock = (/** @type {number} */ t) => new Date(t * 1000).toLocaleTimeString();
+    return `${clock(t0)} – ${clock(t1)} (${num(Math.round((t1 - t0) * 1000) / 1000)} s)`;
+  }
   return `t ${num(t0)} – ${num(t1)} (recorded clock, not wall time)`;
 }
 

@@ -19,6 +19,8 @@ test("the legend shows clock times for Unix times and raw values for a counter c
   assert.doesNotMatch(wall, /recorded clock/);
   assert.equal(wall.split(" – ").length, 2);
   assert.match(wall, /\d{1,2}:\d{2}:\d{2}/);
+  assert.match(wall, /\(60 s\)$/); // a run shorter than a second still shows its length
+  assert.match(spanText(1764430000, 1764430000.8421), /\(0\.842 s\)$/);
   // the allocator model's tick clock (time_us from 0) and trace entry indices: no 1970 dates
   assert.equal(spanText(0.000012, 0.0345), "t 0.000012 – 0.0345 (recorded clock, not wall time)");
   assert.equal(spanText(0, 1500), "t 0 – 1,500 (recorded clock, not wall time)");
