@@ -623,12 +623,18 @@ class _Driver:
         b = seg.blocks[k]
         if b[0] != addr or b[2] != INACTIVE:
             return []
+        rounded = self.tl.rules.round(size)
         if not seg.expandable:
-            if len(seg.blocks) == 1:
+            # the search failed on every other block, so the model picks this one unless the
+            # oversize rules refuse it (only then does the story matter)
+            mss = self.config.max_split_size
+            refused = (rounded < mss <= seg.size) or (
+                rounded >= mss and seg.size >= rounded + self.config.max_non_split_rounding_size
+            )
+            if len(seg.blocks) == 1 and refused:
                 return [("segment_alloc", seg.address, seg.size)]
             return []
         page = page_size(seg.small, self.config.large_segment_size)
-        rounded = self.tl.rules.round(size)
         end = b[0] + b[1]
         out = []
         m = seg.address + -(-(addr - seg.address) // page) * page  # first page boundary >= addr
