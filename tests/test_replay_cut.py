@@ -56,6 +56,21 @@ def test_the_first_malloc_whose_own_map_fell_off_the_ring():
     assert dev.segments_recorded == 0
 
 
+def test_the_first_malloc_whose_new_segment_fell_off_the_ring():
+    """The same without expandable segments: a 5 MB request gets a 20 MiB segment, oversize
+    under max_split_size_mb:20, so only making that segment puts the block there."""
+    a = CachingAllocator(1 << 30, "max_split_size_mb:20")
+    a.malloc(5 * MIB)
+    snap = a.snapshot(record=False)
+    trace = snap["device_traces"][0]
+    assert [(e["action"], e["size"]) for e in trace] == [
+        ("segment_alloc", 20 * MIB),
+        ("alloc", 5 * MIB),
+    ]
+    dev = replay(_cut(snap, 1)).devices[0]
+    assert dev.exact, dev.mismatches
+
+
 _CONFS = [
     "",
     "expandable_segments:True",

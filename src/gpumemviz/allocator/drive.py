@@ -600,13 +600,13 @@ class _Driver:
         if self._trial(before, i0, None):
             return start
         for entry in stories:
-            lay = _without(before, entry)
-            if lay is not None and self._trial(lay, i0, entry):
+            lay, first = _without(before, entry), _without(start, entry)
+            if lay is not None and first is not None and self._trial(lay, i0, entry):
                 self.cut_at, self.cut_grew = i0, [entry]
                 self.provider.cut = [entry]
                 self.provider.surprises = 0
                 self.provider.fallback = DescendingAddresses(_INVENTED_TOP)
-                return _without(start, entry) or start
+                return first
         self.provider.surprises = 0
         self.provider.fallback = DescendingAddresses(_INVENTED_TOP)
         return start
