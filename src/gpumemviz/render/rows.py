@@ -346,34 +346,40 @@ def _split_pages(
     neighbours and the whole pages are those of the merged run (`syncs_free` marks the blocks
     that are free once synced); the pending bytes themselves stay painted as pending.
     """
-    page = np.where(small, _SMALL_PAGE, _LARGE_PAGE)
     n_b = len(start)
-    # runs of adjacent blocks of one row that are free after the sync
-    joins = np.zeros(n_b, bool)
-    if n_b > 1:
-        joins[1:] = (
-            syncs_free[1:] & syncs_free[:-1] & (row[1:] == row[:-1]) & (start[1:] == end[:-1])
-        )
-    run_id = np.cumsum(~joins) - 1
+    # runs of adjacent blocks of one row that are free after the sync (computed on those only)
+    idx = np.flatnonzero(syncs_free)
+    r, s0, e0 = row[idx], start[idx], end[idx]
+    joins = np.zeros(len(idx), bool)
+    joins[1:] = (idx[1:] == idx[:-1] + 1) & (r[1:] == r[:-1]) & (s0[1:] == e0[:-1])
     heads = np.flatnonzero(~joins)
-    tails = np.append(heads[1:] - 1, n_b - 1) if n_b else heads
-    run_lo = start[heads][run_id] if n_b else start
-    run_hi = end[tails][run_id] if n_b else end
-    lo = -(-run_lo // page) * page
-    hi = run_hi // page * page
-    cut0 = np.where(exp_free, np.clip(lo, start, end), end)
-    cut1 = np.where(exp_free, np.clip(hi, cut0, end), end)
+    run_id = np.cumsum(~joins) - 1
+    tails = np.append(heads[1:] - 1, len(idx) - 1) if len(idx) else heads
+    page = np.where(small[idx], _SMALL_PAGE, _LARGE_PAGE)
+    lo = -(-s0[heads][run_id] // page) * page  # the run's whole pages
+    hi = e0[tails][run_id] // page * page
+    cut0 = end.copy()
+    cut1 = end.copy()
+    c0 = np.minimum(np.maximum(lo, s0), e0)
+    cut0[idx] = c0
+    cut1[idx] = np.minimum(np.maximum(hi, c0), e0)
+    # only free blocks split; a pending one keeps its kind whole
+    cut0[~exp_free] = end[~exp_free]
+    cut1[~exp_free] = end[~exp_free]
     kind0 = np.where(exp_free, KIND_TRAPPED, kind).astype(np.uint8)
-    piece_start = np.concatenate([start, cut0, cut1])
-    piece_end = np.concatenate([cut0, cut1, end])
-    piece_kind = np.concatenate(
+    # three pieces per block, interleaved so they stay in block (and so offset) order
+    piece_start = np.column_stack([start, cut0, cut1]).ravel()
+    piece_end = np.column_stack([cut0, cut1, end]).ravel()
+    piece_kind = np.column_stack(
         [kind0, np.full(n_b, KIND_RELEASABLE, np.uint8), np.full(n_b, KIND_TRAPPED, np.uint8)]
-    )
-    piece_row = np.tile(row, 3)
-    piece_order = np.tile(np.arange(n_b) * 3, 3) + np.repeat(np.arange(3), n_b)
+    ).ravel()
     sel = np.flatnonzero(piece_end > piece_start)
-    sel = sel[np.argsort(piece_order[sel], kind="stable")]
-    return piece_row[sel], piece_start[sel], piece_end[sel] - piece_start[sel], piece_kind[sel]
+    return (
+        np.repeat(row, 3)[sel],
+        piece_start[sel],
+        piece_end[sel] - piece_start[sel],
+        piece_kind[sel],
+    )
 
 
 def _run_sums(values: np.ndarray, first: np.ndarray, count: np.ndarray) -> np.ndarray:
