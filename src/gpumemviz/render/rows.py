@@ -361,25 +361,30 @@ def _split_pages(
     cut0 = end.copy()
     cut1 = end.copy()
     c0 = np.minimum(np.maximum(lo, s0), e0)
+    c1 = np.minimum(np.maximum(hi, c0), e0)
+    none = c1 <= c0  # no whole page of the run inside this block: one trapped piece
+    c0[none] = e0[none]
     cut0[idx] = c0
-    cut1[idx] = np.minimum(np.maximum(hi, c0), e0)
+    cut1[idx] = np.where(none, e0, c1)
     # only free blocks split; a pending one keeps its kind whole
     cut0[~exp_free] = end[~exp_free]
-    cut1[~exp_free] = end[~exp_free]
-    kind0 = np.where(exp_free, KIND_TRAPPED, kind).astype(np.uint8)
-    # three pieces per block, interleaved so they stay in block (and so offset) order
-    piece_start = np.column_stack([start, cut0, cut1]).ravel()
-    piece_end = np.column_stack([cut0, cut1, end]).ravel()
-    piece_kind = np.column_stack(
-        [kind0, np.full(n_b, KIND_RELEASABLE, np.uint8), np.full(n_b, KIND_TRAPPED, np.uint8)]
-    ).ravel()
-    sel = np.flatnonzero(piece_end > piece_start)
-    return (
-        np.repeat(row, 3)[sel],
-        piece_start[sel],
-        piece_end[sel] - piece_start[sel],
-        piece_kind[sel],
-    )
+    # one piece per block, three for a free block of an expandable segment (sliver, whole
+    # pages, sliver), written in block order so the spans stay sorted by offset
+    at = np.cumsum(1 + 2 * exp_free) - (1 + 2 * exp_free)
+    n_p = int(at[-1] + 1 + 2 * exp_free[-1]) if n_b else 0
+    p_row = np.empty(n_p, row.dtype)
+    p_start = np.empty(n_p, np.int64)
+    p_end = np.empty(n_p, np.int64)
+    p_kind = np.empty(n_p, np.uint8)
+    p_row[at], p_start[at], p_end[at] = row, start, cut0
+    p_kind[at] = np.where(exp_free, KIND_TRAPPED, kind)
+    f = at[exp_free]
+    fr = row[exp_free]
+    c0, c1, e = cut0[exp_free], cut1[exp_free], end[exp_free]
+    p_row[f + 1], p_start[f + 1], p_end[f + 1], p_kind[f + 1] = fr, c0, c1, KIND_RELEASABLE
+    p_row[f + 2], p_start[f + 2], p_end[f + 2], p_kind[f + 2] = fr, c1, e, KIND_TRAPPED
+    sel = np.flatnonzero(p_end > p_start)
+    return p_row[sel], p_start[sel], p_end[sel] - p_start[sel], p_kind[sel]
 
 
 def _run_sums(values: np.ndarray, first: np.ndarray, count: np.ndarray) -> np.ndarray:
