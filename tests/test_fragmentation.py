@@ -758,3 +758,35 @@ def test_the_module_is_the_function():
     text = pydoc.render_doc(gpumemviz.fragmentation, renderer=pydoc.plaintext)
     assert "Measure the allocator's memory and its fragmentation" in text
     assert ">>> r = fragmentation(" in text
+
+
+def test_the_package_keeps_its_names_and_its_layer():
+    """fragmentation/ is a package of one-job modules: the public names still import from
+    `gpumemviz.fragmentation`, and every submodule keeps to the fragmentation layer (the
+    layer test's table names the package only)."""
+    import ast
+    import subprocess
+    import sys
+
+    from test_layers import ALLOWED, PKG, _gpumemviz_imports, _module_name
+
+    code = (
+        "import gpumemviz, gpumemviz.fragmentation as f\n"
+        "from gpumemviz.fragmentation import (N_WORST, VERDICTS, ConservationViolation, "
+        "FitAnswer, FragmentationReport, MemoryFigures, PoolKey, SegmentFigures, "
+        "SegmentSummary, fragmentation)\n"
+        "assert gpumemviz.FragmentationReport is FragmentationReport is f.FragmentationReport\n"
+        "assert callable(gpumemviz.fragmentation) and fragmentation.__module__ == f.__name__\n"
+        "print(set(f.__all__) >= {'VERDICTS', 'FitAnswer', 'fragmentation'}, N_WORST)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "5"]
+    subs = sorted((PKG / "fragmentation").glob("*.py"))
+    assert len(subs) > 1
+    problems = []
+    for path in subs:
+        name = _module_name(path)
+        for dep in _gpumemviz_imports(ast.parse(path.read_text()), name):
+            if dep not in ALLOWED["fragmentation"] | {"fragmentation"}:
+                problems.append(f"{name} imports {dep}")
+    assert not problems, problems

@@ -1,0 +1,96 @@
+"""Fragmentation analysis: where the reserved bytes of the caching allocator are, and what fits.
+
+`fragmentation(snapshot)` walks the segments once and returns a frozen `FragmentationReport`:
+per-device and total figures (reserved, allocated, free, trapped, releasable, largest free block,
+external fragmentation), per-segment numpy columns, the worst segments, the per-segment
+conservation law, and `can_fit(nbytes)`, which answers "would this allocation succeed?" by the
+allocator's own rules (reference sections 2.6-2.13 and 8).
+
+Two ways in, one report: a torch dict (or bare segment list) is walked directly in one tight pass
+per segment, because that is what users hand us straight from `torch.cuda.memory._snapshot()`;
+a `Snapshot` (and paths or bytes, through `gpumemviz.io.as_snapshot`) is reduced over its numpy
+columns. Full validation belongs to `load_snapshot`; the dict path checks only what it reads.
+
+One job per module: `report` (the values returned), `walk` (the torch-dict path), `columns`
+(the Snapshot path), `reduce` (columns -> figures, shared by both), `fit` (can_fit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpumemviz._callable import make_module_callable
+from gpumemviz.fragmentation.columns import _from_snapshot
+from gpumemviz.fragmentation.report import (  # N_WORST: public before the split, kept here
+    N_WORST,
+    VERDICTS,
+    ConservationViolation,
+    FitAnswer,
+    FragmentationReport,
+    MemoryFigures,
+    PoolKey,
+    SegmentFigures,
+    SegmentSummary,
+)
+from gpumemviz.fragmentation.walk import _from_dict
+
+__all__ = [
+    "N_WORST",
+    "VERDICTS",
+    "ConservationViolation",
+    "FitAnswer",
+    "FragmentationReport",
+    "MemoryFigures",
+    "PoolKey",
+    "SegmentFigures",
+    "SegmentSummary",
+    "fragmentation",
+]
+
+
+def fragmentation(snapshot: Any) -> FragmentationReport:
+    """Measure the allocator's memory and its fragmentation in a snapshot.
+
+    Parameters
+    ----------
+    snapshot : Snapshot, dict, list, str, os.PathLike or bytes
+        A `gpumemviz.Snapshot`, the dict of `torch.cuda.memory._snapshot()`, the segment list of
+        `torch.cuda.memory_snapshot()`, or a snapshot file (path or bytes).
+
+    Returns
+    -------
+    FragmentationReport
+        Per-device and total figures, per-segment columns and `can_fit`.
+
+    Raises
+    ------
+    gpumemviz.SnapshotError
+        When a segment or block lacks what the analysis reads (one line, saying where).
+
+    Examples
+    --------
+    >>> seg = {"device": 0, "address": 0, "total_size": 2 * 2**20, "stream": 0,
+    ...        "segment_type": "small", "blocks": [
+    ...     {"size": 512, "requested_size": 100, "state": "active_allocated"},
+    ...     {"size": 2 * 2**20 - 512, "requested_size": 0, "state": "inactive"}]}
+    >>> r = fragmentation({"segments": [seg]})
+    >>> r.reserved, r.allocated, r.internal_waste, r.free_trapped, r.releasable
+    (2097152, 512, 412, 2096640, 0)
+    """
+    if isinstance(snapshot, Mapping) and "segments" in snapshot:
+        segs = snapshot["segments"]
+        settings = snapshot.get("allocator_settings")
+        traces = snapshot.get("device_traces")
+        # devices: those holding a segment or a trace entry (as `Snapshot.devices`)
+        traced = tuple(i for i, t in enumerate(traces) if t) if isinstance(traces, list) else ()
+        if isinstance(segs, list):
+            return _from_dict(segs, settings, traced)
+    elif isinstance(snapshot, list):
+        return _from_dict(snapshot, None, ())
+    from ..io import as_snapshot  # io is needed only off the dict path
+
+    return _from_snapshot(as_snapshot(snapshot))
+
+
+make_module_callable(__name__, fragmentation)

@@ -1,0 +1,247 @@
+"""The dict path: one pass per segment over a torch dict, locals only, no per-block calls."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..allocator.rules import K_SMALL_BUFFER
+from .reduce import _Columns, _group, _reduce, _starts
+from .report import FragmentationReport
+
+_ALLOCATED = "active_allocated"
+_INACTIVE = "inactive"
+_PENDING = "active_pending_free"
+
+
+def _from_dict(segs: list, settings: Any, traced: tuple[int, ...]) -> FragmentationReport:
+    try:
+        if not isinstance(segs, list):
+            raise TypeError("'segments' is not a list")
+        legacy = segs and segs[0]["blocks"] and "frames" not in segs[0]["blocks"][0]
+        walked = _walk_careful(segs) if legacy else _walk_fast(segs)
+    except _BadState as e:
+        raise _error(segs, f"unknown block state {e.args[0]!r}") from None
+    except (KeyError, TypeError, AttributeError, OverflowError):
+        # an older or hand-made file (no frames, is_expandable, segment_pool_id...): walk it
+        # again the careful way, which raises a located SnapshotError on what is truly missing
+        walked = _walk_careful(segs)
+    per_seg, free_pos, pend_pos, smalls, odd = walked
+    n = len(segs)
+    try:
+        flat = np.frombuffer(per_seg, np.int64)
+        per = flat[:-1].reshape(n, _PER_SEG)
+        device = np.zeros(n, dtype=np.int64)
+        stream = np.zeros(n, dtype=np.int64)
+        is_exp = np.zeros(n, dtype=bool)
+        pool_id = np.zeros((n, 2), dtype=np.int64)
+        if odd:  # rows with a device, stream, expandable flag or pool other than the default
+            rows = np.array(odd, dtype=np.int64)
+            device[rows] = [segs[i].get("device") or 0 for i in odd]
+            stream[rows] = [segs[i].get("stream") or 0 for i in odd]
+            is_exp[rows] = [bool(segs[i].get("is_expandable")) for i in odd]
+            pool_id[rows] = [tuple(segs[i].get("segment_pool_id") or (0, 0)) for i in odd]
+    except (ValueError, OverflowError, TypeError) as e:
+        raise _error(segs, f"a value is not a 64-bit integer ({e})") from None
+    is_small = np.zeros(n, dtype=bool)
+    is_small[smalls] = True
+    seg_start = flat[4:-1:_PER_SEG]
+    blocks_end = np.append(seg_start[1:], flat[-1])  # the next segment's start
+    free = _located(free_pos, seg_start)
+    pend = _located(pend_pos, seg_start)
+    # allocated bytes = what the blocks cover, less the free and pending-free blocks
+    allocated = blocks_end - seg_start
+    for part in (free, pend):
+        seg, size = part["segment"], part["size"]
+        allocated -= _group(seg, _starts(seg), size, n, np.add)
+    cols = _Columns(
+        device=device,
+        address=per[:, 1],
+        total_size=per[:, 2],
+        allocated=allocated,
+        requested=per[:, 0],
+        n_blocks=per[:, 3],
+        stream=stream,
+        is_small=is_small,
+        is_expandable=is_exp,
+        pool_id=pool_id,
+        **{f"free_{k}": v for k, v in free.items()},
+        **{f"pend_{k}": v for k, v in pend.items()},
+    )
+    return _reduce(cols, settings, traced)
+
+
+_Walked = tuple[array, array, array, list[int], list[int]]
+# per segment: requested, address, total_size, n_blocks, position of its first block in the
+# concatenation of all blocks, and (last segment only, appended after the walk) the end position
+_PER_SEG = 5
+_DEFAULT_POOL = (0, 0)
+
+
+def _walk_fast(segs: list) -> _Walked:
+    """The hot loop, for torch >= 2.1 dicts.
+
+    It stores machine integers straight into `array`s while each value is in the CPU cache (a
+    tuple per block would also wake the garbage collector, which then walks the whole freshly
+    loaded snapshot), and records the rare things (another device, stream, pool, expandable
+    segments) as row numbers, to read them again afterwards.
+    """
+    per_seg = array("q")
+    free_pos = array("q")  # (position, size) pairs, flat
+    pend_pos = array("q")
+    smalls: list[int] = []
+    odd: list[int] = []
+    put = per_seg.append
+    put_free = free_pos.append
+    allocated_s, inactive_s, pending_s, small_s = _ALLOCATED, _INACTIVE, _PENDING, _SMALL
+    default = _DEFAULT_POOL
+    base = 0
+    for si, seg in enumerate(segs):
+        blocks = seg["blocks"]
+        a = f = p = r = 0
+        for b in blocks:
+            size = b["size"]
+            st = b["state"]
+            if st == allocated_s:
+                a += size
+                r += b["requested_size"]
+            elif st == inactive_s:
+                put_free(base + a + f + p)
+                put_free(size)
+                f += size
+            elif st == pending_s:
+                pend_pos.extend((base + a + f + p, size))
+                p += size
+            else:
+                raise _BadState(st)
+        put(r)
+        put(seg["address"])
+        put(seg["total_size"])
+        put(len(blocks))
+        put(base)
+        base += a + f + p
+        if seg["segment_type"] == small_s:
+            smalls.append(si)
+        if (
+            seg["device"]
+            or seg["stream"]
+            or seg["is_expandable"]
+            or seg["segment_pool_id"] != default
+        ):
+            odd.append(si)
+    put(base)
+    return per_seg, free_pos, pend_pos, smalls, odd
+
+
+def _walk_careful(segs: Any) -> _Walked:
+    """Any generation, optional keys defaulted; torch 2.0 requested sizes come from `history`
+    as in `_memory_viz._block_extra_legacy`. Raises a SnapshotError saying where."""
+    per_seg = array("q")
+    free_pos = array("q")
+    pend_pos = array("q")
+    smalls: list[int] = []
+    odd: list[int] = []
+    base = 0
+    if not isinstance(segs, list):
+        raise _snapshot_error("'segments' is not a list")
+    si = -1
+    try:
+        for si, seg in enumerate(segs):
+            if not isinstance(seg, Mapping):
+                raise _snapshot_error(f"segment {si}: not a segment dict ({type(seg).__name__})")
+            for key in ("blocks", "address", "total_size"):
+                if key not in seg:
+                    raise _snapshot_error(f"segment {si}: no {key!r}")
+            blocks = seg["blocks"]
+            if not isinstance(blocks, list):
+                raise _snapshot_error(f"segment {si}: 'blocks' is not a list")
+            r = off = 0
+            for bi, b in enumerate(blocks):
+                if not isinstance(b, Mapping):
+                    raise _snapshot_error(f"segment {si}, block {bi}: not a block dict")
+                size = b.get("size")
+                st = b.get("state")
+                if not isinstance(size, int) or isinstance(size, bool):
+                    raise _snapshot_error(f"segment {si}, block {bi}: no integer 'size'")
+                if st == _ALLOCATED:
+                    r += _requested(b, size, si, bi)
+                elif st == _INACTIVE:
+                    free_pos.extend((base + off, size))
+                elif st == _PENDING:
+                    pend_pos.extend((base + off, size))
+                else:
+                    raise _snapshot_error(f"segment {si}, block {bi}: unknown block state {st!r}")
+                off += size
+            for key in ("address", "total_size"):
+                if not isinstance(seg[key], int):
+                    raise _snapshot_error(f"segment {si}: {key!r} is not an integer")
+            per_seg.extend((r, seg["address"], seg["total_size"], len(blocks), base))
+            base += off
+            seg_type = seg.get("segment_type")
+            if (
+                (seg_type == _SMALL)
+                if seg_type is not None
+                else seg["total_size"] == K_SMALL_BUFFER
+            ):
+                smalls.append(si)
+            pid = seg.get("segment_pool_id")
+            if (
+                seg.get("device")
+                or seg.get("stream")
+                or seg.get("is_expandable")
+                or (pid and tuple(pid) != _DEFAULT_POOL)
+            ):
+                odd.append(si)
+    except OverflowError:
+        raise _snapshot_error(f"segment {si}: a size or address does not fit in 64 bits") from None
+    per_seg.append(base)
+    return per_seg, free_pos, pend_pos, smalls, odd
+
+
+def _requested(b: Mapping[str, Any], size: int, si: int, bi: int) -> int:
+    """`_memory_viz._block_extra`: requested_size, or the first history entry without frames."""
+    if "frames" not in b:
+        hist = b.get("history")
+        if hist:
+            try:
+                return int(hist[0]["real_size"])
+            except (KeyError, TypeError, IndexError, ValueError):
+                raise _snapshot_error(f"segment {si}, block {bi}: malformed 'history'") from None
+        return b.get("requested_size", size)
+    req = b.get("requested_size")
+    if not isinstance(req, int):
+        raise _snapshot_error(f"segment {si}, block {bi}: no integer 'requested_size'")
+    return req
+
+
+def _located(flat: array, seg_start: np.ndarray) -> dict[str, np.ndarray]:
+    """(position, size) pairs -> segment row, offset in the segment, size."""
+    pairs = np.frombuffer(flat, np.int64).reshape(-1, 2)
+    pos = pairs[:, 0]
+    seg = np.searchsorted(seg_start, pos, side="right") - 1
+    return {"segment": seg, "offset": pos - seg_start[seg], "size": pairs[:, 1]}
+
+
+_SMALL = "small"
+
+
+class _BadState(Exception):
+    pass
+
+
+def _snapshot_error(message: str) -> Exception:
+    from ..snapshot import SnapshotError  # only on the error path
+
+    return SnapshotError(message)
+
+
+def _error(segs: Any, what: str) -> Exception:
+    """A located SnapshotError: the careful walk finds where; else say what went wrong."""
+    try:
+        _walk_careful(segs)
+    except ValueError as e:  # SnapshotError is a ValueError
+        return e
+    return _snapshot_error(f"segments: {what}")
