@@ -230,3 +230,25 @@ def test_max_split_size_is_reported_as_torchs_int64():
     assert c.to_settings()["max_split_size"] == -MIB
     assert AllocatorConfig.from_settings(c.to_settings()).max_split_size == c.max_split_size
     assert AllocatorConfig.from_settings({"max_split_size": -1}).max_split_size == UNLIMITED
+
+
+@pytest.mark.parametrize(
+    ("divisions", "message"),
+    [
+        ({"1": {}}, r"roundup_power2_divisions\['1'\] is \{\}, not 0 or a power of 2"),
+        ({"512": float("-inf")}, r"roundup_power2_divisions\['512'\] is -inf"),
+        ({"64": 3}, r"roundup_power2_divisions\['64'\] is 3, not 0 or a power of 2"),
+        ({"64": True}, r"is True, not 0 or a power of 2"),
+        ({"x": 4}, r"key 'x' is not an interval"),
+    ],
+)
+def test_from_settings_refuses_bad_recorded_divisions(divisions, message):
+    # fuzz-found (tests/data/fuzz/roundup_divisions_*): these crashed fragmentation() with
+    # TypeError / OverflowError; load_snapshot's validate refuses the same shapes
+    with pytest.raises(ConfigError, match=message):
+        AllocatorConfig.from_settings({"roundup_power2_divisions": divisions})
+
+
+def test_from_settings_reads_recorded_divisions():
+    conf = AllocatorConfig.from_settings({"roundup_power2_divisions": {"1": 4, 64: 0}})
+    assert conf.roundup_power2_divisions[0] == 4 and conf.roundup_power2_divisions[6] == 0

@@ -384,3 +384,116 @@ def test_json_refuses_bytes_values_cleanly(tmp_path):
     assert list(tmp_path.iterdir()) == []
     save_snapshot(d, tmp_path / "x.pickle")
     assert load_snapshot(tmp_path / "x.pickle").to_torch() == d
+
+
+# --- fuzz-found regressions (tests/data/fuzz/, tools/fuzz.py) --------------------------------
+
+FUZZ = Path(__file__).parent / "data" / "fuzz"
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("memo_index_256mib.pickle", "memo index 16777216 at byte 3 is beyond"),
+        ("binbytes8_huge_length.pickle", "BINBYTES8 at byte 2 declares 1099511627776 bytes"),
+        ("scalar_none.pickle", "not a snapshot: a NoneType"),
+        ("float_newline_message.pickle", "could not convert string to float"),
+        ("global_name_newline.pickle", "refused global gpumem\\niz_fuzz_canary.trip"),
+        ("segment_type_list.pickle", "unknown segment_type []"),
+        ("trace_action_list.json", "action ['alloc'] is not a string"),
+        ("pool_id_overflow.pickle", "is not a pair of 64-bit ints"),
+        ("roundup_divisions_dict.json", "roundup_power2_divisions['1'] is {}, not 0 or a power"),
+        ("roundup_divisions_inf.pickle", "roundup_power2_divisions['512'] is -inf, not 0"),
+    ],
+)
+def test_fuzz_reproducers_get_one_line_errors(name, message):
+    with pytest.raises(SnapshotError) as e:
+        load_snapshot(FUZZ / name)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_ext_opcodes_never_reach_copyregs_cache(tmp_path):
+    import copyreg
+
+    marker = tmp_path / "ran"
+    code = 0xBEEF
+    copyreg.add_extension("os", "mkdir", code)
+    try:
+        # EXT2 0xBEEF (os.mkdir), the marker's path, TUPLE1, REDUCE, STOP
+        data = b"\x80\x02\x83\xef\xbe" + pickle.dumps(str(marker), 2)[2:-1] + b"\x85R."
+        pickle.loads(data)  # fills copyreg's extension cache, as any code in the process may
+        assert code in copyreg._extension_cache and marker.is_dir()
+        marker.rmdir()
+        with pytest.raises(SnapshotError, match=r"^refused global by extension code"):
+            loads_restricted(data)  # the C unpickler would take os.mkdir from the cache
+        assert not marker.exists()
+    finally:
+        copyreg.remove_extension("os", "mkdir", code)
+
+
+def test_odd_values_in_a_dict_get_one_line_errors():
+    deep: list = []
+    for _ in range(100_000):  # a caller's dict is not depth-checked: messages must not recurse
+        deep = [deep]
+    block = {"size": 512, "state": "inactive"}
+    seg = {"address": 0, "total_size": 1024, "blocks": [block, block]}
+    cases = [
+        (dict(seg, segment_type=deep), "unknown segment_type [[[[...]]]]"),
+        (dict(seg, address=deep), "address is [[[[...]]]], not a 64-bit integer"),
+        (dict(seg, segment_pool_id=deep), "segment_pool_id [[[[...]]]] is not a pair"),
+        (dict(seg, blocks=[dict(block, state=deep)] * 2), "has unknown state [[[[...]]]]"),
+        # equal-length lists as sizes made a 2-D column: numpy's "out is the wrong size"
+        (dict(seg, blocks=[dict(block, size=[512, 1])] * 2), "size is [512, 1], not a 64-bit"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(SnapshotError) as e:
+            Snapshot.from_torch([bad])
+        assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_read_asks_only_for_the_file_size(tmp_path, monkeypatch):
+    p = tmp_path / "s.pkl"
+    p.write_bytes(pickle.dumps({"segments": []}, protocol=4))
+    asked = []
+    real_open = Path.open
+
+    def spy_open(self, *a, **k):
+        f = real_open(self, *a, **k)
+        real_read = f.read
+        monkeypatch.setattr(f, "read", lambda n=-1: (asked.append(n), real_read(n))[1])
+        return f
+
+    monkeypatch.setattr(Path, "open", spy_open)
+    load_snapshot(p)
+    assert asked == [p.stat().st_size + 1]
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_the_opcode_scan_passes_real_pickles_of_every_protocol(protocol):
+    # protocols 0-3 memoize with PUT/BINPUT/LONG_BINPUT (indices up to ~10^5 here), 4-5 with
+    # MEMOIZE and frames; bytes and long strings take the counted-length opcodes (protocols
+    # 0-2 pickle bytes through a global, refused like any other)
+    d = read_real(REAL_DIR / "kkaitlyn111__cs336-a2-systems__memory_snapshot.pickle")
+    d["extra"] = ["x" * 70_000, -(2**70)] + ([b"\x00" * 300] if protocol >= 3 else [])
+    data = pickle.dumps(d, protocol=protocol)
+    gio.scan_pickle(data)
+    assert load_snapshot(data).to_torch() == d
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"\x80\x02]r\xff\xff\xff\xff.", "memo index 4294967295 at byte 3 is beyond"),  # 64 GiB
+        (b"(lp16_777_216\n.", "memo index 16777216 at byte 2"),  # PUT, as int() reads it
+        (b"(lp+16777216\n.", "memo index 16777216 at byte 2"),
+        (b"\x80\x03B\xff\xff\xff\x7fab.", "BINBYTES at byte 2 declares 2147483647 bytes"),
+        (b"\x80\x04\x8d\x00\x00\x00\x00\x01\x00\x00\x00ab.", "BINUNICODE8 at byte 2 declares"),
+        (b"\x80\x05\x96\x00\x00\x00\x00\x00\x01\x00\x00ab.", "BYTEARRAY8 at byte 2 declares"),
+        (b"\x80\x02\x82\x01)R.", "refused global by extension code (EXT1 at byte 2)"),
+        (b"\x80\x02\x84\x01\x00\x00\x00)R.", "refused global by extension code (EXT4 at byte 2)"),
+    ],
+)
+def test_the_opcode_scan_refuses_bombs_before_unpickling(data, message):
+    with pytest.raises(SnapshotError) as e:
+        loads_restricted(data)
+    assert message in str(e.value)

@@ -443,7 +443,7 @@ def _seg3() -> str:
         ),
         (
             lambda d: d["segments"][3].update(segment_pool_id=(1, 2, 3)),
-            r"{seg3}: segment_pool_id \(1, 2, 3\) is not a pair of ints",
+            r"{seg3}: segment_pool_id \(1, 2, 3\) is not a pair of 64-bit ints",
         ),
         (lambda d: d.update(device_traces={}), "'device_traces' is a dict, not a list"),
         (

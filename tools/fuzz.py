@@ -58,52 +58,7 @@ CANARY = "gpumemviz_fuzz_canary"
 
 #: Findings already reported to the module's owner, by signature; the seeded test slice tolerates
 #: (and counts) them. Remove an entry once its owner fixed it, and add a regression test then.
-KNOWN: dict[str, str] = {
-    "TypeError@io.py:check_plain": "io: a pickle whose top level is None, an int, a float or a "
-    "bool raises TypeError from check_plain (tests/data/fuzz/scalar_none.pickle)",
-    "cli:TypeError@io.py:check_plain": "the same through `gpumemviz inspect`: a traceback",
-    "memory@loads_restricted": "io.loads_restricted: LONG_BINPUT with a huge memo index makes "
-    "CPython's unpickler allocate and zero 8 bytes per index (10 bytes -> 256 MiB RSS, "
-    "0x10000000 -> 4 GiB; tests/data/fuzz/memo_index_256mib.pickle)",
-    "memory@cli": "the same through `gpumemviz inspect`",
-    "memory@json": "io: BINBYTES8/BINUNICODE8/BYTEARRAY8 allocate their declared length before "
-    "reading (a 20-byte file asks for 1 TiB): MemoryError under an address-space cap, reported "
-    "as 'needs more memory' (tests/data/fuzz/binbytes8_huge_length.pickle); found through the "
-    "JSON target, whose inputs are told apart by content",
-    "multiline@io.py:loads_restricted": "io.loads_restricted: a corrupt FLOAT opcode's "
-    "ValueError text carries a newline into the SnapshotError message "
-    "(tests/data/fuzz/float_newline_message.pickle)",
-    "TypeError@snapshot.py:_from_torch": "snapshot: an unhashable segment_type (a list) raises "
-    "TypeError (tests/data/fuzz/segment_type_list.pickle)",
-    "cli:TypeError@snapshot.py:_from_torch": "the same through `gpumemviz inspect`",
-    "rss@cli": "the memo-index allocation through `gpumemviz inspect` (killed by the RSS guard)",
-    "TypeError@snapshot.py:from_entries": "snapshot: an unhashable trace action (a list) raises "
-    "TypeError (tests/data/fuzz/trace_action_list.json)",
-    "cli:TypeError@snapshot.py:from_entries": "the same through `gpumemviz inspect`",
-    "RecursionError@snapshot.py": "snapshot.from_torch on a dict holding a value "
-    "nested 100k deep: building the error message's repr recurses (files are depth-checked)",
-    "ext-cache": "io.loads_restricted: EXT1/EXT2/EXT4 take a global from copyreg's extension "
-    "cache without calling find_class; once anything in the process unpickled a registered "
-    "extension code, a snapshot file naming that code runs it (not reachable by the workers, "
-    "whose cache stays empty; reproducer in the report)",
-    "OverflowError@snapshot.py:_pool_column": "snapshot: a segment_pool_id beyond int64 raises "
-    "OverflowError, from a file too (tests/data/fuzz/pool_id_overflow.pickle)",
-    "cli:OverflowError@snapshot.py:_pool_column": "the same through `gpumemviz inspect`",
-    "ValueError@snapshot.py:_assemble": "snapshot: a mutated torch dict reaches numpy "
-    "'provided out is the wrong size for the accumulation' (a plain ValueError; the case held a "
-    "value nested too deep to save: dict target, seed 7)",
-    "multiline@io.py:find_class": "io: a refused global's name with a newline (STACK_GLOBAL "
-    "strings may hold one) makes a two-line message (tests/data/fuzz/global_name_newline.pickle)",
-    "cli:stderr": "under the address-space cap only: CPython prints 'SystemError: deallocated "
-    "bytearray object has exported buffers' to stderr before the one-line error (a failed "
-    "BYTEARRAY8 allocation)",
-    "cli:OverflowError@config.py:from_settings": "allocator/config: an infinite "
-    "roundup_power2_divisions value raises OverflowError (tests/data/fuzz/roundup_divisions_inf"
-    ".pickle)",
-    "cli:TypeError@config.py:from_settings": "allocator/config: roundup_power2_divisions "
-    "values that are not numbers raise TypeError in fragmentation() "
-    "(tests/data/fuzz/roundup_divisions_dict.json)",
-}
+KNOWN: dict[str, str] = {}
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,6 +15,8 @@ import json
 import operator
 import os
 import pickle
+import pickletools
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +24,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .snapshot import Snapshot, SnapshotError, no_gc, type_phrase, validate
+from .snapshot import Snapshot, SnapshotError, no_gc, one_line, type_phrase, validate
 from .units import format_size
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "load_snapshot",
     "loads_restricted",
     "save_snapshot",
+    "scan_pickle",
     "validate",
     "write_torch",
 ]
@@ -54,8 +57,8 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         raise SnapshotError(
-            f"refused global {module}.{name}: snapshot files hold only plain data "
-            "(this file may be malicious)"
+            f"refused global {one_line(module)}.{one_line(name)}: snapshot files hold only "
+            "plain data (this file may be malicious)"
         )
 
     def persistent_load(self, pid: Any) -> Any:
@@ -101,6 +104,7 @@ def loads_restricted(
     _check_size(len(data), max_bytes, "pickle")
     if not data:
         raise SnapshotError("empty input: no snapshot to read")
+    scan_pickle(data)
     try:
         with no_gc():
             obj = _RestrictedUnpickler(_io.BytesIO(data)).load()
@@ -108,10 +112,10 @@ def loads_restricted(
         raise
     except (pickle.UnpicklingError, EOFError) as e:
         raise SnapshotError(
-            f"truncated or corrupt pickle ({e or 'unexpected end of data'})"
+            f"truncated or corrupt pickle ({one_line(str(e)) or 'unexpected end of data'})"
         ) from None
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as e:
-        raise SnapshotError(f"corrupt pickle ({type(e).__name__}: {e})") from None
+        raise SnapshotError(f"corrupt pickle ({type(e).__name__}: {one_line(str(e))})") from None
     except MemoryError:
         raise SnapshotError("pickle needs more memory than is available") from None
     check_plain(obj, max_depth=max_depth)
@@ -127,6 +131,8 @@ def check_plain(obj: Any, *, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
     """
     if type(obj) not in _PLAIN:
         raise SnapshotError(f"a value of type {type(obj).__name__} (only plain data allowed)")
+    if type(obj) not in _CONTAINERS:
+        return  # a lone scalar: plain (`Snapshot.from_torch` says it is not a snapshot)
     level, kinds = [obj], [type(obj)]
     depth = 0
     while level:
@@ -172,6 +178,117 @@ def _unique(objs: list) -> list:
         return objs
     first.sort()
     return list(map(objs.__getitem__, first.tolist()))
+
+
+# --- the opcode pre-scan ---------------------------------------------------------------------
+# CPython's C unpickler trusts a few opcode arguments before it checks them: LONG_BINPUT/PUT
+# resize the memo to twice the index (16 bytes per index, zeroed: a 9-byte file costs 256 MiB),
+# BINBYTES/BINBYTES8/BYTEARRAY8 allocate their declared length before reading it, and EXT1/2/4
+# take a global from copyreg's extension cache without asking `find_class`. So every pickle is
+# walked opcode by opcode first. Runs of fixed-size opcodes (nearly all of a real file) are
+# matched by one regular expression, in C; Python looks only at the others (strings, the
+# dangerous ones), which keeps the walk at about half of the unpickling time on real files.
+
+_ARG_SIZE: list[int | None] = [None] * 256  # fixed argument size, or pickletools' negative kind
+_OP_NAME: list[str] = [""] * 256
+for _op in pickletools.opcodes:
+    _c = ord(_op.code.encode("latin-1"))
+    _OP_NAME[_c] = _op.name
+    _ARG_SIZE[_c] = 0 if _op.arg is None else _op.arg.n
+_STOP, _PUT, _LONG_BINPUT = ord("."), ord("p"), ord("r")
+_GLOBAL, _INST = ord("c"), ord("i")
+_EXT = frozenset({0x82, 0x83, 0x84})
+_LINE = pickletools.UP_TO_NEWLINE
+_LEN1, _LEN4, _LEN4U, _LEN8U = (
+    pickletools.TAKEN_FROM_ARGUMENT1,
+    pickletools.TAKEN_FROM_ARGUMENT4,
+    pickletools.TAKEN_FROM_ARGUMENT4U,
+    pickletools.TAKEN_FROM_ARGUMENT8U,
+)
+
+
+def _fixed_run() -> re.Pattern[bytes]:
+    """A possessive regex over runs of harmless fixed-size opcodes (not STOP, PUTs, EXTs)."""
+    by_size: dict[int, list[int]] = {}
+    for c, n in enumerate(_ARG_SIZE):
+        if n is not None and n >= 0 and c not in _EXT and c not in (_STOP, _LONG_BINPUT):
+            by_size.setdefault(n, []).append(c)
+    alts = [
+        b"[" + b"".join(re.escape(bytes([c])) for c in codes) + b"]" + (b".{%d}" % n if n else b"")
+        for n, codes in sorted(by_size.items())
+    ]
+    return re.compile(b"(?:" + b"|".join(alts) + b")*+", re.DOTALL)
+
+
+_FIXED_RUN = _fixed_run()
+
+
+def scan_pickle(data: bytes) -> None:
+    """Refuse the opcodes CPython's unpickler would act on before checking them.
+
+    Walks the pickle as the unpickler will (up to STOP, or the first unknown opcode, where the
+    unpickler stops too) and raises `SnapshotError` on an EXT1/EXT2/EXT4 opcode (a global by
+    number: refused like any global), a memo index beyond the file's size (a real pickle's
+    indices stay below its opcode count), or a declared length beyond the remaining bytes.
+    """
+    n = len(data)
+    p = 0
+    run = _FIXED_RUN.match
+    while p < n:
+        p = run(data, p).end()  # type: ignore[union-attr]  # `*+` always matches
+        if p >= n:
+            return
+        c = data[p]
+        kind = _ARG_SIZE[c]
+        if kind is None or c == _STOP:
+            return
+        if c in _EXT:
+            raise SnapshotError(
+                f"refused global by extension code ({_OP_NAME[c]} at byte {p}): snapshot files "
+                "hold only plain data (this file may be malicious)"
+            )
+        if c == _LONG_BINPUT:
+            _check_memo(int.from_bytes(data[p + 1 : p + 5], "little"), p, n)
+            p += 5
+        elif kind == _LEN1:
+            p += 2 + data[p + 1] if p + 1 < n else 1
+        elif kind in (_LEN4, _LEN4U, _LEN8U):
+            width = 8 if kind == _LEN8U else 4
+            length = int.from_bytes(data[p + 1 : p + 1 + width], "little", signed=kind == _LEN4)
+            start = p + 1 + width
+            if length > n - start:
+                raise SnapshotError(
+                    f"truncated or corrupt pickle ({_OP_NAME[c]} at byte {p} declares "
+                    f"{length} bytes ({format_size(length)}), but only {max(n - start, 0)} follow)"
+                )
+            p = start + max(length, 0)
+        elif kind == _LINE:
+            end = data.find(b"\n", p + 1)
+            if end >= 0 and c in (_GLOBAL, _INST):
+                end = data.find(b"\n", end + 1)
+            if end < 0:
+                return
+            if c == _PUT:
+                _check_memo(_decimal(data[p + 1 : end]), p, n)
+            p = end + 1
+        else:  # pragma: no cover - every other kind has a fixed size and was matched above
+            return
+
+
+def _decimal(text: bytes) -> int:
+    """A PUT index parsed as the unpickler does (signs, spaces, underscores); -1 if none."""
+    try:
+        return int(text)
+    except ValueError:  # not a number: the unpickler stops there
+        return -1
+
+
+def _check_memo(index: int, p: int, n: int) -> None:
+    if index > n:
+        raise SnapshotError(
+            f"corrupt pickle (memo index {index} at byte {p} is beyond what a {n}-byte pickle "
+            "can hold; the unpickler would allocate memory for every index below it)"
+        )
 
 
 def _names(types: set[type]) -> str:
@@ -225,7 +342,7 @@ def _read(path: Path, max_bytes: int) -> bytes:
         size = path.stat().st_size
         _check_size(size, max_bytes, f"{path}")
         with path.open("rb") as f:
-            return f.read(max_bytes + 1)
+            return f.read(min(size, max_bytes) + 1)  # +1: a file that grew shows as too big
     except FileNotFoundError:
         raise SnapshotError(f"no such file: {path}") from None
     except IsADirectoryError:

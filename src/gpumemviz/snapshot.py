@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import gc
 import itertools
+import reprlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -208,6 +209,23 @@ def type_phrase(x: Any) -> str:
     return f"an {name}" if name[:1] in "aeiou" else f"a {name}"
 
 
+def one_line(text: str) -> str:
+    """`text` fit for a one-line message: newlines and other unprintables escaped."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 80, 80
+
+
+def short_repr(x: Any) -> str:
+    """A bounded, one-line repr for error messages: never recurses deep, never runs long."""
+    try:
+        return one_line(_SHORT.repr(x))
+    except Exception:  # a value whose repr fails must not hide the real error
+        return f"<{type(x).__name__}>"
+
+
 def _index(i: int, n: int, what: str, plural: str) -> int:
     """`i` as a row index into `n` rows (negative counts from the end), or IndexError."""
     if not -n <= i < n:
@@ -226,12 +244,12 @@ def _int_column(values: list, what: str, where: Any) -> np.ndarray:
         return np.zeros(0, np.int64)
     try:
         col = np.array(values)
-    except (ValueError, TypeError, OverflowError):
+    except (ValueError, TypeError, OverflowError, RecursionError):
         col = None
-    if col is None or col.dtype.kind not in "iu" or col.dtype == np.uint64:
+    if col is None or col.ndim != 1 or col.dtype.kind not in "iu" or col.dtype == np.uint64:
         for i, v in enumerate(values):
             if type(v) is not int or not -(2**63) <= v < 2**63:
-                raise SnapshotError(f"{where(i)}: {what} is {v!r}, not a 64-bit integer")
+                raise SnapshotError(f"{where(i)}: {what} is {short_repr(v)}, not a 64-bit integer")
         raise SnapshotError(f"{where(0)}: {what} column is not integer")  # pragma: no cover
     return col.astype(np.int64, copy=False)
 
@@ -360,9 +378,9 @@ class Trace:
             i = next(i for i, e in enumerate(entries) if "action" not in e)
             raise SnapshotError(f"{at(i)} has no action") from None
         table = {a: c for c, a in enumerate(ACTIONS)}
-        for name in set(names) - table.keys():
-            if type(name) is not str:
-                raise SnapshotError(f"{at(names.index(name))}: action {name!r} is not a string")
+        if set(map(type, names)) - {str}:
+            i = next(i for i, name in enumerate(names) if type(name) is not str)
+            raise SnapshotError(f"{at(i)}: action {short_repr(names[i])} is not a string")
         for name in sorted(set(names) - table.keys()):
             table[name] = len(table)
         if len(table) > 255:
@@ -940,7 +958,7 @@ def _seg_where(segs: list, i: int) -> str:
     s = segs[i]
     if type(s) is dict:
         dev, addr = s.get("device", "?"), s.get("address")
-        a = f"{addr:#x}" if type(addr) is int else repr(addr)
+        a = f"{addr:#x}" if type(addr) is int else short_repr(addr)
         return f"segment {i} (device {dev}, {a})"
     return f"segment {i}"
 
@@ -952,7 +970,7 @@ def _from_torch(cls: type[Snapshot], obj: Any) -> Snapshot:
         top_keys: tuple[str, ...] = ("segments", "device_traces")
     elif isinstance(obj, dict):
         if "segments" not in obj:
-            keys = ", ".join(map(repr, list(obj)[:8])) or "none"
+            keys = ", ".join(map(short_repr, list(obj)[:8])) or "none"
             raise SnapshotError(f"not a snapshot: a dict without 'segments' (keys: {keys})")
         segs = obj["segments"]
         raw_traces = obj.get("device_traces")
@@ -995,10 +1013,9 @@ def _from_torch(cls: type[Snapshot], obj: Any) -> Snapshot:
     for k, default in (("device", 0), ("address", None), ("total_size", None), ("stream", 0)):
         seg[k] = _int_column([s.get(k, default) for s in segs], k, seg_at)
     types = [s.get("segment_type") for s in segs]
-    bad = set(types) - {"small", "large", None}
-    if bad:
-        i = next(i for i, t in enumerate(types) if t in bad)
-        raise SnapshotError(f"{seg_at(i)}: unknown segment_type {types[i]!r}")
+    if set(map(type, types)) - {str, type(None)} or set(types) - {"small", "large", None}:
+        i = next(i for i, t in enumerate(types) if t not in ("small", "large", None))
+        raise SnapshotError(f"{seg_at(i)}: unknown segment_type {short_repr(types[i])}")
     small = np.array([t == "small" for t in types], bool)
     if None in set(types):  # torch < 2.0 lists: a small segment is exactly 2 MiB
         small |= np.array([t is None for t in types], bool) & (seg["total_size"] == _SMALL_SEGMENT)
@@ -1043,12 +1060,23 @@ def _pool_column(segs: list, seg_at) -> np.ndarray:
         return np.zeros((0, 2), np.int64)
     try:
         pool = np.array(ids)
-    except (ValueError, TypeError, OverflowError):
+    except (ValueError, TypeError, OverflowError, RecursionError):
         pool = None
-    if pool is None or pool.dtype.kind not in "iu" or pool.shape != (len(ids), 2):
+    if (
+        pool is None
+        or pool.dtype.kind not in "iu"
+        or pool.dtype == np.uint64
+        or pool.shape != (len(ids), 2)
+    ):
         for i, p in enumerate(ids):
-            if not (isinstance(p, tuple | list) and len(p) == 2 and all(type(x) is int for x in p)):
-                raise SnapshotError(f"{seg_at(i)}: segment_pool_id {p!r} is not a pair of ints")
+            if not (
+                isinstance(p, tuple | list)
+                and len(p) == 2
+                and all(type(x) is int and -(2**63) <= x < 2**63 for x in p)
+            ):
+                raise SnapshotError(
+                    f"{seg_at(i)}: segment_pool_id {short_repr(p)} is not a pair of 64-bit ints"
+                )
     return np.asarray(pool, np.int64)
 
 
@@ -1096,7 +1124,7 @@ def _block_columns(
         j = next(
             j for j, s in enumerate(cols["state"]) if type(s) is not str or s not in _STATE_CODE
         )
-        raise SnapshotError(f"{at(j)} has unknown state {cols['state'][j]!r}") from None
+        raise SnapshotError(f"{at(j)} has unknown state {short_repr(cols['state'][j])}") from None
     addr_has = shape.has("address", m)
     address: np.ndarray | tuple[np.ndarray, np.ndarray] | None = None
     if addr_has.all():
@@ -1120,6 +1148,28 @@ def _trace_columns(raw: Any) -> dict[int, Trace]:
 # Validation
 
 
+def _check_settings(settings: dict | None) -> None:
+    """The allocator_settings shape the analyses rely on (roundup_power2_divisions)."""
+    rd = (settings or {}).get("roundup_power2_divisions")
+    if rd is None:
+        return
+    if type(rd) is not dict:
+        raise SnapshotError(
+            f"allocator_settings: roundup_power2_divisions is {type_phrase(rd)}, not a dict"
+        )
+    for k, v in rd.items():
+        if not (type(k) is int or (type(k) is str and k.isascii() and k.isdigit())):
+            raise SnapshotError(
+                f"allocator_settings: roundup_power2_divisions key {short_repr(k)} is not an "
+                "interval (a non-negative integer)"
+            )
+        if not (type(v) is int and 0 <= v < 1 << 64 and v & (v - 1) == 0):
+            raise SnapshotError(
+                f"allocator_settings: roundup_power2_divisions[{short_repr(k)}] is "
+                f"{short_repr(v)}, not 0 or a power of 2"
+            )
+
+
 def validate(snapshot: Snapshot) -> None:
     """Check that a snapshot is self-consistent; raise `SnapshotError` at the first problem.
 
@@ -1139,6 +1189,7 @@ def validate(snapshot: Snapshot) -> None:
     """
     s, b = snapshot.segments, snapshot.blocks
     m = len(b)
+    _check_settings(snapshot.allocator_settings)
 
     def first(mask: np.ndarray) -> int | None:
         hit = np.flatnonzero(mask)

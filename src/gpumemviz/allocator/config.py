@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -342,9 +343,9 @@ class AllocatorConfig:
         if isinstance(rd, Mapping) and rd:
             table = list(conf.roundup_power2_divisions)
             for k, val in rd.items():
-                idx = int(k).bit_length() - 1
+                idx = _division_key(k).bit_length() - 1
                 if 0 <= idx < N_ROUNDUP_INTERVALS:
-                    table[idx] = int(val)
+                    table[idx] = _division_value(k, val)
             v["roundup_power2_divisions"] = tuple(table)
         return replace(conf, **v)
 
@@ -375,6 +376,41 @@ class AllocatorConfig:
             for f in fields(self)
             if f.name != "settings" and getattr(self, f.name) != getattr(base, f.name)
         }
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 40, 40
+
+
+def _short(x: Any) -> str:
+    """A bounded one-line repr for messages about recorded values (never recurses deep)."""
+    try:
+        text = _SHORT.repr(x)
+    except Exception:  # a value whose repr fails must not hide the real error
+        return f"<{type(x).__name__}>"
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
+def _division_key(k: Any) -> int:
+    """A recorded roundup_power2_divisions key (an interval in MiB: int or digit string)."""
+    if type(k) is int and k >= 0:
+        return k
+    if type(k) is str and k.isascii() and k.isdigit():
+        return int(k)
+    raise ConfigError(
+        f"allocator_settings: roundup_power2_divisions key {_short(k)} is not an interval "
+        "(a non-negative integer)"
+    )
+
+
+def _division_value(k: Any, val: Any) -> int:
+    """A recorded divisions count: 0 (no rounding) or a power of two, as torch accepts."""
+    if type(val) is int and 0 <= val < 1 << 64 and (val == 0 or _is_pow2(val)):
+        return val
+    raise ConfigError(
+        f"allocator_settings: roundup_power2_divisions[{_short(k)}] is {_short(val)}, "
+        "not 0 or a power of 2"
+    )
 
 
 def _is_pow2(x: int) -> bool:
