@@ -19,7 +19,7 @@ ALLOWED: dict[str, set[str]] = {
     "sample": {"snapshot", "units"},
     "sources.": {"snapshot", "io", "allocator", "sample", "units", "sources", "fragmentation"},
     "sampler": {"snapshot", "sample", "sources", "units"},
-    "fragmentation": {"snapshot", "io", "allocator", "units", "_callable"},
+    "fragmentation.": {"snapshot", "io", "allocator", "units", "_callable", "fragmentation"},
     "advice": {"snapshot", "io", "allocator", "units", "fragmentation"},
     "render.": {
         *("snapshot", "sample", "fragmentation", "advice", "units", "render", "io"),

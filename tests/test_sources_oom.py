@@ -217,3 +217,44 @@ def test_the_real_expandable_oom_dumped_after_the_unwind_is_unknown():
     assert got["cause"] == "unknown"
     assert "would succeed (the free block at 0x" in got["explanation"]
     assert "memory was freed after the failure" in got["explanation"]
+
+
+def test_a_request_the_garbage_collection_would_serve_is_unknown():
+    # cap 250 MiB of a 500 MiB device, GC above 150 MiB: reserved 160 MiB, 60 MiB of it whole
+    # unused large segments, so a 100 MiB request is served once the collection frees 10 MiB
+    base = 0x7F0000000000
+
+    def seg(address: int, size: int, state: str) -> dict:
+        used = size if state == "active_allocated" else 0
+        return {
+            "device": 0,
+            "address": address,
+            "total_size": size,
+            "allocated_size": used,
+            "active_size": used,
+            "requested_size": used,
+            "stream": 0,
+            "segment_type": "large",
+            "segment_pool_id": (0, 0),
+            "is_expandable": False,
+            "blocks": [{"address": address, "size": size, "requested_size": used, "state": state}],
+        }
+
+    segments = [
+        seg(base, 100 * MiB, "active_allocated"),
+        seg(base + 200 * MiB, 20 * MiB, "inactive"),
+        seg(base + 300 * MiB, 40 * MiB, "inactive"),
+    ]
+    conf = "per_process_memory_fraction:0.5,garbage_collection_threshold:0.6"
+    got = classify_oom(
+        segments,
+        0,
+        alloc_size=100 * MiB,
+        device_total=500 * MiB,
+        device_free=340 * MiB,
+        request_size=100 * MiB,
+        stream=0,
+        settings={"PYTORCH_CUDA_ALLOC_CONF": conf},
+    )
+    assert got["cause"] == "unknown", got["explanation"]
+    assert "garbage collection of unused segments makes room" in got["explanation"]

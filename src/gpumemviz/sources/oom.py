@@ -190,6 +190,10 @@ def _judge(
         return "unknown", _succeeds(
             basis, f"the allocator's own flush of {format_size(fit.releasable)} makes room"
         )
+    if fit.verdict == "garbage_collect":  # the collection runs before any new memory is asked for
+        return "unknown", _succeeds(
+            basis, "the allocator's garbage collection of unused segments makes room"
+        )
     # out_of_memory, or new_segment: the device had room, yet the allocator failed, so a
     # per-process limit (set_per_process_memory_fraction) refused the new memory
     limit = (
