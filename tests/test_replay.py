@@ -300,8 +300,10 @@ def test_snapshot_at_equals_a_walk_from_the_start_in_any_order():
         order = [n - 1, 3, n // 2, 17, n // 2 + 1, 0, n - 1, 16, 15, n // 3, -1, n // 2]
         for i in order:
             got = tl.snapshot_at(i)["segments"]
-            assert got == walk.layout_at(i).to_segments(dev), (dev, i)
-        assert tl.snapshot_at(n - 1)["segments"] == tl.final.to_segments(dev)
+            want = walk.layout_at(i).to_segments(dev, frames=walk.frames_after(i))
+            assert got == want, (dev, i)
+        want = tl.final.to_segments(dev, frames=tl.frames_after(n - 1))
+        assert tl.snapshot_at(n - 1)["segments"] == want
 
 
 def test_a_model_oom_in_the_recorded_run_is_scored_and_survived():

@@ -8,7 +8,7 @@ needed, to know how large a block an alloc carved (section 2.8 of the reference)
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 __all__ = ["ALLOCATED", "INACTIVE", "PENDING_FREE", "STATE_NAMES", "Layout", "LayoutError", "Seg"]
@@ -100,11 +100,18 @@ class Layout:
             lay._insert(Seg(int(s["stream"]), small, bool(s.get("is_expandable")), blocks))
         return lay
 
-    def to_segments(self, device: int = 0, *, shared: bool = False) -> list[dict[str, Any]]:
+    def to_segments(
+        self,
+        device: int = 0,
+        *,
+        shared: bool = False,
+        frames: Callable[[int], list[Any]] | None = None,
+    ) -> list[dict[str, Any]]:
         """Torch 2.11 segment dicts in address order (what `torch.cuda.memory_snapshot` gives).
 
         With `shared`, a segment unchanged since an earlier call returns the same dict as then
-        (fast for scrubbing; the caller must not modify it).
+        (fast for scrubbing; the caller must not modify it). `frames(address)` gives an active
+        block's allocation stack (the layout itself keeps none); without it stacks are empty.
         """
         out = []
         for base in self.bases:
@@ -125,7 +132,7 @@ class Layout:
                         "size": size,
                         "requested_size": req,
                         "state": STATE_NAMES[state],
-                        "frames": [],
+                        "frames": frames(addr) if state and frames is not None else [],
                     }
                 )
             d = {

@@ -6,7 +6,8 @@ This is the ground truth the model is scored against, and what the panel scrubs 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import bisect
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -140,6 +141,10 @@ class Timeline:
             self.segments[i] = len(lay.segs)
         self.final = lay
         self._trace: list[dict[str, Any]] | None = None
+        # allocation stacks: per address, the alloc entries there (indices, frames) and the
+        # stacks of blocks alive before the trace; the layout itself carries none
+        self._allocs: dict[int, tuple[list[int], list[list[Any]]]] = {}
+        self._start_frames: dict[int, list[Any]] = {}
 
     @classmethod
     def from_snapshot(cls, snapshot: Mapping[str, Any], device: int = 0, **kw: Any) -> Timeline:
@@ -179,6 +184,7 @@ class Timeline:
         start = reconstruct_layout(final, steps, rules)
         tl = cls(start, steps, rules, device=device, settings=settings, **kw)
         tl._trace = list(trace)
+        tl._keep_frames(segs, tl._trace)
         got, want = tl.final.key(requested=False), final.key(requested=False)
         if got != want:
             diff = [a[0] for a, b in zip(got, want, strict=False) if a != b]
@@ -189,6 +195,47 @@ class Timeline:
                 f"give the recorded final segments (first difference at segment {where:#x})"
             )
         return tl
+
+    def _keep_frames(
+        self, segments: Iterable[Mapping[str, Any]], trace: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Record where each block's stack comes from: its trace `alloc` entry, except that a
+        block alive at the end (or since before the trace) takes the file's stack at its
+        address, which is what torch stored for it."""
+        for i, e in enumerate(trace):
+            if e.get("action") == "alloc":
+                at, frames = self._allocs.setdefault(int(e["addr"]), ([], []))
+                at.append(i)
+                frames.append(e.get("frames") or [])
+        for s in segments:
+            addr = int(s["address"])
+            for b in s["blocks"]:
+                if b["state"] != "inactive":
+                    hist = b.get("history") or [{}]  # torch 2.0 keeps the stack there
+                    here = int(b.get("address", addr))
+                    frames = b.get("frames") or hist[0].get("frames") or []
+                    got = self._allocs.get(here)
+                    if got:  # the last alloc here made the block that is still alive
+                        got[1][-1] = frames
+                    else:
+                        self._start_frames[here] = frames
+                addr += int(b["size"])
+
+    def frames_after(self, event_index: int) -> Callable[[int], list[Any]]:
+        """``frames(address)``: the stack of the active block there after `event_index`.
+
+        What `snapshot_at` hands to `Layout.to_segments` (usable with `layout_at` too).
+        """
+
+        def frames(addr: int) -> list[Any]:
+            got = self._allocs.get(addr)
+            if got is not None:
+                j = bisect.bisect_right(got[0], event_index) - 1
+                if j >= 0:
+                    return got[1][j]
+            return self._start_frames.get(addr, [])
+
+        return frames
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -209,12 +256,15 @@ class Timeline:
     def snapshot_at(self, event_index: int) -> dict[str, Any]:
         """The torch snapshot dict of this device after trace entry `event_index`.
 
-        ``device_traces`` holds the entries up to and including `event_index`. Segments that
-        did not change between jumps are the same dicts as before: read them, do not modify.
+        ``device_traces`` holds the entries up to and including `event_index`. Each active
+        block carries the stack of the trace entry that allocated it, or, alive at the end or
+        since before the trace, the stack the file has at its address. Segments that did not
+        change between jumps are the same dicts as before: read them, do not modify.
         """
         with no_gc():  # thousands of short-lived lists: the cyclic GC only slows this down
             lay = self.layout_at(event_index)
-            segments = lay.to_segments(self.device, shared=True)
+            frames = self.frames_after(event_index)
+            segments = lay.to_segments(self.device, shared=True, frames=frames)
         traces: list[list[dict[str, Any]]] = [[] for _ in range(self.device + 1)]
         traces[self.device] = self._entries()[: event_index + 1]
         out: dict[str, Any] = {"segments": segments, "device_traces": traces}
