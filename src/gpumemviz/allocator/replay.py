@@ -7,6 +7,7 @@ are invented and only address-free figures are compared (reference section 9.4).
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .._callable import make_module_callable
-from ..units import format_size
+from ..units import format_size, parse_size
 from .config import AllocatorConfig
 from .drive import DeviceReplay, ReplayError, drive
 from .layout import LayoutError
@@ -36,6 +37,9 @@ class ReplayResult:
     devices: dict[int, DeviceReplay]
     recorded: dict[int, DeviceReplay]  # the same trace under the recorded settings
     timelines: dict[int, Timeline]
+    # False when the file has no allocator_settings: `recorded_config` is then "" by
+    # assumption (PyTorch's defaults), not because the defaults were seen
+    settings_recorded: bool = True
 
     @property
     def allocs(self) -> int:
@@ -109,7 +113,10 @@ class ReplayResult:
 
         lines = []
         for dev, d in sorted(self.devices.items()):
-            head = f"device {dev} [{d.config or 'default settings'}] capacity {_capacity(d)}: "
+            conf = d.config or "default settings"
+            if not self.settings_recorded and d.config == self.recorded_config:
+                conf = "settings not recorded: PyTorch's defaults assumed"
+            head = f"device {dev} [{conf}] capacity {_capacity(d)}: "
             if d.what_if:
                 lines.append(
                     head + f"peak reserved {format_size(d.peak_reserved)} (recorded "
@@ -210,6 +217,25 @@ def _as_config(config: str | AllocatorConfig | None, recorded: AllocatorConfig) 
     raise TypeError(f"config must be a str or AllocatorConfig, got {type(config).__name__}")
 
 
+def _as_capacity(value: Any, what: str = "capacity") -> int | None:
+    """Bytes from an int or a size string ("24GiB"), refusing zero and negatives."""
+    if value is None:
+        return None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)
+    elif not isinstance(value, str | float):
+        raise TypeError(f"{what} must be bytes or a size string, got {value!r}")
+    if str(value).strip().startswith("-"):
+        raise ValueError(f"{what} must be positive, got {value!r}")
+    try:
+        size = parse_size(value)
+    except ValueError as err:
+        raise ValueError(f"{what}: {err}") from None
+    if size <= 0:
+        raise ValueError(f"{what} must be positive, got {value!r}")
+    return size
+
+
 def _same_rules(a: AllocatorConfig, b: AllocatorConfig) -> bool:
     return a.changed() == b.changed()
 
@@ -217,7 +243,7 @@ def _same_rules(a: AllocatorConfig, b: AllocatorConfig) -> bool:
 def replay(
     snapshot: Any,
     config: str | AllocatorConfig | None = None,
-    capacity: int | Mapping[int, int] | None = None,
+    capacity: int | str | Mapping[int, int | str] | None = None,
 ) -> ReplayResult:
     """Replay a recorded snapshot's traces through the allocator model, one model per device.
 
@@ -235,7 +261,8 @@ def replay(
     config
         ``PYTORCH_CUDA_ALLOC_CONF`` settings (str or `AllocatorConfig`); None: the recorded ones.
     capacity
-        Bytes the process can get on each device (an int for all, or {device: bytes}).
+        Bytes the process can get on each device: bytes or a size string ("24GiB", what
+        `gpumemviz.units.parse_size` reads) for all, or {device: that}; it must be positive.
         Default: inferred from a recorded ``oom`` entry (reserved + device_free there);
         otherwise unknown (`capacity_known` is False) and the model never runs out. A
         recorded ``per_process_memory_fraction`` gives no size (the device total is not
@@ -265,6 +292,10 @@ def replay(
     >>> r.allocs, r.allocs_matched, r.allocs_matched_per_decision, r.peak_reserved
     (2, 2, 2, 23068672)
     """
+    if isinstance(capacity, Mapping):
+        capacity = {d: _as_capacity(c, f"capacity of device {d}") for d, c in capacity.items()}
+    else:
+        capacity = _as_capacity(capacity)
     snap = _as_dict(snapshot)
     recorded_cfg = AllocatorConfig.from_settings(snap.get("allocator_settings"))
     cfg = _as_config(config, recorded_cfg)
@@ -318,6 +349,7 @@ def replay(
         devices=devices,
         recorded=recorded,
         timelines=timelines,
+        settings_recorded=isinstance(snap.get("allocator_settings"), Mapping),
     )
 
 
