@@ -71,12 +71,14 @@ def main() -> int:
                 f"{jumps[int(0.99 * (len(jumps) - 1))]:>6.1f} {jumps[-1]:>6.1f}"
             )
     print(f"\nworst snapshot_at jump: {worst:.1f} ms (target < 50 ms)")
-    print(f"\n{'workload':<24} {'steps':>7} {'ms':>7} {'outcome'}")
+    print(f"\n{'workload':<24} {'operations':>10} {'ms':>7} {'outcome'}")
     for name, w in WORKLOADS.items():
         secs = best(lambda w=w: run(w), 3, time.perf_counter)
         o = run(w)
-        outcome = "completed" if o.completed else f"OOM at step {o.oom_step}"
-        print(f"{name:<24} {o.steps:>7} {secs * 1e3:>7.1f} {outcome}")
+        outcome = "completed" if o.completed else f"OOM at operation {o.oom_step}"
+        if o.iterations is not None:
+            outcome += f" ({o.iterations_completed}/{o.iterations} training iterations done)"
+        print(f"{name:<24} {o.operations:>10} {secs * 1e3:>7.1f} {outcome}")
     return 0
 
 

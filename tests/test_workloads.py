@@ -11,6 +11,7 @@ from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
 from gpumemviz.allocator.workloads import (
     GIB,
     GPT2_MEDIUM,
+    ITERATION_MARK,
     LLAMA_7B,
     WORKLOADS,
     Workload,
@@ -144,3 +145,33 @@ def test_kept_gradients_are_allocated_once():
 
     per_step = 1 + GPT2_MEDIUM.layers * len(GPT2_MEDIUM.layer_weights())
     assert grads_mallocs(False) - grads_mallocs(True) == 2 * per_step
+
+
+def test_summaries_count_operations_and_training_iterations_apart():
+    outcomes = {name: run(w) for name, w in WORKLOADS.items()}
+    for o in outcomes.values():
+        text = o.summary()
+        assert " step" not in text
+        if o.completed:
+            assert f"completed {o.operations} operations" in text
+        else:
+            assert f"OOM at operation {o.oom_step}" in text
+        assert o.operations == o.steps == len(o.reserved)
+    plain, ckpt = outcomes["training_expandable"], outcomes["training_checkpointed"]
+    # checkpointing recomputes activations: more operations for the same 12 iterations
+    assert ckpt.operations > plain.operations
+    assert ckpt.iterations == ckpt.iterations_completed == plain.iterations_completed == 12
+    assert "(12 training iterations)" in ckpt.summary()
+    oom = outcomes["training"]
+    started = sum(1 for at, m in oom.marks if m.startswith(ITERATION_MARK) and at <= oom.oom_step)
+    assert oom.iterations_completed == started - 1 < 12
+    assert f"OOM at operation {oom.oom_step} in training iteration {started} of 12" in oom.summary()
+    server = outcomes["inference_paged"]
+    assert server.iterations is None and server.iterations_completed is None
+    assert "iteration" not in server.summary()
+
+
+def test_an_oom_before_the_first_iteration_says_so():
+    o = run(training_loop(iterations=3, capacity=64 << 20))
+    assert o.oom_step is not None and o.iterations_completed == 0
+    assert "before the first training iteration" in o.summary()

@@ -19,6 +19,7 @@ import numpy as np
 from .model import CachingAllocator, OutOfMemory
 
 __all__ = [
+    "ITERATION_MARK",
     "WORKLOADS",
     "Op",
     "Outcome",
@@ -60,6 +61,10 @@ class TransformerShape:
         return 2 * self.layers * self.hidden * self.dtype_bytes
 
 
+#: A training program's mark that starts an iteration ("iteration 3 (seq 512)"); `run` counts
+#: them, so outcomes say training iterations apart from allocator operations.
+ITERATION_MARK = "iteration "
+
 # GPT-2 medium (355M parameters) and a Llama-2-7B-like shape
 GPT2_MEDIUM = TransformerShape(hidden=1024, layers=24, heads=16, vocab=50257)
 LLAMA_7B = TransformerShape(hidden=4096, layers=32, heads=32, vocab=32000, ffn=11008, gated=True)
@@ -79,6 +84,9 @@ class Workload:
         ``PYTORCH_CUDA_ALLOC_CONF`` settings.
     program, params
         ``program(**params)`` yields the steps; `ops()` calls it.
+    iterations
+        Training iterations the program runs (each starts with an `ITERATION_MARK` mark), or
+        None for a workload without them.
     """
 
     name: str
@@ -87,6 +95,7 @@ class Workload:
     description: str
     program: Callable[..., Iterator[Op]] = field(repr=False)
     params: Mapping[str, Any] = field(default_factory=dict)
+    iterations: int | None = None
 
     def ops(self) -> Iterator[Op]:
         """The steps, freshly generated (deterministic: the same every time)."""
@@ -147,7 +156,7 @@ def _training_program(
     adam: list[int] = []
     grads: list[int] = []
     for it, s in enumerate(seq_lens):
-        yield ("mark", f"iteration {it} (seq {s})")
+        yield ("mark", f"{ITERATION_MARK}{it} (seq {s})")
         tok = batch * s * shape.hidden * d  # one activation of the residual width
         att = batch * shape.heads * s * s * d  # attention scores / probabilities
         mlp = batch * s * shape.mlp * d
@@ -261,6 +270,7 @@ def training_loop(
             "checkpointing": checkpointing,
             "keep_grads": keep_grads,
         },
+        iterations=iterations,
     )
 
 
@@ -399,8 +409,11 @@ def inference_server(
 class Outcome:
     """What a workload did to the allocator, as numbers.
 
-    ``reserved``, ``allocated`` and ``segments`` hold the figures after every malloc/free step
-    (``steps`` of them); ``marks`` are (step, label) pairs.
+    ``steps`` counts allocator operations (malloc, free, empty_cache; marks are not counted)
+    and ``oom_step`` is the operation that ran out; ``reserved``, ``allocated`` and
+    ``segments`` hold the figures after each operation; ``marks`` are (operation, label)
+    pairs. A training workload also says ``iterations`` (planned) and
+    ``iterations_completed``; both are None for workloads without training iterations.
     """
 
     workload: str
@@ -417,6 +430,13 @@ class Outcome:
     segments: np.ndarray
     marks: list[tuple[int, str]]
     allocator: CachingAllocator = field(repr=False)
+    iterations: int | None = None
+    iterations_completed: int | None = None
+
+    @property
+    def operations(self) -> int:
+        """Allocator operations run (the same count as `steps`)."""
+        return self.steps
 
     @property
     def free_in_segments_at_oom(self) -> int | None:
@@ -424,17 +444,23 @@ class Outcome:
         return None if self.oom is None else self.oom.reserved - self.oom.allocated
 
     def summary(self) -> str:
-        """One line: completed or where it ran out, and the peaks."""
+        """One line: completed or where it ran out (operation, and training iteration where
+        the workload has them), and the peaks."""
         gib = 1 << 30
         head = f"{self.workload}: "
+        done = self.iterations_completed
         if self.completed:
-            head += f"completed {self.steps} steps"
+            head += f"completed {self.steps} operations"
+            if done is not None:
+                head += f" ({done} training iterations)"
         else:
             free = self.free_in_segments_at_oom or 0
-            head += (
-                f"OOM at step {self.oom_step} with {free / gib:.2f} GiB free inside reserved "
-                "segments"
-            )
+            head += f"OOM at operation {self.oom_step}"
+            if done is not None and any(m.startswith(ITERATION_MARK) for _, m in self.marks):
+                head += f" in training iteration {done + 1} of {self.iterations}"
+            elif done is not None:
+                head += " before the first training iteration"
+            head += f" with {free / gib:.2f} GiB free inside reserved segments"
         return (
             f"{head}; peak reserved {self.peak_reserved / gib:.2f} GiB, peak allocated "
             f"{self.peak_allocated / gib:.2f} GiB of {self.capacity / gib:.2f} GiB"
@@ -471,7 +497,7 @@ def run(workload: Workload, allocator: CachingAllocator | None = None) -> Outcom
     marks: list[tuple[int, str]] = []
     oom: OutOfMemory | None = None
     oom_step: int | None = None
-    step = 0
+    step = started = 0
     for op in workload.ops():
         kind = op[0]
         if kind == "malloc":
@@ -486,6 +512,7 @@ def run(workload: Workload, allocator: CachingAllocator | None = None) -> Outcom
             a.empty_cache()
         elif kind == "mark":
             marks.append((step, op[1]))
+            started += str(op[1]).startswith(ITERATION_MARK)
             continue
         else:
             raise ValueError(f"workload {workload.name!r}: unknown step {op!r}")
@@ -509,6 +536,10 @@ def run(workload: Workload, allocator: CachingAllocator | None = None) -> Outcom
         segments=np.asarray(segments, np.int64),
         marks=marks,
         allocator=a,
+        iterations=workload.iterations,
+        iterations_completed=None
+        if workload.iterations is None
+        else started - (oom is not None and started > 0),
     )
 
 
