@@ -171,7 +171,7 @@ def test_workloads_figure_and_rows():
     rows = figures.outcome_rows(outs)
     assert [r["variant"] for r in rows] == ["batch 8", "expandable"]
     assert [r["completed"] for r in rows] == [False, True]
-    assert rows[0]["outcome"] == f"OOM at step {outs['batch 8'].oom_step}"
+    assert rows[0]["outcome"] == f"OOM at operation {outs['batch 8'].oom_step}"
     assert rows[0]["free_in_segments_at_oom"] == outs["batch 8"].free_in_segments_at_oom > 0
     assert rows[1]["config"] == "expandable_segments:True"
 
@@ -185,7 +185,7 @@ def test_workloads_figure_and_rows():
         t["peak allocated"].y, [o.peak_allocated / GIB for o in outs.values()]
     )
     assert list(t["peak reserved"].text) == [
-        f"OOM at step {outs['batch 8'].oom_step}",
+        f"OOM at operation {outs['batch 8'].oom_step}",
         "completed",
     ]
     np.testing.assert_array_equal(t["expandable reserved"].y, outs["expandable"].reserved / GIB)

@@ -527,7 +527,7 @@ NB04 = [
     fig = gpumemviz.figures.workloads(outcomes, title="KV cache: contiguous vs paged (22 GiB)")
     bars = {t.name: t for t in fig.data}["peak reserved"]
     assert list(bars.text) == [
-        f"OOM at step {outcomes['contiguous'].oom_step}", "completed"
+        f"OOM at operation {outcomes['contiguous'].oom_step}", "completed"
     ]
     fig
     """),

@@ -208,7 +208,7 @@ def _items(outcomes: Mapping[str, Any] | Iterable[Any]) -> list[tuple[str, Any]]
 def outcome_rows(outcomes: Mapping[str, Any] | Iterable[Any]) -> list[dict[str, Any]]:
     """One row per workload outcome: the table `workloads` draws, as plain values.
 
-    Keys: ``variant``, ``config``, ``outcome`` ("completed" or "OOM at step N"), ``completed``,
+    Keys: ``variant``, ``config``, ``outcome`` ("completed" or "OOM at operation N"), ``completed``,
     ``peak_reserved``, ``peak_allocated``, ``capacity``, ``free_in_segments_at_oom`` (None
     without an OOM), ``steps``.
 
@@ -228,7 +228,7 @@ def _rows(items: list[tuple[str, Any]]) -> list[dict[str, Any]]:
             {
                 "variant": name,
                 "config": o.config or "default settings",
-                "outcome": "completed" if completed else f"OOM at step {o.oom_step}",
+                "outcome": "completed" if completed else f"OOM at operation {o.oom_step}",
                 "completed": completed,
                 "peak_reserved": int(o.peak_reserved),
                 "peak_allocated": int(o.peak_allocated),
