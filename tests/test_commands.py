@@ -116,7 +116,61 @@ def test_replay_seek_moves_the_map_to_the_recorded_state(tmp_path):
         state = src.timeline.snapshot_at(k)
         assert panel.map_layout["n_rows"] == len(state["segments"])
         assert panel.header["reserved"] == int(src.timeline.reserved[k])
-        assert panel.controls["replay"] == {"n": src.n, "position": k}
+        replay = panel.controls["replay"]
+        assert (replay["n"], replay["position"], replay["times"]) == (src.n, k, True)
+    finally:
+        panel.close()
+
+
+def _replay_panel(name: str):
+    from conftest import REAL_DIR, read_real
+    from gpumemviz.sources.replay import ReplaySource
+
+    path = REAL_DIR / name
+    if not path.is_file():
+        pytest.skip("real snapshots are not available")
+    raw = read_real(path)
+    src = ReplaySource(path, loop=False)
+    panel = MemoryPanel(subshell=False)
+    panel.attach(Sampler(src), owned=True)
+    return panel, src, raw["device_traces"][src.device]
+
+
+def test_replay_seek_by_time_lands_on_the_event_at_or_before_that_time():
+    """time_us read straight from the file (not through gpumemviz): a time between two entries'
+    times shows the earlier entry; its time and the trace's span reach the controls."""
+    panel, src, trace = _replay_panel("kkaitlyn111__cs336-a2-systems__memory_2.7b_forward.pickle")
+    try:
+        times = [e["time_us"] for e in trace]
+        assert len(times) == src.n
+        # entries whose next entry comes at least 2 µs later: a time strictly between is theirs
+        gaps = [i for i in range(len(times) - 1) if times[i + 1] - times[i] >= 2]
+        for k in (gaps[len(gaps) // 3], gaps[-1]):
+            t = times[k] + (times[k + 1] - times[k]) // 2
+            reply = panel.command("seek", time_us=t)
+            assert reply["ok"], reply["text"]
+            assert reply["index"] == max(i for i, x in enumerate(times) if x <= t) == k
+            assert panel.flush()
+            replay = panel.controls["replay"]
+            assert replay["position"] == k and replay["time_us"] == times[k]
+            assert (replay["t_first"], replay["t_last"]) == (times[0], times[-1])
+            assert panel.header["reserved"] == int(src.timeline.reserved[k])
+        before = panel.command("seek", time_us=times[0] - 1)
+        assert before["ok"] and before["index"] == -1
+        assert panel.flush() and panel.controls["replay"]["time_us"] is None
+    finally:
+        panel.close()
+
+
+def test_a_trace_without_times_is_events_only():
+    panel, src, trace = _replay_panel("Maphsge4__select_n__snapshot_10streams.pickle")
+    try:
+        assert not any(e.get("time_us") for e in trace)
+        assert panel.flush() and panel.controls["replay"]["times"] is False
+        reply = panel.command("seek", time_us=1000)
+        assert not reply["ok"]
+        assert reply["text"] == "this trace has no recorded times (torch < 2.2): events only"
+        assert panel.command("seek", index=src.n // 2)["ok"]  # events still seek
     finally:
         panel.close()
 

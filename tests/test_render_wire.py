@@ -243,3 +243,23 @@ def test_hover_blocks_carry_their_filtered_stacks(real_dict):
                 assert len(stack["lines"]) <= MAX_LINES
                 checked += 1
     assert checked >= min(1, with_frames)  # where the file has stacks, they travel
+
+
+def test_zoom_fetches_exact_blocks_of_a_row_whose_frame_carried_cells_only():
+    """A row with more blocks than cells travels as cells; `exact_blocks` answers the zoom's
+    request with every block of that row, as `RowTable.blocks` has them."""
+    rows = build_rows(synthetic(3, 3000))
+    wire = Wire()
+    wire.set_rows(rows)
+    (frame,) = wire.set_view("v", first=0, count=3, cells=512)
+    assert all(b is None for b in decode_frame(frame.content, frame.buffers)["blocks"])
+    (exact,) = wire.exact_blocks("v", 1)
+    got = decode_frame(exact.content, exact.buffers)
+    assert got["rows"].tolist() == [1] and got["cells"].shape == (1, 512)
+    want = rows.blocks(1)
+    blocks = got["blocks"][0]
+    assert len(blocks["size"]) == 3000
+    for key in ("offset", "size", "requested", "state"):
+        assert np.array_equal(blocks[key], want[key])
+    assert wire.exact_blocks("v", 3) == [] and wire.exact_blocks("other", 0) == []
+    assert wire.update() == []  # the answer is no change: the view's digests stay as they were

@@ -51,6 +51,21 @@ export function oomText(oom) {
   return `OOM${size} (${oom.cause}): ${oom.explanation || ""}`.trim();
 }
 
+/**
+ * The replay readout: the entry, and its recorded time where the trace has ``time_us``.
+ * @param {{n: number, position: number, times?: boolean, t_first?: number,
+ *   time_us?: number | null}} r the `controls` trait's ``replay``
+ */
+export function replayText(r) {
+  const entry = `entry ${r.position + 1} of ${r.n}`;
+  if (!r.times) return `${entry} · events only (no recorded times)`;
+  if (r.time_us === null || r.time_us === undefined || r.t_first === undefined) {
+    return `${entry} · before the first event`;
+  }
+  const clock = new Date(r.time_us / 1000).toISOString().slice(11, 23);
+  return `${entry} · +${((r.time_us - r.t_first) / 1e6).toFixed(3)} s (${clock} UTC)`;
+}
+
 /** @param {HTMLElement} host */
 export function createHeader(host) {
   const root = document.createElement("div");
@@ -196,7 +211,27 @@ export function createToolbar(host, send) {
   const pos = document.createElement("span");
   pos.className = "gmv-pos";
   const play = button("play", "play");
-  replay.append(slider, pos, play);
+  const byTimeLabel = document.createElement("label");
+  const byTime = document.createElement("input");
+  byTime.type = "checkbox";
+  byTime.dataset.cmd = "seek-by-time";
+  byTime.title = "the slider moves over recorded time (the event at or before it) instead of events";
+  byTimeLabel.append(byTime, document.createTextNode(" by time"));
+  replay.append(slider, pos, byTimeLabel, play);
+  /** @type {Record<string, any> | null} */
+  let lastReplay = null;
+  /** the slider's range and value for the last replay state, in events or in µs since t_first */
+  const placeSlider = () => {
+    const r = lastReplay;
+    if (!r) return;
+    const timed = byTime.checked && r.times;
+    slider.dataset.mode = timed ? "time" : "events";
+    slider.min = timed ? "0" : "-1";
+    slider.max = String(timed ? r.t_last - r.t_first : r.n - 1);
+    if (document.activeElement === slider) return;
+    if (!timed) slider.value = String(r.position);
+    else slider.value = String(r.time_us === null ? 0 : r.time_us - r.t_first);
+  };
   const line = document.createElement("div");
   line.className = "gmv-reply";
   host.append(bar, replay, line);
@@ -230,7 +265,14 @@ export function createToolbar(host, send) {
   hist.onchange = () => run("record_history", { on: hist.checked });
   fit.onclick = () => run("fit", { value: fitIn.value });
   fitIn.onkeydown = (ev) => { if (ev.key === "Enter") run("fit", { value: fitIn.value }); };
-  slider.onchange = () => run("seek", { index: Number(slider.value) });
+  slider.onchange = () => {
+    if (slider.dataset.mode === "time" && lastReplay) {
+      run("seek", { time_us: lastReplay.t_first + Number(slider.value) });
+    } else {
+      run("seek", { index: Number(slider.value) });
+    }
+  };
+  byTime.onchange = placeSlider;
   play.onclick = () => run("play");
 
   return {
@@ -270,9 +312,12 @@ export function createToolbar(host, send) {
       hist.disabled = !caps.has("record_history");
       replay.hidden = !c.replay;
       if (c.replay) {
-        slider.max = String(c.replay.n - 1);
-        if (document.activeElement !== slider) slider.value = String(c.replay.position);
-        pos.textContent = `entry ${c.replay.position + 1} of ${c.replay.n}`;
+        lastReplay = c.replay;
+        byTime.disabled = !c.replay.times;
+        pos.dataset.timeUs = String(c.replay.time_us ?? "");
+        pos.dataset.position = String(c.replay.position);
+        pos.textContent = replayText(c.replay);
+        placeSlider();
       }
     },
     /** @param {Record<string, any>} r a `reply` message */

@@ -11,13 +11,16 @@ export const HEAD_H = 18;
 export const LABEL_W = 92;
 export const MAX_H = 420;
 export const ZOOM_H = 36;
+/** Most blocks Python sends for one zoomed row on request (EXACT_MAX_BLOCKS in render/wire.py). */
+export const EXACT_MAX_BLOCKS = 1 << 16;
 
 /** @typedef {import("./decode.js").Row} Row */
 /** @typedef {import("./rows.js").Group} Group */
 
 /**
  * @param {HTMLElement} host
- * @param {{onView: (v: {first: number, count: number, cells: number}) => void}} opts
+ * @param {{onView: (v: {first: number, count: number, cells: number}) => void,
+ *   onBlocks?: (row: number) => void}} opts ``onBlocks`` asks Python for a row's exact blocks
  */
 export function createHeatmap(host, opts) {
   const scroller = document.createElement("div");
@@ -153,6 +156,8 @@ export function createHeatmap(host, opts) {
     log({ event: "draw", first, count, drawn, ms: lastDrawMs });
   }
 
+  /** rows (as received) whose exact blocks were asked for already */
+  const asked = new WeakSet();
   function drawZoom() {
     if (!zoom) return;
     const row = cache.get(zoom.row);
@@ -168,9 +173,16 @@ export function createHeatmap(host, opts) {
     if (!row) { zoomCanvas.dataset.blocks = "0"; return; }
     const { lo, hi } = zoom;
     const span = hi - lo;
+    // a row whose frame carried cells only: ask once per received row for its exact blocks
+    const fetchable = !row.blocks && row.meta.n_blocks <= EXACT_MAX_BLOCKS && opts.onBlocks;
+    if (fetchable && !asked.has(row)) {
+      asked.add(row);
+      opts.onBlocks?.(zoom.row);
+    }
     zoomText.textContent = `segment 0x${row.meta.address.toString(16)} · ` +
       `+${formatSize(lo)} .. +${formatSize(hi)} of ${rowLabel(row.meta)}` +
-      (row.blocks ? "" : " (cells: this segment has more blocks than the view carries)");
+      (row.blocks ? "" : fetchable ? " (cells: fetching the exact blocks…)"
+        : " (cells: this segment has too many blocks to send)");
     let drawn = 0;
     if (row.blocks) {
       const b = row.blocks;

@@ -36,6 +36,10 @@ function render({ model, el }) {
   });
   const map = createHeatmap(root, {
     onView(v) { model.send({ kind: "view", view: id, ...v }); },
+    onBlocks(row) {
+      model.send({ kind: "blocks", view: id, row });
+      w.__gpumemviz.log.push({ t: Date.now(), event: "blocks", view: id, row });
+    },
   });
 
   const onHeader = () => header.update({

@@ -32,3 +32,14 @@ test("the header's stuck figure is the report's free_stuck, labelled by what it 
   const stuck = FIGURES.find(([key]) => key === "free_stuck");
   assert.deepEqual(stuck, ["free_stuck", "stuck after empty_cache", true]);
 });
+
+test("replayText shows the recorded time where the trace has one, else says events only", async () => {
+  const { replayText } = await import("../src/controls.js");
+  assert.equal(replayText({ n: 10, position: 3, times: false }),
+    "entry 4 of 10 · events only (no recorded times)");
+  const t0 = Date.UTC(2026, 0, 2, 3, 4, 5, 600) * 1000;
+  assert.equal(replayText({ n: 10, position: 3, times: true, t_first: t0, time_us: t0 + 1_250_000 }),
+    "entry 4 of 10 · +1.250 s (03:04:06.850 UTC)");
+  assert.equal(replayText({ n: 10, position: -1, times: true, t_first: t0, time_us: null }),
+    "entry 0 of 10 · before the first event");
+});

@@ -14,6 +14,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from gpumemviz.render.timeline import entry_at_time
 from gpumemviz.units import format_size, parse_size
 
 __all__ = ["CommandError", "file_url", "run_command"]
@@ -115,7 +116,13 @@ def _seek(panel: Any, args: dict) -> dict:
     source = sampler.source
     _needs(source, "time_travel", "travel in time")
     try:
-        index = int(args.get("index"))
+        if "time_us" in args:  # the time scale: the entry at or before that recorded time
+            times = panel.replay_times()
+            if times is None:
+                raise CommandError("this trace has no recorded times (torch < 2.2): events only")
+            index = entry_at_time(times, float(args["time_us"]))
+        else:
+            index = int(args.get("index"))
         source.seek(index)
     except (TypeError, ValueError) as exc:
         raise CommandError(str(exc)) from None

@@ -27,7 +27,12 @@ import traitlets
 
 from gpumemviz.render.rows import build_rows
 from gpumemviz.render.stacks import Stacks
-from gpumemviz.render.timeline import TimelineData, annotation_marks, recorded_points
+from gpumemviz.render.timeline import (
+    TimelineData,
+    annotation_marks,
+    recorded_points,
+    trace_times,
+)
 from gpumemviz.render.wire import Wire, figures
 from gpumemviz.snapshot import Snapshot
 
@@ -528,7 +533,16 @@ class MemoryPanel(anywidget.AnyWidget):
         source = sampler.source if sampler is not None else None
         replay = None
         if source is not None and "time_travel" in getattr(source, "capabilities", ()):
-            replay = {"n": int(source.n), "position": int(source.position)}
+            pos = int(source.position)
+            replay = {"n": int(source.n), "position": pos, "times": False}
+            times = self.replay_times()
+            if times is not None and len(times):
+                replay.update(
+                    times=True,
+                    t_first=int(times[0]),
+                    t_last=int(times[-1]),
+                    time_us=int(times[pos]) if 0 <= pos < len(times) else None,
+                )
         return {
             "live": sampler is not None,
             "capabilities": sorted(getattr(source, "capabilities", ()) or ()),
@@ -540,6 +554,22 @@ class MemoryPanel(anywidget.AnyWidget):
             "devices": self.devices() if sampler is not None and not self._owns_sampler else [],
             "device": self._device,
         }
+
+    def replay_times(self) -> np.ndarray | None:
+        """The replayed trace's entry times (`trace_times`), or None: not a replay, or a trace
+        recorded without ``time_us`` (events only)."""
+        source = getattr(self.sampler, "source", None)
+        raw = getattr(source, "raw", None)
+        if source is None or not isinstance(raw, dict):
+            return None
+        cached = getattr(self, "_times_of", None)
+        if cached is not None and cached[0] is source:
+            return cached[1]
+        traces = raw.get("device_traces") or []
+        device = int(getattr(source, "device", 0))
+        times = trace_times(traces[device]) if device < len(traces) else None
+        self._times_of = (source, times)
+        return times
 
     def _refresh_controls(self) -> None:
         self.controls = self._controls()
@@ -561,6 +591,9 @@ class MemoryPanel(anywidget.AnyWidget):
             args = (int(content.get("first", 0)), int(content.get("count", 1)))
             cells = int(content.get("cells", 1024))
             self._writer.submit(lambda: self._send_frames(self._wire.set_view(view, *args, cells)))
+        elif kind == "blocks":  # the zoom wants one row's exact blocks (its frame had cells)
+            view, row = str(content.get("view", "")), int(content.get("row", -1))
+            self._writer.submit(lambda: self._send_frames(self._wire.exact_blocks(view, row)))
         elif kind == "timeline_sync":
             since = int(content.get("since", 0))
 

@@ -16,8 +16,8 @@ from .test_panel_browser import REAL_DIR, VIEW, _wait_drawn
 
 pytestmark = pytest.mark.browser
 
-# 10,307 trace entries without time_us (events only); 63 to 215 segments along the way
-REPLAY = REAL_DIR / "cranberrii__ftcourse__memory_snapshot.pickle"
+# 8,694 trace entries with time_us (torch >= 2.2); 783 to 1,524 segments along the way
+REPLAY = REAL_DIR / "kkaitlyn111__cs336-a2-systems__memory_2.7b_forward.pickle"
 
 
 def _live_cell(subshell: bool) -> str:
@@ -182,6 +182,36 @@ def test_replay_slider_moves_the_map_to_a_recorded_state(page, notebook, artifac
     )
     assert _fig(page, "reserved") == int(tl.reserved[k])
     assert _fig(page, "allocated") == int(tl.allocated[k])
+    # by time: the slider spans the recorded run in µs; a time between two entries shows the
+    # earlier one (times read from the file itself, not through gpumemviz)
+    from conftest import read_real
+
+    times = [e["time_us"] for e in read_real(REPLAY)["device_traces"][0]]
+    gaps = [i for i in range(len(times) - 1) if times[i + 1] - times[i] >= 2 and i != k]
+    j = gaps[len(gaps) // 4]
+    t = times[j] + (times[j + 1] - times[j]) // 2
+    page.locator("input[data-cmd=seek-by-time]").first.check()
+    assert slider.get_attribute("data-mode") == "time"
+    assert slider.get_attribute("max") == str(times[-1] - times[0])
+    slider.evaluate(
+        "(el, v) => { el.value = String(v); el.dispatchEvent(new Event('change')); }",
+        t - times[0],
+    )
+    got = _reply(page, cmd="seek")
+    assert got["text"] == f"seek: entry {j + 1} of {len(tl)}", got
+    pos = page.locator(".gmv-pos").first
+    page.wait_for_function(
+        "([el, j]) => el.dataset.position === String(j)", arg=[pos.element_handle(), j]
+    )
+    assert pos.get_attribute("data-time-us") == str(times[j])
+    seconds = (times[j] - times[0]) / 1e6
+    assert f"entry {j + 1} of {len(tl)} · +{seconds:.3f} s (" in pos.text_content()
+    page.wait_for_function(
+        f"n => ({VIEW})().root.dataset.rows === String(n)",
+        arg=len(tl.snapshot_at(j)["segments"]),
+        timeout=10_000,
+    )
+    assert _fig(page, "allocated") == int(tl.allocated[j])
     page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_replay_slider.png"))
 
 
@@ -343,7 +373,13 @@ def test_zoom_into_a_segment_down_to_a_block_narrower_than_a_cell(page, notebook
         if pick:
             break
     assert pick is not None
-    nb = notebook("zoom.ipynb", [_panel_cell(PICTURE, "zoom")])
+    many = (  # one segment of 3,000 1 KiB blocks, free every third: more blocks than cells
+        "blocks = [{'size': 1024, 'requested_size': 1024, 'state': 'inactive' if i % 3 == 0 "
+        "else 'active_allocated'} for i in range(3000)]\n"
+        "panel.show_snapshot([{'device': 0, 'address': 1 << 32, 'total_size': 3000 * 1024, "
+        "'stream': 0, 'segment_type': 'large', 'blocks': blocks}])"
+    )
+    nb = notebook("zoom.ipynb", [_panel_cell(PICTURE, "zoom"), many])
     nb.run(0)
     _wait_drawn(page)
     page.evaluate(f"(row) => ({VIEW})().map.scrollToRow(row)", pick["row"])
@@ -386,3 +422,33 @@ def test_zoom_into_a_segment_down_to_a_block_narrower_than_a_cell(page, notebook
     assert f"block 0x{seg['address'] + start:x} +{format_size(start)}: " in text, text
     assert f"{format_size(block['size'])} {block['state']}" in text
     page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_zoom.png"))
+    page.mouse.move(0, 0)
+
+    # a segment of 3,000 blocks travels as cells only; the zoom fetches its exact blocks
+    nb.run(1)
+    page.wait_for_function(f"() => ({VIEW})().root.dataset.rows === '1'", timeout=20_000)
+    _wait_drawn(page, 0)
+    assert page.evaluate(f"() => ({VIEW})().map.cached(0).blocks") is None
+    page.evaluate(f"() => ({VIEW})().map.openZoom(0)")
+    page.wait_for_function(f"() => ({VIEW})().map.zoomCanvas.dataset.exact === '1'", timeout=20_000)
+    j = 1001  # an allocated block, 1 MiB into the segment: zoom until it is 8 pixels wide
+    got = page.evaluate(
+        f"""([centre, size]) => {{ const m = ({VIEW})().map;
+            for (let k = 0; k < 40; k++) {{
+                const z = m.zoom, w = m.zoomCanvas.width;
+                if (size / (z.hi - z.lo) * w >= 8) break;
+                m.zoomBy(4, (centre - z.lo) / (z.hi - z.lo));
+            }}
+            m.drawNow();
+            const z = m.zoom, w = m.zoomCanvas.width;
+            return {{ x: Math.floor((centre - z.lo) / (z.hi - z.lo) * w),
+                      n: m.cached(0).blocks.size.length }}; }}""",
+        [j * 1024 + 512, 1024],
+    )
+    assert got["n"] == 3000
+    box = page.locator(".gmv-seg-zoom-canvas").first.bounding_box()
+    page.mouse.move(box["x"] + got["x"] + 0.5, box["y"] + 18)
+    tip.wait_for(state="visible", timeout=5000)
+    text = tip.text_content()
+    assert f"block 0x{(1 << 32) + j * 1024:x} +{format_size(j * 1024)}: " in text, text
+    assert f"{format_size(1024)} active_allocated" in text, text

@@ -96,6 +96,7 @@ def pack_frame(
     layout: int,
     hover_budget: int,
     stacks: Any = None,
+    exact_limit: int | None = None,
 ) -> Frame:
     """Pack rows into one frame; exact blocks ride along for rows with fewer blocks than cells.
 
@@ -113,6 +114,8 @@ def pack_frame(
     stacks : render.stacks.Stacks, optional
         The allocation stacks of the shown snapshot; the hover blocks' stacks ride along in the
         content (deduplicated), within what is left of ``hover_budget`` and `STACK_BUDGET`.
+    exact_limit : int, optional
+        Most blocks a row may carry (default: the cell count; the on-demand zoom asks for more).
 
     Returns
     -------
@@ -122,9 +125,10 @@ def pack_frame(
     n_cells = cells.shape[1] if cells.ndim == 2 else 0
     counts = np.zeros(len(ids), np.int64)
     used = 0
+    limit = n_cells if exact_limit is None else int(exact_limit)
     for j, r in enumerate(ids):
         n = int(rows.block_count[r])
-        if n <= n_cells and used + n * BLOCK_BYTES <= hover_budget:
+        if n <= limit and used + n * BLOCK_BYTES <= hover_budget:
             counts[j] = n
             used += n * BLOCK_BYTES
     index = np.concatenate([[0], np.cumsum(counts)]).astype("<u4")

@@ -14,7 +14,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FIELDS", "MAX_POINTS", "TimelineData", "annotation_marks", "recorded_points"]
+__all__ = [
+    "FIELDS",
+    "MAX_POINTS",
+    "TimelineData",
+    "annotation_marks",
+    "entry_at_time",
+    "recorded_points",
+    "trace_times",
+]
 
 FIELDS = ("t", "allocated", "reserved", "nvml_used", "non_pytorch", "fragmentation")
 MAX_POINTS = 4000
@@ -159,3 +167,34 @@ def annotation_marks(annotations: Sequence[Any] | None, device: int) -> list[dic
             }
         )
     return out
+
+
+def trace_times(trace: Sequence[Any]) -> np.ndarray | None:
+    """Each trace entry's recorded ``time_us`` (torch >= 2.2), made non-decreasing so a time
+    maps to one entry; None when the trace carries no times (older torch: events only).
+
+    Examples
+    --------
+    >>> trace_times([{"time_us": 10}, {"time_us": 30}, {"time_us": 20}]).tolist()
+    [10, 30, 30]
+    >>> trace_times([{"action": "alloc"}]) is None
+    True
+    """
+    raw = [e.get("time_us") if isinstance(e, dict) else None for e in trace]
+    if not raw or not any(isinstance(t, (int, float)) and t > 0 for t in raw):
+        return None
+    t = np.array([t if isinstance(t, (int, float)) and t > 0 else 0 for t in raw], np.int64)
+    return np.maximum.accumulate(t)
+
+
+def entry_at_time(times: np.ndarray, time_us: float) -> int:
+    """The trace entry at or before ``time_us`` (-1: before the first entry).
+
+    Examples
+    --------
+    >>> entry_at_time(np.array([10, 20, 20, 40]), 25)
+    2
+    >>> entry_at_time(np.array([10, 20]), 5)
+    -1
+    """
+    return int(np.searchsorted(times, time_us, side="right")) - 1

@@ -23,11 +23,20 @@ from gpumemviz.render.frame import (
 )
 from gpumemviz.render.rows import MAX_CELLS, RowTable, encode_cells
 
-__all__ = ["FIRST_FRAME_LIMIT", "FRAME_LIMIT", "MAX_VIEW_ROWS", "Wire", "figures", "window"]
+__all__ = [
+    "EXACT_MAX_BLOCKS",
+    "FIRST_FRAME_LIMIT",
+    "FRAME_LIMIT",
+    "MAX_VIEW_ROWS",
+    "Wire",
+    "figures",
+    "window",
+]
 
 FRAME_LIMIT = 64 << 10  # steady state: a new sample, a scroll
 FIRST_FRAME_LIMIT = 256 << 10  # the first frame after a view opens or resizes
 MAX_VIEW_ROWS = 200
+EXACT_MAX_BLOCKS = 1 << 16  # one zoomed row's blocks on demand: at most ~1.9 MiB, once
 _CONTENT_ALLOWANCE = 512  # the JSON part of a frame
 
 
@@ -112,6 +121,30 @@ class Wire:
         below = range(first + count, hi)
         above = range(first - 1, lo - 1, -1)
         return self._frames(view, v, range(first, first + count), [*below, *above], limit)
+
+    def exact_blocks(self, view: str, row: int) -> list[Frame]:
+        """The zoom asked for one row's exact blocks (its frame carried cells only): a frame
+        with that row and up to `EXACT_MAX_BLOCKS` blocks, from the current rows."""
+        rows, v = self.rows, self._views.get(view)
+        if rows is None or v is None or not 0 <= int(row) < rows.n_rows:
+            return []
+        ids = np.array([int(row)], np.int64)
+        cells = encode_cells(rows, ids, v.cells)
+        self._seq += 1
+        return [
+            pack_frame(
+                rows,
+                ids,
+                cells,
+                row_meta(rows, ids),
+                seq=self._seq,
+                view=view,
+                layout=self.layout_version,
+                hover_budget=EXACT_MAX_BLOCKS * BLOCK_BYTES,
+                stacks=self.stacks,
+                exact_limit=EXACT_MAX_BLOCKS,
+            )
+        ]
 
     def view_state(self) -> dict[str, dict[str, int]]:
         """Each view's rows: {view: {first, count, cells}} (a copy)."""
