@@ -263,3 +263,29 @@ def test_zoom_fetches_exact_blocks_of_a_row_whose_frame_carried_cells_only():
         assert np.array_equal(blocks[key], want[key])
     assert wire.exact_blocks("v", 3) == [] and wire.exact_blocks("other", 0) == []
     assert wire.update() == []  # the answer is no change: the view's digests stay as they were
+
+
+def test_zoom_into_a_row_too_big_to_send_whole_gets_the_blocks_of_its_window():
+    from gpumemviz.render.wire import EXACT_MAX_BLOCKS
+
+    rows = build_rows(synthetic(1, EXACT_MAX_BLOCKS + 5000))
+    wire = Wire()
+    wire.set_rows(rows)
+    wire.set_view("v", first=0, count=1, cells=1024)
+    b = rows.blocks(0)
+    end = b["offset"] + b["size"]
+    lo, hi = int(b["offset"][40000]) + 7, int(b["offset"][40100]) + 1
+    (msg,) = wire.exact_blocks("v", 0, lo, hi)
+    c = msg.content
+    assert c["kind"] == "blocks" and c["row"] == 0 and c["first"] == 40000
+    got = np.frombuffer(msg.buffers[0], "<f8").reshape(-1, 3)
+    # every block overlapping [lo, hi), and only those: 40000 .. 40100 inclusive
+    assert np.array_equal(got[:, 0], b["offset"][40000:40101])
+    assert np.array_equal(got[:, 1], b["size"][40000:40101])
+    assert np.array_equal(np.frombuffer(msg.buffers[1], np.uint8), b["state"][40000:40101])
+    assert (c["lo"], c["hi"]) == (int(b["offset"][40000]), int(end[40100]))
+    assert c["lo"] <= lo and hi <= c["hi"]
+    # the whole segment is more than a message carries: the first EXACT_MAX_BLOCKS, and says so
+    (whole,) = wire.exact_blocks("v", 0)
+    assert whole.content["first"] == 0
+    assert whole.content["hi"] == int(end[EXACT_MAX_BLOCKS - 1]) < int(rows.total_size[0])

@@ -103,3 +103,36 @@ export function decodeFrame(content, buffers) {
 export function cellParts(byte) {
   return { other: byte >> 6, level: byte & 63, empty: byte === CELL_NO_DATA };
 }
+
+/**
+ * Decode a `blocks` message: one zoomed row's exact blocks in a byte window (a segment too big
+ * to send whole; `pack_blocks` in frame.py).
+ * @param {{kind: string, view: string, layout: number, row: number, first: number, lo: number,
+ *   hi: number, stacks?: Stack[]}} content
+ * @param {Array<DataView | ArrayBuffer | ArrayBufferView>} buffers
+ * @returns {{view: string, layout: number, row: number, first: number, lo: number, hi: number,
+ *   blocks: Blocks}}
+ */
+export function decodeBlocks(content, buffers) {
+  if (!content || content.kind !== "blocks" || buffers.length !== 3) {
+    throw new Error("not a gpumemviz blocks message");
+  }
+  const [raw, states, stackBuf] = buffers.map(toArrayBuffer);
+  const arr = new Float64Array(raw);
+  const state = new Uint8Array(states);
+  const idx = new Int32Array(stackBuf);
+  const n = state.length;
+  if (arr.length !== 3 * n || idx.length !== n) throw new Error("blocks buffers do not match");
+  const stacks = Array.isArray(content.stacks) ? content.stacks : [];
+  /** @type {Blocks} */
+  const blocks = { offset: new Float64Array(n), size: new Float64Array(n),
+    requested: new Float64Array(n), state,
+    stack: Array.from(idx, (i) => (i >= 0 ? stacks[i] || null : null)) };
+  for (let i = 0; i < n; i++) {
+    blocks.offset[i] = arr[3 * i];
+    blocks.size[i] = arr[3 * i + 1];
+    blocks.requested[i] = arr[3 * i + 2];
+  }
+  const { view, layout, row, first, lo, hi } = content;
+  return { view, layout, row, first, lo, hi, blocks };
+}

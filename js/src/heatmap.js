@@ -13,6 +13,8 @@ export const MAX_H = 420;
 export const ZOOM_H = 36;
 /** Most blocks Python sends for one zoomed row on request (EXACT_MAX_BLOCKS in render/wire.py). */
 export const EXACT_MAX_BLOCKS = 1 << 16;
+/** A window of a segment too big to send whole is asked for once the zoom rests this long. */
+export const WINDOW_ASK_MS = 120;
 
 /** @typedef {import("./decode.js").Row} Row */
 /** @typedef {import("./rows.js").Group} Group */
@@ -20,7 +22,8 @@ export const EXACT_MAX_BLOCKS = 1 << 16;
 /**
  * @param {HTMLElement} host
  * @param {{onView: (v: {first: number, count: number, cells: number}) => void,
- *   onBlocks?: (row: number) => void}} opts ``onBlocks`` asks Python for a row's exact blocks
+ *   onBlocks?: (row: number, lo: number, hi: number) => void}} opts ``onBlocks`` asks Python for
+ *   a row's exact blocks (those in bytes [lo, hi) where the row has too many to send whole)
  */
 export function createHeatmap(host, opts) {
   const scroller = document.createElement("div");
@@ -156,8 +159,22 @@ export function createHeatmap(host, opts) {
     log({ event: "draw", first, count, drawn, ms: lastDrawMs });
   }
 
-  /** rows (as received) whose exact blocks were asked for already */
-  const asked = new WeakSet();
+  /** rows (as received) whose exact blocks were asked for already: "all" or the byte window */
+  /** @type {WeakMap<Row, string>} */
+  const asked = new WeakMap();
+  /** the last window of exact blocks received for a row too big to send whole
+   * @type {{src: Row, lo: number, hi: number, blocks: import("./decode.js").Blocks} | null} */
+  let part = null;
+  let askTimer = 0;
+  /** The exact blocks the zoom can draw: the row's own, or a received window covering the zoom.
+   * @param {Row} row */
+  function zoomBlocks(row) {
+    if (row.blocks) return row.blocks;
+    if (zoom && part && part.src === row && part.lo <= zoom.lo && zoom.hi <= part.hi) {
+      return part.blocks;
+    }
+    return null;
+  }
   function drawZoom() {
     if (!zoom) return;
     const row = cache.get(zoom.row);
@@ -173,19 +190,27 @@ export function createHeatmap(host, opts) {
     if (!row) { zoomCanvas.dataset.blocks = "0"; return; }
     const { lo, hi } = zoom;
     const span = hi - lo;
-    // a row whose frame carried cells only: ask once per received row for its exact blocks
-    const fetchable = !row.blocks && row.meta.n_blocks <= EXACT_MAX_BLOCKS && opts.onBlocks;
-    if (fetchable && !asked.has(row)) {
-      asked.add(row);
-      opts.onBlocks?.(zoom.row);
+    const exact = zoomBlocks(row);
+    // a row whose frame carried cells only: ask once per received row for its exact blocks;
+    // a row too big to send whole: for those of the zoom's window, once per window
+    if (!exact && opts.onBlocks) {
+      const whole = row.meta.n_blocks <= EXACT_MAX_BLOCKS;
+      const key = whole ? "all" : `${Math.floor(lo)}-${Math.ceil(hi)}`;
+      const ask = () => {
+        if (!zoom || cache.get(zoom.row) !== row || asked.get(row) === key) return;
+        asked.set(row, key);
+        opts.onBlocks?.(zoom.row, Math.floor(lo), Math.ceil(hi));
+      };
+      clearTimeout(askTimer);
+      // a window is asked for once the zoom rests (each answer may be ~2 MB)
+      if (whole) ask(); else askTimer = setTimeout(ask, WINDOW_ASK_MS);
     }
     zoomText.textContent = `segment 0x${row.meta.address.toString(16)} · ` +
       `+${formatSize(lo)} .. +${formatSize(hi)} of ${rowLabel(row.meta)}` +
-      (row.blocks ? "" : fetchable ? " (cells: fetching the exact blocks…)"
-        : " (cells: this segment has too many blocks to send)");
+      (exact ? "" : opts.onBlocks ? " (cells: fetching the exact blocks…)" : " (cells)");
     let drawn = 0;
-    if (row.blocks) {
-      const b = row.blocks;
+    if (exact) {
+      const b = exact;
       let last = -10;
       for (let i = 0; i < b.offset.length; i++) {
         const a = b.offset[i], e = a + b.size[i];
@@ -215,7 +240,7 @@ export function createHeatmap(host, opts) {
       }
     }
     zoomCanvas.dataset.blocks = String(drawn);
-    zoomCanvas.dataset.exact = row.blocks ? "1" : "0";
+    zoomCanvas.dataset.exact = exact ? "1" : "0";
   }
 
   /** @param {number} row */
@@ -249,12 +274,13 @@ export function createHeatmap(host, opts) {
   /** @param {MouseEvent} ev */
   const onZoomMove = (ev) => {
     const r = zoom && cache.get(zoom.row);
-    if (pinned || !zoom || !r || !r.blocks) return;
+    const exact = r ? zoomBlocks(r) : null;
+    if (pinned || !zoom || !r || !exact) return;
     const rect = zoomCanvas.getBoundingClientRect();
     const byte = zoom.lo + ((ev.clientX - rect.left) / rect.width) * (zoom.hi - zoom.lo);
-    const i = blockAt(r.blocks, byte);
+    const i = blockAt(exact, byte);
     if (i < 0) { tip.hidden = true; return; }
-    tip.textContent = blockText(r, i);
+    tip.textContent = blockText({ ...r, blocks: exact }, i);
     tip.hidden = false;
     const hostRect = host.getBoundingClientRect();
     tip.style.left = `${ev.clientX - hostRect.left + 12}px`;
@@ -328,6 +354,13 @@ export function createHeatmap(host, opts) {
       for (const row of frame.rows) if (row.row >= lo && row.row < hi) cache.set(row.row, row);
       schedule();
     },
+    /** @param {ReturnType<typeof import("./decode.js").decodeBlocks>} msg */
+    applyBlocks(msg) {
+      const src = cache.get(msg.row);
+      if (!zoom || zoom.row !== msg.row || !src) return;
+      part = { src, lo: msg.lo, hi: msg.hi, blocks: msg.blocks };
+      schedule();
+    },
     drawNow: draw,
     openZoom,
     zoomBy,
@@ -356,6 +389,7 @@ export function createHeatmap(host, opts) {
       canvas.removeEventListener("mouseleave", onLeave);
       canvas.removeEventListener("click", onClick);
       canvas.removeEventListener("dblclick", onDbl);
+      clearTimeout(askTimer);
       zoomCanvas.removeEventListener("wheel", onWheel);
       zoomCanvas.removeEventListener("mousemove", onZoomMove);
       zoomBox.remove();

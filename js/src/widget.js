@@ -1,5 +1,5 @@
 // anywidget entry: wires the model (traits, frames) to the header and the segment map.
-import { decodeFrame } from "./decode.js";
+import { decodeBlocks, decodeFrame } from "./decode.js";
 import { createHeatmap } from "./heatmap.js";
 import { createHeader, createToolbar } from "./controls.js";
 import { createTimeline } from "./timeline.js";
@@ -36,9 +36,9 @@ function render({ model, el }) {
   });
   const map = createHeatmap(root, {
     onView(v) { model.send({ kind: "view", view: id, ...v }); },
-    onBlocks(row) {
-      model.send({ kind: "blocks", view: id, row });
-      w.__gpumemviz.log.push({ t: Date.now(), event: "blocks", view: id, row });
+    onBlocks(row, lo, hi) {
+      model.send({ kind: "blocks", view: id, row, lo, hi });
+      w.__gpumemviz.log.push({ t: Date.now(), event: "blocks", view: id, row, lo, hi });
     },
   });
 
@@ -66,6 +66,13 @@ function render({ model, el }) {
       return;
     }
     if (msg && msg.kind === "marks") { timeline.addMarks(msg.marks); return; }
+    if (msg && msg.kind === "blocks" && msg.view === id) {
+      // answered from rows of the layout shown now only (row numbers mean other segments else)
+      if (msg.layout === (model.get("map_layout") || {}).version) {
+        map.applyBlocks(decodeBlocks(msg, buffers));
+      }
+      return;
+    }
     if (!msg || msg.kind !== "frame" || msg.view !== id) return;
     const t0 = performance.now();
     const frame = decodeFrame(msg, buffers);

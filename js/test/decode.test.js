@@ -78,3 +78,21 @@ test("the optional seventh buffer points hover blocks at their stacks", () => {
   assert.deepEqual(f.rows[0].blocks.stack, [stack, null]);
   assert.throws(() => decodeFrame(content, [...bufs, new Int32Array([0])]), /do not match/);
 });
+
+test("decodeBlocks reads a window of one row's exact blocks", async () => {
+  const { decodeBlocks } = await import("../src/decode.js");
+  const raw = new Float64Array([100, 50, 40, 150, 30, 0]);
+  const msg = decodeBlocks(
+    { kind: "blocks", view: "v", layout: 2, row: 7, first: 9, lo: 100, hi: 180,
+      stacks: [{ lines: ["a.py:1"], user: 0 }] },
+    [new DataView(raw.buffer), new Uint8Array([1, 0]), new Int32Array([0, -1])],
+  );
+  assert.equal(msg.row, 7);
+  assert.deepEqual([msg.lo, msg.hi, msg.first], [100, 180, 9]);
+  assert.deepEqual(Array.from(msg.blocks.offset), [100, 150]);
+  assert.deepEqual(Array.from(msg.blocks.size), [50, 30]);
+  assert.deepEqual(Array.from(msg.blocks.requested), [40, 0]);
+  assert.deepEqual(Array.from(msg.blocks.state), [1, 0]);
+  assert.deepEqual(msg.blocks.stack, [{ lines: ["a.py:1"], user: 0 }, null]);
+  assert.throws(() => decodeBlocks({ kind: "frame" }, []), /not a gpumemviz blocks message/);
+});

@@ -593,7 +593,13 @@ class MemoryPanel(anywidget.AnyWidget):
             self._writer.submit(lambda: self._send_frames(self._wire.set_view(view, *args, cells)))
         elif kind == "blocks":  # the zoom wants one row's exact blocks (its frame had cells)
             view, row = str(content.get("view", "")), int(content.get("row", -1))
-            self._writer.submit(lambda: self._send_frames(self._wire.exact_blocks(view, row)))
+            lo, hi = content.get("lo"), content.get("hi")
+            win = (
+                (int(lo), int(hi))
+                if isinstance(lo, (int, float)) and isinstance(hi, (int, float))
+                else (None, None)
+            )
+            self._writer.submit(lambda: self._send_frames(self._wire.exact_blocks(view, row, *win)))
         elif kind == "timeline_sync":
             since = int(content.get("since", 0))
 

@@ -379,7 +379,8 @@ def test_zoom_into_a_segment_down_to_a_block_narrower_than_a_cell(page, notebook
         "panel.show_snapshot([{'device': 0, 'address': 1 << 32, 'total_size': 3000 * 1024, "
         "'stream': 0, 'segment_type': 'large', 'blocks': blocks}])"
     )
-    nb = notebook("zoom.ipynb", [_panel_cell(PICTURE, "zoom"), many])
+    huge = many.replace("3000", "70000")  # more blocks than one message carries (65,536)
+    nb = notebook("zoom.ipynb", [_panel_cell(PICTURE, "zoom"), many, huge])
     nb.run(0)
     _wait_drawn(page)
     page.evaluate(f"(row) => ({VIEW})().map.scrollToRow(row)", pick["row"])
@@ -446,6 +447,39 @@ def test_zoom_into_a_segment_down_to_a_block_narrower_than_a_cell(page, notebook
         [j * 1024 + 512, 1024],
     )
     assert got["n"] == 3000
+    box = page.locator(".gmv-seg-zoom-canvas").first.bounding_box()
+    page.mouse.move(box["x"] + got["x"] + 0.5, box["y"] + 18)
+    tip.wait_for(state="visible", timeout=5000)
+    text = tip.text_content()
+    assert f"block 0x{(1 << 32) + j * 1024:x} +{format_size(j * 1024)}: " in text, text
+    assert f"{format_size(1024)} active_allocated" in text, text
+    page.mouse.move(0, 0)
+
+    # 70,000 blocks: the zoom asks for the blocks of its window once it rests; block 69,001 lies
+    # beyond the first 65,536, so only the window's own blocks can name it
+    nb.run(2)
+    page.wait_for_function(
+        f"() => {{ const r = ({VIEW})().map.cached(0); return r && r.meta.n_blocks === 70000; }}",
+        timeout=30_000,
+    )
+    j = 69001
+    got = page.evaluate(
+        f"""([centre, size]) => {{ const m = ({VIEW})().map;
+            m.openZoom(0);
+            for (let k = 0; k < 40; k++) {{
+                const z = m.zoom, w = m.zoomCanvas.width;
+                if (size / (z.hi - z.lo) * w >= 8) break;
+                m.zoomBy(4, (centre - z.lo) / (z.hi - z.lo));
+            }}
+            const z = m.zoom, w = m.zoomCanvas.width;
+            return {{ x: Math.floor((centre - z.lo) / (z.hi - z.lo) * w) }}; }}""",
+        [j * 1024 + 512, 1024],
+    )
+    page.wait_for_function(f"() => ({VIEW})().map.zoomCanvas.dataset.exact === '1'", timeout=20_000)
+    asks = page.evaluate(
+        "() => window.__gpumemviz.log.filter(e => e.event === 'blocks').map(e => [e.lo, e.hi])"
+    )
+    assert len(asks) == 2, asks  # the 3,000-block row whole, then this zoom's resting window
     box = page.locator(".gmv-seg-zoom-canvas").first.bounding_box()
     page.mouse.move(box["x"] + got["x"] + 0.5, box["y"] + 18)
     tip.wait_for(state="visible", timeout=5000)

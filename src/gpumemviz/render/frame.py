@@ -184,6 +184,67 @@ def pack_frame(
     return Frame(content, buffers)
 
 
+def pack_blocks(
+    rows: RowTable,
+    row: int,
+    lo: int,
+    hi: int,
+    *,
+    view: str,
+    layout: int,
+    limit: int,
+    stacks: Any = None,
+) -> Frame:
+    """The exact blocks of one row that overlap bytes ``[lo, hi)`` of its segment, at most
+    ``limit`` of them from the first: the zoom of a segment too big to send whole.
+
+    The message is ``{kind: "blocks", view, layout, row, first, lo, hi, stacks}`` (``lo``,
+    ``hi``: the bytes the blocks cover) with three buffers: offset/size/requested (float64 x3),
+    state (uint8), stack index (int32, -1 none).
+    """
+    b = rows.blocks(int(row))
+    end = b["offset"] + b["size"]
+    i0 = int(np.searchsorted(end, lo, side="right"))
+    i1 = min(int(np.searchsorted(b["offset"], hi, side="left")), i0 + int(limit))
+    i1 = max(i0, i1)
+    out = np.zeros((i1 - i0, _BLOCK_FIELDS), "<f8")
+    out[:, 0], out[:, 1], out[:, 2] = b["offset"][i0:i1], b["size"][i0:i1], b["requested"][i0:i1]
+    stack_of = np.full(i1 - i0, -1, "<i4")
+    table: list[dict] = []
+    if stacks is not None:
+        room, seen = STACK_BUDGET, {}
+        for k in range(i0, i1):
+            stack = stacks.for_block(int(rows.segment[row]), k)
+            if stack is None:
+                continue
+            j = seen.get(id(stack))
+            if j is None:
+                cost = len(json.dumps(stack)) + 2
+                if cost > room:
+                    continue
+                room -= cost
+                j = seen[id(stack)] = len(table)
+                table.append(stack)
+            stack_of[k - i0] = j
+    covered = (int(b["offset"][i0]), int(end[i1 - 1])) if i1 > i0 else (int(lo), int(lo))
+    content = {
+        "kind": "blocks",
+        "view": view,
+        "layout": layout,
+        "row": int(row),
+        "first": i0,
+        "lo": covered[0],
+        "hi": covered[1],
+        "stacks": table,
+    }
+    buffers = [
+        out.tobytes(),
+        np.ascontiguousarray(b["state"][i0:i1], np.uint8).tobytes(),
+        stack_of.tobytes(),
+    ]
+    return Frame(content, buffers)
+
+
 def frame_nbytes(content: dict, buffers: list[bytes]) -> int:
     """Bytes on the wire, roughly: the buffers plus the JSON content."""
     return sum(len(b) for b in buffers) + len(json.dumps(content))

@@ -17,6 +17,7 @@ from gpumemviz.render.frame import (
     BLOCK_BYTES,
     ROW_OVERHEAD,
     Frame,
+    pack_blocks,
     pack_frame,
     row_digest,
     row_meta,
@@ -122,12 +123,31 @@ class Wire:
         above = range(first - 1, lo - 1, -1)
         return self._frames(view, v, range(first, first + count), [*below, *above], limit)
 
-    def exact_blocks(self, view: str, row: int) -> list[Frame]:
+    def exact_blocks(
+        self, view: str, row: int, lo: int | None = None, hi: int | None = None
+    ) -> list[Frame]:
         """The zoom asked for one row's exact blocks (its frame carried cells only): a frame
-        with that row and up to `EXACT_MAX_BLOCKS` blocks, from the current rows."""
+        with that row and all its blocks, from the current rows; a row of more than
+        `EXACT_MAX_BLOCKS` blocks gets a `pack_blocks` message with the blocks of the zoom's
+        byte window ``[lo, hi)`` instead (up to `EXACT_MAX_BLOCKS` of them)."""
         rows, v = self.rows, self._views.get(view)
         if rows is None or v is None or not 0 <= int(row) < rows.n_rows:
             return []
+        if int(rows.block_count[row]) > EXACT_MAX_BLOCKS:
+            lo = max(0, int(lo or 0))
+            hi = int(hi) if hi is not None else int(rows.total_size[row])
+            return [
+                pack_blocks(
+                    rows,
+                    int(row),
+                    lo,
+                    hi,
+                    view=view,
+                    layout=self.layout_version,
+                    limit=EXACT_MAX_BLOCKS,
+                    stacks=self.stacks,
+                )
+            ]
         ids = np.array([int(row)], np.int64)
         cells = encode_cells(rows, ids, v.cells)
         self._seq += 1
