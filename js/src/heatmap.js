@@ -207,7 +207,10 @@ export function createHeatmap(host, opts) {
     }
     zoomText.textContent = `segment 0x${row.meta.address.toString(16)} · ` +
       `+${formatSize(lo)} .. +${formatSize(hi)} of ${rowLabel(row.meta)}` +
-      (exact ? "" : opts.onBlocks ? " (cells: fetching the exact blocks…)" : " (cells)");
+      (exact ? "" : !opts.onBlocks ? " (cells)"
+        : part && part.src === row && asked.get(row) === `${Math.floor(lo)}-${Math.ceil(hi)}`
+          ? " (cells: more blocks here than one message carries; zoom in)"
+          : " (cells: fetching the exact blocks…)");
     let drawn = 0;
     if (exact) {
       const b = exact;

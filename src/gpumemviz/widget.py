@@ -197,6 +197,7 @@ class MemoryPanel(anywidget.AnyWidget):
         self.command_log: list[dict[str, Any]] = []  # handled commands, newest last
         self.timeline = TimelineData()
         self._recorded = False  # the timeline holds a replayed run's own series (not samples)
+        self._times_of: tuple[Any, np.ndarray | None] | None = None  # (source, its trace times)
         self._last_point: list | None = None
         self._owns_sampler = False
         self._advice_at = -float("inf")
@@ -562,7 +563,7 @@ class MemoryPanel(anywidget.AnyWidget):
         raw = getattr(source, "raw", None)
         if source is None or not isinstance(raw, dict):
             return None
-        cached = getattr(self, "_times_of", None)
+        cached = self._times_of
         if cached is not None and cached[0] is source:
             return cached[1]
         traces = raw.get("device_traces") or []
