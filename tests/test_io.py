@@ -440,6 +440,7 @@ def test_odd_values_in_a_dict_get_one_line_errors():
     cases = [
         (dict(seg, segment_type=deep), "unknown segment_type [[[[...]]]]"),
         (dict(seg, address=deep), "address is [[[[...]]]], not a 64-bit integer"),
+        (dict(seg, device=deep), "(device [[[[...]]]], 0x0): device is [[[[...]]]], not"),
         (dict(seg, segment_pool_id=deep), "segment_pool_id [[[[...]]]] is not a pair"),
         (dict(seg, blocks=[dict(block, state=deep)] * 2), "has unknown state [[[[...]]]]"),
         # equal-length lists as sizes made a 2-D column: numpy's "out is the wrong size"
@@ -497,3 +498,31 @@ def test_the_opcode_scan_refuses_bombs_before_unpickling(data, message):
     with pytest.raises(SnapshotError) as e:
         loads_restricted(data)
     assert message in str(e.value)
+
+
+def test_an_opcode_straddling_a_frame_end_is_read_as_the_scan_reads_it():
+    # fuzz-found: LONG_BINPUT's index runs past its FRAME's end; through a BytesIO the C
+    # unpickler read the index from the bytes after the frame (0x58280000: 22 GiB of memo),
+    # a parse the opcode scan did not see. Fed the whole buffer, it parses front to back like
+    # the scan (and pickletools) and stops at the same unknown opcode. Run under an
+    # address-space cap, so a regression fails instead of exhausting the machine.
+    import subprocess
+    import sys
+
+    path = str(FUZZ.parent / "io_frame_straddle_memo.pickle")
+    code = (
+        "import resource; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+        "from gpumemviz.io import loads_restricted\n"
+        "try:\n"
+        f"    loads_restricted(open({path!r}, 'rb').read())\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, e)\n"
+    )
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert (
+        out.stdout.strip() == "SnapshotError truncated or corrupt pickle (invalid load key, 'E'.)"
+    )

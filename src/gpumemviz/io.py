@@ -9,7 +9,6 @@ atomic (temp file in the same folder, fsync, rename), so a crash never leaves ha
 from __future__ import annotations
 
 import contextlib
-import io as _io
 import itertools
 import json
 import operator
@@ -65,6 +64,30 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise SnapshotError("refused persistent id: snapshot files hold only plain data")
 
 
+class _WholeInput:
+    """A file whose first read hands the unpickler all of the data at once.
+
+    The C unpickler then parses one buffer front to back, as `pickle.loads` does, which is
+    what `scan_pickle` models. Through a `BytesIO` it would not: an opcode whose argument runs
+    past the end of a FRAME makes it drop the frame's rest and read the argument from the bytes
+    after the frame (fuzz: an 8 KiB file whose LONG_BINPUT index became 0x58280000 that way,
+    22 GiB). Extra bytes from `read` stay in its buffer; later reads get nothing (truncated).
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def read(self, n: int = -1) -> bytes:
+        data, self._data = self._data, b""
+        return data
+
+    def readline(self) -> bytes:
+        return self.read()
+
+    def readinto(self, buf: Any) -> int:
+        return 0
+
+
 def loads_restricted(
     data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES, max_depth: int = DEFAULT_MAX_DEPTH
 ) -> Any:
@@ -107,7 +130,7 @@ def loads_restricted(
     scan_pickle(data)
     try:
         with no_gc():
-            obj = _RestrictedUnpickler(_io.BytesIO(data)).load()
+            obj = _RestrictedUnpickler(_WholeInput(data)).load()
     except SnapshotError:
         raise
     except (pickle.UnpicklingError, EOFError) as e:
@@ -185,9 +208,10 @@ def _unique(objs: list) -> list:
 # resize the memo to twice the index (16 bytes per index, zeroed: a 9-byte file costs 256 MiB),
 # BINBYTES/BINBYTES8/BYTEARRAY8 allocate their declared length before reading it, and EXT1/2/4
 # take a global from copyreg's extension cache without asking `find_class`. So every pickle is
-# walked opcode by opcode first. Runs of fixed-size opcodes (nearly all of a real file) are
-# matched by one regular expression, in C; Python looks only at the others (strings, the
-# dangerous ones), which keeps the walk at about half of the unpickling time on real files.
+# walked opcode by opcode first, front to back as the unpickler reads it (see `_WholeInput`).
+# Runs of fixed-size opcodes (nearly all of a real file) are matched by one regular expression,
+# in C; Python looks only at the others (strings, the dangerous ones), which keeps the walk at
+# 20-35 % of `load_snapshot` on the real files (benchmarks/snapshot_io.py, column scan).
 
 _ARG_SIZE: list[int | None] = [None] * 256  # fixed argument size, or pickletools' negative kind
 _OP_NAME: list[str] = [""] * 256

@@ -958,6 +958,7 @@ def _seg_where(segs: list, i: int) -> str:
     s = segs[i]
     if type(s) is dict:
         dev, addr = s.get("device", "?"), s.get("address")
+        dev = dev if type(dev) is int or dev == "?" else short_repr(dev)
         a = f"{addr:#x}" if type(addr) is int else short_repr(addr)
         return f"segment {i} (device {dev}, {a})"
     return f"segment {i}"
