@@ -247,10 +247,6 @@ def _fixed_run() -> re.Pattern[bytes]:
 _FIXED_RUN = _fixed_run()
 
 
-class _ScanRefusal(SnapshotError):
-    """What `scan_pickle` refuses: reported as it is, even for files not starting like a pickle."""
-
-
 def scan_pickle(data: bytes) -> None:
     """Refuse the opcodes CPython's unpickler would act on before checking them.
 
@@ -271,7 +267,7 @@ def scan_pickle(data: bytes) -> None:
         if kind is None or c == _STOP:
             return
         if c in _EXT:
-            raise _ScanRefusal(
+            raise SnapshotError(
                 f"refused global by extension code ({_OP_NAME[c]} at byte {p}): snapshot files "
                 "hold only plain data (this file may be malicious)"
             )
@@ -285,7 +281,7 @@ def scan_pickle(data: bytes) -> None:
             length = int.from_bytes(data[p + 1 : p + 1 + width], "little", signed=kind == _LEN4)
             start = p + 1 + width
             if length > n - start:
-                raise _ScanRefusal(
+                raise SnapshotError(
                     f"truncated or corrupt pickle ({_OP_NAME[c]} at byte {p} declares "
                     f"{length} bytes ({format_size(length)}), but only {max(n - start, 0)} follow)"
                 )
@@ -313,7 +309,7 @@ def _decimal(text: bytes) -> int:
 
 def _check_memo(index: int, p: int, n: int) -> None:
     if index > n:
-        raise _ScanRefusal(
+        raise SnapshotError(
             f"corrupt pickle (memo index {index} at byte {p} is beyond what a {n}-byte pickle "
             "can hold; the unpickler would allocate memory for every index below it)"
         )
@@ -360,11 +356,9 @@ def _decode(data: bytes, max_bytes: int, max_depth: int) -> Any:
     try:
         return loads_restricted(data, max_bytes=max_bytes, max_depth=max_depth)
     except SnapshotError as e:
-        if (
-            data[:1] == b"\x80"
-            or isinstance(e, _ScanRefusal)
-            or not str(e).startswith(("truncated or corrupt", "corrupt"))
-        ):
+        # A file not starting like a modern pickle is probably text: scanned as opcodes, text
+        # often looks like a memo bomb ("error" holds LONG_BINPUT "ror..."), so say what it is.
+        if data[:1] == b"\x80" or not str(e).startswith(("truncated or corrupt", "corrupt")):
             raise
         raise SnapshotError(f"not a pickle or JSON snapshot (starts with {data[:16]!r})") from None
 
