@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ._callable import make_module_callable
-from .fragmentation import fragmentation
+from .fragmentation import FIGURE_NAMES, fragmentation
 from .io import as_snapshot
 from .sites import N_TOP, live_sites
 from .snapshot import Snapshot
@@ -30,22 +30,7 @@ __all__ = [
 ]
 
 # MemoryFigures fields compared, in display order; the fragmentation ratios are floats.
-FIGURES = (
-    "reserved",
-    "allocated",
-    "active",
-    "requested",
-    "pending_free",
-    "internal_waste",
-    "free",
-    "free_trapped",
-    "releasable",
-    "largest_free",
-    "external_fragmentation",
-    "fragmentation_sq",
-    "segments",
-    "blocks",
-)
+FIGURES = FIGURE_NAMES
 _COUNTS = frozenset({"segments", "blocks"})
 _RATIOS = frozenset({"external_fragmentation", "fragmentation_sq"})
 

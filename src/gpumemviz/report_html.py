@@ -30,6 +30,7 @@ from . import advice as _advice
 from . import export as _export
 from . import fragmentation as _fragmentation
 from . import sites as _sites
+from .fragmentation import FIGURE_NAMES
 from .frames import Redactor
 from .io import as_snapshot, atomic_write
 from .render.frame import BLOCK_BYTES, ROW_OVERHEAD, pack_frame, row_meta
@@ -296,26 +297,8 @@ def _peaks(n: int, points: int, *series: np.ndarray) -> tuple[np.ndarray, ...]:
     return (starts.astype(np.float64), *(np.maximum.reduceat(s, starts) for s in series))
 
 
-_FIGURES = (
-    "reserved",
-    "allocated",
-    "active",
-    "requested",
-    "pending_free",
-    "internal_waste",
-    "free",
-    "free_trapped",
-    "releasable",
-    "largest_free",
-    "external_fragmentation",
-    "fragmentation_sq",
-    "segments",
-    "blocks",
-)
-
-
 def _device_figures(f: Any) -> dict:
-    return {k: getattr(f, k) for k in _FIGURES}
+    return {k: getattr(f, k) for k in FIGURE_NAMES}
 
 
 def _stuck(f: Any) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 from gpumemviz._callable import make_module_callable
 from gpumemviz.fragmentation.columns import _from_snapshot
 from gpumemviz.fragmentation.report import (  # N_WORST: public before the split, kept here
+    FIGURE_NAMES,
     N_WORST,
     VERDICTS,
     ConservationViolation,
@@ -36,6 +37,7 @@ from gpumemviz.fragmentation.report import (  # N_WORST: public before the split
 from gpumemviz.fragmentation.walk import _from_dict
 
 __all__ = [
+    "FIGURE_NAMES",
     "N_WORST",
     "VERDICTS",
     "ConservationViolation",

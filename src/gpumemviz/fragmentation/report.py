@@ -15,6 +15,25 @@ from ..allocator.rules import UNLIMITED
 #: How many segments `worst_segments` keeps per device (the CLI prints them all).
 N_WORST = 5
 
+#: The headline `MemoryFigures` fields, in display order (diff and the HTML report show these);
+#: the two fragmentation ratios are floats, the rest integers.
+FIGURE_NAMES = (
+    "reserved",
+    "allocated",
+    "active",
+    "requested",
+    "pending_free",
+    "internal_waste",
+    "free",
+    "free_trapped",
+    "releasable",
+    "largest_free",
+    "external_fragmentation",
+    "fragmentation_sq",
+    "segments",
+    "blocks",
+)
+
 #: `FitAnswer.verdict` values, in the order the allocator tries them (section 2.6).
 VERDICTS = (
     "cached",
