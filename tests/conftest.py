@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,18 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "real_path" in getattr(item, "fixturenames", ()):
                 item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_shared_sampler_outlives_its_test():
+    """A test that touched `gpumemviz.sampler.shared` leaves no running sampler or source thread
+    behind: a stray simulated allocator thread would skew later tests' memory and timing."""
+    yield
+    sampler_module = sys.modules.get("gpumemviz.sampler")
+    if sampler_module is None:
+        return
+    with sampler_module._SHARED_LOCK:
+        left = list(sampler_module._SHARED.values())
+        sampler_module._SHARED.clear()
+    for sampler in left:
+        sampler.close()
