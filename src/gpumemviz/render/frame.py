@@ -85,6 +85,28 @@ def row_digest(rows: RowTable, row: int, cells: np.ndarray, meta: np.ndarray) ->
     )
 
 
+class _StackTable:
+    """The allocation stacks one message carries, each once, within a byte budget; blocks refer
+    to them by index (-1: no stack, or it did not fit)."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.stacks: list[dict] = []
+        self._index: dict[int, int] = {}
+
+    def index(self, stack: Any) -> int:
+        """The stack's index, adding it while the budget lasts; -1 once it does not fit."""
+        k = self._index.get(id(stack))
+        if k is None:
+            cost = len(json.dumps(stack)) + 2
+            if cost > self.room:
+                return -1
+            self.room -= cost
+            k = self._index[id(stack)] = len(self.stacks)
+            self.stacks.append(stack)
+        return k
+
+
 def pack_frame(
     rows: RowTable,
     ids: np.ndarray,
@@ -143,24 +165,13 @@ def pack_frame(
             blocks[lo:hi, 2] = b["requested"]
             states[lo:hi] = b["state"]
     stack_of = np.full(int(index[-1]), -1, "<i4")
-    table: list[dict] = []
+    table = _StackTable(min(STACK_BUDGET, max(0, hover_budget - used)))
     if stacks is not None and len(stack_of):
-        room = min(STACK_BUDGET, max(0, hover_budget - used))
-        seen: dict[int, int] = {}
         for j, r in enumerate(ids):
             for b in range(int(counts[j])):
                 stack = stacks.for_block(int(rows.segment[r]), b)
-                if stack is None:
-                    continue
-                k = seen.get(id(stack))
-                if k is None:
-                    cost = len(json.dumps(stack)) + 2
-                    if cost > room:
-                        continue
-                    room -= cost
-                    k = seen[id(stack)] = len(table)
-                    table.append(stack)
-                stack_of[int(index[j]) + b] = k
+                if stack is not None:
+                    stack_of[int(index[j]) + b] = table.index(stack)
     content = {
         "kind": "frame",
         "format": FRAME_FORMAT,
@@ -170,7 +181,7 @@ def pack_frame(
         "rows": len(ids),
         "cells": int(n_cells),
         "blocks": int(index[-1]),
-        "stacks": table,
+        "stacks": table.stacks,
     }
     buffers = [
         ids.astype("<u4").tobytes(),
@@ -210,22 +221,12 @@ def pack_blocks(
     out = np.zeros((i1 - i0, _BLOCK_FIELDS), "<f8")
     out[:, 0], out[:, 1], out[:, 2] = b["offset"][i0:i1], b["size"][i0:i1], b["requested"][i0:i1]
     stack_of = np.full(i1 - i0, -1, "<i4")
-    table: list[dict] = []
+    table = _StackTable(STACK_BUDGET)
     if stacks is not None:
-        room, seen = STACK_BUDGET, {}
         for k in range(i0, i1):
             stack = stacks.for_block(int(rows.segment[row]), k)
-            if stack is None:
-                continue
-            j = seen.get(id(stack))
-            if j is None:
-                cost = len(json.dumps(stack)) + 2
-                if cost > room:
-                    continue
-                room -= cost
-                j = seen[id(stack)] = len(table)
-                table.append(stack)
-            stack_of[k - i0] = j
+            if stack is not None:
+                stack_of[k - i0] = table.index(stack)
     covered = (int(b["offset"][i0]), int(end[i1 - 1])) if i1 > i0 else (int(lo), int(lo))
     content = {
         "kind": "blocks",
@@ -235,7 +236,7 @@ def pack_blocks(
         "first": i0,
         "lo": covered[0],
         "hi": covered[1],
-        "stacks": table,
+        "stacks": table.stacks,
     }
     buffers = [
         out.tobytes(),
