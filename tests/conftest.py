@@ -63,3 +63,27 @@ def _no_shared_sampler_outlives_its_test():
         sampler_module._SHARED.clear()
     for sampler in left:
         sampler.close()
+
+
+def random_expandable_model(seed: int, pending: float):
+    """The allocator model after 60 random mallocs and frees on streams 0 and 7 in expandable
+    mode; a `pending` share of the frees was used on stream 9 first, so it waits on an event."""
+    import numpy as np
+
+    from gpumemviz.allocator.model import CachingAllocator
+
+    mib = 1 << 20
+    rng = np.random.default_rng(seed)
+    m = CachingAllocator(1 << 40, "expandable_segments:True", device_total=1 << 44)
+    live: list[int] = []
+    for _ in range(60):
+        if live and rng.random() < 0.4:
+            addr = live.pop(int(rng.integers(len(live))))
+            if rng.random() < pending:
+                m.record_stream(addr, 9)
+            m.free(addr)
+        else:
+            size = int(rng.choice([600, 300_000, 3 * mib, 7 * mib, 25 * mib, 61 * mib]))
+            size += int(rng.integers(0, 1 << 19))
+            live.append(m.malloc(size, int(rng.choice([0, 7]))))
+    return m

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from torch.cuda import _memory_viz
 
-from conftest import read_real
+from conftest import random_expandable_model, read_real
 from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
 from gpumemviz.allocator.rules import allocation_size, round_size
 from gpumemviz.fragmentation import VERDICTS, FragmentationReport, fragmentation
@@ -538,20 +538,7 @@ def test_flush_unmaps_the_tail_it_would_grow():
 
 def _random_expandable_state(seed: int) -> dict:
     """A model driven by random mallocs, frees and cross-stream frees (pending), no flushes."""
-    rng = np.random.default_rng(seed)
-    m = CachingAllocator(1 << 40, "expandable_segments:True", device_total=1 << 44)
-    live: list[int] = []
-    for _ in range(60):
-        if live and rng.random() < 0.4:
-            addr = live.pop(int(rng.integers(len(live))))
-            if rng.random() < 0.3:
-                m.record_stream(addr, 9)
-            m.free(addr)
-        else:
-            size = int(rng.choice([600, 300_000, 3 * MIB, 7 * MIB, 25 * MIB, 61 * MIB]))
-            size += int(rng.integers(0, 1 << 19))
-            live.append(m.malloc(size, int(rng.choice([0, 7]))))
-    return m.snapshot(include_traces=False)
+    return random_expandable_model(seed, pending=0.3).snapshot(include_traces=False)
 
 
 @pytest.mark.parametrize("seed", range(12))

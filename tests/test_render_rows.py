@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import random_expandable_model
 from gpumemviz.render.rows import (
     CELL_NO_DATA,
     KIND_ALLOCATED,
@@ -260,21 +261,7 @@ def test_cells_conserve_the_allocated_fraction(segments, cells):
 def _random_model_state(seed: int):
     """The allocator model after random mallocs, frees and cross-stream frees (pending) in
     expandable mode; returns the model and its snapshot."""
-    from gpumemviz.allocator.model import CachingAllocator
-
-    rng = np.random.default_rng(seed)
-    m = CachingAllocator(1 << 40, "expandable_segments:True", device_total=1 << 44)
-    live: list[int] = []
-    for _ in range(60):
-        if live and rng.random() < 0.4:
-            addr = live.pop(int(rng.integers(len(live))))
-            if rng.random() < 0.4:
-                m.record_stream(addr, 9)
-            m.free(addr)
-        else:
-            size = int(rng.choice([600, 300_000, 3 * MiB, 7 * MiB, 25 * MiB, 61 * MiB]))
-            size += int(rng.integers(0, 1 << 19))
-            live.append(m.malloc(size, int(rng.choice([0, 7]))))
+    m = random_expandable_model(seed, pending=0.4)
     return m, m.snapshot(include_traces=False)
 
 
