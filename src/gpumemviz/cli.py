@@ -321,14 +321,19 @@ def add_report(sub: Any) -> None:
         description="Write one HTML file with everything inlined (segment map, timeline, "
         "fragmentation, advice, top allocation sites); it opens with the network off.",
     )
+    _add_sharing_args(p, "the HTML file to write")
+    p.set_defaults(run=run_report)
+
+
+def _add_sharing_args(p: argparse.ArgumentParser, output_help: str) -> None:
+    """FILE, -o OUTPUT and --redact-paths: what every command that writes a file to share takes."""
     p.add_argument("file", type=Path, help="snapshot file")
-    p.add_argument("-o", "--output", type=Path, required=True, help="the HTML file to write")
+    p.add_argument("-o", "--output", type=Path, required=True, help=output_help)
     p.add_argument(
         "--redact-paths",
         action="store_true",
-        help="replace home directories and user names in frames first",
+        help="replace home directories and user names in every string first",
     )
-    p.set_defaults(run=run_report)
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -352,18 +357,12 @@ def add_export(sub: Any) -> None:
         description="Export a snapshot for sharing: a protocol-4 pickle with the full trace "
         "(PyTorch's tools accept it), JSON, or a CSV with one row per trace entry.",
     )
-    p.add_argument("file", type=Path, help="snapshot file")
-    p.add_argument("-o", "--output", type=Path, required=True, help="the file to write")
+    _add_sharing_args(p, "the file to write")
     p.add_argument(
         "--format",
         choices=("pickle", "json", "csv"),
         default=None,
         help="default: from the output's suffix (.json, .csv; anything else pickle)",
-    )
-    p.add_argument(
-        "--redact-paths",
-        action="store_true",
-        help="replace home directories and user names in every string first",
     )
     p.add_argument("--device", type=int, default=None, help="CSV: only this device's trace")
     p.set_defaults(run=run_export)
