@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .reduce import _Columns, _reduce
+from .reduce import _block_sums, _Columns, _reduce
 from .report import FragmentationReport
 
 
@@ -29,6 +29,7 @@ def _from_snapshot(snap: Any) -> FragmentationReport:
         offsets = excl - excl[start[seg_of]]
     fsel = np.flatnonzero(state == 0)
     psel = np.flatnonzero(state == 2)
+    free_segment, pend_segment = seg_of[fsel], seg_of[psel]
     cols = _Columns(
         device=np.asarray(sg.device, dtype=np.int64),
         address=np.asarray(sg.address, dtype=np.int64),
@@ -40,10 +41,11 @@ def _from_snapshot(snap: Any) -> FragmentationReport:
         is_small=np.asarray(sg.is_small, dtype=bool),
         is_expandable=np.asarray(sg.is_expandable, dtype=bool),
         pool_id=np.asarray(sg.pool_id, dtype=np.int64).reshape(n, 2),
-        free_segment=seg_of[fsel],
+        **_block_sums(free_segment, size[fsel], pend_segment, size[psel], n),
+        free_segment=free_segment,
         free_offset=offsets[fsel],
         free_size=size[fsel],
-        pend_segment=seg_of[psel],
+        pend_segment=pend_segment,
         pend_offset=offsets[psel],
         pend_size=size[psel],
     )

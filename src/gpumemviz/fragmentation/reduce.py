@@ -25,7 +25,8 @@ from .report import (
 
 @dataclass(frozen=True)
 class _Columns:
-    """What both paths extract: segment columns plus the non-allocated blocks, in file order."""
+    """What both paths extract: per-segment columns (sums over each segment's blocks included)
+    plus the inactive and pending-free blocks, in file order."""
 
     device: np.ndarray
     address: np.ndarray
@@ -37,12 +38,42 @@ class _Columns:
     is_small: np.ndarray
     is_expandable: np.ndarray
     pool_id: np.ndarray
+    free: np.ndarray  # per segment: sum, largest and count of inactive blocks
+    largest_free: np.ndarray
+    n_free: np.ndarray
+    free_sq: np.ndarray  # f64: the exact sum of squared inactive sizes, rounded once
+    pending_free: np.ndarray  # per segment: sum and count of active_pending_free blocks
+    n_pending: np.ndarray
     free_segment: np.ndarray  # inactive blocks: segment row, offset in segment, size
     free_offset: np.ndarray
     free_size: np.ndarray
     pend_segment: np.ndarray  # active_pending_free blocks, the same way
     pend_offset: np.ndarray
     pend_size: np.ndarray
+    releasable: np.ndarray | None = None  # per segment, where a path computed it already
+
+
+def _block_sums(
+    free_segment: np.ndarray,
+    free_size: np.ndarray,
+    pend_segment: np.ndarray,
+    pend_size: np.ndarray,
+    n: int,
+) -> dict[str, np.ndarray]:
+    """The per-segment block sums of `_Columns`, from the block lists (the numpy paths)."""
+    fstarts = _starts(free_segment)
+    pstarts = _starts(pend_segment)
+    ones = np.ones(len(free_segment), dtype=np.int64)
+    return {
+        "free": _group(free_segment, fstarts, free_size, n, np.add),
+        "largest_free": _group(free_segment, fstarts, free_size, n, np.maximum),
+        "n_free": _group(free_segment, fstarts, ones, n, np.add),
+        "free_sq": _free_sq(free_segment, fstarts, free_size, n),
+        "pending_free": _group(pend_segment, pstarts, pend_size, n, np.add),
+        "n_pending": _group(
+            pend_segment, pstarts, np.ones(len(pend_segment), dtype=np.int64), n, np.add
+        ),
+    }
 
 
 def _settings(settings: Any) -> tuple[AllocatorConfig, bool]:
@@ -113,30 +144,34 @@ def _free_sq(seg: np.ndarray, starts: np.ndarray, size: np.ndarray, n: int) -> n
     return np.array([float(v) for v in out], dtype=np.float64)
 
 
-def _reduce(cols: _Columns, settings: Any, devices: tuple[int, ...]) -> FragmentationReport:
-    config, expandable_mode = _settings(settings)
+def _reduce(
+    cols: _Columns,
+    settings: Any,
+    devices: tuple[int, ...],
+    parsed: tuple[AllocatorConfig, bool] | None = None,
+) -> FragmentationReport:
+    """The report; `parsed` is `_settings(settings)` where the caller needed it already."""
+    config, expandable_mode = parsed or _settings(settings)
     n = len(cols.total_size)
     if not expandable_mode and not isinstance(settings, Mapping):
         expandable_mode = bool(cols.is_expandable.any())
-    fseg, fsize = cols.free_segment, cols.free_size
-    fstarts = _starts(fseg)
-    free = _group(fseg, fstarts, fsize, n, np.add)
-    pend = _group(cols.pend_segment, _starts(cols.pend_segment), cols.pend_size, n, np.add)
-    # Whole segments come back when nothing in them is allocated (empty_cache syncs first).
-    releasable = np.where(cols.allocated == 0, cols.total_size, 0)
-    for row in np.flatnonzero(cols.is_expandable).tolist():
-        page = page_size(bool(cols.is_small[row]), config.large_segment_size)
-        releasable[row] = _expandable_releasable(cols, row, page)
+    releasable = cols.releasable
+    if releasable is None:
+        # Whole segments come back when nothing in them is allocated (empty_cache syncs first)
+        releasable = np.where(cols.allocated == 0, cols.total_size, 0)
+        for row in np.flatnonzero(cols.is_expandable).tolist():
+            page = page_size(bool(cols.is_small[row]), config.large_segment_size)
+            releasable[row] = _expandable_releasable(cols, row, page)
     c = SegmentFigures(
         device=cols.device,
         address=cols.address,
         total_size=cols.total_size,
         allocated=cols.allocated,
-        pending_free=pend,
+        pending_free=cols.pending_free,
         requested=cols.requested,
-        free=free,
-        largest_free=_group(fseg, fstarts, fsize, n, np.maximum),
-        free_sq=_free_sq(fseg, fstarts, fsize, n),
+        free=cols.free,
+        largest_free=cols.largest_free,
+        free_sq=cols.free_sq,
         releasable=releasable,
         n_blocks=cols.n_blocks,
         stream=cols.stream,
@@ -163,19 +198,19 @@ def _reduce(cols: _Columns, settings: Any, devices: tuple[int, ...]) -> Fragment
             rel_default,
             releasable - rel_default,
             np.where(c.is_expandable & default_pool, stuck, 0),
+            cols.n_free,
+            cols.n_pending,
         ]
     )
     by_device: dict[int, MemoryFigures] = {}
     if len(dev_ids) == 1:
-        kw = _figures(c, cols, None, sums, conserved, stuck)
+        kw = _figures(c, None, sums, conserved, stuck)
         by_device[dev_ids[0]] = MemoryFigures(device=dev_ids[0], **kw)
         total = MemoryFigures(device=None, **kw)
     else:
         for d in dev_ids:
             rows = np.flatnonzero(c.device == d)
-            by_device[d] = MemoryFigures(
-                device=d, **_figures(c, cols, rows, sums, conserved, stuck)
-            )
+            by_device[d] = MemoryFigures(device=d, **_figures(c, rows, sums, conserved, stuck))
         total = _total(list(by_device.values()), c)
     return FragmentationReport(
         total=total,
@@ -226,7 +261,6 @@ def _blocks_of(
 
 def _figures(
     c: SegmentFigures,
-    cols: _Columns,
     rows: np.ndarray | None,
     sums: np.ndarray,
     conserved: np.ndarray,
@@ -237,17 +271,24 @@ def _figures(
         col = sums.sum(axis=1).tolist()
         lfree = c.largest_free
         sumsq = float(c.free_sq.sum())
-        n_free_blocks = len(cols.free_segment)
-        n_pending = len(cols.pend_segment)
     else:
         col = sums[:, rows].sum(axis=1).tolist()
         lfree = c.largest_free[rows]
         sumsq = float(c.free_sq[rows].sum())
-        in_dev = np.zeros(len(c), dtype=bool)
-        in_dev[rows] = True
-        n_free_blocks = int(in_dev[cols.free_segment].sum())
-        n_pending = int(in_dev[cols.pend_segment].sum())
-    reserved, allocated, pending, free, requested, n_blocks, trapped, rel, rel_private, sliver = col
+    (
+        reserved,
+        allocated,
+        pending,
+        free,
+        requested,
+        n_blocks,
+        trapped,
+        rel,
+        rel_private,
+        sliver,
+        n_free_blocks,
+        n_pending,
+    ) = col
     largest = int(lfree.max()) if len(lfree) else 0
     return {
         "reserved": reserved,

@@ -1,16 +1,35 @@
-"""The dict path: one pass per segment over a torch dict, locals only, no per-block calls."""
+"""The dict path: one pass over a torch dict's blocks, in C where the extension is built.
+
+`_cwalk` (compiled from _cwalk.c by hatch_build.py) reads plain torch >= 2.1 dicts and returns
+finished per-segment columns; anything else (no extension, older or hand-made files, bad
+values) goes through the Python walks here, which give the same columns and name what is wrong.
+"""
 
 from __future__ import annotations
 
+import os
 from array import array
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from ..allocator.rules import K_SMALL_BUFFER
-from .reduce import _Columns, _group, _reduce, _starts
+from ..allocator.config import AllocatorConfig
+from ..allocator.rules import K_SMALL_BUFFER, page_size
+from .reduce import _block_sums, _Columns, _group, _reduce, _settings, _starts
 from .report import FragmentationReport
+
+#: What `_cwalk.VERSION` must say: a library compiled from an older _cwalk.c is not used.
+C_WALK_VERSION = 1
+
+try:
+    from . import _cwalk
+except ImportError:  # no C compiler at install time: the Python walk gives the same report
+    _cwalk = None
+if _cwalk is not None and (
+    getattr(_cwalk, "VERSION", None) != C_WALK_VERSION or os.environ.get("GPUMEMVIZ_NO_C")
+):
+    _cwalk = None  # stale (rebuild: python hatch_build.py), or switched off on purpose
 
 _ALLOCATED = "active_allocated"
 _INACTIVE = "inactive"
@@ -18,11 +37,93 @@ _PENDING = "active_pending_free"
 
 
 def _from_dict(segs: list, settings: Any, traced: tuple[int, ...]) -> FragmentationReport:
+    parsed = _settings(settings)
+    cols = _columns_c(segs, parsed[0]) if _cwalk is not None else None
+    if cols is None:
+        cols = _columns_python(segs)
+    return _reduce(cols, settings, traced, parsed)
+
+
+# the columns of _cwalk.c's seg_cols, in its COL_* order
+_C_COLUMNS = (
+    "requested",
+    "address",
+    "total_size",
+    "n_blocks",
+    "allocated",
+    "free",
+    "pending_free",
+    "largest_free",
+    "n_free",
+    "n_pending",
+    "releasable",
+    "flags",
+)
+_FLAG_SMALL, _FLAG_ODD = 1, 2
+
+
+def _columns_c(segs: Any, config: AllocatorConfig) -> _Columns | None:
+    """The C walk's columns, or None where it leaves the file to the Python walk.
+
+    Like the Python walk it reads plain torch >= 2.1 dicts first, and, where that fails, walks
+    again the careful way (torch 2.0 `history`, absent optional keys); the first block decides.
+    """
+    try:
+        careful = bool(segs) and _legacy(segs)
+    except (KeyError, TypeError, IndexError):
+        return None  # the Python walk names what is wrong
+    pages = (page_size(True), page_size(False, config.large_segment_size))
+    walked = _cwalk.walk(segs, *pages, careful)
+    if walked is None and not careful:
+        walked = _cwalk.walk(segs, *pages, True)
+    if walked is None:
+        return None
+    seg_cols, free_sq, *blocks = walked
+    n = len(segs)
+    columns = np.frombuffer(seg_cols, np.int64).reshape(len(_C_COLUMNS), n)
+    per = dict(zip(_C_COLUMNS, columns, strict=True))
+    flags = per.pop("flags")
+    free_seg, free_off, free_size, pend_seg, pend_off, pend_size = (
+        np.frombuffer(b, np.int64) for b in blocks
+    )
+    return _Columns(
+        **per,
+        **_rare_columns(segs, np.flatnonzero(flags & _FLAG_ODD).tolist()),
+        is_small=(flags & _FLAG_SMALL).astype(bool),
+        free_sq=np.frombuffer(free_sq, np.float64),
+        free_segment=free_seg,
+        free_offset=free_off,
+        free_size=free_size,
+        pend_segment=pend_seg,
+        pend_offset=pend_off,
+        pend_size=pend_size,
+    )
+
+
+def _rare_columns(segs: list, odd: list[int]) -> dict[str, np.ndarray]:
+    """device, stream, is_expandable and pool_id: defaults, read again in the `odd` rows."""
+    n = len(segs)
+    device = np.zeros(n, dtype=np.int64)
+    stream = np.zeros(n, dtype=np.int64)
+    is_exp = np.zeros(n, dtype=bool)
+    pool_id = np.zeros((n, 2), dtype=np.int64)
+    if odd:  # rows with a device, stream, expandable flag or pool other than the default
+        try:
+            rows = np.array(odd, dtype=np.int64)
+            device[rows] = [segs[i].get("device") or 0 for i in odd]
+            stream[rows] = [segs[i].get("stream") or 0 for i in odd]
+            is_exp[rows] = [bool(segs[i].get("is_expandable")) for i in odd]
+            pool_id[rows] = [tuple(segs[i].get("segment_pool_id") or (0, 0)) for i in odd]
+        except (ValueError, OverflowError, TypeError) as e:
+            raise _error(segs, f"a value is not a 64-bit integer ({e})") from None
+    return {"device": device, "stream": stream, "is_expandable": is_exp, "pool_id": pool_id}
+
+
+def _columns_python(segs: list) -> _Columns:
     try:
         if not isinstance(segs, list):
             raise TypeError("'segments' is not a list")
-        legacy = segs and segs[0]["blocks"] and "frames" not in segs[0]["blocks"][0]
-        walked = _walk_careful(segs) if legacy else _walk_fast(segs)
+        walked = _walk_careful(segs) if segs and _legacy(segs) else _walk_fast(segs)
     except _BadState as e:
         raise _error(segs, f"unknown block state {e.args[0]!r}") from None
     except (KeyError, TypeError, AttributeError, OverflowError):
@@ -33,19 +134,9 @@ def _from_dict(segs: list, settings: Any, traced: tuple[int, ...]) -> Fragmentat
     n = len(segs)
     try:
         flat = np.frombuffer(per_seg, np.int64)
-        per = flat[:-1].reshape(n, _PER_SEG)
-        device = np.zeros(n, dtype=np.int64)
-        stream = np.zeros(n, dtype=np.int64)
-        is_exp = np.zeros(n, dtype=bool)
-        pool_id = np.zeros((n, 2), dtype=np.int64)
-        if odd:  # rows with a device, stream, expandable flag or pool other than the default
-            rows = np.array(odd, dtype=np.int64)
-            device[rows] = [segs[i].get("device") or 0 for i in odd]
-            stream[rows] = [segs[i].get("stream") or 0 for i in odd]
-            is_exp[rows] = [bool(segs[i].get("is_expandable")) for i in odd]
-            pool_id[rows] = [tuple(segs[i].get("segment_pool_id") or (0, 0)) for i in odd]
     except (ValueError, OverflowError, TypeError) as e:
         raise _error(segs, f"a value is not a 64-bit integer ({e})") from None
+    per = flat[:-1].reshape(n, _PER_SEG)
     is_small = np.zeros(n, dtype=bool)
     is_small[smalls] = True
     seg_start = flat[4:-1:_PER_SEG]
@@ -57,21 +148,24 @@ def _from_dict(segs: list, settings: Any, traced: tuple[int, ...]) -> Fragmentat
     for part in (free, pend):
         seg, size = part["segment"], part["size"]
         allocated -= _group(seg, _starts(seg), size, n, np.add)
-    cols = _Columns(
-        device=device,
+    return _Columns(
+        **_rare_columns(segs, odd),
         address=per[:, 1],
         total_size=per[:, 2],
         allocated=allocated,
         requested=per[:, 0],
         n_blocks=per[:, 3],
-        stream=stream,
         is_small=is_small,
-        is_expandable=is_exp,
-        pool_id=pool_id,
+        **_block_sums(free["segment"], free["size"], pend["segment"], pend["size"], n),
         **{f"free_{k}": v for k, v in free.items()},
         **{f"pend_{k}": v for k, v in pend.items()},
     )
-    return _reduce(cols, settings, traced)
+
+
+def _legacy(segs: list) -> bool:
+    """A torch 2.0 file: blocks carry `history`, not `frames` (the first block decides)."""
+    blocks = segs[0]["blocks"]
+    return bool(blocks) and "frames" not in blocks[0]
 
 
 _Walked = tuple[array, array, array, list[int], list[int]]
