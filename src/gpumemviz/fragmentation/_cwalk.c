@@ -21,12 +21,17 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The first SUM_COLS columns are reduce.SUM_ROWS in its order: a device's figures are their sums */
 enum {
-    COL_REQUESTED, COL_ADDRESS, COL_TOTAL_SIZE, COL_N_BLOCKS, COL_ALLOCATED, COL_FREE,
-    COL_PENDING, COL_LARGEST_FREE, COL_N_FREE, COL_N_PENDING, COL_RELEASABLE, COL_FLAGS,
-    SEG_COLS
+    COL_TOTAL_SIZE, COL_ALLOCATED, COL_PENDING, COL_FREE, COL_REQUESTED, COL_N_BLOCKS,
+    COL_TRAPPED, COL_RELEASABLE_DEFAULT, COL_RELEASABLE_PRIVATE, COL_STUCK_EXPANDABLE,
+    COL_N_FREE, COL_N_PENDING, SUM_COLS,
+    COL_ADDRESS = SUM_COLS, COL_LARGEST_FREE, COL_RELEASABLE, COL_STUCK, COL_FLAGS, COL_DEVICE,
+    COL_STREAM, COL_POOL_A, COL_POOL_B, SEG_COLS
 };
-enum { FLAG_SMALL = 1, FLAG_ODD = 2 }; /* odd: a device, stream, pool or expandable flag */
+/* odd: a device, stream, pool or expandable flag other than the default;
+   broken: the blocks do not add up to total_size */
+enum { FLAG_SMALL = 1, FLAG_ODD = 2, FLAG_BROKEN = 4, FLAG_EXPANDABLE = 8 };
 
 #define SMALL_BUFFER ((int64_t)2 << 20) /* kSmallBuffer: the size of small-pool segments */
 #define MAX_SIZE ((int64_t)1 << 48)   /* sizes above this go to the Python walk */
@@ -76,11 +81,6 @@ static int ascii_equals(PyObject *s, const char *text, Py_ssize_t n) {
            PyUnicode_GET_LENGTH(s) == n && memcmp(PyUnicode_DATA(s), text, (size_t)n) == 0;
 }
 
-static int is_zero_int(PyObject *v) {
-    int overflow = 0;
-    return PyLong_CheckExact(v) && PyLong_AsLongLongAndOverflow(v, &overflow) == 0 && !overflow;
-}
-
 /* A key the careful walk may miss (torch 2.0, bare lists): NULL in *out when it is absent and
    `optional`; REFUSE when it is absent otherwise. */
 static int lookup(PyObject *dict, PyObject *key, int optional, PyObject **out) {
@@ -98,23 +98,36 @@ static int read_optional_int(PyObject *dict, PyObject *key, int optional, int64_
     return v ? read_int(dict, key, out) : OK;
 }
 
-/* walk.py's test for rows it must read again: device, stream or is_expandable set, or a
-   segment_pool_id other than (0, 0) (any other shape is read again too). In the careful mode
-   (the Python walk's `_walk_careful`), absent keys take their defaults. */
-static int read_odd(PyObject *seg, int careful, int *odd, int *expandable) {
-    int64_t device, stream;
-    int rc = read_optional_int(seg, k_device, careful, &device);
+/* Where a segment lives: device, stream, expandable flag and private pool id (a tuple or list
+   of two ints; (0, 0) is the default pool). In the careful mode (the Python walk's
+   `_walk_careful`), absent keys take their defaults. */
+typedef struct {
+    int64_t device, stream, pool[2];
+    int expandable;
+} place_t;
+
+static int read_place(PyObject *seg, int careful, place_t *p) {
+    int rc = read_optional_int(seg, k_device, careful, &p->device);
     if (rc != OK) return rc;
-    if ((rc = read_optional_int(seg, k_stream, careful, &stream)) != OK) return rc;
+    if ((rc = read_optional_int(seg, k_stream, careful, &p->stream)) != OK) return rc;
     PyObject *exp, *pool;
     if ((rc = lookup(seg, k_is_expandable, careful, &exp)) != OK) return rc;
     if (exp && exp != Py_True && exp != Py_False) return REFUSE;
+    p->expandable = exp == Py_True;
     if ((rc = lookup(seg, k_segment_pool_id, careful, &pool)) != OK) return rc;
-    int default_pool = !pool || (PyTuple_CheckExact(pool) && PyTuple_GET_SIZE(pool) == 2 &&
-                                 is_zero_int(PyTuple_GET_ITEM(pool, 0)) &&
-                                 is_zero_int(PyTuple_GET_ITEM(pool, 1)));
-    *expandable = exp == Py_True;
-    *odd = device != 0 || stream != 0 || *expandable || !default_pool;
+    p->pool[0] = p->pool[1] = 0;
+    if (pool) {
+        if (!(PyTuple_CheckExact(pool) || PyList_CheckExact(pool)) || Py_SIZE(pool) != 2)
+            return REFUSE;
+        for (int i = 0; i < 2; i++) {
+            PyObject *v = PySequence_Fast_GET_ITEM(pool, i);
+            int overflow = 0;
+            if (!PyLong_CheckExact(v)) return REFUSE;
+            p->pool[i] = PyLong_AsLongLongAndOverflow(v, &overflow);
+            if (overflow) return REFUSE;
+            if (p->pool[i] == -1 && PyErr_Occurred()) return ERROR;
+        }
+    }
     return OK;
 }
 
@@ -146,7 +159,7 @@ static int read_requested(PyObject *b, int careful, int64_t size, int64_t *out) 
 
 typedef struct {
     Py_ssize_t n;
-    int careful;                    /* the careful mode: see read_odd and read_requested */
+    int careful;                    /* the careful mode: see read_place and read_requested */
     int64_t small_page, large_page; /* mapping granularity of expandable segments */
     int64_t pages[2];               /* the last segment's whole free pages: small, large */
     int64_t *cols;   /* SEG_COLS * n */
@@ -263,23 +276,40 @@ static int walk_segment(walk_t *w, Py_ssize_t row, PyObject *seg) {
     int64_t address, total;
     if ((rc = read_int(seg, k_address, &address)) != OK) return rc;
     if ((rc = read_int(seg, k_total_size, &total)) != OK) return rc;
+    if (total < 0 || total > MAX_TOTAL) return REFUSE;
     PyObject *type;
     if ((rc = lookup(seg, k_segment_type, w->careful, &type)) != OK) return rc;
-    int odd = 0, expandable = 0;
-    if ((rc = read_odd(seg, w->careful, &odd, &expandable)) != OK) return rc;
-    Py_ssize_t n = w->n;
+    place_t place;
+    if ((rc = read_place(seg, w->careful, &place)) != OK) return rc;
+    int expandable = place.expandable, default_pool = !place.pool[0] && !place.pool[1];
+    int odd = place.device || place.stream || expandable || !default_pool;
     /* without a segment_type (torch 2.0), small segments are the 2 MiB ones */
     int small = type && type != Py_None ? ascii_equals(type, "small", 5) : total == SMALL_BUFFER;
+    Py_ssize_t n = w->n;
     int64_t *c = w->cols;
-    c[COL_ADDRESS * n + row] = address;
-    c[COL_TOTAL_SIZE * n + row] = total;
-    c[COL_FLAGS * n + row] = (small ? FLAG_SMALL : 0) | (odd ? FLAG_ODD : 0);
+#define AT(col) c[(col) * n + row]
+    int64_t alloc = AT(COL_ALLOCATED), free = AT(COL_FREE), pend = AT(COL_PENDING);
     /* what empty_cache returns: whole segments with nothing allocated (it syncs pending frees
        first), or the whole free pages of an expandable segment */
-    if (expandable)
-        c[COL_RELEASABLE * n + row] = w->pages[small ? 0 : 1];
-    else
-        c[COL_RELEASABLE * n + row] = c[COL_ALLOCATED * n + row] == 0 ? total : 0;
+    int64_t releasable = expandable ? w->pages[small ? 0 : 1] : (alloc == 0 ? total : 0);
+    int64_t stuck = free + pend - releasable;
+    if (stuck < 0) stuck = 0;
+    AT(COL_TOTAL_SIZE) = total;
+    AT(COL_TRAPPED) = alloc > 0 && !expandable ? free : 0;
+    AT(COL_RELEASABLE_DEFAULT) = default_pool ? releasable : 0;
+    AT(COL_RELEASABLE_PRIVATE) = default_pool ? 0 : releasable;
+    AT(COL_STUCK_EXPANDABLE) = expandable && default_pool ? stuck : 0;
+    AT(COL_ADDRESS) = address;
+    AT(COL_RELEASABLE) = releasable;
+    AT(COL_STUCK) = stuck;
+    AT(COL_FLAGS) = (small ? FLAG_SMALL : 0) | (odd ? FLAG_ODD : 0) |
+                    (alloc + pend + free != total ? FLAG_BROKEN : 0) |
+                    (expandable ? FLAG_EXPANDABLE : 0);
+    AT(COL_DEVICE) = place.device;
+    AT(COL_STREAM) = place.stream;
+    AT(COL_POOL_A) = place.pool[0];
+    AT(COL_POOL_B) = place.pool[1];
+#undef AT
     return OK;
 }
 
@@ -358,7 +388,7 @@ PyMODINIT_FUNC PyInit__cwalk(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     /* walk.py checks both: VERSION changes with the contract, SEG_COLS with the columns */
-    if (PyModule_AddIntConstant(m, "VERSION", 1) < 0) return NULL;
+    if (PyModule_AddIntConstant(m, "VERSION", 3) < 0) return NULL;
     if (PyModule_AddIntConstant(m, "SEG_COLS", SEG_COLS) < 0) return NULL;
 #define KEY(var, text) \
     if (!(var = PyUnicode_InternFromString(text))) return NULL

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .reduce import _block_sums, _Columns, _reduce
+from .reduce import _columns, _reduce, _settings
 from .report import FragmentationReport
 
 
@@ -30,7 +30,8 @@ def _from_snapshot(snap: Any) -> FragmentationReport:
     fsel = np.flatnonzero(state == 0)
     psel = np.flatnonzero(state == 2)
     free_segment, pend_segment = seg_of[fsel], seg_of[psel]
-    cols = _Columns(
+    parsed = _settings(snap.allocator_settings)
+    cols = _columns(
         device=np.asarray(sg.device, dtype=np.int64),
         address=np.asarray(sg.address, dtype=np.int64),
         total_size=np.asarray(sg.total_size, dtype=np.int64),
@@ -41,15 +42,15 @@ def _from_snapshot(snap: Any) -> FragmentationReport:
         is_small=np.asarray(sg.is_small, dtype=bool),
         is_expandable=np.asarray(sg.is_expandable, dtype=bool),
         pool_id=np.asarray(sg.pool_id, dtype=np.int64).reshape(n, 2),
-        **_block_sums(free_segment, size[fsel], pend_segment, size[psel], n),
         free_segment=free_segment,
         free_offset=offsets[fsel],
         free_size=size[fsel],
         pend_segment=pend_segment,
         pend_offset=offsets[psel],
         pend_size=size[psel],
+        config=parsed[0],
     )
-    return _reduce(cols, snap.allocator_settings, tuple(snap.devices))
+    return _reduce(cols, snap.allocator_settings, tuple(snap.devices), parsed)
 
 
 def _seg_sum(values: np.ndarray, start: np.ndarray, count: np.ndarray) -> np.ndarray:

@@ -22,58 +22,133 @@ from .report import (
     _pool_name,
 )
 
+#: The rows of `_Columns.sums`, one value per segment: each integer figure of a device is the
+#: sum of one row over the device's segments (`_cwalk.c` writes its first rows in this order).
+SUM_ROWS = (
+    "total_size",
+    "allocated",
+    "pending_free",
+    "free",
+    "requested",
+    "n_blocks",
+    "free_trapped",  # free in non-expandable segments that still hold an allocated block
+    "releasable_default",  # what empty_cache returns, default pool
+    "releasable_private",  # the same in private pools (only once the pool is released)
+    "stuck_expandable",  # free that stays in partial pages of expandable segments
+    "n_free",
+    "n_pending",
+)
+
 
 @dataclass(frozen=True)
 class _Columns:
-    """What both paths extract: per-segment columns (sums over each segment's blocks included)
-    plus the inactive and pending-free blocks, in file order."""
+    """What both paths extract: per-segment columns, the summable ones as the rows of `sums`,
+    plus the inactive and pending-free blocks in file order (for can_fit)."""
 
+    sums: np.ndarray  # (len(SUM_ROWS), n) int64
     device: np.ndarray
     address: np.ndarray
-    total_size: np.ndarray
-    allocated: np.ndarray
-    requested: np.ndarray
-    n_blocks: np.ndarray
     stream: np.ndarray
     is_small: np.ndarray
     is_expandable: np.ndarray
     pool_id: np.ndarray
-    free: np.ndarray  # per segment: sum, largest and count of inactive blocks
     largest_free: np.ndarray
-    n_free: np.ndarray
     free_sq: np.ndarray  # f64: the exact sum of squared inactive sizes, rounded once
-    pending_free: np.ndarray  # per segment: sum and count of active_pending_free blocks
-    n_pending: np.ndarray
+    releasable: np.ndarray
+    stuck: np.ndarray  # free + pending_free - releasable: what empty_cache leaves
+    bad_rows: np.ndarray  # segments whose blocks do not add up to total_size
+    one_device: bool  # every segment on the same device
+    default_pools: bool  # every segment on stream 0 in the default pool
     free_segment: np.ndarray  # inactive blocks: segment row, offset in segment, size
     free_offset: np.ndarray
     free_size: np.ndarray
     pend_segment: np.ndarray  # active_pending_free blocks, the same way
     pend_offset: np.ndarray
     pend_size: np.ndarray
-    releasable: np.ndarray | None = None  # per segment, where a path computed it already
+
+    def row(self, name: str) -> np.ndarray:
+        return self.sums[_ROW[name]]
 
 
-def _block_sums(
+_ROW = {name: i for i, name in enumerate(SUM_ROWS)}
+
+
+def _columns(
+    *,
+    device: np.ndarray,
+    address: np.ndarray,
+    total_size: np.ndarray,
+    allocated: np.ndarray,
+    requested: np.ndarray,
+    n_blocks: np.ndarray,
+    stream: np.ndarray,
+    is_small: np.ndarray,
+    is_expandable: np.ndarray,
+    pool_id: np.ndarray,
     free_segment: np.ndarray,
+    free_offset: np.ndarray,
     free_size: np.ndarray,
     pend_segment: np.ndarray,
+    pend_offset: np.ndarray,
     pend_size: np.ndarray,
-    n: int,
-) -> dict[str, np.ndarray]:
-    """The per-segment block sums of `_Columns`, from the block lists (the numpy paths)."""
-    fstarts = _starts(free_segment)
-    pstarts = _starts(pend_segment)
-    ones = np.ones(len(free_segment), dtype=np.int64)
-    return {
-        "free": _group(free_segment, fstarts, free_size, n, np.add),
-        "largest_free": _group(free_segment, fstarts, free_size, n, np.maximum),
-        "n_free": _group(free_segment, fstarts, ones, n, np.add),
-        "free_sq": _free_sq(free_segment, fstarts, free_size, n),
-        "pending_free": _group(pend_segment, pstarts, pend_size, n, np.add),
-        "n_pending": _group(
-            pend_segment, pstarts, np.ones(len(pend_segment), dtype=np.int64), n, np.add
-        ),
-    }
+    config: AllocatorConfig,
+) -> _Columns:
+    """`_Columns` from plain per-segment columns and the block lists (the numpy paths; the C
+    walk computes the same values as it reads the blocks)."""
+    n = len(total_size)
+    fstarts, pstarts = _starts(free_segment), _starts(pend_segment)
+    free = _group(free_segment, fstarts, free_size, n, np.add)
+    pend = _group(pend_segment, pstarts, pend_size, n, np.add)
+    # Whole segments come back when nothing in them is allocated (empty_cache syncs first).
+    releasable = np.where(allocated == 0, total_size, 0)
+    for row in np.flatnonzero(is_expandable).tolist():
+        page = page_size(bool(is_small[row]), config.large_segment_size)
+        runs = [
+            *_blocks_of(free_segment, free_offset, free_size, row),
+            *_blocks_of(pend_segment, pend_offset, pend_size, row),
+        ]
+        releasable[row] = _whole_pages(runs, page)
+    stuck = np.maximum(free + pend - releasable, 0)
+    default_pool = ~pool_id.any(axis=1)
+    rel_default = np.where(default_pool, releasable, 0)
+    sums = np.stack(
+        [
+            total_size,
+            allocated,
+            pend,
+            free,
+            requested,
+            n_blocks,
+            np.where((allocated > 0) & ~is_expandable, free, 0),
+            rel_default,
+            releasable - rel_default,
+            np.where(is_expandable & default_pool, stuck, 0),
+            _group(free_segment, fstarts, np.ones(len(free_segment), np.int64), n, np.add),
+            _group(pend_segment, pstarts, np.ones(len(pend_segment), np.int64), n, np.add),
+        ]
+    ).astype(np.int64, copy=False)
+    return _Columns(
+        sums=sums,
+        device=device,
+        address=address,
+        stream=stream,
+        is_small=is_small,
+        is_expandable=is_expandable,
+        pool_id=pool_id,
+        largest_free=_group(free_segment, fstarts, free_size, n, np.maximum),
+        free_sq=_free_sq(free_segment, fstarts, free_size, n),
+        releasable=releasable,
+        stuck=stuck,
+        bad_rows=np.flatnonzero(allocated + pend + free != total_size),
+        one_device=not n or not (device != device[0]).any(),
+        default_pools=not (stream.any() or pool_id.any()),
+        free_segment=free_segment,
+        free_offset=free_offset,
+        free_size=free_size,
+        pend_segment=pend_segment,
+        pend_offset=pend_offset,
+        pend_size=pend_size,
+    )
 
 
 def _settings(settings: Any) -> tuple[AllocatorConfig, bool]:
@@ -152,65 +227,39 @@ def _reduce(
 ) -> FragmentationReport:
     """The report; `parsed` is `_settings(settings)` where the caller needed it already."""
     config, expandable_mode = parsed or _settings(settings)
-    n = len(cols.total_size)
     if not expandable_mode and not isinstance(settings, Mapping):
         expandable_mode = bool(cols.is_expandable.any())
-    releasable = cols.releasable
-    if releasable is None:
-        # Whole segments come back when nothing in them is allocated (empty_cache syncs first)
-        releasable = np.where(cols.allocated == 0, cols.total_size, 0)
-        for row in np.flatnonzero(cols.is_expandable).tolist():
-            page = page_size(bool(cols.is_small[row]), config.large_segment_size)
-            releasable[row] = _expandable_releasable(cols, row, page)
+    row = cols.row
     c = SegmentFigures(
         device=cols.device,
         address=cols.address,
-        total_size=cols.total_size,
-        allocated=cols.allocated,
-        pending_free=cols.pending_free,
-        requested=cols.requested,
-        free=cols.free,
+        total_size=row("total_size"),
+        allocated=row("allocated"),
+        pending_free=row("pending_free"),
+        requested=row("requested"),
+        free=row("free"),
         largest_free=cols.largest_free,
         free_sq=cols.free_sq,
-        releasable=releasable,
-        n_blocks=cols.n_blocks,
+        releasable=cols.releasable,
+        n_blocks=row("n_blocks"),
         stream=cols.stream,
         is_small=cols.is_small,
         is_expandable=cols.is_expandable,
         pool_id=cols.pool_id,
     )
-    present = [int(c.device[0])] if n and (c.device == c.device[0]).all() else c.device.tolist()
-    dev_ids = sorted({*devices, *present})
-    stuck = c.stuck_free
-    default_pool = ~c.pool_id.any(axis=1)
-    conserved = c.allocated + c.pending_free + c.free == c.total_size
-    rel_default = np.where(default_pool, releasable, 0)
-    # every integer figure is a column sum: one reduction per device for all of them
-    sums = np.stack(
-        [
-            c.total_size,
-            c.allocated,
-            c.pending_free,
-            c.free,
-            c.requested,
-            c.n_blocks,
-            np.where((c.allocated > 0) & ~c.is_expandable, c.free, 0),
-            rel_default,
-            releasable - rel_default,
-            np.where(c.is_expandable & default_pool, stuck, 0),
-            cols.n_free,
-            cols.n_pending,
-        ]
-    )
+    n = len(cols.address)
+    if cols.one_device:
+        dev_ids = sorted({*devices, *([int(cols.device[0])] if n else [])})
+    else:
+        dev_ids = sorted({*devices, *cols.device.tolist()})
     by_device: dict[int, MemoryFigures] = {}
     if len(dev_ids) == 1:
-        kw = _figures(c, None, sums, conserved, stuck)
+        kw = _figures(c, cols, None)
         by_device[dev_ids[0]] = MemoryFigures(device=dev_ids[0], **kw)
         total = MemoryFigures(device=None, **kw)
     else:
         for d in dev_ids:
-            rows = np.flatnonzero(c.device == d)
-            by_device[d] = MemoryFigures(device=d, **_figures(c, rows, sums, conserved, stuck))
+            by_device[d] = MemoryFigures(device=d, **_figures(c, cols, d))
         total = _total(list(by_device.values()), c)
     return FragmentationReport(
         total=total,
@@ -228,17 +277,13 @@ def _reduce(
     )
 
 
-def _expandable_releasable(cols: _Columns, row: int, page: int) -> int:
+def _whole_pages(runs: list[tuple[int, int]], page: int) -> int:
     """Whole pages inside the free runs of one mapped run, once pending frees complete (2.13).
 
-    Pages are counted from the run's start, which is a page boundary of its reservation.
+    `runs` are (offset, size) of its free and pending-free blocks; adjacent ones merge. Pages
+    are counted from the run's start, which is a page boundary of its reservation.
     """
-    runs = sorted(
-        [
-            *_blocks_of(cols.free_segment, cols.free_offset, cols.free_size, row),
-            *_blocks_of(cols.pend_segment, cols.pend_offset, cols.pend_size, row),
-        ]
-    )
+    runs.sort()
     out = 0
     i = 0
     while i < len(runs):
@@ -259,22 +304,20 @@ def _blocks_of(
     return list(zip(offset[lo:hi].tolist(), size[lo:hi].tolist(), strict=True))
 
 
-def _figures(
-    c: SegmentFigures,
-    rows: np.ndarray | None,
-    sums: np.ndarray,
-    conserved: np.ndarray,
-    stuck: np.ndarray,
-) -> dict[str, Any]:
-    """The figures of the segments in `rows` (None: all), as MemoryFigures keyword arguments."""
-    if rows is None:
-        col = sums.sum(axis=1).tolist()
-        lfree = c.largest_free
-        sumsq = float(c.free_sq.sum())
+def _figures(c: SegmentFigures, cols: _Columns, device: int | None) -> dict[str, Any]:
+    """The figures of one device's segments (None: all), as MemoryFigures keyword arguments."""
+    if device is None:
+        rows = None
+        col = cols.sums.sum(axis=1).tolist()
+        lfree = cols.largest_free
+        sumsq = float(cols.free_sq.sum())
+        bad = cols.bad_rows
     else:
-        col = sums[:, rows].sum(axis=1).tolist()
-        lfree = c.largest_free[rows]
-        sumsq = float(c.free_sq[rows].sum())
+        rows = np.flatnonzero(cols.device == device)
+        col = cols.sums[:, rows].sum(axis=1).tolist()
+        lfree = cols.largest_free[rows]
+        sumsq = float(cols.free_sq[rows].sum())
+        bad = cols.bad_rows[cols.device[cols.bad_rows] == device]
     (
         reserved,
         allocated,
@@ -311,9 +354,9 @@ def _figures(
         "blocks_allocated": n_blocks - n_free_blocks - n_pending,
         "blocks_pending_free": n_pending,
         "blocks_free": n_free_blocks,
-        "largest_free_by_pool": _largest_by_pool(c, rows),
-        "worst_segments": _worst(c, rows, stuck),
-        "violations": _violations(c, rows, conserved),
+        "largest_free_by_pool": _largest_by_pool(c, rows, cols.default_pools),
+        "worst_segments": _worst(c, rows, cols.stuck),
+        "violations": _violations(c, bad),
     }
 
 
@@ -369,25 +412,30 @@ def _frag_sq(sumsq: float, free: int) -> float:
     return 0.0 if free <= 0 else 1.0 - sumsq / (float(free) * float(free))
 
 
-def _largest_by_pool(c: SegmentFigures, rows: np.ndarray | None) -> dict[PoolKey, int]:
-    idx = np.flatnonzero(c.free > 0) if rows is None else rows[c.free[rows] > 0]
-    if not len(idx):
-        return {}
-    keys = (c.device[idx], c.stream[idx], c.pool_id[idx, 0], c.pool_id[idx, 1])
-    small = c.is_small[idx]
-    lfree = c.largest_free[idx]
+def _largest_by_pool(
+    c: SegmentFigures, rows: np.ndarray | None, default_pools: bool
+) -> dict[PoolKey, int]:
+    """The largest inactive block of each (device, stream, pool) holding free bytes."""
+    free = c.free if rows is None else c.free[rows]
+    lfree = c.largest_free if rows is None else c.largest_free[rows]
+    small = c.is_small if rows is None else c.is_small[rows]
+    device = c.device if rows is None else c.device[rows]
     out: dict[PoolKey, int] = {}
-    uniform = not (keys[1].any() or keys[2].any() or keys[3].any())  # stream 0, default pool
-    if uniform and (rows is not None or not (keys[0] != keys[0][0]).any()):
-        d, s, pa, pb = (int(k[0]) for k in keys)
-        for flag in (False, True):
-            sel = lfree[small == flag]
-            if len(sel):
-                out[PoolKey(d, s, _pool_name(flag), (pa, pb))] = int(sel.max())
+    if not len(free):
         return out
+    has_free = free > 0
+    if default_pools and (rows is not None or not (device != device[0]).any()):
+        d = int(device[0])  # one device, stream 0, the default pool: two maxima
+        for flag in (False, True):
+            sel = has_free & (small == flag)
+            if sel.any():
+                out[PoolKey(d, 0, _pool_name(flag), (0, 0))] = int(lfree[sel].max())
+        return out
+    idx = np.flatnonzero(has_free) if rows is None else rows[has_free]
+    keys = (c.device[idx], c.stream[idx], c.pool_id[idx, 0], c.pool_id[idx, 1], c.is_small[idx])
     best: dict[tuple, int] = {}  # plain tuples first: one PoolKey per pool, not per segment
-    rows_keys = zip(*(k.tolist() for k in keys), small.tolist(), strict=True)
-    for key, v in zip(rows_keys, lfree.tolist(), strict=True):
+    rows_keys = zip(*(k.tolist() for k in keys), strict=True)
+    for key, v in zip(rows_keys, c.largest_free[idx].tolist(), strict=True):
         if v > best.get(key, -1):
             best[key] = v
     for (d, s, pa, pb, flag), v in best.items():
@@ -398,51 +446,43 @@ def _largest_by_pool(c: SegmentFigures, rows: np.ndarray | None) -> dict[PoolKey
 def _worst(
     c: SegmentFigures, rows: np.ndarray | None, stuck_all: np.ndarray
 ) -> tuple[SegmentSummary, ...]:
-    idx = np.arange(len(c)) if rows is None else rows
-    stuck = stuck_all[idx]
-    nz = np.flatnonzero(stuck > 0)
-    if not len(nz):
+    """The N_WORST segments by free bytes that empty_cache cannot return (ties: file order)."""
+    idx = np.flatnonzero(stuck_all) if rows is None else rows[stuck_all[rows] > 0]
+    if not len(idx):
         return ()
-    if len(nz) > N_WORST:
-        part = np.argpartition(-stuck[nz], N_WORST - 1)[:N_WORST]
-        nz = nz[part]
-    chosen = sorted(idx[nz].tolist(), key=lambda i: (-int(stuck_all[i]), i))
-    return tuple(_summary(c, i, int(stuck_all[i])) for i in chosen)
+    if len(idx) > N_WORST:
+        idx = idx[np.argpartition(-stuck_all[idx], N_WORST - 1)[:N_WORST]]
+    chosen = sorted(zip((-stuck_all[idx]).tolist(), idx.tolist(), strict=True))
+    return tuple(_summary(c, i, -neg) for neg, i in chosen)
 
 
 def _summary(c: SegmentFigures, i: int, stuck: int) -> SegmentSummary:
-    free = int(c.free[i])
-    rel = int(c.releasable[i])
     return SegmentSummary(
         index=i,
-        device=int(c.device[i]),
-        address=int(c.address[i]),
-        total_size=int(c.total_size[i]),
-        allocated=int(c.allocated[i]),
-        pending_free=int(c.pending_free[i]),
-        free=free,
-        largest_free=int(c.largest_free[i]),
-        releasable=rel,
+        device=c.device.item(i),
+        address=c.address.item(i),
+        total_size=c.total_size.item(i),
+        allocated=c.allocated.item(i),
+        pending_free=c.pending_free.item(i),
+        free=c.free.item(i),
+        largest_free=c.largest_free.item(i),
+        releasable=c.releasable.item(i),
         stuck_free=stuck,
-        stream=int(c.stream[i]),
-        pool=_pool_name(bool(c.is_small[i])),
-        is_expandable=bool(c.is_expandable[i]),
-        n_blocks=int(c.n_blocks[i]),
+        stream=c.stream.item(i),
+        pool=_pool_name(c.is_small.item(i)),
+        is_expandable=c.is_expandable.item(i),
+        n_blocks=c.n_blocks.item(i),
     )
 
 
-def _violations(
-    c: SegmentFigures, rows: np.ndarray | None, conserved: np.ndarray
-) -> tuple[ConservationViolation, ...]:
-    idx = np.arange(len(c)) if rows is None else rows
-    bad = idx[~conserved[idx]]
+def _violations(c: SegmentFigures, bad: np.ndarray) -> tuple[ConservationViolation, ...]:
     return tuple(
         ConservationViolation(
-            index=int(i),
-            device=int(c.device[i]),
-            address=int(c.address[i]),
-            total_size=int(c.total_size[i]),
-            blocks_sum=int(c.allocated[i] + c.pending_free[i] + c.free[i]),
+            index=i,
+            device=c.device.item(i),
+            address=c.address.item(i),
+            total_size=c.total_size.item(i),
+            blocks_sum=c.allocated.item(i) + c.pending_free.item(i) + c.free.item(i),
         )
         for i in bad.tolist()
     )

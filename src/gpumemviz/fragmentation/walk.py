@@ -16,11 +16,11 @@ import numpy as np
 
 from ..allocator.config import AllocatorConfig
 from ..allocator.rules import K_SMALL_BUFFER, page_size
-from .reduce import _block_sums, _Columns, _group, _reduce, _settings, _starts
+from .reduce import SUM_ROWS, _Columns, _columns, _group, _reduce, _settings, _starts
 from .report import FragmentationReport
 
 #: What `_cwalk.VERSION` must say: a library compiled from an older _cwalk.c is not used.
-C_WALK_VERSION = 1
+C_WALK_VERSION = 3
 
 try:
     from . import _cwalk
@@ -40,26 +40,23 @@ def _from_dict(segs: list, settings: Any, traced: tuple[int, ...]) -> Fragmentat
     parsed = _settings(settings)
     cols = _columns_c(segs, parsed[0]) if _cwalk is not None else None
     if cols is None:
-        cols = _columns_python(segs)
+        cols = _columns_python(segs, parsed[0])
     return _reduce(cols, settings, traced, parsed)
 
 
-# the columns of _cwalk.c's seg_cols, in its COL_* order
+# the columns of _cwalk.c's seg_cols after the SUM_ROWS, in its COL_* order
 _C_COLUMNS = (
-    "requested",
     "address",
-    "total_size",
-    "n_blocks",
-    "allocated",
-    "free",
-    "pending_free",
     "largest_free",
-    "n_free",
-    "n_pending",
     "releasable",
+    "stuck",
     "flags",
+    "device",
+    "stream",
+    "pool_a",
+    "pool_b",
 )
-_FLAG_SMALL, _FLAG_ODD = 1, 2
+_FLAG_SMALL, _FLAG_ODD, _FLAG_BROKEN, _FLAG_EXPANDABLE = 1, 2, 4, 8
 
 
 def _columns_c(segs: Any, config: AllocatorConfig) -> _Columns | None:
@@ -80,17 +77,28 @@ def _columns_c(segs: Any, config: AllocatorConfig) -> _Columns | None:
         return None
     seg_cols, free_sq, *blocks = walked
     n = len(segs)
-    columns = np.frombuffer(seg_cols, np.int64).reshape(len(_C_COLUMNS), n)
-    per = dict(zip(_C_COLUMNS, columns, strict=True))
-    flags = per.pop("flags")
+    table = np.frombuffer(seg_cols, np.int64).reshape(len(SUM_ROWS) + len(_C_COLUMNS), n)
+    address, largest_free, releasable, stuck, flags, device, stream, *pool = table[len(SUM_ROWS) :]
+    plain = not (flags & _FLAG_ODD).any()  # all on device 0, stream 0, the default pool
     free_seg, free_off, free_size, pend_seg, pend_off, pend_size = (
         np.frombuffer(b, np.int64) for b in blocks
     )
+    pool_id = np.stack(pool, axis=1)
     return _Columns(
-        **per,
-        **_rare_columns(segs, np.flatnonzero(flags & _FLAG_ODD).tolist()),
+        sums=table[: len(SUM_ROWS)],
+        device=device,
+        address=address,
+        stream=stream,
         is_small=(flags & _FLAG_SMALL).astype(bool),
+        is_expandable=(flags & _FLAG_EXPANDABLE).astype(bool),
+        pool_id=pool_id,
+        largest_free=largest_free,
         free_sq=np.frombuffer(free_sq, np.float64),
+        releasable=releasable,
+        stuck=stuck,
+        bad_rows=np.flatnonzero(flags & _FLAG_BROKEN),
+        one_device=plain or not (device != device[0]).any(),
+        default_pools=plain or not (stream.any() or pool_id.any()),
         free_segment=free_seg,
         free_offset=free_off,
         free_size=free_size,
@@ -119,7 +127,7 @@ def _rare_columns(segs: list, odd: list[int]) -> dict[str, np.ndarray]:
     return {"device": device, "stream": stream, "is_expandable": is_exp, "pool_id": pool_id}
 
 
-def _columns_python(segs: list) -> _Columns:
+def _columns_python(segs: list, config: AllocatorConfig) -> _Columns:
     try:
         if not isinstance(segs, list):
             raise TypeError("'segments' is not a list")
@@ -148,7 +156,7 @@ def _columns_python(segs: list) -> _Columns:
     for part in (free, pend):
         seg, size = part["segment"], part["size"]
         allocated -= _group(seg, _starts(seg), size, n, np.add)
-    return _Columns(
+    return _columns(
         **_rare_columns(segs, odd),
         address=per[:, 1],
         total_size=per[:, 2],
@@ -156,9 +164,9 @@ def _columns_python(segs: list) -> _Columns:
         requested=per[:, 0],
         n_blocks=per[:, 3],
         is_small=is_small,
-        **_block_sums(free["segment"], free["size"], pend["segment"], pend["size"], n),
         **{f"free_{k}": v for k, v in free.items()},
         **{f"pend_{k}": v for k, v in pend.items()},
+        config=config,
     )
 
 
