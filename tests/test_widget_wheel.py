@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 import site
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -27,8 +30,22 @@ seg = {"device": 0, "address": 0, "total_size": 2 << 20, "stream": 0, "segment_t
 p = w.MemoryPanel.from_snapshot(Snapshot.from_torch([seg]))
 assert p.flush() and p.map_layout["n_rows"] == 1
 p.close()
+# the C walk: built into the wheel where a C compiler is, and loaded from this venv
+import os, shlex, shutil, sysconfig
+from gpumemviz.fragmentation import fragmentation, walk
+cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
+if cc and shutil.which(cc[0]) and sys.platform != "win32" and not os.environ.get("GPUMEMVIZ_NO_C"):
+    assert walk._cwalk is not None, "the wheel's C walk did not load"
+    lib = pathlib.Path(walk._cwalk.__file__).resolve()
+    assert pathlib.Path(sys.prefix).resolve() in lib.parents, lib
+    assert fragmentation([seg]).requested == 5
 print("OK", here, len(text))
 """
+
+
+def _have_cc() -> bool:
+    cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
+    return bool(cc) and shutil.which(cc[0]) is not None and sys.platform != "win32"
 
 
 @pytest.mark.slow
@@ -45,6 +62,9 @@ def test_wheel_installs_a_working_widget(tmp_path):
     (wheel,) = dist.glob("gpumemviz-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {"gpumemviz/static/widget.js", "gpumemviz/static/widget.css"} <= set(names)
+    if _have_cc() and not os.environ.get("GPUMEMVIZ_NO_C"):  # the C walk makes it a platform wheel
+        assert not wheel.name.endswith("-py3-none-any.whl"), wheel.name
+        assert any(n.startswith("gpumemviz/fragmentation/_cwalk") for n in names), names
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

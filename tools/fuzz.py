@@ -58,7 +58,18 @@ CANARY = "gpumemviz_fuzz_canary"
 
 #: Findings already reported to the module's owner, by signature; the seeded test slice tolerates
 #: (and counts) them. Remove an entry once its owner fixed it, and add a regression test then.
-KNOWN: dict[str, str] = {}
+KNOWN: dict[str, str] = {
+    # fragmentation() on a mutated dict, found by the C-walk differential run (reported)
+    "frag:ConfigError@config.py:_division_value": "fragmentation lets AllocatorConfig's "
+    "ConfigError out for bad allocator_settings roundup_power2_divisions (reduce._settings)",
+    "frag:ConfigError@config.py:_division_key": "the same, for a bad divisions key",
+    "frag:RecursionError@reduce.py": "reduce._settings reprs deeply nested allocator_settings",
+    "frag:RecursionError@walk.py": "walk's error path reprs a deeply nested value",
+    "frag:TypeError@walk.py:_walk_careful": "a legacy block's requested_size of another type "
+    "(no frames, no history) is added as is",
+    "frag:OverflowError@walk.py:_walk_careful": "block sizes adding up past 2**63: the last "
+    "per_seg.append(base) is outside the OverflowError handler",
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -547,6 +558,78 @@ def run_loader(data: Any, target: str) -> str:
     return "Snapshot"
 
 
+def _fragmentation_outcome(data: Any) -> tuple:
+    """`gpumemviz.fragmentation` on a torch dict: what a user sees of it, comparable."""
+    from dataclasses import fields
+
+    import numpy as np
+
+    from gpumemviz.fragmentation import fragmentation
+    from gpumemviz.snapshot import SnapshotError
+
+    try:
+        r = fragmentation(data)
+    except RecursionError as e:
+        where = _where(e.__traceback__).split(":")[0]
+        raise Finding(
+            "frag:RecursionError@" + where, "".join(traceback.format_exception(e))[-3000:]
+        ) from e
+    except SnapshotError as e:
+        return ("error", str(e))
+    except Exception as e:  # every exception is judged
+        sig = f"frag:{type(e).__name__}@{_where(e.__traceback__)}"
+        raise Finding(sig, "".join(traceback.format_exception(e))[-3000:]) from e
+    cols = []
+    for f in fields(r.per_segment):
+        a = np.asarray(getattr(r.per_segment, f.name))
+        cols.append((f.name, a.dtype.str, a.shape, a.tobytes()))
+    fits = []
+    for d in sorted(r.devices)[:2]:
+        for n in (512, 3 << 20, 25 << 20):
+            for free in (None, 0):
+                try:
+                    fits.append(repr(r.can_fit(n, device=d, device_free=free)))
+                except (ValueError, TypeError) as e:
+                    fits.append(f"{type(e).__name__}: {e}")
+    return ("report", repr(r.to_dict()), tuple(cols), tuple(fits))
+
+
+def run_fragmentation(data: Any) -> str:
+    """dict: `fragmentation` through the C walk, then through the Python walk: a report or a
+    one-line SnapshotError, and the same one both ways (report, per-segment columns, can_fit
+    answers or error message); a difference is a finding of its own."""
+    from gpumemviz.fragmentation import walk
+
+    if not isinstance(data, dict | list):
+        return "frag:skip"  # a str or bytes would be read as a file
+    try:
+        twin = pickle.loads(pickle.dumps(data, protocol=5))  # what the C walk cannot have touched
+    except RecursionError:
+        twin = None
+    c = _fragmentation_outcome(data)
+    if c[0] == "error" and ("\n" in c[1] or not c[1]):
+        raise Finding("frag:multiline", f"SnapshotError message {c[1]!r}")
+    if walk._cwalk is None or twin is None:
+        return "frag:" + (_shape(c[1]) if c[0] == "error" else "report")
+    saved, walk._cwalk = walk._cwalk, None
+    try:
+        p = _fragmentation_outcome(twin)
+    finally:
+        walk._cwalk = saved
+    if c != p:
+        if c[0] != p[0]:
+            part = "outcome"
+        elif c[0] == "error":
+            part = "error"
+        else:
+            part = next(
+                name for name, i in (("report", 1), ("columns", 2), ("can_fit", 3)) if c[i] != p[i]
+            )
+        detail = f"C walk:\n{str(c[:3])[:3000]}\nPython walk:\n{str(p[:3])[:3000]}"
+        raise Finding(f"cwalk-differs@{part}", detail)
+    return "frag:" + (_shape(c[1]) if c[0] == "error" else "report")
+
+
 def run_cli(data: bytes, tmp: Path) -> str:
     """`gpumemviz inspect FILE` (text and --json): status 0, or 2 with one stderr line."""
     from gpumemviz.cli import main
@@ -668,6 +751,8 @@ def worker(args: argparse.Namespace) -> int:
             time.sleep(3600)
         if args.target == "cli":
             return run_cli(case, tmp)
+        if args.target == "dict":  # both judged: the loader's finding first
+            return run_loader(case, args.target) + " " + run_fragmentation(case)
         return run_loader(case, args.target)
 
     while time.time() < deadline and (args.cases <= 0 or i < args.start + args.cases):
@@ -796,7 +881,7 @@ def guard(target: str, ns: argparse.Namespace, seconds: float, cases: int, rep: 
                         rep.slowest[target] = max(rep.slowest.get(target, 0.0), dt)
                         if outcome.startswith("FINDING "):
                             rep.findings[outcome[8:]] += 1
-                            print(f"  {target} case {idx}: finding {outcome[8:]}", flush=True)
+                            print(f"  finding in {target} case {idx}: {outcome[8:]}", flush=True)
                         else:
                             rep.outcomes[(target, outcome)] += 1
                     continue
@@ -853,7 +938,11 @@ def print_report(rep: Report, seconds: float) -> None:
     print(f"\nmutation fuzzing: {n} cases, {seconds:.0f} s in all, {rep.restarts} worker restarts")
     print(f"{'target':8} {'cases':>8} {'Snapshot':>9} {'error':>7} {'slowest s':>10}")
     for t, n in rep.cases.items():
-        ok = sum(c for (tt, o), c in rep.outcomes.items() if tt == t and o in ("Snapshot", "0 0"))
+        ok = sum(
+            c
+            for (tt, o), c in rep.outcomes.items()
+            if tt == t and (o in ("Snapshot", "0 0") or o.startswith("Snapshot "))
+        )
         print(f"{t:8} {n:8} {ok:9} {n - ok:7} {rep.slowest.get(t, 0):10.3f}")
     kinds = Counter(t for t, _ in rep.outcomes)
     print("distinct outcome kinds: " + ", ".join(f"{t} {n}" for t, n in kinds.items()))
