@@ -64,9 +64,7 @@ static PyObject *k_blocks, *k_address, *k_total_size, *k_segment_type, *k_device
 /* Results of the readers: OK, REFUSE (hand the file to the Python walk), ERROR (raised). */
 enum { ERROR = -1, REFUSE = 0, OK = 1 };
 
-static int read_int(PyObject *dict, PyObject *key, int64_t *out) {
-    PyObject *v = PyDict_GetItemWithError(dict, key);
-    if (!v) return PyErr_Occurred() ? ERROR : REFUSE;
+static int int_value(PyObject *v, int64_t *out) {
     if (!PyLong_CheckExact(v)) return REFUSE;
     int overflow = 0;
     long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
@@ -74,6 +72,12 @@ static int read_int(PyObject *dict, PyObject *key, int64_t *out) {
     if (x == -1 && PyErr_Occurred()) return ERROR;
     *out = (int64_t)x;
     return OK;
+}
+
+static int read_int(PyObject *dict, PyObject *key, int64_t *out) {
+    PyObject *v = PyDict_GetItemWithError(dict, key);
+    if (!v) return PyErr_Occurred() ? ERROR : REFUSE;
+    return int_value(v, out);
 }
 
 static int ascii_equals(PyObject *s, const char *text, Py_ssize_t n) {
@@ -95,7 +99,7 @@ static int read_optional_int(PyObject *dict, PyObject *key, int optional, int64_
     int rc = lookup(dict, key, optional, &v);
     if (rc != OK) return rc;
     *out = 0;
-    return v ? read_int(dict, key, out) : OK;
+    return v ? int_value(v, out) : OK;
 }
 
 /* Where a segment lives: device, stream, expandable flag and private pool id (a tuple or list
@@ -109,24 +113,25 @@ typedef struct {
 static int read_place(PyObject *seg, int careful, place_t *p) {
     int rc = read_optional_int(seg, k_device, careful, &p->device);
     if (rc != OK) return rc;
-    if ((rc = read_optional_int(seg, k_stream, careful, &p->stream)) != OK) return rc;
+    /* _walk_fast reads `device or stream or is_expandable or pool != (0, 0)` lazily: after a
+       true one, a missing key is no KeyError there, so it is no refusal here either (else the
+       careful mode, whose rules differ, would take a file _walk_fast reads) */
+    if ((rc = read_optional_int(seg, k_stream, careful || p->device, &p->stream)) != OK)
+        return rc;
     PyObject *exp, *pool;
-    if ((rc = lookup(seg, k_is_expandable, careful, &exp)) != OK) return rc;
+    if ((rc = lookup(seg, k_is_expandable, careful || p->device || p->stream, &exp)) != OK)
+        return rc;
     if (exp && exp != Py_True && exp != Py_False) return REFUSE;
     p->expandable = exp == Py_True;
-    if ((rc = lookup(seg, k_segment_pool_id, careful, &pool)) != OK) return rc;
+    if ((rc = lookup(seg, k_segment_pool_id, careful || p->device || p->stream || p->expandable,
+                     &pool)) != OK)
+        return rc;
     p->pool[0] = p->pool[1] = 0;
     if (pool) {
         if (!(PyTuple_CheckExact(pool) || PyList_CheckExact(pool)) || Py_SIZE(pool) != 2)
             return REFUSE;
-        for (int i = 0; i < 2; i++) {
-            PyObject *v = PySequence_Fast_GET_ITEM(pool, i);
-            int overflow = 0;
-            if (!PyLong_CheckExact(v)) return REFUSE;
-            p->pool[i] = PyLong_AsLongLongAndOverflow(v, &overflow);
-            if (overflow) return REFUSE;
-            if (p->pool[i] == -1 && PyErr_Occurred()) return ERROR;
-        }
+        for (int i = 0; i < 2; i++)
+            if ((rc = int_value(PySequence_Fast_GET_ITEM(pool, i), &p->pool[i])) != OK) return rc;
     }
     return OK;
 }
@@ -140,21 +145,29 @@ static int read_requested(PyObject *b, int careful, int64_t size, int64_t *out) 
     int rc = lookup(b, k_frames, 1, &frames);
     if (rc != OK) return rc;
     if (frames) return read_int(b, k_requested_size, out);
+    /* a requested_size the fast mode refuses is refused here too, even where history decides:
+       this mode also reads files the fast mode handed back, which _walk_fast may still read */
+    PyObject *req;
+    int64_t requested = size;
+    if ((rc = lookup(b, k_requested_size, 1, &req)) != OK) return rc;
+    if (req) {
+        if ((rc = read_int(b, k_requested_size, &requested)) != OK) return rc;
+        if (requested < -MAX_SIZE || requested > MAX_SIZE) return REFUSE;
+    }
     if ((rc = lookup(b, k_history, 1, &hist)) != OK) return rc;
     if (hist) {
         if (!PyList_CheckExact(hist)) return REFUSE;
         if (PyList_GET_SIZE(hist)) {
             PyObject *first = PyList_GET_ITEM(hist, 0);
-            return PyDict_CheckExact(first) ? read_int(first, k_real_size, out) : REFUSE;
+            if (!PyDict_CheckExact(first)) return REFUSE;
+            Py_INCREF(first); /* a key's __eq__ in the lookup could empty the history */
+            rc = read_int(first, k_real_size, out);
+            Py_DECREF(first);
+            return rc;
         }
     }
-    PyObject *req; /* neither frames nor history: requested_size, else size */
-    if ((rc = lookup(b, k_requested_size, 1, &req)) != OK) return rc;
-    if (!req) {
-        *out = size;
-        return OK;
-    }
-    return read_int(b, k_requested_size, out);
+    *out = requested; /* neither frames nor history: requested_size, else size */
+    return OK;
 }
 
 typedef struct {
@@ -162,6 +175,7 @@ typedef struct {
     int careful;                    /* the careful mode: see read_place and read_requested */
     int64_t small_page, large_page; /* mapping granularity of expandable segments */
     int64_t pages[2];               /* the last segment's whole free pages: small, large */
+    int64_t base;                   /* the block sizes of the segments before: at most 2^62 */
     int64_t *cols;   /* SEG_COLS * n */
     double *free_sq; /* n */
     column_t blocks[6]; /* in B_* order */
@@ -210,11 +224,14 @@ static int walk_block(walk_t *w, Py_ssize_t row, PyObject *b, tally_t *t) {
     PyObject *st = PyDict_GetItemWithError(b, k_state);
     if (!st) return PyErr_Occurred() ? ERROR : REFUSE;
     int64_t offset = t->alloc + t->free + t->pend;
-    if (offset > MAX_TOTAL) return REFUSE;
+    /* _walk_fast keeps every block's position in the whole file in an int64 */
+    if (w->base + offset > MAX_TOTAL) return REFUSE;
     if (ascii_equals(st, "active_allocated", 16)) {
-        close_run(w, t);
+        if (size) close_run(w, t); /* a run goes on past an empty block, as reduce merges it */
         if ((rc = read_requested(b, w->careful, size, &req)) != OK) return rc;
         if (req < -MAX_SIZE || req > MAX_SIZE) return REFUSE;
+        /* no int64 overflow: Python says where its sum overflows */
+        if (t->requested > MAX_TOTAL || t->requested < -MAX_TOTAL) return REFUSE;
         t->alloc += size;
         t->requested += req;
     } else if (ascii_equals(st, "inactive", 8)) {
@@ -248,6 +265,8 @@ static int walk_blocks(walk_t *w, Py_ssize_t row, PyObject *blocks) {
         if (rc != OK) return rc;
     }
     close_run(w, &t);
+    w->base += t.alloc + t.free + t.pend;
+    if (w->base > MAX_TOTAL) return REFUSE;
     int64_t *c = w->cols;
     Py_ssize_t n = w->n;
     c[COL_REQUESTED * n + row] = t.requested;
@@ -279,12 +298,20 @@ static int walk_segment(walk_t *w, Py_ssize_t row, PyObject *seg) {
     if (total < 0 || total > MAX_TOTAL) return REFUSE;
     PyObject *type;
     if ((rc = lookup(seg, k_segment_type, w->careful, &type)) != OK) return rc;
+    /* decided before the next lookups (which may run a key's __eq__ and free it). Only a plain
+       str is compared here; without one, torch 2.0 files (the careful mode) take small segments
+       to be the 2 MiB ones, while _walk_fast's `None == "small"` is false */
+    int small;
+    if (type && type != Py_None) {
+        if (!PyUnicode_CheckExact(type)) return REFUSE;
+        small = ascii_equals(type, "small", 5);
+    } else {
+        small = w->careful && total == SMALL_BUFFER;
+    }
     place_t place;
     if ((rc = read_place(seg, w->careful, &place)) != OK) return rc;
     int expandable = place.expandable, default_pool = !place.pool[0] && !place.pool[1];
     int odd = place.device || place.stream || expandable || !default_pool;
-    /* without a segment_type (torch 2.0), small segments are the 2 MiB ones */
-    int small = type && type != Py_None ? ascii_equals(type, "small", 5) : total == SMALL_BUFFER;
     Py_ssize_t n = w->n;
     int64_t *c = w->cols;
 #define AT(col) c[(col) * n + row]
@@ -388,7 +415,7 @@ PyMODINIT_FUNC PyInit__cwalk(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     /* walk.py checks both: VERSION changes with the contract, SEG_COLS with the columns */
-    if (PyModule_AddIntConstant(m, "VERSION", 3) < 0) return NULL;
+    if (PyModule_AddIntConstant(m, "VERSION", 4) < 0) return NULL;
     if (PyModule_AddIntConstant(m, "SEG_COLS", SEG_COLS) < 0) return NULL;
 #define KEY(var, text) \
     if (!(var = PyUnicode_InternFromString(text))) return NULL

@@ -19,17 +19,10 @@ from ..allocator.rules import K_SMALL_BUFFER, page_size
 from .reduce import SUM_ROWS, _Columns, _columns, _group, _reduce, _settings, _starts
 from .report import FragmentationReport
 
-#: What `_cwalk.VERSION` must say: a library compiled from an older _cwalk.c is not used.
-C_WALK_VERSION = 3
-
 try:
     from . import _cwalk
 except ImportError:  # no C compiler at install time: the Python walk gives the same report
     _cwalk = None
-if _cwalk is not None and (
-    getattr(_cwalk, "VERSION", None) != C_WALK_VERSION or os.environ.get("GPUMEMVIZ_NO_C")
-):
-    _cwalk = None  # stale (rebuild: python hatch_build.py), or switched off on purpose
 
 _ALLOCATED = "active_allocated"
 _INACTIVE = "inactive"
@@ -57,6 +50,15 @@ _C_COLUMNS = (
     "pool_b",
 )
 _FLAG_SMALL, _FLAG_ODD, _FLAG_BROKEN, _FLAG_EXPANDABLE = 1, 2, 4, 8
+
+#: What `_cwalk.VERSION` must say: a library compiled from an older _cwalk.c is not used.
+C_WALK_VERSION = 4
+if _cwalk is not None and (
+    getattr(_cwalk, "VERSION", None) != C_WALK_VERSION
+    or getattr(_cwalk, "SEG_COLS", None) != len(SUM_ROWS) + len(_C_COLUMNS)
+    or os.environ.get("GPUMEMVIZ_NO_C")
+):
+    _cwalk = None  # stale (rebuild: python hatch_build.py), or switched off on purpose
 
 
 def _columns_c(segs: Any, config: AllocatorConfig) -> _Columns | None:
