@@ -428,7 +428,10 @@ CASES: dict[str, tuple[Any, bool]] = {
     },
     "segments None": ({"segments": None}, False),
     "settings not a dict": (snap(*_plain(), settings="expandable_segments:True"), True),
-    # where the C walk and the Python walk once parted (regressions: see each name)
+    # where the C walk and the Python walk once parted (regressions, fixed in _cwalk.c: a
+    # segment_type None or of a str subclass; a key _walk_fast never reads after a true
+    # device/stream; a requested_size the fast C walk refused while the careful one read
+    # history; a zero-size allocated block in a free run; sums past int64)
     "segment_type None, 2 MiB, torch 2.1 shape": (
         snap(seg([blk(2 * MIB)], segment_type=None)),
         None,
@@ -526,32 +529,14 @@ CASES: dict[str, tuple[Any, bool]] = {
 }
 
 
-_C_BUG = "_cwalk.c (reported, fix pending): "
 _WALK_BUG = "walk.py (reported, fix pending): "
 #: Cases where the two walks still part, and why; strict: each flips to a failure once fixed
 KNOWN_DIFFERENCES = {
-    "segment_type 'small'": _C_BUG + "a str subclass 'small' is not small to the C walk",
-    "segment_type None, 2 MiB, torch 2.1 shape": _C_BUG
-    + "a None segment_type is small by size in C, never in _walk_fast",
-    "stream missing after a device, segment_type None": _C_BUG
-    + "_walk_fast's `device or stream or ...` reads no stream after a device; C refuses, "
-    "then its careful mode decides small by size",
-    "stream missing after a device, a block with history": _C_BUG
-    + "as above: C's careful mode then takes history's real_size, _walk_fast requested_size",
-    "requested beyond 2**48 in a block with history": _C_BUG
-    + "the fast C walk refuses it, the careful one reads history; _walk_fast requested_size",
-    "requested True in a block with history": _C_BUG + "as above, for a bool requested_size",
-    "zero-size allocated block inside a free run": _C_BUG
-    + "C ends a free run at any allocated block; reduce merges runs that touch",
-    "block sizes adding up past 2**63": _C_BUG
-    + "C bounds each segment's offsets, not the file's, where _walk_fast overflows; and "
-    + _WALK_BUG
-    + "_walk_careful's last per_seg.append(base) then raises a bare OverflowError",
-    "requested sizes adding up past 2**63": _C_BUG
-    + "C's int64 requested sum overflows (undefined behaviour) where Python says so",
     "zero-size free block at a segment's end": _WALK_BUG
     + "_located puts a zero-size block at a segment's end into the next segment",
     "zero-size pending block in an all-zero segment": _WALK_BUG + "the same, for a pending block",
+    "block sizes adding up past 2**63": _WALK_BUG
+    + "_walk_careful's last per_seg.append(base) raises a bare OverflowError",
 }
 
 
@@ -845,11 +830,6 @@ print("OK")
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=_C_BUG + "segment_type and the first history entry are read borrowed while lookups "
-    "that may run a key's __eq__ go on (a segfault under PYTHONMALLOC=debug)",
-)
 def test_keys_that_run_code_do_not_crash_it(cwalk, tmp_path):
     """Only exact dicts are read, but their keys may be anything: a key whose __eq__ frees what
     the walk holds borrowed must not make it read freed memory (debug allocator: a crash)."""
