@@ -333,6 +333,72 @@ def test_values_that_are_not_64_bit_integers(change, message):
         fragmentation(snap(seg([blk(2 * MIB)]), bad))
 
 
+def _nested(depth: int) -> dict:
+    """A value nested `depth` dicts deep (deeper than the interpreter's recursion limit)."""
+    top: dict = {}
+    inner = top
+    for _ in range(depth):
+        inner["a"] = {}
+        inner = inner["a"]
+    return top
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        # found by the C-walk differential fuzz run (tools/fuzz.py, dict target)
+        (
+            lambda s: s["blocks"][0].update(state=_nested(100_000)),
+            r"segment 1, block 0: unknown block state \{'a': \{",
+        ),
+        (
+            lambda s: (
+                [b.pop("frames") for b in s["blocks"]]
+                and s["blocks"][0].update(requested_size="12")
+            ),
+            "segment 1, block 0: no integer 'requested_size'",
+        ),
+        (
+            lambda s: s["blocks"].extend([blk(2**62), blk(2**62, "active_allocated")]),
+            "the blocks add up past 2\\^63 bytes",
+        ),
+    ],
+)
+def test_strange_values_get_a_one_line_error(change, message):
+    bad = seg([blk(512, "active_allocated"), blk(512)], address=BASE + 2 * MIB)
+    change(bad)
+    with pytest.raises(SnapshotError, match=message) as info:
+        fragmentation(snap(seg([blk(2 * MIB)]), bad))
+    assert "\n" not in str(info.value) and len(str(info.value)) < 300
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"roundup_power2_divisions": {"1024": 3}},  # not a power of 2
+        {"roundup_power2_divisions": {"x": 4}},  # not an interval
+        {"roundup_power2_divisions": _nested(100_000)},
+        {"PYTORCH_CUDA_ALLOC_CONF": "nonsense:1", "expandable_segments": True},
+    ],
+)
+def test_malformed_settings_fall_back_to_what_parses(settings):
+    d = snap(seg([blk(512, "active_allocated", 100), blk(2 * MIB - 512)]), settings=settings)
+    r = fragmentation(d)
+    assert r.allocator_settings is settings and r.reserved == 2 * MIB
+    assert r.config.roundup_power2_divisions == (0,) * len(r.config.roundup_power2_divisions)
+    assert r.expandable_mode == bool(settings.get("expandable_segments"))
+
+
+def test_a_zero_size_block_at_a_segment_end_stays_in_its_segment():
+    d = snap(
+        seg([blk(2 * MIB, "active_allocated"), blk(0), blk(0, "active_pending_free")]),
+        seg([blk(2 * MIB, "active_allocated")], address=BASE + 2 * MIB, device=1),
+    )
+    r = fragmentation(d)
+    assert (r.device(0).blocks_free, r.device(0).blocks_pending_free) == (1, 1)
+    assert (r.device(1).blocks_free, r.device(1).blocks_allocated) == (0, 1)
+
+
 def test_the_second_segment_is_named():
     good = seg([blk(2 * MIB)])
     bad = seg([blk(512, "active_allocated"), blk(512)], address=BASE + 2 * MIB)

@@ -529,15 +529,8 @@ CASES: dict[str, tuple[Any, bool]] = {
 }
 
 
-_WALK_BUG = "walk.py (reported, fix pending): "
 #: Cases where the two walks still part, and why; strict: each flips to a failure once fixed
-KNOWN_DIFFERENCES = {
-    "zero-size free block at a segment's end": _WALK_BUG
-    + "_located puts a zero-size block at a segment's end into the next segment",
-    "zero-size pending block in an all-zero segment": _WALK_BUG + "the same, for a pending block",
-    "block sizes adding up past 2**63": _WALK_BUG
-    + "_walk_careful's last per_seg.append(base) raises a bare OverflowError",
-}
+KNOWN_DIFFERENCES: dict[str, str] = {}  # case name -> why the paths differ, if ever
 
 
 @pytest.mark.parametrize(

@@ -58,18 +58,7 @@ CANARY = "gpumemviz_fuzz_canary"
 
 #: Findings already reported to the module's owner, by signature; the seeded test slice tolerates
 #: (and counts) them. Remove an entry once its owner fixed it, and add a regression test then.
-KNOWN: dict[str, str] = {
-    # fragmentation() on a mutated dict, found by the C-walk differential run (reported)
-    "frag:ConfigError@config.py:_division_value": "fragmentation lets AllocatorConfig's "
-    "ConfigError out for bad allocator_settings roundup_power2_divisions (reduce._settings)",
-    "frag:ConfigError@config.py:_division_key": "the same, for a bad divisions key",
-    "frag:RecursionError@reduce.py": "reduce._settings reprs deeply nested allocator_settings",
-    "frag:RecursionError@walk.py": "walk's error path reprs a deeply nested value",
-    "frag:TypeError@walk.py:_walk_careful": "a legacy block's requested_size of another type "
-    "(no frames, no history) is added as is",
-    "frag:OverflowError@walk.py:_walk_careful": "block sizes adding up past 2**63: the last "
-    "per_seg.append(base) is outside the OverflowError handler",
-}
+KNOWN: dict[str, str] = {}
 
 
 # --------------------------------------------------------------------------------------------

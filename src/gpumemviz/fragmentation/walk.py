@@ -16,7 +16,7 @@ import numpy as np
 
 from ..allocator.config import AllocatorConfig
 from ..allocator.rules import K_SMALL_BUFFER, page_size
-from .reduce import SUM_ROWS, _Columns, _columns, _group, _reduce, _settings, _starts
+from .reduce import SUM_ROWS, _Columns, _columns, _reduce, _settings
 from .report import FragmentationReport
 
 try:
@@ -135,41 +135,34 @@ def _columns_python(segs: list, config: AllocatorConfig) -> _Columns:
             raise TypeError("'segments' is not a list")
         walked = _walk_careful(segs) if segs and _legacy(segs) else _walk_fast(segs)
     except _BadState as e:
-        raise _error(segs, f"unknown block state {e.args[0]!r}") from None
+        raise _error(segs, f"unknown block state {_short(e.args[0])}") from None
     except (KeyError, TypeError, AttributeError, OverflowError):
         # an older or hand-made file (no frames, is_expandable, segment_pool_id...): walk it
         # again the careful way, which raises a located SnapshotError on what is truly missing
         walked = _walk_careful(segs)
-    per_seg, free_pos, pend_pos, smalls, odd = walked
+    per_seg, free, pend, smalls, odd = walked
     n = len(segs)
-    try:
-        flat = np.frombuffer(per_seg, np.int64)
-    except (ValueError, OverflowError, TypeError) as e:
-        raise _error(segs, f"a value is not a 64-bit integer ({e})") from None
-    per = flat[:-1].reshape(n, _PER_SEG)
+    per = np.frombuffer(per_seg, np.int64).reshape(n, _PER_SEG)
     is_small = np.zeros(n, dtype=bool)
     is_small[smalls] = True
-    seg_start = flat[4:-1:_PER_SEG]
-    blocks_end = np.append(seg_start[1:], flat[-1])  # the next segment's start
-    free = _located(free_pos, seg_start)
-    pend = _located(pend_pos, seg_start)
-    # allocated bytes = what the blocks cover, less the free and pending-free blocks
-    allocated = blocks_end - seg_start
-    for part in (free, pend):
-        seg, size = part["segment"], part["size"]
-        allocated -= _group(seg, _starts(seg), size, n, np.add)
     return _columns(
         **_rare_columns(segs, odd),
         address=per[:, 1],
         total_size=per[:, 2],
-        allocated=allocated,
+        allocated=per[:, 4],
         requested=per[:, 0],
         n_blocks=per[:, 3],
         is_small=is_small,
-        **{f"free_{k}": v for k, v in free.items()},
-        **{f"pend_{k}": v for k, v in pend.items()},
+        **_blocks(free, "free"),
+        **_blocks(pend, "pend"),
         config=config,
     )
+
+
+def _blocks(flat: array, prefix: str) -> dict[str, np.ndarray]:
+    """(segment row, offset in the segment, size) triples -> three `_columns` arguments."""
+    triples = np.frombuffer(flat, np.int64).reshape(-1, 3)
+    return {f"{prefix}_{k}": triples[:, i] for i, k in enumerate(("segment", "offset", "size"))}
 
 
 def _legacy(segs: list) -> bool:
@@ -179,30 +172,33 @@ def _legacy(segs: list) -> bool:
 
 
 _Walked = tuple[array, array, array, list[int], list[int]]
-# per segment: requested, address, total_size, n_blocks, position of its first block in the
-# concatenation of all blocks, and (last segment only, appended after the walk) the end position
+# per segment: requested, address, total_size, n_blocks, allocated; inactive and pending-free
+# blocks as (segment row, offset in the segment, size) triples
 _PER_SEG = 5
 _DEFAULT_POOL = (0, 0)
+# what every block of a file may add up to: offsets and sums stay 64-bit integers
+_MAX_FILE_BYTES = (1 << 63) - 1
 
 
 def _walk_fast(segs: list) -> _Walked:
-    """The hot loop, for torch >= 2.1 dicts.
+    """The Python walk for torch >= 2.1 dicts, where `_cwalk` is not built.
 
     It stores machine integers straight into `array`s while each value is in the CPU cache (a
     tuple per block would also wake the garbage collector, which then walks the whole freshly
     loaded snapshot), and records the rare things (another device, stream, pool, expandable
-    segments) as row numbers, to read them again afterwards.
+    segments) as row numbers, to read them again afterwards. Raises KeyError, TypeError or
+    OverflowError on anything else, for the careful walk to name.
     """
     per_seg = array("q")
-    free_pos = array("q")  # (position, size) pairs, flat
-    pend_pos = array("q")
+    free = array("q")
+    pend = array("q")
     smalls: list[int] = []
     odd: list[int] = []
     put = per_seg.append
-    put_free = free_pos.append
+    put_free = free.extend
     allocated_s, inactive_s, pending_s, small_s = _ALLOCATED, _INACTIVE, _PENDING, _SMALL
     default = _DEFAULT_POOL
-    base = 0
+    total = 0
     for si, seg in enumerate(segs):
         blocks = seg["blocks"]
         a = f = p = r = 0
@@ -213,11 +209,10 @@ def _walk_fast(segs: list) -> _Walked:
                 a += size
                 r += b["requested_size"]
             elif st == inactive_s:
-                put_free(base + a + f + p)
-                put_free(size)
+                put_free((si, a + f + p, size))
                 f += size
             elif st == pending_s:
-                pend_pos.extend((base + a + f + p, size))
+                pend.extend((si, a + f + p, size))
                 p += size
             else:
                 raise _BadState(st)
@@ -225,8 +220,8 @@ def _walk_fast(segs: list) -> _Walked:
         put(seg["address"])
         put(seg["total_size"])
         put(len(blocks))
-        put(base)
-        base += a + f + p
+        put(a)
+        total += a + f + p
         if seg["segment_type"] == small_s:
             smalls.append(si)
         if (
@@ -236,19 +231,20 @@ def _walk_fast(segs: list) -> _Walked:
             or seg["segment_pool_id"] != default
         ):
             odd.append(si)
-    put(base)
-    return per_seg, free_pos, pend_pos, smalls, odd
+    if total > _MAX_FILE_BYTES:
+        raise OverflowError("the blocks add up past 2^63 bytes")
+    return per_seg, free, pend, smalls, odd
 
 
 def _walk_careful(segs: Any) -> _Walked:
     """Any generation, optional keys defaulted; torch 2.0 requested sizes come from `history`
     as in `_memory_viz._block_extra_legacy`. Raises a SnapshotError saying where."""
     per_seg = array("q")
-    free_pos = array("q")
-    pend_pos = array("q")
+    free = array("q")
+    pend = array("q")
     smalls: list[int] = []
     odd: list[int] = []
-    base = 0
+    total = 0
     if not isinstance(segs, list):
         raise _snapshot_error("'segments' is not a list")
     si = -1
@@ -262,7 +258,7 @@ def _walk_careful(segs: Any) -> _Walked:
             blocks = seg["blocks"]
             if not isinstance(blocks, list):
                 raise _snapshot_error(f"segment {si}: 'blocks' is not a list")
-            r = off = 0
+            r = a = off = 0
             for bi, b in enumerate(blocks):
                 if not isinstance(b, Mapping):
                     raise _snapshot_error(f"segment {si}, block {bi}: not a block dict")
@@ -272,18 +268,21 @@ def _walk_careful(segs: Any) -> _Walked:
                     raise _snapshot_error(f"segment {si}, block {bi}: no integer 'size'")
                 if st == _ALLOCATED:
                     r += _requested(b, size, si, bi)
+                    a += size
                 elif st == _INACTIVE:
-                    free_pos.extend((base + off, size))
+                    free.extend((si, off, size))
                 elif st == _PENDING:
-                    pend_pos.extend((base + off, size))
+                    pend.extend((si, off, size))
                 else:
-                    raise _snapshot_error(f"segment {si}, block {bi}: unknown block state {st!r}")
+                    raise _snapshot_error(
+                        f"segment {si}, block {bi}: unknown block state {_short(st)}"
+                    )
                 off += size
             for key in ("address", "total_size"):
                 if not isinstance(seg[key], int):
                     raise _snapshot_error(f"segment {si}: {key!r} is not an integer")
-            per_seg.extend((r, seg["address"], seg["total_size"], len(blocks), base))
-            base += off
+            per_seg.extend((r, seg["address"], seg["total_size"], len(blocks), a))
+            total += off
             seg_type = seg.get("segment_type")
             if (
                 (seg_type == _SMALL)
@@ -301,8 +300,9 @@ def _walk_careful(segs: Any) -> _Walked:
                 odd.append(si)
     except OverflowError:
         raise _snapshot_error(f"segment {si}: a size or address does not fit in 64 bits") from None
-    per_seg.append(base)
-    return per_seg, free_pos, pend_pos, smalls, odd
+    if total > _MAX_FILE_BYTES:
+        raise _snapshot_error("segments: the blocks add up past 2^63 bytes")
+    return per_seg, free, pend, smalls, odd
 
 
 def _requested(b: Mapping[str, Any], size: int, si: int, bi: int) -> int:
@@ -314,19 +314,19 @@ def _requested(b: Mapping[str, Any], size: int, si: int, bi: int) -> int:
                 return int(hist[0]["real_size"])
             except (KeyError, TypeError, IndexError, ValueError):
                 raise _snapshot_error(f"segment {si}, block {bi}: malformed 'history'") from None
-        return b.get("requested_size", size)
-    req = b.get("requested_size")
+        req = b.get("requested_size", size)
+    else:
+        req = b.get("requested_size")
     if not isinstance(req, int):
         raise _snapshot_error(f"segment {si}, block {bi}: no integer 'requested_size'")
     return req
 
 
-def _located(flat: array, seg_start: np.ndarray) -> dict[str, np.ndarray]:
-    """(position, size) pairs -> segment row, offset in the segment, size."""
-    pairs = np.frombuffer(flat, np.int64).reshape(-1, 2)
-    pos = pairs[:, 0]
-    seg = np.searchsorted(seg_start, pos, side="right") - 1
-    return {"segment": seg, "offset": pos - seg_start[seg], "size": pairs[:, 1]}
+def _short(value: Any) -> str:
+    """A value for an error message: bounded and depth-limited (values come from files)."""
+    from ..snapshot import short_repr  # only on the error path
+
+    return short_repr(value)
 
 
 _SMALL = "small"
