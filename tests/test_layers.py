@@ -21,6 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "sampler": {"snapshot", "sample", "sources", "units"},
     "fragmentation.": {"snapshot", "io", "allocator", "units", "_callable", "fragmentation"},
     "advice": {"snapshot", "io", "allocator", "units", "fragmentation"},
+    "advice_check": {"snapshot", "io", "allocator", "units", "advice"},
     "render.": {
         *("snapshot", "sample", "fragmentation", "advice", "units", "render", "io"),
         *("frames", "sites"),
@@ -30,7 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     "diff": {"snapshot", "io", "fragmentation", "sites", "frames", "units", "_callable"},
     "export": {"snapshot", "io", "allocator", "sample", "frames", "units", "_callable"},
     "report_html": {
-        *("snapshot", "io", "fragmentation", "advice", "sites", "frames", "export"),
+        *("snapshot", "io", "fragmentation", "advice", "advice_check", "sites", "frames"),
+        "export",
         *("render", "units"),
     },
 }

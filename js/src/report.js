@@ -112,6 +112,17 @@ function analysis(data, host) {
   } else {
     a.append(el("p", "gmv-muted", "Nothing to suggest: no setting would clearly help this snapshot."));
   }
+  const rejected = data.advice_rejected || [];
+  if (rejected.length) {
+    a.append(el("p", "", "Checked and rejected: the replay of the recorded trace is worse with these settings."));
+    const ul = el("ul", "gmv-advice-list gmv-advice-rejected");
+    for (const x of rejected) {
+      const li = el("li", "gmv-muted", (devs.length > 1 ? `cuda:${x.device}: ` : "") + String(x.message));
+      li.dataset.kind = String(x.kind);
+      ul.append(li);
+    }
+    a.append(ul);
+  }
   const oomDevs = Object.keys(data.oom);
   if (oomDevs.length) {
     a.append(el("p", "", "Recorded out-of-memory errors: " + oomDevs.map(

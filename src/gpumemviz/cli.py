@@ -14,18 +14,24 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .advice import Advice, advise, oom_device_free
 from .fragmentation import FragmentationReport, MemoryFigures, SegmentSummary, fragmentation
 from .units import format_size, parse_size
 
+if TYPE_CHECKING:
+    from .advice_check import CheckedAdvice
+
 __all__ = ["DEMO_NOTEBOOK", "NOT_RECORDED", "SUBCOMMANDS", "UsageError", "demo_command", "main"]
 
 
 #: What `inspect` and `whatif` say of a file that does not record its allocator settings.
 NOT_RECORDED = "not recorded (assumed PyTorch's defaults)"
+
+#: Why `inspect --no-replay` advice carries no replay (its `replay_skipped` in --json).
+NO_REPLAY = "--no-replay"
 
 #: Options taking a size, whose value may start with "-" (to be refused as not positive).
 _SIZE_OPTIONS = ("--capacity",)
@@ -50,10 +56,17 @@ def add_inspect(sub: Any) -> None:
     p.add_argument("file", type=Path, help="snapshot file (.pickle, .pkl, .json or any name)")
     p.add_argument("--device", type=int, default=None, help="only this device index")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument(
+        "--no-replay",
+        action="store_true",
+        help="do not check setting advice by replaying the recorded trace (faster; the "
+        "advice is then only what the snapshot's fragmentation suggests)",
+    )
     p.set_defaults(run=run_inspect)
 
 
 def run_inspect(args: argparse.Namespace) -> int:
+    from .advice_check import Checked, CheckedAdvice, check_advice  # loads the replay
     from .io import load_snapshot  # the loader is only needed once a file is named
 
     snap = load_snapshot(args.file)
@@ -69,27 +82,35 @@ def run_inspect(args: argparse.Namespace) -> int:
     for d in devices:
         total = report.devices[d].reserved + oom_free[d] if d in oom_free else None
         advice += advise(report, device=d, device_total=total)
-    if args.json:
-        print(json.dumps(_json(report, devices, advice, oom_free, args.device), indent=2))
+    if args.no_replay:
+        checked = CheckedAdvice([Checked(a, unchecked=NO_REPLAY) for a in advice], [])
     else:
-        print("\n".join(_text(report, devices, advice, oom_free, str(args.file))))
+        checked = check_advice(snap, advice)
+    if args.json:
+        print(json.dumps(_json(report, devices, checked, oom_free, args.device), indent=2))
+    else:
+        print("\n".join(_text(report, devices, checked, oom_free, str(args.file))))
     return 0
 
 
 def _json(
     report: FragmentationReport,
     devices: list[int],
-    advice: list[Advice],
+    checked: CheckedAdvice,
     oom_free: dict[int, int],
     only: int | None,
 ) -> dict[str, Any]:
-    """`{"total": {...}, "devices": {"0": {...}}}` (with --device: total = that device)."""
+    """`{"total": {...}, "devices": {"0": {...}}}` (with --device: total = that device).
+
+    Each advice is `{kind, message, evidence, replay, replay_skipped}`; `rejected_advice` holds
+    the setting advice the replay refuted, in the same shape."""
     full = report.to_dict()
     out: dict[str, Any] = {
         "total": full["devices"][str(only)] if only is not None else full["total"],
         "devices": {str(d): full["devices"][str(d)] for d in devices},
         "settings": full["settings"],
-        "advice": [a.to_dict() for a in advice],
+        "advice": [c.to_dict() for c in checked.shown],
+        "rejected_advice": [c.to_dict() for c in checked.rejected],
     }
     out["oom_device_free"] = {str(d): v for d, v in oom_free.items() if d in devices}
     return out
@@ -98,7 +119,7 @@ def _json(
 def _text(
     report: FragmentationReport,
     devices: list[int],
-    advice: list[Advice],
+    checked: CheckedAdvice,
     oom_free: dict[int, int],
     name: str,
 ) -> list[str]:
@@ -118,8 +139,12 @@ def _text(
     if t.violations:
         lines.append(f"! {len(t.violations)} segment(s) break allocated + free + pending == size:")
         lines += [f"    {v.message}" for v in t.violations[:5]]
+    advice = checked.advice
     lines.append("advice:" if advice else "advice: none (nothing worth changing)")
     lines += [f"  - [{a.kind}] {a.message}" for a in advice]
+    if checked.rejected:
+        lines.append("checked and rejected (the replay of the recorded trace is worse with it):")
+        lines += [f"  - [{c.advice.kind}] {c.advice.message}" for c in checked.rejected]
     return lines
 
 
@@ -322,6 +347,11 @@ def add_report(sub: Any) -> None:
         "fragmentation, advice, top allocation sites); it opens with the network off.",
     )
     _add_sharing_args(p, "the HTML file to write")
+    p.add_argument(
+        "--no-replay",
+        action="store_true",
+        help="do not check setting advice by replaying the recorded trace",
+    )
     p.set_defaults(run=run_report)
 
 
@@ -341,7 +371,9 @@ def run_report(args: argparse.Namespace) -> int:
 
     _check_output(args.output)
     # the file itself: its name is the title and its size sets the page's budget
-    path = report(args.file, args.output, redact_paths=args.redact_paths)
+    path = report(
+        args.file, args.output, redact_paths=args.redact_paths, replay_advice=not args.no_replay
+    )
     print(f"wrote {path} ({format_size(path.stat().st_size)})")
     return 0
 

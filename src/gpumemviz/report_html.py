@@ -30,6 +30,7 @@ from . import advice as _advice
 from . import export as _export
 from . import fragmentation as _fragmentation
 from . import sites as _sites
+from .advice_check import Checked, CheckedAdvice, check_advice
 from .fragmentation import FIGURE_NAMES
 from .frames import Redactor
 from .io import as_snapshot, atomic_write
@@ -68,6 +69,7 @@ def report(
     title: str | None = None,
     input_size: int | None = None,
     redact_paths: bool = False,
+    replay_advice: bool = True,
 ) -> Path:
     """Write the offline HTML report of a snapshot.
 
@@ -85,6 +87,9 @@ def report(
     redact_paths : bool
         Replace home directories and user names in every string (`frames.Redactor`, the same
         placeholders as `gpumemviz.export(..., redact_paths=True)`), the title included.
+    replay_advice : bool
+        Check setting advice by replaying the recorded trace (`gpumemviz.advice_check`);
+        advice the replay refutes is listed apart as checked and rejected.
 
     Returns
     -------
@@ -100,7 +105,13 @@ def report(
     ...     report(a.snapshot(), os.path.join(d, "r.html")).read_text()[:15]
     '<!doctype html>'
     """
-    text = render_html(snapshot, title=title, input_size=input_size, redact_paths=redact_paths)
+    text = render_html(
+        snapshot,
+        title=title,
+        input_size=input_size,
+        redact_paths=redact_paths,
+        replay_advice=replay_advice,
+    )
     data = text.encode("utf-8")
 
     def write(f: BinaryIO) -> None:
@@ -117,6 +128,7 @@ def render_html(
     title: str | None = None,
     input_size: int | None = None,
     redact_paths: bool = False,
+    replay_advice: bool = True,
 ) -> str:
     """The report page as a string (what `report` writes); see `report` for the parameters."""
     name = _source_name(snapshot)
@@ -130,7 +142,9 @@ def render_html(
         redactor = Redactor()
         snap = snap.map_objects(redactor.redact)
         page_title = redactor.text(page_title)
-    data = report_data(snap, title=page_title, budget=SIZE_FACTOR * input_size)
+    data = report_data(
+        snap, title=page_title, budget=SIZE_FACTOR * input_size, replay_advice=replay_advice
+    )
     js = _bundle("report.js")
     css = _bundle("widget.css") + "\n" + _bundle("report.css")
     return _PAGE.format(
@@ -149,21 +163,31 @@ def renderer_size() -> int:
     return len(page.encode("utf-8"))
 
 
-def report_data(snap: Snapshot, *, title: str = "", budget: int | None = None) -> dict:
+def report_data(
+    snap: Snapshot, *, title: str = "", budget: int | None = None, replay_advice: bool = True
+) -> dict:
     """Everything the page shows, as JSON-ready data (binary columns base64, little-endian).
 
     `budget` bounds the bytes of the map and timeline data (the analysis has its own fixed
-    allowance); None: full resolution and every row's blocks.
+    allowance); None: full resolution and every row's blocks. `replay_advice` checks setting
+    advice on the recorded trace (`advice_check`), as `gpumemviz inspect` does.
     """
     rows = build_rows(snap)
     report_ = _fragmentation.fragmentation(snap)
     header = figures(rows)
     ooms = _advice.oom_device_free(snap)
-    advice = []
+    found: list[_advice.Advice] = []
     for d, figs in report_.devices.items():  # per device, as `gpumemviz inspect` advises
         total = figs.reserved + ooms[d] if d in ooms else None
-        for a in _advice.advise(report_, device=d, device_total=total):
-            advice.append({"kind": a.kind, "message": a.message, "device": d})
+        found += _advice.advise(report_, device=d, device_total=total)
+    # setting advice the recorded trace's replay refutes goes to its own list, as in inspect
+    checked = (
+        check_advice(snap, found)
+        if replay_advice
+        else CheckedAdvice([Checked(a) for a in found], [])
+    )
+    advice = [_advice_row(c.advice) for c in checked.shown]
+    rejected = [_advice_row(c.advice) for c in checked.rejected]
     devices = {str(d): _device_figures(f) for d, f in report_.devices.items()}
     # free bytes empty_cache cannot return (it syncs pending frees first, so they count): what
     # the map paints trapped; on expandable segments it includes sub-page slivers, which torch's
@@ -186,6 +210,7 @@ def report_data(snap: Snapshot, *, title: str = "", budget: int | None = None) -
         "total": totals,
         "worst": [_worst(w) for w in report_.total.worst_segments],
         "advice": advice,
+        "advice_rejected": rejected,
         "oom": {str(d): v for d, v in ooms.items()},
         # None: the file records no settings (older torch): shown as such, not as defaults
         "settings": (
@@ -201,6 +226,11 @@ def report_data(snap: Snapshot, *, title: str = "", budget: int | None = None) -
         room = max(0, room - len(json.dumps(out["timeline"])))
     out["map"] = _map(rows, room)
     return out
+
+
+def _advice_row(a: _advice.Advice) -> dict:
+    """What the page shows of an advice (every per-device rule's evidence names its device)."""
+    return {"kind": a.kind, "message": a.message, "device": a.evidence.get("device")}
 
 
 def estimate_pickle_size(snap: Snapshot) -> int:

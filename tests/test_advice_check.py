@@ -1,0 +1,250 @@
+"""check_advice(): setting advice is replayed on the recorded trace; what the replay refutes is
+not suggested, what it confirms keeps its numbers, and advice without a trace is untouched."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import REAL_FILES, read_real
+from gpumemviz.advice import Advice, advise, oom_device_free
+from gpumemviz.advice_check import CHECKED_KINDS, ReplayCheck, check_advice, setting_of
+from gpumemviz.allocator import workloads
+from gpumemviz.allocator.model import CachingAllocator
+from gpumemviz.allocator.replay import replay
+from gpumemviz.cli import main
+from gpumemviz.fragmentation import fragmentation
+from gpumemviz.report_html import report_data
+from gpumemviz.snapshot import Snapshot
+from gpumemviz.units import format_size
+
+CRANBERRII = next((p for p in REAL_FILES if p.name.startswith("cranberrii__")), None)
+needs_cranberrii = pytest.mark.skipif(CRANBERRII is None, reason="no cranberrii real snapshot")
+
+
+def _inspect_advice(snapshot) -> list[Advice]:
+    """What `gpumemviz inspect` advises before the check: per device, with a recorded OOM's size."""
+    report = fragmentation(snapshot)
+    ooms = oom_device_free(snapshot)
+    out: list[Advice] = []
+    for d, f in report.devices.items():
+        total = f.reserved + ooms[d] if d in ooms else None
+        out += advise(report, device=d, device_total=total)
+    return out
+
+
+@pytest.fixture(scope="module")
+def cranberrii():
+    if CRANBERRII is None:
+        pytest.skip("no cranberrii real snapshot")
+    d = read_real(CRANBERRII)
+    return d, check_advice(d, _inspect_advice(d))
+
+
+@needs_cranberrii
+def test_max_split_is_rejected_on_cranberrii_with_the_replays_numbers(cranberrii):
+    d, checked = cranberrii
+    assert "max_split_size_mb" in [a.kind for a in _inspect_advice(d)]  # today's advice
+    assert "max_split_size_mb" not in [a.kind for a in checked.advice]
+    (c,) = checked.rejected
+    assert c.advice.kind == "max_split_size_mb" and c.check is not None
+    assert c.check.setting == "max_split_size_mb:32" and c.check.verdict == "worse"
+    # the numbers are whatif's, replayed independently here
+    r = replay(d, config="max_split_size_mb:32")
+    assert c.check.peak_reserved_before == r.recorded[0].peak_reserved
+    assert c.check.peak_reserved_after == r.devices[0].peak_reserved
+    assert c.check.peak_reserved_after > c.check.peak_reserved_before
+    assert (c.check.peak_segments_before, c.check.peak_segments_after) == (215, 304)
+    assert c.check.oom_before is None and c.check.oom_after is None
+    before, after = (
+        format_size(c.check.peak_reserved_before),
+        format_size(c.check.peak_reserved_after),
+    )
+    assert (before, after) == ("6.03 GiB", "6.07 GiB")
+    assert c.advice.message.endswith(
+        f"Replay of the recorded trace with max_split_size_mb:32: peak reserved {before} -> "
+        f"{after}, peak segments 215 -> 304: worse, so not suggested."
+    )
+    assert c.advice.evidence["replay_peak_reserved_with_setting"] == c.check.peak_reserved_after
+    assert c.advice.evidence["suggested_max_split_size_mb"] == 32  # advise()'s evidence kept
+
+
+@needs_cranberrii
+def test_expandable_is_confirmed_on_cranberrii_and_keeps_its_numbers(cranberrii):
+    d, checked = cranberrii
+    (c,) = checked.shown
+    assert c.advice.kind == "expandable_segments" and c.check is not None
+    assert c.check.verdict == "better"
+    r = replay(d, config="expandable_segments:True")
+    assert c.check.peak_reserved_after == r.devices[0].peak_reserved
+    assert format_size(c.check.peak_reserved_after) == "5.55 GiB"
+    assert c.check.peak_segments_after == 65 and c.check.events == 10307
+    assert c.advice.message.endswith(
+        "Replay of the recorded trace with expandable_segments:True: peak reserved 6.03 GiB -> "
+        "5.55 GiB, peak segments 215 -> 65."
+    )
+    ev = c.advice.evidence
+    assert ev["replay_peak_reserved"] == c.check.peak_reserved_before
+    assert ev["replay_peak_segments_with_setting"] == 65
+    assert ev["replay_oom_at"] == ev["replay_oom_at_with_setting"] == ev["replay_capacity"] == -1
+    assert c.to_dict()["replay"]["verdict"] == "better"
+
+
+def test_advice_without_a_trace_is_unchanged(real_path):
+    d = read_real(real_path)
+    advice = _inspect_advice(d)
+    checked = check_advice(d, advice)
+    traced = {i for i, t in enumerate(d.get("device_traces") or []) if t}
+    for c in checked.shown:
+        if c.advice.evidence.get("device") not in traced or c.advice.kind not in CHECKED_KINDS:
+            assert c.check is None and c.advice in advice
+    if not traced:
+        assert checked.advice == advice and checked.rejected == []
+        assert all(c.unchecked for c in checked.shown if c.advice.kind in CHECKED_KINDS)
+
+
+def test_a_fragmented_dict_without_trace_keeps_todays_advice():
+    segs = [
+        {
+            "device": 0,
+            "address": 0x7F0000000000 + i * 96 * 2**20,
+            "total_size": 96 * 2**20,
+            "stream": 0,
+            "segment_type": "large",
+            "blocks": [
+                {"size": 2 * 2**20, "requested_size": 2**21, "state": "active_allocated"},
+                {"size": 94 * 2**20, "requested_size": 0, "state": "inactive"},
+            ],
+        }
+        for i in range(8)
+    ]
+    d = {"segments": segs, "device_traces": [[]]}
+    advice = advise(d)
+    assert [a.kind for a in advice] == ["expandable_segments", "max_split_size_mb"]
+    checked = check_advice(d, advice)
+    assert checked.advice == advice and checked.rejected == []
+    assert [c.unchecked for c in checked.shown] == ["no recorded trace for device 0"] * 2
+
+
+def test_the_recorded_oom_avoided_is_said_and_counts_as_better():
+    # the README's training loop: OOM at operation 10,885 with the defaults
+    w = workloads.WORKLOADS["training"]
+    a = CachingAllocator(w.capacity, w.config)
+    assert not workloads.run(w, a).completed
+    snap = a.snapshot()
+    checked = check_advice(snap, [Advice("expandable_segments", "Try it.", {"device": 0})])
+    (c,) = checked.shown
+    assert c.check is not None and c.check.capacity == w.capacity
+    assert c.check.oom_before is not None and c.check.oom_after is None
+    assert c.check.verdict == "better"
+    assert f"the OOM at entry {c.check.oom_before} avoided." in c.advice.message
+    assert format_size(c.check.peak_reserved_after) == "16.94 GiB"  # the README's table
+
+
+def _check(**kw) -> ReplayCheck:
+    base = {
+        "device": 0,
+        "setting": "expandable_segments:True",
+        "settings": "expandable_segments:True",
+        "events": 10,
+        "capacity": None,
+        "peak_reserved_before": 100,
+        "peak_reserved_after": 100,
+        "peak_segments_before": 3,
+        "peak_segments_after": 3,
+        "oom_before": None,
+        "oom_after": None,
+        "seconds": 0.0,
+    }
+    return ReplayCheck(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    ("kw", "verdict", "said"),
+    [
+        ({"peak_reserved_after": 90}, "better", "peak reserved 100 bytes -> 90 bytes"),
+        ({"peak_reserved_after": 110}, "worse", "worse, so not suggested"),
+        ({}, "same", "(no gain)"),
+        ({"oom_after": 7, "peak_reserved_after": 50}, "worse", "an OOM at entry 7 that the"),
+        ({"oom_before": 7, "peak_reserved_after": 150}, "better", "the OOM at entry 7 avoided"),
+        ({"oom_before": 7, "oom_after": 5}, "worse", "OOM at entry 7 -> 5"),
+        ({"oom_before": 7, "oom_after": 9}, "better", "OOM at entry 7 -> 9"),
+        ({"oom_before": 7, "oom_after": 7}, "same", "the OOM at entry 7 reproduced"),
+    ],
+)
+def test_verdict_puts_an_oom_before_peak_reserved(kw, verdict, said):
+    c = _check(**kw)
+    assert c.verdict == verdict
+    assert said in c.sentence() and "\n" not in c.sentence()
+
+
+def test_the_setting_is_added_to_the_recorded_settings():
+    a = CachingAllocator(1 << 34, "garbage_collection_threshold:0.5")
+    ptrs = [a.malloc(s << 20) for s in (30, 3, 30, 3, 30)]
+    for p in ptrs[::2]:
+        a.free(p)
+    snap = Snapshot.from_torch(a.snapshot())
+    advice = [
+        Advice("max_split_size_mb", "Cap it.", {"device": 0, "suggested_max_split_size_mb": 32}),
+        Advice("no_empty_cache_in_loop", "Not a setting.", {"num_alloc_retries": 5}),
+    ]
+    checked = check_advice(snap, advice)
+    by_kind = {c.advice.kind: c for c in checked.shown + checked.rejected}
+    assert by_kind["max_split_size_mb"].check.settings == (
+        "garbage_collection_threshold:0.5,max_split_size_mb:32"
+    )
+    assert by_kind["no_empty_cache_in_loop"].check is None
+    assert by_kind["no_empty_cache_in_loop"].advice is advice[1]
+    assert setting_of(advice[1]) is None
+
+
+@needs_cranberrii
+def test_inspect_json_carries_the_replay_and_the_rejected(capsys):
+    assert main(["inspect", str(CRANBERRII), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    (shown,) = out["advice"]
+    assert {"kind", "message", "evidence", "replay", "replay_skipped"} <= set(shown)
+    assert shown["kind"] == "expandable_segments" and shown["replay_skipped"] is None
+    assert shown["replay"]["verdict"] == "better" and shown["replay"]["device"] == 0
+    assert shown["replay"]["after"]["peak_segments"] == 65
+    (rejected,) = out["rejected_advice"]
+    assert rejected["kind"] == "max_split_size_mb" and rejected["replay"]["verdict"] == "worse"
+    after, before = rejected["replay"]["after"], rejected["replay"]["before"]
+    assert after["peak_reserved"] > before["peak_reserved"]
+
+
+@needs_cranberrii
+def test_inspect_text_lists_the_rejected_apart(capsys):
+    assert main(["inspect", str(CRANBERRII)]) == 0
+    text = capsys.readouterr().out
+    head, _, rejected = text.partition("checked and rejected")
+    assert "[expandable_segments]" in head and "5.55 GiB, peak segments 215 -> 65." in head
+    assert "[max_split_size_mb]" not in head
+    assert "[max_split_size_mb]" in rejected and "worse, so not suggested." in rejected
+
+
+@needs_cranberrii
+def test_no_replay_gives_todays_advice(capsys):
+    assert main(["inspect", str(CRANBERRII), "--json", "--no-replay"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    today = [a.to_dict() for a in _inspect_advice(read_real(CRANBERRII))]
+    assert [{k: a[k] for k in ("kind", "message", "evidence")} for a in out["advice"]] == today
+    assert all(a["replay"] is None and a["replay_skipped"] == "--no-replay" for a in out["advice"])
+    assert out["rejected_advice"] == []
+    assert main(["inspect", str(CRANBERRII), "--no-replay"]) == 0
+    text = capsys.readouterr().out
+    assert "[max_split_size_mb]" in text and "Replay of" not in text
+    assert "checked and rejected" not in text
+
+
+@needs_cranberrii
+def test_the_html_report_lists_the_rejected_apart():
+    snap = Snapshot.from_torch(read_real(CRANBERRII))
+    data = report_data(snap)
+    assert [a["kind"] for a in data["advice"]] == ["expandable_segments"]
+    assert "Replay of the recorded trace" in data["advice"][0]["message"]
+    assert [(a["kind"], a["device"]) for a in data["advice_rejected"]] == [("max_split_size_mb", 0)]
+    plain = report_data(snap, replay_advice=False)
+    assert [a["kind"] for a in plain["advice"]] == ["expandable_segments", "max_split_size_mb"]
+    assert plain["advice_rejected"] == []
