@@ -358,6 +358,7 @@ def _nested(depth: int) -> dict:
             ),
             "segment 1, block 0: no integer 'requested_size'",
         ),
+        (lambda s: s.update(segment_pool_id=7), "segment 1: 'segment_pool_id' is not a pair"),
         (
             lambda s: s["blocks"].extend([blk(2**62), blk(2**62, "active_allocated")]),
             "the blocks add up past 2\\^63 bytes",

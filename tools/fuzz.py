@@ -714,6 +714,53 @@ def shrink(case: bytes, check: Callable[[bytes], bool], budget_s: float = 5.0) -
     return case
 
 
+def run_case(target: str, case: Any, tmp: Path) -> str:
+    """One case through its target's oracle: its outcome, or a Finding raised."""
+    if target == "_hang":  # the guard's self-test
+        time.sleep(3600)
+    if target == "cli":
+        return run_cli(case, tmp)
+    if target == "dict":  # both judged: the loader's finding first
+        return run_loader(case, target) + " " + run_fragmentation(case)
+    return run_loader(case, target)
+
+
+def _memory_reproduces(case: Any, args: argparse.Namespace) -> bool:
+    """Whether a case that ran out of memory does so in a fresh process under the same cap.
+
+    A worker's heap grows and fragments over thousands of cases, so a long-lived worker can meet
+    its address-space cap on a case that needs far less; only a case that fails afresh is a
+    finding. A confirmation that cannot run or hangs counts as reproduced.
+    """
+    path = Path(tempfile.mkstemp(prefix="memory-", suffix=".bin", dir=args.workdir)[1])
+    path.write_bytes(_encode_case(case))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--confirm-memory", str(path)]
+    cmd += ["--target", args.target, "--rss-mb", str(args.rss_mb), "--workdir", args.workdir]
+    try:
+        done = subprocess.run(cmd, capture_output=True, timeout=max(60.0, 3 * args.case_timeout))
+    except subprocess.TimeoutExpired:
+        return True
+    finally:
+        path.unlink(missing_ok=True)
+    return done.returncode != 0
+
+
+def confirm_memory(args: argparse.Namespace) -> int:
+    """`--confirm-memory FILE`: run one saved case as a fresh worker would; exit 3 if it still
+    runs out of memory, 0 otherwise."""
+    import gpumemviz.cli
+    import gpumemviz.io  # noqa: F401
+
+    case = decode_case(Path(args.confirm_memory).read_bytes())
+    _set_rlimit(args.rss_mb + (4200 if args.target == "cli" else 0))
+    tmp = Path(tempfile.mkdtemp(prefix="case-", dir=args.workdir))
+    try:
+        run_case(args.target, case, tmp)
+    except Finding as f:
+        return 3 if f.sig.startswith("memory@") else 0
+    return 0
+
+
 def worker(args: argparse.Namespace) -> int:
     """Run cases for `args.target` from `args.start` until the deadline; one line per case."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -736,13 +783,7 @@ def worker(args: argparse.Namespace) -> int:
     i = args.start
 
     def run(case: Any) -> str:
-        if args.target == "_hang":  # the guard's self-test
-            time.sleep(3600)
-        if args.target == "cli":
-            return run_cli(case, tmp)
-        if args.target == "dict":  # both judged: the loader's finding first
-            return run_loader(case, args.target) + " " + run_fragmentation(case)
-        return run_loader(case, args.target)
+        return run_case(args.target, case, tmp)
 
     while time.time() < deadline and (args.cases <= 0 or i < args.start + args.cases):
         case = make_case(args.target, seeds, corpus, rng)
@@ -752,6 +793,10 @@ def worker(args: argparse.Namespace) -> int:
         try:
             outcome = run(case)
         except Finding as f:
+            if f.sig.startswith("memory@") and not _memory_reproduces(case, args):
+                # this worker's heap, grown over many cases, met the cap: not the case's doing
+                print(f"E {i} {time.perf_counter() - t0:.4f} worker heap full: restart", flush=True)
+                return 0  # the guard starts a fresh worker at the next case
             if isinstance(case, bytes):
 
                 def same(c: bytes, sig: str = f.sig) -> bool:
@@ -1062,11 +1107,14 @@ def main(argv: list[str] | None = None) -> int:
         help="share of the time for coverage-guided atheris where it is installed (default 0.5)",
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--confirm-memory", help=argparse.SUPPRESS)
     p.add_argument("--atheris-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--target", help=argparse.SUPPRESS)
     p.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
+    if ns.confirm_memory:
+        return confirm_memory(ns)
     if ns.worker:
         return worker(ns)
     if ns.atheris_worker:

@@ -291,6 +291,8 @@ def _walk_careful(segs: Any) -> _Walked:
             ):
                 smalls.append(si)
             pid = seg.get("segment_pool_id")
+            if pid and not (isinstance(pid, (list, tuple)) and len(pid) == 2):
+                raise _snapshot_error(f"segment {si}: 'segment_pool_id' is not a pair")
             if (
                 seg.get("device")
                 or seg.get("stream")
