@@ -87,3 +87,22 @@ def random_expandable_model(seed: int, pending: float):
             size += int(rng.integers(0, 1 << 19))
             live.append(m.malloc(size, int(rng.choice([0, 7]))))
     return m
+
+
+def fragmented_segments(n: int = 8) -> list[dict]:
+    """n 96 MiB segments, each 2 MiB allocated and 94 MiB free: fragmentation every advice rule
+    reads (expandable_segments and max_split_size_mb both apply)."""
+    return [
+        {
+            "device": 0,
+            "address": 0x7F0000000000 + i * 96 * 2**20,
+            "total_size": 96 * 2**20,
+            "stream": 0,
+            "segment_type": "large",
+            "blocks": [
+                {"size": 2 * 2**20, "requested_size": 2**21, "state": "active_allocated"},
+                {"size": 94 * 2**20, "requested_size": 0, "state": "inactive"},
+            ],
+        }
+        for i in range(n)
+    ]

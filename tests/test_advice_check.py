@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import REAL_FILES, read_real
+from conftest import REAL_FILES, fragmented_segments, read_real
 from gpumemviz.advice import Advice, advise, oom_device_free
 from gpumemviz.advice_check import CHECKED_KINDS, ReplayCheck, check_advice, setting_of
 from gpumemviz.allocator import workloads
@@ -105,20 +105,7 @@ def test_advice_without_a_trace_is_unchanged(real_path):
 
 
 def test_a_fragmented_dict_without_trace_keeps_todays_advice():
-    segs = [
-        {
-            "device": 0,
-            "address": 0x7F0000000000 + i * 96 * 2**20,
-            "total_size": 96 * 2**20,
-            "stream": 0,
-            "segment_type": "large",
-            "blocks": [
-                {"size": 2 * 2**20, "requested_size": 2**21, "state": "active_allocated"},
-                {"size": 94 * 2**20, "requested_size": 0, "state": "inactive"},
-            ],
-        }
-        for i in range(8)
-    ]
+    segs = fragmented_segments()
     d = {"segments": segs, "device_traces": [[]]}
     advice = advise(d)
     assert [a.kind for a in advice] == ["expandable_segments", "max_split_size_mb"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REAL_FILES, read_real
+from conftest import REAL_FILES, fragmented_segments, read_real
 from gpumemviz.cli import SUBCOMMANDS, build_parser, main
 from gpumemviz.fragmentation import fragmentation
 from gpumemviz.units import format_size
@@ -68,21 +68,7 @@ def test_text_summary_on_real_files(real_path, capsys):
 
 
 def test_text_of_a_fragmented_file_shows_worst_segments_and_advice(tmp_path, capsys):
-    segs = []
-    for i in range(8):
-        segs.append(
-            {
-                "device": 0,
-                "address": 0x7F0000000000 + i * 96 * 2**20,
-                "total_size": 96 * 2**20,
-                "stream": 0,
-                "segment_type": "large",
-                "blocks": [
-                    {"size": 2 * 2**20, "requested_size": 2**21, "state": "active_allocated"},
-                    {"size": 94 * 2**20, "requested_size": 0, "state": "inactive"},
-                ],
-            }
-        )
+    segs = fragmented_segments()
     path = tmp_path / "frag.pickle"
     path.write_bytes(pickle.dumps({"segments": segs, "device_traces": [[]]}, protocol=4))
     assert main(["inspect", str(path)]) == 0
