@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any
 
 import numpy as np
 
 from ..allocator.rules import (
+    UNLIMITED,
     allocation_size,
     is_small,
     oversize_rejects,
@@ -149,6 +151,15 @@ def _can_fit(
             f"(reserved above garbage_collection_threshold) frees at least {format_size(gc_low)} "
             "of its oldest unused segments."
         )
+    elif not gc_high and fits_with(
+        oversize := _oversize_released(r, rounded, stream, device, small), need
+    ):
+        verdict, fits = "new_segment", True
+        tail = (
+            f": only {format_size(room)} is free on the device{capped}, but first the allocator "
+            f"returns {format_size(oversize)} of cached oversize segments (max_split_size) to "
+            "the driver; then the new segment fits, without a flush or a retry."
+        )
     else:
         # the flush also unmaps the whole free pages of the tail it would grow, so in
         # expandable mode the retry needs the pages of the flushed layout
@@ -189,6 +200,43 @@ def _can_fit(
         explanation=head + tail,
         **base,
     )
+
+
+def _oversize_released(
+    r: FragmentationReport, rounded: int, stream: int, device: int, small: bool
+) -> int:
+    """What `release_available_cached_blocks` returns to the driver before the flush (0: it
+    fails, and the flush follows). Only with max_split_size set: the pool's smallest cached
+    non-expandable block of at least max(request, max_split_size), or else its largest
+    oversize blocks, largest first, until as many bytes came back; as the allocator model."""
+    mss = r.config.max_split_size
+    if mss == UNLIMITED:
+        return 0
+    c = r.per_segment
+    seg = r._free_segment
+    idx = np.flatnonzero(
+        (c.device[seg] == device)
+        & (c.stream[seg] == stream)
+        & (c.is_small[seg] == small)
+        & ~c.pool_id[seg].any(axis=1)
+    )
+    if not len(idx):
+        return 0
+    size = r._free_size[idx]
+    order = np.lexsort((c.address[seg[idx]] + r._free_offset[idx], size))  # the pool's order
+    sizes = size[order].tolist()
+    expandable = c.is_expandable[seg[idx][order]].tolist()
+    key = max(rounded, mss)
+    i = bisect_left(sizes, key)
+    if i < len(sizes) and not expandable[i]:
+        return sizes[i]
+    released = 0
+    for j in range(i - 1, -1, -1):  # largest first, oversize ones only
+        if released >= key or sizes[j] < mss:
+            break
+        if not expandable[j]:
+            released += sizes[j]
+    return released if released >= key else 0
 
 
 def _garbage_collected(
