@@ -207,8 +207,8 @@ def _oversize_released(
 ) -> int:
     """What `release_available_cached_blocks` returns to the driver before the flush (0: it
     fails, and the flush follows). Only with max_split_size set: the pool's smallest cached
-    non-expandable block of at least max(request, max_split_size), or else its largest
-    oversize blocks, largest first, until as many bytes came back; as the allocator model."""
+    block of at least max(request, max_split_size), or else its largest oversize blocks,
+    largest first, until as many bytes came back (as the allocator model)."""
     mss = r.config.max_split_size
     if mss == UNLIMITED:
         return 0
@@ -223,18 +223,22 @@ def _oversize_released(
     if not len(idx):
         return 0
     size = r._free_size[idx]
-    order = np.lexsort((c.address[seg[idx]] + r._free_offset[idx], size))  # the pool's order
+    rows = seg[idx]
+    order = np.lexsort((c.address[rows] + r._free_offset[idx], size))  # the pool's order
     sizes = size[order].tolist()
-    expandable = c.is_expandable[seg[idx][order]].tolist()
+    # cudaFree takes whole segments: the allocator never splits an oversize block, so a cached
+    # one is a whole non-expandable segment (a hand-made file may say otherwise: kept)
+    whole = (r._free_offset[idx] == 0) & (size == c.total_size[rows]) & ~c.is_expandable[rows]
+    freeable = whole[order].tolist()
     key = max(rounded, mss)
     i = bisect_left(sizes, key)
-    if i < len(sizes) and not expandable[i]:
+    if i < len(sizes) and freeable[i]:
         return sizes[i]
     released = 0
     for j in range(i - 1, -1, -1):  # largest first, oversize ones only
         if released >= key or sizes[j] < mss:
             break
-        if not expandable[j]:
+        if freeable[j]:
             released += sizes[j]
     return released if released >= key else 0
 
