@@ -629,8 +629,10 @@ def test_can_fit_agrees_with_the_model_on_random_expandable_states(seed):
                     assert ans.new_bytes == grew
 
 
-def _outcome_with_gc(model: CachingAllocator, size: int) -> str:
-    """The model's path: a retry, an OOM, or new memory after the garbage collection freed some."""
+def _outcome_by_stats(model: CachingAllocator, size: int, *, gc: bool = True) -> str:
+    """The model's path, read from its counters (reserved may end where it began): a retry, an
+    OOM, new memory, or, with `gc`, new memory after device frees (the garbage collection;
+    without a GC config the only frees before new memory are oversize segments going back)."""
     m = copy.deepcopy(model)
     before = m.memory_stats()
     try:
@@ -640,7 +642,7 @@ def _outcome_with_gc(model: CachingAllocator, size: int) -> str:
     after = m.memory_stats()
     if after["num_alloc_retries"] > before["num_alloc_retries"]:
         return "flush_and_retry"
-    if after["num_device_free"] > before["num_device_free"]:
+    if gc and after["num_device_free"] > before["num_device_free"]:
         return "garbage_collect"
     return "new_segment" if after["num_device_alloc"] > before["num_device_alloc"] else "cached"
 
@@ -669,7 +671,7 @@ def test_can_fit_honours_per_process_memory_fraction():
         (160 * MIB, "out_of_memory"),  # 380 MiB free on the device, but over the cap
     ):
         ans = r.can_fit(size, device_free=380 * MIB)
-        assert ans.verdict == _outcome_with_gc(model, size) == want, ans.explanation
+        assert ans.verdict == _outcome_by_stats(model, size) == want, ans.explanation
         if want != "new_segment":
             assert "per_process_memory_fraction caps reserved at 250.00 MiB" in ans.explanation
 
@@ -685,14 +687,14 @@ def test_can_fit_garbage_collection_succeeds_without_a_retry():
         room=340 * MIB,
     )
     gc = r.can_fit(100 * MIB, device_free=340 * MIB)  # needs >= 10 MiB back: GC frees >= 10
-    assert gc.verdict == _outcome_with_gc(model, 100 * MIB) == "garbage_collect"
+    assert gc.verdict == _outcome_by_stats(model, 100 * MIB) == "garbage_collect"
     assert gc.fits and "garbage collection" in gc.explanation and "10.00 MiB" in gc.explanation
     # 140 MiB fits only if the GC frees both (ages decide): a flush-and-retry at worst
     maybe = r.can_fit(140 * MIB, device_free=340 * MIB)
     assert maybe.verdict == "flush_and_retry" and "depending on the segments' ages" in str(maybe)
-    assert _outcome_with_gc(model, 140 * MIB) in ("garbage_collect", "flush_and_retry")
+    assert _outcome_by_stats(model, 140 * MIB) in ("garbage_collect", "flush_and_retry")
     big = r.can_fit(160 * MIB, device_free=340 * MIB)  # 100 + 160 > 250 even after the flush
-    assert big.verdict == _outcome_with_gc(model, 160 * MIB) == "out_of_memory"
+    assert big.verdict == _outcome_by_stats(model, 160 * MIB) == "out_of_memory"
     assert list(VERDICTS).index("garbage_collect") == 2
 
 
@@ -722,27 +724,13 @@ def test_can_fit_agrees_with_the_model_under_a_fraction_cap(seed):
         model = CachingAllocator.from_segments(copy.deepcopy(segs), total, conf, device_total=total)
         for size in (5 * MIB, 45 * MIB, 130 * MIB, 300 * MIB):
             ans = r.can_fit(size, device_free=room)
-            got = _outcome_with_gc(model, size)
+            got = _outcome_by_stats(model, size)
             if got == "garbage_collect" and ans.verdict == "new_segment":
                 assert "garbage collection frees" in ans.explanation  # ran, not needed
             elif got == "garbage_collect" and ans.verdict == "flush_and_retry":
                 assert "depending on the segments' ages" in ans.explanation
             else:
                 assert ans.verdict == got, (conf, room, size, ans.explanation)
-
-
-def _outcome_by_stats(model: CachingAllocator, size: int) -> str:
-    """The model's path, read from its counters (reserved may end where it began)."""
-    m = copy.deepcopy(model)
-    before = m.memory_stats()
-    try:
-        m.malloc(size)
-    except OutOfMemory:
-        return "out_of_memory"
-    after = m.memory_stats()
-    if after["num_alloc_retries"] > before["num_alloc_retries"]:
-        return "flush_and_retry"
-    return "new_segment" if after["num_device_alloc"] > before["num_device_alloc"] else "cached"
 
 
 def _check_oversize_state(seed: int) -> bool:
@@ -767,7 +755,7 @@ def _check_oversize_state(seed: int) -> bool:
         )
         for size in (5 * MIB, 30 * MIB, 50 * MIB, 100 * MIB, 180 * MIB, 300 * MIB):
             ans = r.can_fit(size, device_free=room)
-            assert ans.verdict == _outcome_by_stats(model, size), (conf, room, size, ans)
+            assert ans.verdict == _outcome_by_stats(model, size, gc=False), (conf, room, size, ans)
             oversize |= "oversize segments" in ans.explanation
     return oversize
 

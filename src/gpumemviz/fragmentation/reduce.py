@@ -4,7 +4,7 @@ per-device figures and the total, the worst segments, the conservation check."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -379,9 +379,9 @@ def _figures(c: SegmentFigures, cols: _Columns, device: int | None) -> dict[str,
 
 
 def _total(figs: list[MemoryFigures], c: SegmentFigures) -> MemoryFigures:
-    free = sum(f.free for f in figs)
+    """All devices together: the byte and block counts add up; the rest is derived again."""
+    summed = {name: sum(getattr(f, name) for f in figs) for name in _SUMMED}
     largest = max((f.largest_free for f in figs), default=0)
-    sumsq = float(c.free_sq.sum())
     by_pool: dict[PoolKey, int] = {}
     worst: list[SegmentSummary] = []
     violations: list[ConservationViolation] = []
@@ -390,36 +390,33 @@ def _total(figs: list[MemoryFigures], c: SegmentFigures) -> MemoryFigures:
         worst.extend(f.worst_segments)
         violations.extend(f.violations)
     worst.sort(key=lambda s: (-s.stuck_free, s.index))
-
-    def add(name: str) -> int:
-        return sum(getattr(f, name) for f in figs)
-
     return MemoryFigures(
         device=None,
-        reserved=add("reserved"),
-        allocated=add("allocated"),
-        active=add("active"),
-        requested=add("requested"),
-        pending_free=add("pending_free"),
-        internal_waste=add("internal_waste"),
-        free=free,
-        free_trapped=add("free_trapped"),
-        free_stuck=add("free_stuck"),
-        free_stuck_expandable=add("free_stuck_expandable"),
-        releasable=add("releasable"),
-        releasable_private=add("releasable_private"),
+        **summed,
         largest_free=largest,
-        external_fragmentation=_ext(largest, free),
-        fragmentation_sq=_frag_sq(sumsq, free),
-        segments=add("segments"),
-        blocks=add("blocks"),
-        blocks_allocated=add("blocks_allocated"),
-        blocks_pending_free=add("blocks_pending_free"),
-        blocks_free=add("blocks_free"),
+        external_fragmentation=_ext(largest, summed["free"]),
+        fragmentation_sq=_frag_sq(float(c.free_sq.sum()), summed["free"]),
         largest_free_by_pool=by_pool,
         worst_segments=tuple(worst[:N_WORST]),
         violations=tuple(violations),
     )
+
+
+# the MemoryFigures fields that add up over devices (everything but the derived ones)
+_SUMMED = tuple(
+    f.name
+    for f in fields(MemoryFigures)
+    if f.name
+    not in {
+        "device",
+        "largest_free",
+        "external_fragmentation",
+        "fragmentation_sq",
+        "largest_free_by_pool",
+        "worst_segments",
+        "violations",
+    }
+)
 
 
 def _ext(largest: int, free: int) -> float:
