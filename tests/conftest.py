@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,3 +107,14 @@ def fragmented_segments(n: int = 8) -> list[dict]:
         }
         for i in range(n)
     ]
+
+
+def blk(size: Any, state: Any = "inactive", requested: Any = None) -> dict:
+    """A torch >= 2.1 block dict (requested_size defaults to the size); any values, so that
+    tests can hand the analysis strange ones."""
+    return {
+        "size": size,
+        "requested_size": size if requested is None else requested,
+        "state": state,
+        "frames": [],
+    }

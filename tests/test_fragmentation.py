@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from torch.cuda import _memory_viz
 
-from conftest import random_expandable_model, read_real
+from conftest import blk, random_expandable_model, read_real
 from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
 from gpumemviz.allocator.rules import allocation_size, round_size
 from gpumemviz.fragmentation import VERDICTS, FragmentationReport, fragmentation
@@ -23,15 +23,6 @@ from gpumemviz.units import format_size
 
 MIB = 1 << 20
 BASE = 0x7F0000000000
-
-
-def blk(size: int, state: str = "inactive", requested: int | None = None) -> dict:
-    return {
-        "size": size,
-        "requested_size": size if requested is None else requested,
-        "state": state,
-        "frames": [],
-    }
 
 
 def seg(blocks: list[dict], address: int = BASE, **kw) -> dict:

@@ -25,6 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import blk
 from gpumemviz.fragmentation import fragmentation, walk
 from gpumemviz.snapshot import SnapshotError
 
@@ -56,15 +57,6 @@ def cwalk():
 
 # --------------------------------------------------------------------------------------------
 # building torch dicts
-
-
-def blk(size: Any, state: Any = "inactive", requested: Any = None) -> dict:
-    return {
-        "size": size,
-        "requested_size": size if requested is None else requested,
-        "state": state,
-        "frames": [],
-    }
 
 
 def seg(blocks: list, address: int = BASE, **kw: Any) -> dict:
