@@ -67,6 +67,18 @@ def test_replay_opens_on_the_recorded_state(shell, capsys, real_path_of):
     assert f"· {n} segments" in out and "recorded trace" in out
 
 
+def test_replay_reads_its_file_once(shell, capsys, real_path_of, monkeypatch):
+    import gpumemviz.io
+
+    path = real_path_of(MAGMA)
+    reads = []
+    real = gpumemviz.io.load_snapshot
+    monkeypatch.setattr(gpumemviz.io, "load_snapshot", lambda p: reads.append(p) or real(p))
+    shell.run_line_magic("gpumemviz", f"--replay {path}")
+    assert "recorded trace" in capsys.readouterr().out
+    assert len(reads) == 1  # the history check and the replay sampler share one read
+
+
 def test_widget_path_reuses_the_sampler_and_replaces_the_panel(shell):
     from gpumemviz.widget import MemoryPanel
 

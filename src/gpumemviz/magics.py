@@ -129,13 +129,14 @@ class GpumemvizMagics(Magics):
     def _show(self, device: int, args: argparse.Namespace) -> Any:
         from gpumemviz.widget import MemoryPanel, retime
 
+        raw = None
         if args.replay:
             path = Path(args.replay).expanduser().resolve()
             if self._by_key(("replay", str(path))) is None:
-                raw = _load_file(path)
+                raw = _load_file(path)  # read once: the replay sampler opens this same dict
                 if not _has_history(raw):  # nothing to play: show the state the file holds
                     return self._show_file(raw, path)
-        feed = self._feed(device, args)
+        feed = self._feed(device, args, raw)
         device = feed.sampler.source.device if feed.owned else device
         self.last_device = device
         if args.interval is not None:
@@ -180,8 +181,9 @@ class GpumemvizMagics(Magics):
         panel.show_snapshot(snap)
         return panel
 
-    def _feed(self, device: int, args: argparse.Namespace) -> _Feed:
-        """The device's feed for these arguments: the one already running when they match."""
+    def _feed(self, device: int, args: argparse.Namespace, raw: dict | None = None) -> _Feed:
+        """The device's feed for these arguments: the one already running when they match.
+        ``raw``: the ``--replay`` file's contents when the caller read them already."""
         if args.replay:
             path = Path(args.replay).expanduser().resolve()
             key: tuple = ("replay", str(path))
@@ -193,7 +195,8 @@ class GpumemvizMagics(Magics):
         if old is not None:
             return old
         if args.replay:
-            sampler = _replay_sampler(_load_file(path), path, args.interval)
+            raw = _load_file(path) if raw is None else raw
+            sampler = _replay_sampler(raw, path, args.interval)
         elif args.demo:
             sampler = _demo_sampler(args.demo, device, args.interval)
         else:
@@ -223,14 +226,17 @@ class GpumemvizMagics(Magics):
             return self.widgets
         return getattr(self.shell, "kernel", None) is not None
 
-    def _stop(self, device: int) -> None:
+    def _sampler(self, device: int) -> Any:
+        """The sampler the magic shows for the device: its feed's, else the shared one."""
         feed = self.feeds.get(device)
-        if feed is None:
-            from gpumemviz.sampler import shared
+        if feed is not None:
+            return feed.sampler
+        from gpumemviz.sampler import shared
 
-            sampler = shared(device)
-        else:
-            sampler = feed.sampler
+        return shared(device)
+
+    def _stop(self, device: int) -> None:
+        sampler = self._sampler(device)
         sampler.stop()
         self.started.discard(device)
         print(f"gpumemviz: stopped sampling device {device} ({_label(sampler)})")
@@ -259,13 +265,7 @@ class GpumemvizMagics(Magics):
     def _export(self, device: int, path: str) -> None:
         from gpumemviz.io import save_snapshot
 
-        feed = self.feeds.get(device)
-        if feed is None:
-            from gpumemviz.sampler import shared
-
-            source = shared(device).source
-        else:
-            source = feed.sampler.source
+        source = self._sampler(device).source
         try:
             raw = source.export()
         except Exception as exc:
