@@ -33,6 +33,16 @@ panel
 """
 
 
+def _wait_fig(page, key: str, want: int, timeout: int = 10_000) -> None:
+    """Wait until the panel's header figure `key` shows `want`."""
+    page.wait_for_function(
+        f"""([key, want]) => {{ const f = ({VIEW})().root.querySelector(`[data-fig=${{key}}]`);
+            return f !== null && Number(f.dataset.value) === want; }}""",
+        arg=[key, want],
+        timeout=timeout,
+    )
+
+
 def _fig(page, key: str) -> int | None:
     return page.evaluate(
         f"""key => {{ const f = ({VIEW})().root.querySelector(`[data-fig=${{key}}]`);
@@ -94,12 +104,7 @@ def test_empty_cache_click_is_handled_on_a_subshell_while_a_cell_runs(
     assert nb.running(), "the click was answered only after the cell finished"
     assert got["thread"].startswith("subshell-"), got
     assert f"released cuda:0 {format_size(releasable)}" in got["text"]
-    page.wait_for_function(
-        f"want => Number(({VIEW})().root.querySelector('[data-fig=reserved]').dataset.value)"
-        " === want",
-        arg=reserved - releasable,
-        timeout=10_000,
-    )
+    _wait_fig(page, "reserved", reserved - releasable)
     assert _fig(page, "free_releasable") == 0
 
     page.locator("button[data-cmd=export]").first.click()
@@ -146,12 +151,7 @@ def test_with_routing_off_a_click_is_queued_until_the_cell_finishes(page, notebo
     assert not nb.running()  # ...and it acted once the cell ended
     assert got["thread"] == "MainThread"
     assert f"released cuda:0 {format_size(releasable)}" in got["text"]
-    page.wait_for_function(
-        f"want => Number(({VIEW})().root.querySelector('[data-fig=reserved]').dataset.value)"
-        " === want",
-        arg=reserved - releasable,
-        timeout=10_000,
-    )
+    _wait_fig(page, "reserved", reserved - releasable)
 
 
 @pytest.mark.skipif(not REPLAY.exists(), reason="real snapshots are not available")
