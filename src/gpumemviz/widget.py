@@ -404,20 +404,18 @@ class MemoryPanel(anywidget.AnyWidget):
 
     def _add_point(self, sample: Any) -> None:
         """Extend the timeline when a figure moved (equal samples add nothing, send nothing)."""
-        stats = getattr(sample, "stats", None)
-        if stats is None or self._recorded:
+        if self._recorded:
+            return
+        point = TimelineData.point(sample, self.header.get("fragmentation"))
+        if point is None:
             return
         last = self._last_point
-        frag = self.header.get("fragmentation")
-        if last is not None and [stats.allocated, stats.reserved] == last[1:3]:
-            nvml = getattr(sample, "nvml", None)
-            used = nvml.used if nvml is not None and nvml.available else None
-            if used == last[3] and (None if frag is None else round(frag, 4)) == last[5]:
-                return
-        point = self.timeline.add_sample(sample, frag)
-        if point is not None:
-            self._last_point = point
-            self.send({"kind": "timeline", "first": self.timeline.count - 1, "points": [point]})
+        # allocated, reserved, NVML used and fragmentation; the time and non-PyTorch are not
+        if last is not None and point[1:4] == last[1:4] and point[5] == last[5]:
+            return
+        self.timeline.append(point)
+        self._last_point = point
+        self.send({"kind": "timeline", "first": self.timeline.count - 1, "points": [point]})
 
     def add_marker(self, label: str, kind: str = "mark", t: float | None = None) -> None:
         """A marker on the timeline (``gpumemviz.mark`` puts one on every live panel)."""

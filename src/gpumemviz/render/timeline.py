@@ -54,24 +54,33 @@ class TimelineData:
     def count(self) -> int:
         return self._count
 
-    def add_sample(self, sample: Any, fragmentation: float | None = None) -> list | None:
-        """Append the sample's figures; None (nothing appended) for a sample without stats."""
+    @staticmethod
+    def point(sample: Any, fragmentation: float | None = None) -> list | None:
+        """The sample's point, not appended (the widget compares it with its last one first);
+        None for a sample without stats."""
         stats = getattr(sample, "stats", None)
         if stats is None:
             return None
         nvml = getattr(sample, "nvml", None)
-        used = nvml.used if nvml is not None and nvml.available else None
-        point = [
+        return [
             float(sample.time),
             int(stats.allocated),
             int(stats.reserved),
-            used,
+            nvml.used if nvml is not None and nvml.available else None,
             sample.non_pytorch_bytes,
             None if fragmentation is None else round(float(fragmentation), 4),
         ]
+
+    def append(self, point: list) -> None:
         with self._lock:
             self._points.append(point)
             self._count += 1
+
+    def add_sample(self, sample: Any, fragmentation: float | None = None) -> list | None:
+        """Append the sample's figures; None (nothing appended) for a sample without stats."""
+        point = self.point(sample, fragmentation)
+        if point is not None:
+            self.append(point)
         return point
 
     def add_mark(self, t: float, label: str, kind: str = "mark") -> dict:
