@@ -307,9 +307,14 @@ def timeline(
     return fig
 
 
-def _mark_ooms(
-    go: Any, fig: Any, x: np.ndarray, reserved: np.ndarray, at: np.ndarray, row: Any = None
-) -> None:
+def _crosses(go: Any, x: Any, y: Any, name: str, color: str, size: int = 12) -> Any:
+    """The OOM marker every figure uses: crosses at (x, y)."""
+    return go.Scatter(
+        x=x, y=y, name=name, mode="markers", marker={"symbol": "x", "size": size, "color": color}
+    )
+
+
+def _mark_ooms(go: Any, fig: Any, x: np.ndarray, reserved: np.ndarray, at: np.ndarray) -> None:
     """Red crosses at each OOM, at the reserved figure there (the last one before it)."""
     if not len(at):
         return
@@ -317,17 +322,7 @@ def _mark_ooms(
     for a in at:
         i = int(np.searchsorted(x, a, side="right")) - 1
         ys.append(float(reserved[i]) / GIB if 0 <= i < len(reserved) else 0.0)
-    kw = {} if row is None else {"row": row, "col": 1}
-    fig.add_trace(
-        go.Scatter(
-            x=np.asarray(at, np.float64),
-            y=ys,
-            name="OOM",
-            mode="markers",
-            marker={"symbol": "x", "size": 12, "color": COLORS["oom"]},
-        ),
-        **kw,
-    )
+    fig.add_trace(_crosses(go, np.asarray(at, np.float64), ys, "OOM", COLORS["oom"]))
 
 
 def what_if(
@@ -394,17 +389,8 @@ def what_if(
             continue
         y = np.asarray(y)
         i = min(int(at), len(y) - 1)
-        fig.add_trace(
-            go.Scatter(
-                x=[float(at)],
-                y=[float(y[i]) / GIB if i >= 0 else 0.0],
-                name=name,
-                mode="markers",
-                marker={"symbol": "x", "size": 13, "color": color},
-            ),
-            row=1,
-            col=1,
-        )
+        cross = _crosses(go, [float(at)], [float(y[i]) / GIB if i >= 0 else 0.0], name, color, 13)
+        fig.add_trace(cross, row=1, col=1)
     if run.capacity_known and run.capacity is not None:
         fig.add_hline(
             y=run.capacity / GIB,
@@ -504,17 +490,8 @@ def workloads(
         )
         if o.oom_step is not None and len(o.reserved):
             i = min(int(o.oom_step), len(o.reserved) - 1)
-            fig.add_trace(
-                go.Scatter(
-                    x=[float(o.oom_step)],
-                    y=[float(o.reserved[i]) / GIB],
-                    name=f"{name} OOM",
-                    mode="markers",
-                    marker={"symbol": "x", "size": 12, "color": COLORS["oom"]},
-                ),
-                row=1,
-                col=2,
-            )
+            ox, oy = [float(o.oom_step)], [float(o.reserved[i]) / GIB]
+            fig.add_trace(_crosses(go, ox, oy, f"{name} OOM", COLORS["oom"]), row=1, col=2)
     fig.update_layout(title=title or "workload variants", barmode="group")
     fig.update_yaxes(title_text="GiB", row=1, col=1)
     fig.update_yaxes(title_text="GiB", row=1, col=2)

@@ -256,7 +256,7 @@ def figures(rows: RowTable) -> dict:
         "reserved": t["reserved"],
         "allocated": t["allocated"],
         "pending_free": t["pending_free"],
-        "free": t["free_releasable"] + t["free_trapped"],
+        "free": free_bytes,
         "free_releasable": t["free_releasable"],
         "free_trapped": t["free_trapped"],
         "largest_free": largest,
