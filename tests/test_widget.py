@@ -33,6 +33,21 @@ def _snap(n_alloc: int) -> Snapshot:
     return Snapshot.from_torch([seg])
 
 
+def _small_segs(devices: tuple[int, ...]) -> list[dict]:
+    """One wholly allocated 2 MiB small-pool segment at address 0 per entry of ``devices``."""
+    return [
+        {
+            "device": d,
+            "address": 0,
+            "total_size": 2 * MiB,
+            "stream": 0,
+            "segment_type": "small",
+            "blocks": [{"size": 2 * MiB, "requested_size": 1, "state": "active_allocated"}],
+        }
+        for d in devices
+    ]
+
+
 @pytest.fixture
 def panel():
     p = MemoryPanel()
@@ -176,17 +191,7 @@ def test_unknown_inputs_are_refused_with_a_clear_error():
 
 
 def test_device_filter(panel):
-    segs = [
-        {
-            "device": d,
-            "address": 0,
-            "total_size": 2 * MiB,
-            "stream": 0,
-            "segment_type": "small",
-            "blocks": [{"size": 2 * MiB, "requested_size": 1, "state": "active_allocated"}],
-        }
-        for d in (0, 1, 1)
-    ]
+    segs = _small_segs((0, 1, 1))
     segs[2] = {**segs[2], "address": 2 * MiB}
     p = MemoryPanel.from_snapshot(Snapshot.from_torch(segs), device=1)
     try:
@@ -209,17 +214,7 @@ def test_close_stops_the_writer():
 
 
 def test_a_sample_shows_its_own_device(panel):
-    segs = [
-        {
-            "device": d,
-            "address": 0,
-            "total_size": 2 * MiB,
-            "stream": 0,
-            "segment_type": "small",
-            "blocks": [{"size": 2 * MiB, "requested_size": 1, "state": "active_allocated"}],
-        }
-        for d in (0, 1)
-    ]
+    segs = _small_segs((0, 1))
     both = Snapshot.from_torch(segs)
     panel.push_sample(Sample(time=0.0, device=1, stats=None, segments=both))
     assert panel.flush()
