@@ -189,12 +189,7 @@ def report_data(
     advice = [_advice_row(c.advice) for c in checked.shown]
     rejected = [_advice_row(c.advice) for c in checked.rejected]
     devices = {str(d): _device_figures(f) for d, f in report_.devices.items()}
-    # free bytes empty_cache cannot return (it syncs pending frees first, so they count): what
-    # the map paints trapped; on expandable segments it includes sub-page slivers, which torch's
-    # inactive_split_bytes (free_trapped) excludes
-    for d, figs in devices.items():
-        figs["free_stuck"] = _stuck(report_.devices[int(d)])
-    totals = _device_figures(report_.total) | {"free_stuck": _stuck(report_.total)}
+    totals = _device_figures(report_.total)
     live = [s.to_dict() for s in _sites.live_sites(snap)]
     trace_dev = _longest_trace(snap)
     traced = (
@@ -328,12 +323,10 @@ def _peaks(n: int, points: int, *series: np.ndarray) -> tuple[np.ndarray, ...]:
 
 
 def _device_figures(f: Any) -> dict:
-    return {k: getattr(f, k) for k in FIGURE_NAMES}
-
-
-def _stuck(f: Any) -> int:
-    """Bytes left free after empty_cache(): free and pending free, less what it releases."""
-    return max(0, f.free + f.pending_free - f.releasable)
+    """The headline figures, plus `free_stuck`: free bytes empty_cache cannot return (it syncs
+    pending frees first, so they count), what the map paints trapped; on expandable segments it
+    includes sub-page slivers, which torch's inactive_split_bytes (free_trapped) excludes."""
+    return {k: getattr(f, k) for k in (*FIGURE_NAMES, "free_stuck")}
 
 
 def _worst(w: Any) -> dict:
