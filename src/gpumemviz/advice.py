@@ -8,7 +8,7 @@ you pass) already turn on. Thresholds are named constants; each comment says why
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,7 @@ __all__ = [
     "RETRIES_CLIMBING",
     "Advice",
     "advise",
+    "advise_each_device",
     "oom_device_free",
 ]
 
@@ -135,6 +136,23 @@ def advise(
             out.append(a)
     out.sort(key=lambda x: -x[0])
     return [a for _, a in out]
+
+
+def advise_each_device(
+    report: FragmentationReport, oom_free: Mapping[int, int], devices: Iterable[int] | None = None
+) -> list[Advice]:
+    """`advise()` one device at a time, each with `device_total` = its reserved + the driver's
+    free bytes at its last OOM (`oom_device_free`) where one was recorded, so the near-capacity
+    rule applies per device: the advice `gpumemviz inspect` and the HTML report both show.
+
+    `devices` defaults to every device in the report; the result keeps their order, each
+    device's advice most bytes first.
+    """
+    out: list[Advice] = []
+    for d in report.devices if devices is None else devices:
+        total = report.devices[d].reserved + oom_free[d] if d in oom_free else None
+        out += advise(report, device=d, device_total=total)
+    return out
 
 
 def _config(report: FragmentationReport, settings: Mapping[str, Any] | str | None) -> Any:

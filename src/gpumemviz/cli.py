@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .advice import Advice, advise, oom_device_free
+from .advice import advise_each_device, oom_device_free
 from .fragmentation import FragmentationReport, MemoryFigures, SegmentSummary, fragmentation
 from .units import format_size, parse_size
 
@@ -78,10 +78,7 @@ def run_inspect(args: argparse.Namespace) -> int:
             raise UsageError(f"no device {args.device} in {args.file} (devices: {have})")
         devices = [args.device]
     oom_free = oom_device_free(snap)
-    advice: list[Advice] = []
-    for d in devices:
-        total = report.devices[d].reserved + oom_free[d] if d in oom_free else None
-        advice += advise(report, device=d, device_total=total)
+    advice = advise_each_device(report, oom_free, devices)
     if args.no_replay:
         checked = CheckedAdvice([Checked(a, unchecked=NO_REPLAY) for a in advice], [])
     else:

@@ -176,10 +176,7 @@ def report_data(
     report_ = _fragmentation.fragmentation(snap)
     header = figures(rows)
     ooms = _advice.oom_device_free(snap)
-    found: list[_advice.Advice] = []
-    for d, figs in report_.devices.items():  # per device, as `gpumemviz inspect` advises
-        total = figs.reserved + ooms[d] if d in ooms else None
-        found += _advice.advise(report_, device=d, device_total=total)
+    found = _advice.advise_each_device(report_, ooms)  # as `gpumemviz inspect` advises
     # setting advice the recorded trace's replay refutes goes to its own list, as in inspect
     checked = (
         check_advice(snap, found)
