@@ -82,15 +82,14 @@ function render({ model, el }) {
       rows: frame.rows.length, bytes: buffers.reduce((n, b) => n + b.byteLength, 0),
       ms: performance.now() - t0 });
   };
-  model.on("change:header", onHeader);
-  model.on("change:title", onHeader);
-  model.on("change:status", onHeader);
-  model.on("change:demo", onHeader);
-  model.on("change:advice", onHeader);
-  model.on("change:oom", onHeader);
-  model.on("change:map_layout", onLayout);
-  model.on("change:controls", onControls);
-  model.on("msg:custom", onMsg);
+  // every model event this view listens to: the cleanup unsubscribes this same list
+  /** @type {[string, Function][]} */
+  const events = [
+    ["change:header", onHeader], ["change:title", onHeader], ["change:status", onHeader],
+    ["change:demo", onHeader], ["change:advice", onHeader], ["change:oom", onHeader],
+    ["change:map_layout", onLayout], ["change:controls", onControls], ["msg:custom", onMsg],
+  ];
+  for (const [name, fn] of events) model.on(name, fn);
   onHeader();
   onControls();
   model.send({ kind: "timeline_sync", view: id, since: 0 });
@@ -98,15 +97,7 @@ function render({ model, el }) {
   w.__gpumemviz.views[id] = { map, root, model, toolbar, timeline };
 
   return () => {
-    model.off("change:header", onHeader);
-    model.off("change:title", onHeader);
-    model.off("change:status", onHeader);
-    model.off("change:demo", onHeader);
-    model.off("change:advice", onHeader);
-    model.off("change:oom", onHeader);
-    model.off("change:map_layout", onLayout);
-    model.off("change:controls", onControls);
-    model.off("msg:custom", onMsg);
+    for (const [name, fn] of events) model.off(name, fn);
     try { model.send({ kind: "close", view: id }); } catch { /* the model is gone already */ }
     map.destroy();
     header.destroy();
