@@ -246,28 +246,28 @@ def run_whatif(args: argparse.Namespace) -> int:
 def _whatif_device(result: Any, dev: int) -> dict[str, Any]:
     """Recorded vs predicted figures of one traced device (JSON-ready)."""
     run, tl = result.devices[dev], result.timelines[dev]
-    start_segments = tl.start.totals()[2]
-    recorded = {
-        "peak_reserved": result.recorded_peak_reserved(dev),
-        "peak_segments": max(int(tl.segments.max(initial=0)), start_segments),
-        "final_segments": int(tl.segments[-1]) if len(tl.segments) else start_segments,
-        "oom": result.recorded[dev].recorded_oom is not None,
-        "oom_at": result.recorded[dev].recorded_oom,
-    }
-    predicted = {
-        "peak_reserved": int(run.peak_reserved),
-        "peak_segments": max(int(run.segments.max(initial=0)), start_segments),
-        "final_segments": int(run.segments[-1]) if len(run.segments) else start_segments,
-        "oom": run.oom is not None,
-        "oom_at": run.oom,
-    }
+    start = tl.start.totals()[2]
+    recorded_oom = result.recorded[dev].recorded_oom
     return {
         "events": len(tl),
         "capacity": run.capacity,
         "capacity_known": bool(run.capacity_known),
         "what_if": bool(run.what_if),
-        "recorded": recorded,
-        "predicted": predicted,
+        "recorded": _run_figures(
+            result.recorded_peak_reserved(dev), tl.segments, start, recorded_oom
+        ),
+        "predicted": _run_figures(int(run.peak_reserved), run.segments, start, run.oom),
+    }
+
+
+def _run_figures(peak_reserved: int, segments: Any, start: int, oom_at: int | None) -> dict:
+    """One side of the comparison; `segments` is the count after each entry, `start` before."""
+    return {
+        "peak_reserved": peak_reserved,
+        "peak_segments": max(int(segments.max(initial=0)), start),
+        "final_segments": int(segments[-1]) if len(segments) else start,
+        "oom": oom_at is not None,
+        "oom_at": oom_at,
     }
 
 
