@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ..snapshot import ACTIONS
 from ..units import format_size
 from . import stats as S
 from .config import AllocatorConfig
@@ -44,20 +45,9 @@ __all__ = [
     "default_address_provider",
 ]
 
-# trace action codes (index into ACTIONS, the order of snapshot.ACTIONS)
+# trace action codes: indices into snapshot.ACTIONS (the torch action names)
 ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE = 0, 1, 2, 3, 4
 SEGMENT_MAP, SEGMENT_UNMAP, SNAPSHOT, OOM = 5, 6, 7, 8
-ACTIONS = (
-    "alloc",
-    "free_requested",
-    "free_completed",
-    "segment_alloc",
-    "segment_free",
-    "segment_map",
-    "segment_unmap",
-    "snapshot",
-    "oom",
-)
 _ALIGN = 2 << 20
 _new_block = object.__new__
 # attributes __deepcopy__ rebuilds itself rather than deep-copying
