@@ -465,7 +465,7 @@ class CachingAllocator:
                     cur = st.cur
                     cur[_ISB] -= rsize
                     cur[_ISB + p] -= rsize
-                else:  # st.new_split(p, remaining), inlined
+                else:  # a new inactive split block of `remaining` bytes, inlined
                     cur, peak, alloc = st.cur, st.peak, st.alloc
                     c = cur[_IS] + 1
                     cur[_IS] = c
@@ -600,7 +600,7 @@ class CachingAllocator:
                 cur[_IS + p] -= merged
                 cur[_ISB] -= merged_size
                 cur[_ISB + p] -= merged_size
-        # on_free, inlined
+        # allocation, allocated, active and requested bytes go down, inlined
         cur[0] -= 1  # allocation
         cur[p] -= 1
         cur[_AB] -= orig_size
@@ -1226,7 +1226,7 @@ class CachingAllocator:
                 cur[_IS + p] -= merged
                 cur[_ISB] -= merged_size
                 cur[_ISB + p] -= merged_size
-        # on_free_completed, inlined
+        # active and requested bytes go down, inlined
         cur[_AC] -= 1
         cur[_AC + p] -= 1
         cur[_ACB] -= orig_size

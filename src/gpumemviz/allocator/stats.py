@@ -100,39 +100,10 @@ class DeviceStats:
     def dec1(self, stat: int, amount: int = 1) -> None:
         self.cur[3 * stat] -= amount
 
-    def on_alloc(self, p: int, size: int, requested: int) -> None:
-        """A block handed out: allocation, allocated_bytes, active, active_bytes, requested.
-
-        The model calls the generated `on_alloc_1` / `on_alloc_2` (small / large) directly.
-        """
-        if p == SMALL:
-            self.on_alloc_1(size, requested)
-        else:
-            self.on_alloc_2(size, requested)
-
-    on_alloc_1: Any  # generated below
+    # A block handed out: allocation, allocated_bytes, active, active_bytes and requested_bytes
+    # go up. Generated below, one per pool (1 small, 2 large); the model calls them directly.
+    on_alloc_1: Any
     on_alloc_2: Any
-
-    def new_split(self, p: int, remaining: int) -> None:
-        """An unsplit block was split: one more inactive split block of `remaining` bytes."""
-        self.split_change(p, 1, remaining)
-
-    def split_change(self, p: int, blocks: int, nbytes: int) -> None:
-        """Net change of inactive_split and inactive_split_bytes, in one call (a hot path)."""
-        cur, peak, alloc = self.cur, self.peak, self.alloc
-        for i, d in (
-            (3 * INACTIVE_SPLIT, blocks),
-            (3 * INACTIVE_SPLIT + p, blocks),
-            (3 * INACTIVE_SPLIT_BYTES, nbytes),
-            (3 * INACTIVE_SPLIT_BYTES + p, nbytes),
-        ):
-            c = cur[i] + d
-            cur[i] = c
-            if d > 0:
-                if c > peak[i]:
-                    peak[i] = c
-                if i % 3:  # `all` entries: allocated is the sum of the pools'
-                    alloc[i] += d
 
     def on_free_requested(self, p: int, size: int) -> None:
         """A user free: allocation and allocated_bytes go down."""
@@ -142,40 +113,6 @@ class DeviceStats:
         i = 3 * ALLOCATED_BYTES
         cur[i] -= size
         cur[i + p] -= size
-
-    def on_free(self, p: int, size: int, requested: int) -> None:
-        """`on_free_requested` and `on_free_completed` at once (a free without events)."""
-        cur = self.cur
-        cur[0] -= 1
-        cur[p] -= 1
-        i = 3 * ALLOCATED_BYTES
-        cur[i] -= size
-        cur[i + p] -= size
-        i = 3 * ACTIVE
-        cur[i] -= 1
-        cur[i + p] -= 1
-        i = 3 * ACTIVE_BYTES
-        cur[i] -= size
-        cur[i + p] -= size
-        i = 3 * REQUESTED_BYTES
-        cur[i] -= requested
-        cur[i + p] -= requested
-
-    def on_free_completed(self, p: int, size: int, requested: int) -> None:
-        """A block back in its pool: active, active_bytes and requested_bytes go down."""
-        cur = self.cur
-        i = 3 * ACTIVE
-        cur[i] -= 1
-        cur[i + p] -= 1
-        i = 3 * ACTIVE_BYTES
-        cur[i] -= size
-        cur[i + p] -= size
-        i = 3 * REQUESTED_BYTES
-        cur[i] -= requested
-        cur[i + p] -= requested
-
-    def current(self, array: int, pool: int = 0) -> int:
-        return self.cur[3 * array + pool]
 
     def reset_peak(self) -> None:
         """`resetPeakStats`: peak = current."""
@@ -228,7 +165,7 @@ class DeviceStats:
 
 
 def _generate_on_alloc() -> None:
-    """Write `on_alloc` out in full for each pool: constant indices, no loop, no calls.
+    """Write `on_alloc_1` / `on_alloc_2` out in full: constant indices, no loop, no calls.
 
     It runs on every malloc, and the unrolled form is about twice as fast as a loop over the
     five stat arrays.
@@ -253,7 +190,8 @@ def _generate_on_alloc() -> None:
         namespace: dict[str, Any] = {}
         exec("\n".join(lines), namespace)  # fixed text built above from constants, no input
         fn = namespace[f"on_alloc_{pool}"]
-        fn.__doc__ = "`on_alloc` for the small pool" if pool == SMALL else "... the large pool"
+        where = "the small pool" if pool == SMALL else "the large pool"
+        fn.__doc__ = f"A block of {where} handed out: its five stat arrays go up."
         setattr(DeviceStats, f"on_alloc_{pool}", fn)
 
 
