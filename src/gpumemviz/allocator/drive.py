@@ -18,9 +18,9 @@ import numpy as np
 
 from .config import AllocatorConfig
 from .layout import INACTIVE, Layout, LayoutError
-from .model import CachingAllocator, DescendingAddresses, OutOfMemory
+from .model import CachingAllocator, DescendingAddresses, OutOfMemory, reservation_starts
 from .reconstruct import SEGMENT_ACTIONS, Step
-from .rules import K_SMALL_BUFFER, is_small, page_size, reservation_size
+from .rules import is_small, page_size, reservation_size
 from .timeline import Timeline
 
 __all__ = ["DeviceReplay", "ReplayError", "drive"]
@@ -140,16 +140,16 @@ class _Provider:
                 for addr, size in group:
                     self.hold(addr, size)
                 continue
-            for base in _reservation_starts(group, sorted(known.get(key, ())), extent):
+            starts = reservation_starts([a for a, _ in group], sorted(known.get(key, ())), extent)
+            for base in starts:
                 self.hold(base, extent, reservation=True)
 
     def extent(self, small: bool) -> int:
         """Address space of one reservation (section 2.13), or 0 when the total is unknown."""
         if not self.full or self.model is None:
             return 0
-        page = K_SMALL_BUFFER if small else self.model.config.large_segment_size
-        total = self.model.device_total
-        return page * -(-(total + total // 8) // page)
+        page = page_size(small, self.model.config.large_segment_size)
+        return reservation_size(self.model.device_total, page)
 
     def sync(self, entries: Sequence[tuple] | None = None) -> None:
         """Read the model's entries since the last look (or take them: `entries` must be
@@ -310,28 +310,6 @@ class _Runs:
                 self.map(e[1], e[2])
             elif a == "segment_unmap":
                 self.unmap(e[1], e[2])
-
-
-def _reservation_starts(
-    runs: Sequence[tuple[int, int]], bases: Sequence[int], extent: int
-) -> list[int]:
-    """Where `from_segments` starts the reservations of sorted mapped `runs` (address, size)
-    of one stream and pool, given sorted known `bases`: at each base, else at the lowest run
-    above the last reservation."""
-    out: list[int] = []
-    i = k = 0
-    while True:
-        nxt = runs[i][0] if i < len(runs) else None
-        if k < len(bases) and (nxt is None or bases[k] <= nxt):
-            base = bases[k]
-            k += 1
-        elif nxt is not None:
-            base = nxt
-        else:
-            return out
-        out.append(base)
-        while i < len(runs) and runs[i][0] < base + extent:
-            i += 1
 
 
 class _Reservations:

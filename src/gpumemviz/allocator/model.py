@@ -20,7 +20,7 @@ import itertools
 import operator
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..snapshot import ACTIONS
@@ -96,6 +96,32 @@ class DescendingAddresses:
             raise OverflowError("DescendingAddresses ran out of invented address space")
         self.cursor = addr
         return addr
+
+
+def reservation_starts(runs: Sequence[int], bases: Sequence[int], extent: int) -> list[int]:
+    """Where `from_segments` starts the expandable reservations of one stream and pool.
+
+    `runs` are the sorted addresses of the mapped runs, `bases` the sorted known reservation
+    starts: a reservation starts at each base, else at the lowest run above the last
+    reservation's `extent` bytes. Replay's address bookkeeping (`drive`) mirrors it.
+
+    >>> reservation_starts([10, 30, 95], [0], 50)
+    [0, 95]
+    """
+    out: list[int] = []
+    i = k = 0
+    while True:
+        nxt = runs[i] if i < len(runs) else None
+        if k < len(bases) and (nxt is None or bases[k] <= nxt):
+            base = bases[k]
+            k += 1
+        elif nxt is not None:
+            base = nxt
+        else:
+            return out
+        out.append(base)
+        while i < len(runs) and runs[i] < base + extent:
+            i += 1
 
 
 def default_address_provider(top: int = _DEFAULT_TOP) -> AddressProvider:
@@ -1002,17 +1028,10 @@ class CachingAllocator:
         """Place sorted mapped `runs` in reservations: one at each known base of sorted `bases`
         (holding the runs within its address space), else one at the lowest run left."""
         pool = self._small if small else self._large
-        i = k = 0
+        extent = reservation_size(self.device_total, page_size(small, self._lss))
+        i = 0
         floor = 0  # end of the last reservation placed
-        while True:
-            nxt = runs[i]["address"] if i < len(runs) else None
-            if k < len(bases) and (nxt is None or bases[k] <= nxt):
-                base = bases[k]
-                k += 1
-            elif nxt is not None:
-                base = nxt
-            else:
-                break
+        for base in reservation_starts([run["address"] for run in runs], bases, extent):
             if base < floor:
                 raise ValueError(
                     f"from_segments: reservation at {base:#x} overlaps the one below it"
