@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from gpumemviz.sample import OomEvent, Sample, check_device
+from gpumemviz.sources.base import short_error
 
 __all__ = ["History", "Sampler", "shared"]
 
@@ -34,11 +35,6 @@ MiB = 1 << 20
 Listener = Callable[[Sample], Any]
 _MAX_SEGMENT_GAP_S = 300.0
 _EMA = 0.3  # weight of the newest read in the CPU cost averages
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class History:
@@ -96,8 +92,9 @@ class History:
         if sample.segments is None:
             return
         stripped = sample.replace(segments=None, keyframe=False, segments_note=note)
-        self._bytes += stripped.nbytes - cell[1]
-        cell[0], cell[1] = stripped, stripped.nbytes
+        nbytes = stripped.nbytes
+        self._bytes += nbytes - cell[1]
+        cell[0], cell[1] = stripped, nbytes
         self.stripped += 1
 
     def _evict(self) -> None:
@@ -309,14 +306,14 @@ class Sampler:
                 try:
                     set_handler(self._on_oom)
                 except Exception as exc:
-                    self._note(f"OOM capture not available: {_one_line(exc)}")
+                    self._note(f"OOM capture not available: {short_error(exc)}")
             name = f"gpumemviz-sampler-{getattr(self.source, 'device', '?')}"
             self._thread = threading.Thread(target=self._run, name=name, daemon=True)
             try:
                 self._thread.start()
             except RuntimeError as exc:  # "can't start new thread": say so, do not raise
                 self._thread = None
-                self._count_error(f"sampler thread not started: {_one_line(exc)}")
+                self._count_error(f"sampler thread not started: {short_error(exc)}")
                 return False
             return True
 
@@ -339,7 +336,7 @@ class Sampler:
                 try:
                     set_handler(None)
                 except Exception as exc:
-                    self._count_error(f"removing the OOM handler: {_one_line(exc)}")
+                    self._count_error(f"removing the OOM handler: {short_error(exc)}")
             thread = self._thread
         if thread is threading.current_thread():  # stop() from a listener: just signal
             return True
@@ -391,7 +388,7 @@ class Sampler:
         try:
             self.source.close()
         except Exception as exc:
-            self._count_error(f"closing the source: {_one_line(exc)}")
+            self._count_error(f"closing the source: {short_error(exc)}")
 
     # listeners ---------------------------------------------------------------------------------
     def add_listener(self, fn: Listener) -> None:
@@ -416,7 +413,7 @@ class Sampler:
         try:
             return self._tick(force_segments=segments)
         except Exception as exc:  # a bug here must still not reach the user
-            self._count_error(f"sampler: {_one_line(exc)}")
+            self._count_error(f"sampler: {short_error(exc)}")
             return Sample.failed(self._device(), self.last_error or "sampler error")
 
     def status(self) -> dict[str, Any]:
@@ -468,7 +465,7 @@ class Sampler:
                 if not self._paused:
                     self._tick(force_segments=None)
             except Exception as exc:  # never let the thread die
-                self._count_error(f"sampler: {_one_line(exc)}")
+                self._count_error(f"sampler: {short_error(exc)}")
             # Drift-free: ticks sit on the grid start + k * interval; missed ticks are skipped.
             now = time.monotonic()
             if self._regrid:  # set_interval: a new grid from now
@@ -492,7 +489,7 @@ class Sampler:
             try:
                 sample = make(event) if callable(make) else None
             except Exception as exc:
-                self._count_error(f"OOM sample: {_one_line(exc)}")
+                self._count_error(f"OOM sample: {short_error(exc)}")
                 sample = None
             if not isinstance(sample, Sample):
                 sample = Sample(
@@ -591,7 +588,7 @@ class Sampler:
             self._count_error(msg)
             return Sample.failed(device, msg, source_label=label)
         if job.error is not None:
-            self._count_error(f"source raised {_one_line(job.error)}")
+            self._count_error(f"source raised {short_error(job.error)}")
             return Sample.failed(device, self.last_error or "", source_label=label).replace(
                 cpu_time=job.cpu
             )
@@ -624,7 +621,7 @@ class Sampler:
                 self.counters["listener_errors"] += 1
                 name = getattr(fn, "__qualname__", type(fn).__name__)
                 self._note(
-                    f"listener {name} raised {_one_line(exc)} "
+                    f"listener {name} raised {short_error(exc)} "
                     f"({self.counters['listener_errors']} so far)"
                 )
         return stored
