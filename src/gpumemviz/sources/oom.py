@@ -253,8 +253,8 @@ def _verdict(cause: str, explanation: str, facts: dict[str, Any]) -> dict[str, A
     return {"cause": cause, "explanation": explanation, **facts}
 
 
-def oom_request_size(snapshot: Mapping[str, Any] | None, device: int) -> int | None:
-    """The rounded request from the ``oom`` trace entry of that device, if recorded.
+def _newest_oom(snapshot: Mapping[str, Any] | None, device: int) -> Mapping[str, Any] | None:
+    """The newest ``oom`` trace entry of that device, if recorded.
 
     Inside the observer that entry is the newest one (other threads may add a few after it).
     """
@@ -265,19 +265,18 @@ def oom_request_size(snapshot: Mapping[str, Any] | None, device: int) -> int | N
         return None
     for entry in reversed(traces[device][-256:]):
         if entry.get("action") == "oom":
-            return int(entry.get("size", 0)) or None
+            return entry
     return None
+
+
+def oom_request_size(snapshot: Mapping[str, Any] | None, device: int) -> int | None:
+    """The rounded request from the ``oom`` trace entry of that device, if recorded."""
+    entry = _newest_oom(snapshot, device)
+    return None if entry is None else int(entry.get("size", 0)) or None
 
 
 def oom_stream(snapshot: Mapping[str, Any] | None, device: int) -> int | None:
     """The raw stream of the newest ``oom`` trace entry of that device, if recorded."""
-    if not snapshot:
-        return None
-    traces = snapshot.get("device_traces") or []
-    if device >= len(traces):
-        return None
-    for entry in reversed(traces[device][-256:]):
-        if entry.get("action") == "oom":
-            s = entry.get("stream")
-            return int(s) if isinstance(s, int) else None
-    return None
+    entry = _newest_oom(snapshot, device)
+    s = None if entry is None else entry.get("stream")
+    return int(s) if isinstance(s, int) else None
