@@ -14,6 +14,7 @@ from gpumemviz.allocator.config import AllocatorConfig
 from gpumemviz.allocator.replay import ReplayError, drive, replay
 from gpumemviz.allocator.rules import MIB
 from gpumemviz.allocator.timeline import Timeline
+from test_replay_cut import oom_program
 
 DATA = Path(__file__).resolve().parent / "data"
 HAND_BUILT = sorted(DATA.glob("replay_*.json"))
@@ -438,32 +439,7 @@ def test_programs_that_keep_running_out_of_memory_replay_exactly(seed):
     """A program that catches OOMs and goes on, with deferred frees and empty_cache: every
     release path in every order, with the capacity taken from the recorded oom entries. Cut
     in the middle too (expandable segments included: test_replay_cut.py)."""
-    import random
-
-    from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
-
-    rng = random.Random(seed)
-    config = _CONFS[seed % len(_CONFS)]
-    a = CachingAllocator(rng.choice([1 << 30, 2 << 30]), config)
-    live: list[int] = []
-    for _ in range(1500):
-        r = rng.random()
-        if r < 0.55 or not live:
-            big = rng.random() < 0.5
-            size = rng.randrange(1 << 20, 200 << 20) if big else rng.randrange(1, 1 << 20)
-            try:
-                live.append(a.malloc(size, rng.choice([0, 7])))
-            except OutOfMemory:
-                continue
-            if rng.random() < 0.1:
-                a.record_stream(live[-1], rng.choice([0, 7, 11]))
-        elif r < 0.93:
-            a.free(live.pop(rng.randrange(len(live))))
-        elif r < 0.98:
-            a.complete_events(rng.choice([None, 7, 11]))
-        else:
-            a.empty_cache()
-    snap = a.snapshot(record=False)
+    snap = oom_program(seed, capacities=(1 << 30, 2 << 30), confs=_CONFS)
     trace = snap["device_traces"][0]
     assert sum(e["action"] == "oom" for e in trace) > 0
     for start in (0, len(trace) // 2):

@@ -4,6 +4,7 @@ reservation starts is not in the snapshot, only in the trace."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import pytest
 
@@ -80,11 +81,15 @@ _CONFS = [
 ]
 
 
-def _program(seed: int) -> dict:
+def oom_program(
+    seed: int,
+    capacities: Sequence[int] = (1 << 30, 2 << 30, 4 << 30),
+    confs: Sequence[str] = _CONFS,
+) -> dict:
     """1,500 random steps on two streams that keep running out of memory (the fuzz program
-    that found these cases)."""
+    that found these cases; test_replay.py runs it whole, with its own capacities and confs)."""
     rng = random.Random(seed)
-    a = CachingAllocator(rng.choice([1 << 30, 2 << 30, 4 << 30]), _CONFS[seed % len(_CONFS)])
+    a = CachingAllocator(rng.choice(capacities), confs[seed % len(confs)])
     live: list[int] = []
     for _ in range(1500):
         r = rng.random()
@@ -112,7 +117,7 @@ def _program(seed: int) -> dict:
 # (51, 59), the first malloc's map cut off (79, 194); both expandable settings, 1-4 GiB
 @pytest.mark.parametrize("seed", [21, 26, 29, 41, 46, 51, 59, 79, 106, 156, 194, 241, 289, 294])
 def test_expandable_programs_cut_in_the_middle_replay_exactly(seed):
-    snap = _program(seed)
+    snap = oom_program(seed)
     assert "expandable_segments:True" in snap["allocator_settings"]["PYTORCH_CUDA_ALLOC_CONF"]
     trace = snap["device_traces"][0]
     dev = replay(_cut(snap, len(trace) // 2)).devices[0]
@@ -132,7 +137,7 @@ def test_expandable_programs_cut_in_the_middle_replay_exactly(seed):
     [(304, False), (399, True), (413, False), (413, True), (200, False), (200, True)],
 )
 def test_release_stories_are_told_by_the_whole_run(seed, half):
-    snap = _program(seed)
+    snap = oom_program(seed)
     trace = snap["device_traces"][0]
     dev = replay(_cut(snap, len(trace) // 2 if half else 0)).devices[0]
     assert dev.exact, dev.mismatches
