@@ -38,6 +38,21 @@ def _oom(model: CachingAllocator, size: int, stream: int = 0) -> OutOfMemory:
     return info.value
 
 
+def _free_then_live(free: int, live: int) -> dict:
+    """By hand, a large segment of stream 0 at 0x7f0000000000: a free block, then a live one."""
+    return {
+        "device": 0,
+        "address": 0x7F0000000000,
+        "total_size": free + live,
+        "stream": 0,
+        "segment_type": "large",
+        "blocks": [
+            {"size": free, "requested_size": 0, "state": "inactive"},
+            {"size": live, "requested_size": live, "state": "active_allocated"},
+        ],
+    }
+
+
 def _fill(model: CachingAllocator, stream: int = 0) -> None:
     """Allocate 20 MiB blocks until the device is full (each one a whole segment)."""
     with pytest.raises(OutOfMemory):
@@ -95,17 +110,7 @@ def test_holes_in_the_requests_own_pool_are_fragmentation():
 
 def test_a_block_refused_by_max_split_size_is_fragmentation_and_says_so():
     # by hand: a 200 MiB free block beside a live one in a 220 MiB segment, max_split_size 64 MiB
-    seg = {
-        "device": 0,
-        "address": 0x7F0000000000,
-        "total_size": 220 * MiB,
-        "stream": 0,
-        "segment_type": "large",
-        "blocks": [
-            {"size": 200 * MiB, "requested_size": 0, "state": "inactive"},
-            {"size": 20 * MiB, "requested_size": 20 * MiB, "state": "active_allocated"},
-        ],
-    }
+    seg = _free_then_live(200 * MiB, 20 * MiB)
     args = {"alloc_size": 30 * MiB, "device_total": 0, "device_free": 0, "request_size": 30 * MiB}
     got = classify_oom([seg], 0, settings={"max_split_size": 64 * MiB}, **args)
     assert got["largest_free_block"] == 200 * MiB
@@ -138,17 +143,7 @@ def test_an_unknown_stream_that_changes_the_answer_is_unknown():
 
 
 def test_a_snapshot_where_the_request_fits_is_unknown():
-    seg = {
-        "device": 0,
-        "address": 0x7F0000000000,
-        "total_size": 40 * MiB,
-        "stream": 0,
-        "segment_type": "large",
-        "blocks": [
-            {"size": 30 * MiB, "requested_size": 0, "state": "inactive"},
-            {"size": 10 * MiB, "requested_size": 10 * MiB, "state": "active_allocated"},
-        ],
-    }
+    seg = _free_then_live(30 * MiB, 10 * MiB)
     got = classify_oom(
         [seg], 0, alloc_size=20 * MiB, device_total=0, device_free=0, request_size=20 * MiB
     )
