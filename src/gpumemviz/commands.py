@@ -97,17 +97,15 @@ def _interval(panel: Any, args: dict) -> dict:
 
 
 def _fit(panel: Any, args: dict) -> dict:
-    from gpumemviz.fragmentation import fragmentation
-
     text = str(args.get("value", "")).strip()
     try:
         nbytes = parse_size(text)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    snap, free, device = panel.fit_inputs()
-    if snap is None:
+    report, free, device = panel.fit_inputs()
+    if report is None:
         raise CommandError("no segment state yet: wait for the map")
-    answer = fragmentation(snap).can_fit(nbytes, device=device, device_free=free)
+    answer = report.can_fit(nbytes, device=device, device_free=free)
     return {"text": f"{format_size(nbytes)}: {answer}", "verdict": answer.verdict, "bytes": nbytes}
 
 

@@ -192,6 +192,7 @@ class MemoryPanel(anywidget.AnyWidget):
         self.wire_stats: dict[str, int] = {"frames": 0, "bytes": 0, "last_bytes": 0, "max_bytes": 0}
         self.sampler: Any = None
         self.shown: Snapshot | None = None  # the segment state drawn last
+        self._shown_report: FragmentationReport | None = None  # its analysis ("would N fit?")
         self._shown_device: int | None = None
         self._device_free: int | None = None
         self.command_log: list[dict[str, Any]] = []  # handled commands, newest last
@@ -454,7 +455,7 @@ class MemoryPanel(anywidget.AnyWidget):
         device = self._device if device is None else device
         rows = build_rows(snap, device=device)
         report = fragmentation(snap)
-        self.shown, self._shown_device = snap, device
+        self.shown, self._shown_device, self._shown_report = snap, device, report
         if self._wire.set_rows(rows, Stacks(snap)):
             self.map_layout = self._wire.layout()
         painted = figures(rows)
@@ -500,14 +501,14 @@ class MemoryPanel(anywidget.AnyWidget):
             raise ValueError("nothing shown yet: nothing to export")
         return export(data, path, redact_paths=redact_paths)
 
-    def fit_inputs(self) -> tuple[Snapshot | None, int | None, int]:
-        """What "would N fit?" reads: the snapshot shown, the device's free bytes (NVML, when
-        known) and the device shown."""
+    def fit_inputs(self) -> tuple[FragmentationReport | None, int | None, int]:
+        """What "would N fit?" reads: the report of the snapshot shown (computed when it was
+        drawn), the device's free bytes (NVML, when known) and the device shown."""
         snap, device = self.shown, self._shown_device
         if device is None:
             devices = np.unique(snap.segments.device) if snap is not None else []
             device = int(devices[0]) if len(devices) else 0
-        return snap, self._device_free, device
+        return self._shown_report, self._device_free, device
 
     def command(self, name: str, **args: Any) -> dict:
         """Run a button's command now, on this thread (what a click does); returns the reply."""
