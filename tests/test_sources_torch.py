@@ -408,6 +408,41 @@ def test_oom_observer_takes_the_snapshot_once_per_failure(serve):
     assert sample.segments.n_segments == sum(1 for s in raw["segments"] if s["device"] == 1)
 
 
+def test_the_live_oom_is_judged_with_the_recorded_stream_and_settings(serve):
+    """The observer classifies with the `oom` entry's stream and the recorded allocator
+    settings: a 200 MiB free block refused by max_split_size is fragmentation (without the
+    settings the snapshot would contradict the failure: "unknown")."""
+    mib = 1 << 20
+    seg = {
+        "device": 0, "address": 0x7F0000000000, "total_size": 220 * mib, "stream": 0,
+        "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False,
+        "allocated_size": 20 * mib, "active_size": 20 * mib, "requested_size": 20 * mib,
+        "frames": [],
+        "blocks": [
+            {"address": 0x7F0000000000, "size": 200 * mib, "requested_size": 0,
+             "state": "inactive", "frames": []},
+            {"address": 0x7F0000000000 + 200 * mib, "size": 20 * mib,
+             "requested_size": 20 * mib, "state": "active_allocated", "frames": []},
+        ],
+    }  # fmt: skip
+    oom = {"action": "oom", "addr": 0, "size": 30 * mib, "stream": 0, "device_free": 0,
+           "frames": []}  # fmt: skip
+    raw = {
+        "segments": [seg],
+        "device_traces": [[oom]],
+        "allocator_settings": {"max_split_size": 64 * mib},
+    }
+    _, attached = serve(raw)
+    src = TorchCudaSource(0, nvml=False)
+    events: list[OomEvent] = []
+    src.set_oom_handler(events.append)
+    tc._OOM["totals"][0] = 220 * mib  # a device that is this segment: nothing outside
+    attached[0](0, 30 * mib, 220 * mib, 0)
+    (ev,) = events
+    assert ev.cause == "fragmentation", ev.explanation
+    assert "refused by the max_split_size rules" in ev.explanation
+
+
 @needs_real
 def test_stopped_handler_turns_the_observer_into_a_no_op(serve):
     fake, attached = serve(read_real(OOM_FILE))

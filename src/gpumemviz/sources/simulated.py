@@ -18,7 +18,7 @@ from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
 from gpumemviz.allocator.workloads import WORKLOADS, Workload
 from gpumemviz.sample import SEGMENTS_NOT_READ, DeviceInfo, MemoryStats, NvmlInfo, OomEvent, Sample
 from gpumemviz.sources.base import short_error
-from gpumemviz.sources.oom import classify_oom
+from gpumemviz.sources.oom import classify_oom, oom_stream
 
 __all__ = ["SimulatedSource"]
 
@@ -152,6 +152,8 @@ class SimulatedSource:
             device_total=err.capacity,
             device_free=err.free,
             request_size=err.rounded_size,
+            stream=oom_stream(snapshot, self.device),
+            settings=snapshot.get("allocator_settings"),
         )
         return OomEvent(
             time=time.time(),

@@ -41,7 +41,7 @@ from gpumemviz.sample import (
 )
 from gpumemviz.sources.base import SourceCommandError, short_error
 from gpumemviz.sources.nvml import NvmlReader, normalize_uuid
-from gpumemviz.sources.oom import classify_oom, oom_request_size
+from gpumemviz.sources.oom import classify_oom, oom_request_size, oom_stream
 
 __all__ = ["OomCapture", "TorchCudaSource", "capture_oom", "classify_oom"]
 
@@ -132,6 +132,8 @@ def _build_event(device: int, alloc_size: int, device_limit: int, device_free: i
             device_total=total,
             device_free=device_free,
             request_size=request,
+            stream=oom_stream(snapshot, device),
+            settings=snapshot.get("allocator_settings"),
         )
     else:
         facts = {"cause": "unknown", "explanation": f"no snapshot at the OOM: {snap_error}"}
