@@ -275,15 +275,10 @@ def _replay(snap: Snapshot, config: AllocatorConfig) -> tuple[ReplayResult, floa
     return result, time.perf_counter() - t
 
 
-def _peak_segments(segments: Any, start: int) -> int:
-    return max(int(segments.max(initial=0)), start)
-
-
 def _check(
     result: ReplayResult, seconds: float, device: int, setting: str, settings: str
 ) -> ReplayCheck:
     before, after = result.recorded[device], result.devices[device]
-    start = result.timelines[device].start.totals()[2]
     return ReplayCheck(
         device=device,
         setting=setting,
@@ -292,8 +287,8 @@ def _check(
         capacity=after.capacity if after.capacity_known else None,
         peak_reserved_before=int(before.peak_reserved),
         peak_reserved_after=int(after.peak_reserved),
-        peak_segments_before=_peak_segments(before.segments, start),
-        peak_segments_after=_peak_segments(after.segments, start),
+        peak_segments_before=result.peak_segments(device, "replayed"),
+        peak_segments_after=result.peak_segments(device, "predicted"),
         oom_before=before.oom,
         oom_after=after.oom,
         seconds=seconds,

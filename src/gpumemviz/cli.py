@@ -254,17 +254,25 @@ def _whatif_device(result: Any, dev: int) -> dict[str, Any]:
         "capacity_known": bool(run.capacity_known),
         "what_if": bool(run.what_if),
         "recorded": _run_figures(
-            result.recorded_peak_reserved(dev), tl.segments, start, recorded_oom
+            result.recorded_peak_reserved(dev),
+            result.peak_segments(dev, "recording"),
+            tl.segments,
+            start,
+            recorded_oom,
         ),
-        "predicted": _run_figures(int(run.peak_reserved), run.segments, start, run.oom),
+        "predicted": _run_figures(
+            int(run.peak_reserved), result.peak_segments(dev), run.segments, start, run.oom
+        ),
     }
 
 
-def _run_figures(peak_reserved: int, segments: Any, start: int, oom_at: int | None) -> dict:
+def _run_figures(
+    peak_reserved: int, peak_segments: int, segments: Any, start: int, oom_at: int | None
+) -> dict:
     """One side of the comparison; `segments` is the count after each entry, `start` before."""
     return {
         "peak_reserved": peak_reserved,
-        "peak_segments": max(int(segments.max(initial=0)), start),
+        "peak_segments": peak_segments,
         "final_segments": int(segments[-1]) if len(segments) else start,
         "oom": oom_at is not None,
         "oom_at": oom_at,

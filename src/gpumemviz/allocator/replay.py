@@ -104,6 +104,18 @@ class ReplayResult:
         tl = self.timelines[device]
         return max(int(tl.reserved.max(initial=0)), tl.start.totals()[0])
 
+    def peak_segments(self, device: int, run: str = "predicted") -> int:
+        """Peak segment count, the trace's start included, of one `run`: "predicted" (this
+        replay), "replayed" (the replay under the recorded settings) or "recording" (the file)."""
+        tl = self.timelines[device]
+        if run == "recording":
+            segments = tl.segments
+        elif run in ("predicted", "replayed"):
+            segments = (self.devices if run == "predicted" else self.recorded)[device].segments
+        else:
+            raise ValueError(f"run must be predicted, replayed or recording, not {run!r}")
+        return max(int(segments.max(initial=0)), tl.start.totals()[2])
+
     def summary(self) -> str:
         """A few lines a person can read: match rates, or what-if peaks and OOMs beside the
         recorded ones; the capacity, or that it is unknown."""
