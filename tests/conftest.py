@@ -1,4 +1,5 @@
-"""Shared fixtures: the real snapshots recorded on GPUs by others, read-only."""
+"""Shared fixtures: the snapshots recorded on GPUs by others (read-only), and the model-made
+stand-ins for the classes of recording that only CI has."""
 
 from __future__ import annotations
 
@@ -10,45 +11,107 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-REAL_DIR = REPO.parent / "shared" / "real-snapshots"
-REAL_FILES = sorted(REAL_DIR.glob("*.pickle")) if REAL_DIR.is_dir() else []
 DATA_DIR = Path(__file__).resolve().parent / "data"
+#: Real recordings under permissive licences: they ship with the repository (PROVENANCE.md).
+REAL_DIR = DATA_DIR / "real"
+#: Real recordings with no licence found: read where ../shared/real-snapshots exists (CI).
+CI_REAL_DIR = REPO.parent / "shared" / "real-snapshots"
+#: Model-made stand-ins for what only the CI-only files hold (tools/make_standins.py).
+STANDIN_DIR = DATA_DIR / "standin"
+
+#: The CI-only recordings by name, so a clone without ../shared lists their cases as skipped.
+CI_ONLY_NAMES = (
+    "Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle",
+    "MAGMA27__assignment2-systems__memory_snapshot.pickle",
+    "Maphsge4__select_n__snapshot_10streams.pickle",
+    "albi2__thesis-text-to-SQL__dump_snapshot_expandable.pickle",
+    "cranberrii__ftcourse__memory_snapshot.pickle",
+    "kkaitlyn111__cs336-a2-systems__memory_2.7b_forward.pickle",
+    "kkaitlyn111__cs336-a2-systems__memory_snapshot.pickle",
+)
+CI_ONLY_REASON = "CI-only real snapshot (no licence to ship it): ../shared/real-snapshots is absent"
+
+SHIPPED_FILES = sorted(REAL_DIR.glob("*.pickle"))
+_shipped = {p.name for p in SHIPPED_FILES}
+_ci_names = set(CI_ONLY_NAMES)
+if CI_REAL_DIR.is_dir():
+    _ci_names |= {p.name for p in CI_REAL_DIR.glob("*.pickle")}
+#: Every CI-only recording, present or not (one copy per file name: shipped ones win).
+CI_ONLY_FILES = sorted(CI_REAL_DIR / n for n in _ci_names - _shipped)
+#: The real recordings this checkout can read: the shipped ones, plus CI's where present.
+REAL_FILES = sorted([*SHIPPED_FILES, *(p for p in CI_ONLY_FILES if p.exists())])
+STANDIN_FILES = sorted(STANDIN_DIR.glob("*.pickle"))
+#: What the recorded-file tests run on: every real recording (CI-only ones skip when absent)
+#: and every stand-in.
+RECORDED_FILES = sorted([*SHIPPED_FILES, *CI_ONLY_FILES]) + STANDIN_FILES
 
 
 class _NoGlobals(pickle.Unpickler):
-    """Test-side reader: the real files hold only plain types, so any global is a failure."""
+    """Test-side reader: the recorded files hold only plain types, so any global is a failure."""
 
     def find_class(self, module: str, name: str):  # pragma: no cover - would be a broken fixture
         raise pickle.UnpicklingError(f"unexpected global {module}.{name}")
 
 
 def read_real(path: Path):
-    """The raw torch dict of a real file, read without gpumemviz (an independent oracle)."""
+    """The raw torch dict of a recorded file, read without gpumemviz (an independent oracle)."""
+    if not path.exists():
+        _skip_absent(path)
     with path.open("rb") as f:
         return _NoGlobals(f).load()
 
 
+def _skip_absent(path: Path):
+    if path.parent == CI_REAL_DIR:
+        pytest.skip(f"{CI_ONLY_REASON} ({path.name})")
+    raise FileNotFoundError(path)  # a shipped file is missing: a broken checkout
+
+
+def real_file(name: str) -> Path:
+    """A real recording by file name: shipped, or CI's; the test skips (one line) without it."""
+    path = REAL_DIR / name if name in _shipped else CI_REAL_DIR / name
+    if not path.exists():
+        _skip_absent(path)
+    return path
+
+
+def standin_file(name: str) -> Path:
+    """A stand-in by its short name (`expandable_oom_3dev`, `streams10`, `training_10k`)."""
+    path = STANDIN_DIR / f"standin__{name}.pickle"
+    if not path.exists():
+        raise FileNotFoundError(path)
+    return path
+
+
+def has_private_pools(d: Any) -> bool:
+    """A recording with segments in private pools (MemPool, CUDA graphs): not modelled yet."""
+    segs = d["segments"] if isinstance(d, dict) else d
+    return any(tuple(s.get("segment_pool_id") or (0, 0)) != (0, 0) for s in segs)
+
+
 def _ids(paths: list[Path]) -> list[str]:
-    return [p.name.split("__")[0] + ":" + p.stem.split("__")[-1] for p in paths]
+    return [
+        ("standin:" if p.parent == STANDIN_DIR else "")
+        + p.name.split("__")[0]
+        + ":"
+        + p.stem.split("__")[-1]
+        for p in paths
+    ]
 
 
-@pytest.fixture(params=REAL_FILES, ids=_ids(REAL_FILES))
-def real_path(request) -> Path:
-    """Each real snapshot file in turn (the test is skipped when shared/ is absent)."""
-    return request.param
+@pytest.fixture(params=RECORDED_FILES, ids=_ids(RECORDED_FILES))
+def recorded_path(request) -> Path:
+    """Each recorded snapshot in turn: real ones (CI-only ones skip where ../shared is absent)
+    and the model-made stand-ins."""
+    path = request.param
+    if not path.exists():
+        _skip_absent(path)
+    return path
 
 
 @pytest.fixture
-def real_dict(real_path: Path):
-    return read_real(real_path)
-
-
-def pytest_collection_modifyitems(config, items):
-    if not REAL_FILES:
-        skip = pytest.mark.skip(reason=f"no real snapshots in {REAL_DIR}")
-        for item in items:
-            if "real_path" in getattr(item, "fixturenames", ()):
-                item.add_marker(skip)
+def recorded_dict(recorded_path: Path):
+    return read_real(recorded_path)
 
 
 @pytest.fixture(autouse=True)

@@ -146,20 +146,20 @@ def test_per_device_and_unknown_device():
         advise(d, device=5)
 
 
-def test_oom_device_free_from_dicts_and_snapshots(real_dict):
-    by_dict = oom_device_free(real_dict)
-    by_snap = oom_device_free(Snapshot.from_torch(real_dict))
+def test_oom_device_free_from_dicts_and_snapshots(recorded_dict):
+    by_dict = oom_device_free(recorded_dict)
+    by_snap = oom_device_free(Snapshot.from_torch(recorded_dict))
     assert by_dict == by_snap
     expected = {}
-    for dev, entries in enumerate(real_dict.get("device_traces") or []):
+    for dev, entries in enumerate(recorded_dict.get("device_traces") or []):
         ooms = [e for e in entries if e.get("action") == "oom"]
         if ooms:
             expected[dev] = ooms[-1]["device_free"]
     assert by_dict == expected
 
 
-def test_real_files_get_sensible_advice(real_path):
-    d = read_real(real_path)
+def test_real_files_get_sensible_advice(recorded_path):
+    d = read_real(recorded_path)
     advice = advise(d)
     settings = d.get("allocator_settings") or {}
     if settings.get("expandable_segments"):

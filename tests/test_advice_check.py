@@ -91,8 +91,8 @@ def test_expandable_is_confirmed_on_cranberrii_and_keeps_its_numbers(cranberrii)
     assert c.to_dict()["replay"]["verdict"] == "better"
 
 
-def test_advice_without_a_trace_is_unchanged(real_path):
-    d = read_real(real_path)
+def test_advice_without_a_trace_is_unchanged(recorded_path):
+    d = read_real(recorded_path)
     advice = _inspect_advice(d)
     checked = check_advice(d, advice)
     traced = {i for i, t in enumerate(d.get("device_traces") or []) if t}

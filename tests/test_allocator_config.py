@@ -200,8 +200,8 @@ def test_settings_round_trip():
     assert AllocatorConfig.from_settings(None) == AllocatorConfig()
 
 
-def test_from_settings_of_real_files(real_dict):
-    settings = real_dict.get("allocator_settings") if isinstance(real_dict, dict) else None
+def test_from_settings_of_real_files(recorded_dict):
+    settings = recorded_dict.get("allocator_settings") if isinstance(recorded_dict, dict) else None
     c = AllocatorConfig.from_settings(settings)
     if settings:
         assert c.expandable_segments == settings["expandable_segments"]

@@ -23,9 +23,9 @@ def _layout(segs):
     ]  # fmt: skip
 
 
-def test_from_segments_reproduces_real_states(real_dict):
-    segs = _segments(real_dict)
-    settings = real_dict.get("allocator_settings") if isinstance(real_dict, dict) else None
+def test_from_segments_reproduces_real_states(recorded_dict):
+    segs = _segments(recorded_dict)
+    settings = recorded_dict.get("allocator_settings") if isinstance(recorded_dict, dict) else None
     conf = AllocatorConfig.from_settings(settings)
     for device in sorted({s.get("device", 0) for s in segs}):
         mine = [s for s in segs if s.get("device", 0) == device]

@@ -22,10 +22,10 @@ INT_KEYS = ("reserved", "allocated", "free", "pending_free", "largest_free", "se
 FLOAT_KEYS = ("external_fragmentation", "fragmentation_sq")
 
 
-def test_json_has_the_issue_structure_on_real_files(real_path, capsys):
-    assert main(["inspect", str(real_path), "--json"]) == 0
+def test_json_has_the_issue_structure_on_real_files(recorded_path, capsys):
+    assert main(["inspect", str(recorded_path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    d = read_real(real_path)
+    d = read_real(recorded_path)
     report = fragmentation(d)
     assert set(out["devices"]) == {str(k) for k in report.devices}
     for figs in [out["total"], *out["devices"].values()]:
@@ -52,10 +52,10 @@ def test_json_has_the_issue_structure_on_real_files(real_path, capsys):
         assert t["external_fragmentation"] == 0.0
 
 
-def test_text_summary_on_real_files(real_path, capsys):
-    assert main(["inspect", str(real_path)]) == 0
+def test_text_summary_on_real_files(recorded_path, capsys):
+    assert main(["inspect", str(recorded_path)]) == 0
     text = capsys.readouterr().out
-    report = fragmentation(read_real(real_path))
+    report = fragmentation(read_real(recorded_path))
     for d, f in report.devices.items():
         assert f"device {d}: reserved {format_size(f.reserved)}" in text
         assert (
@@ -78,10 +78,10 @@ def test_text_of_a_fragmented_file_shows_worst_segments_and_advice(tmp_path, cap
     assert "[expandable_segments]" in text and "[max_split_size_mb]" in text
 
 
-def test_device_option(real_path, capsys):
-    report = fragmentation(read_real(real_path))
+def test_device_option(recorded_path, capsys):
+    report = fragmentation(read_real(recorded_path))
     d = max(report.devices)
-    assert main(["inspect", str(real_path), "--device", str(d), "--json"]) == 0
+    assert main(["inspect", str(recorded_path), "--device", str(d), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert list(out["devices"]) == [str(d)]
     assert out["total"]["reserved"] == report.devices[d].reserved
@@ -106,12 +106,12 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, make, message):
     assert message in err
 
 
-def test_unknown_device_exits_2(real_path, capsys):
-    report = fragmentation(read_real(real_path))
-    assert main(["inspect", str(real_path), "--device", "99"]) == 2
+def test_unknown_device_exits_2(recorded_path, capsys):
+    report = fragmentation(read_real(recorded_path))
+    assert main(["inspect", str(recorded_path), "--device", "99"]) == 2
     err = capsys.readouterr().err.strip()
     have = ", ".join(map(str, report.devices))
-    assert err.endswith(f"no device 99 in {real_path} (devices: {have})")
+    assert err.endswith(f"no device 99 in {recorded_path} (devices: {have})")
 
 
 def test_usage_errors_and_help(capsys):
@@ -140,19 +140,19 @@ def test_subcommands_are_one_function_each():
 
 @pytest.mark.skipif(not REAL_FILES, reason="no real snapshots")
 def test_installed_console_script():
-    real_path = min(REAL_FILES, key=lambda p: p.stat().st_size)
+    recorded_path = min(REAL_FILES, key=lambda p: p.stat().st_size)
     script = Path(sys.executable).with_name("gpumemviz")
     assert script.exists(), "the package is not installed in this environment"
     ok = subprocess.run(
-        [str(script), "inspect", str(real_path), "--json"],
+        [str(script), "inspect", str(recorded_path), "--json"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert ok.returncode == 0, ok.stderr
-    assert json.loads(ok.stdout)["total"]["reserved"] == fragmentation(real_path).reserved
+    assert json.loads(ok.stdout)["total"]["reserved"] == fragmentation(recorded_path).reserved
     bad = subprocess.run(
-        [str(script), "inspect", str(real_path.with_suffix(".nope"))],
+        [str(script), "inspect", str(recorded_path.with_suffix(".nope"))],
         capture_output=True,
         text=True,
         timeout=120,
@@ -184,10 +184,10 @@ def _recorded_reserved_walk(d: dict, device: int) -> tuple[int, int | None]:
     return peak, oom
 
 
-def test_whatif_json_recorded_side_matches_the_trace_on_real_files(real_path, capsys):
-    d = read_real(real_path)
+def test_whatif_json_recorded_side_matches_the_trace_on_real_files(recorded_path, capsys):
+    d = read_real(recorded_path)
     traced = [i for i, t in enumerate(d.get("device_traces") or []) if t]
-    rc = main(["whatif", str(real_path), "--conf", "expandable_segments:True", "--json"])
+    rc = main(["whatif", str(recorded_path), "--conf", "expandable_segments:True", "--json"])
     if not traced:
         assert rc == 2
         assert "no trace to replay" in capsys.readouterr().err
@@ -309,8 +309,8 @@ def test_diff_of_two_real_files(capsys):
     assert "reserved" in text and "device 0" in text
 
 
-def test_diff_with_itself_changes_nothing(real_path, capsys):
-    assert main(["diff", str(real_path), str(real_path), "--json"]) == 0
+def test_diff_with_itself_changes_nothing(recorded_path, capsys):
+    assert main(["diff", str(recorded_path), str(recorded_path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert all(f["delta"] == 0 for f in out["total"].values())
     for dev in out["devices"].values():
@@ -333,14 +333,14 @@ def test_diff_bad_input_exits_2(tmp_path, capsys):
 # export
 
 
-def test_export_pickle_reloads_equal(real_path, tmp_path, capsys):
+def test_export_pickle_reloads_equal(recorded_path, tmp_path, capsys):
     from gpumemviz.io import load_snapshot
 
     out = tmp_path / "out.pickle"
-    assert main(["export", str(real_path), "-o", str(out)]) == 0
+    assert main(["export", str(recorded_path), "-o", str(out)]) == 0
     assert capsys.readouterr().out.startswith(f"wrote {out} (")
     assert out.read_bytes()[:2] == b"\x80\x04"  # protocol 4
-    assert load_snapshot(out).to_torch() == load_snapshot(real_path).to_torch()
+    assert load_snapshot(out).to_torch() == load_snapshot(recorded_path).to_torch()
 
 
 def test_export_json_csv_and_redaction(tmp_path, capsys):

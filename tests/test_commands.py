@@ -86,8 +86,8 @@ def test_commands_a_source_cannot_do_say_so(live):
     assert not panel.command("frobnicate")["ok"]
 
 
-def test_a_fixed_snapshot_panel_exports_and_fits_but_has_no_sampler(real_dict, tmp_path):
-    panel = MemoryPanel.from_snapshot(real_dict)
+def test_a_fixed_snapshot_panel_exports_and_fits_but_has_no_sampler(recorded_dict, tmp_path):
+    panel = MemoryPanel.from_snapshot(recorded_dict)
     try:
         assert panel.flush()
         assert not panel.command("pause")["ok"]

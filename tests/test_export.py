@@ -177,20 +177,20 @@ _RES = {"segment_alloc": 1, "segment_free": -1, "segment_map": 1, "segment_unmap
 _REQ = {"alloc": 1, "free_completed": -1}
 
 
-def test_csv_of_real_traces_against_independent_sums(real_path, real_dict, tmp_path):
-    if not isinstance(real_dict, dict) or not any(real_dict["device_traces"]):
+def test_csv_of_real_traces_against_independent_sums(recorded_path, recorded_dict, tmp_path):
+    if not isinstance(recorded_dict, dict) or not any(recorded_dict["device_traces"]):
         pytest.skip("no recorded history")
-    out = export(real_path, tmp_path / "t.csv")
+    out = export(recorded_path, tmp_path / "t.csv")
     header, rows = _read_csv(out)
     assert tuple(header) == TRACE_COLUMNS
     col = {c: i for i, c in enumerate(header)}
-    traces = real_dict["device_traces"]
+    traces = recorded_dict["device_traces"]
     assert len(rows) == sum(len(t) for t in traces)
     k = 0
     for dev, entries in enumerate(traces):
         if not entries:
             continue
-        segs = [s for s in real_dict["segments"] if s["device"] == dev]
+        segs = [s for s in recorded_dict["segments"] if s["device"] == dev]
         blocks = [b for s in segs for b in s["blocks"]]
         final_reserved = sum(s["total_size"] for s in segs)
         final_requested = sum(mv._block_extra(b)[1] for b in blocks if b["state"] != "inactive")
@@ -198,7 +198,7 @@ def test_csv_of_real_traces_against_independent_sums(real_path, real_dict, tmp_p
         # forwards from the start implied by the final totals
         reserved = final_reserved - sum(_RES.get(e["action"], 0) * e["size"] for e in entries)
         requested = final_requested - sum(_REQ.get(e["action"], 0) * e["size"] for e in entries)
-        tl = Timeline.from_snapshot(real_dict, dev)
+        tl = Timeline.from_snapshot(recorded_dict, dev)
         for i, e in enumerate(entries):
             row = rows[k]
             k += 1

@@ -77,20 +77,20 @@ def _segsum_oracle(d) -> tuple[int, int, int]:
     return reserved, allocated, free
 
 
-def test_reconciles_with_segsum_on_real_files(real_dict):
+def test_reconciles_with_segsum_on_real_files(recorded_dict):
     with redirect_stdout(io.StringIO()):
-        _memory_viz.segsum(real_dict)  # torch's own check passes on the file
-    r = fragmentation(real_dict)
-    reserved, requested, total_free = _segsum_oracle(real_dict)
+        _memory_viz.segsum(recorded_dict)  # torch's own check passes on the file
+    r = fragmentation(recorded_dict)
+    reserved, requested, total_free = _segsum_oracle(recorded_dict)
     assert r.reserved == reserved
     assert r.requested == requested
     assert r.free + r.pending_free + r.internal_waste == total_free
     assert r.violations == ()
 
 
-def test_figures_match_a_plain_walk_of_real_files(real_dict):
-    r = fragmentation(real_dict)
-    segs = real_dict["segments"]
+def test_figures_match_a_plain_walk_of_real_files(recorded_dict):
+    r = fragmentation(recorded_dict)
+    segs = recorded_dict["segments"]
     for dev, f in r.devices.items():
         mine = [s for s in segs if s["device"] == dev]
         blocks = [b for s in mine for b in s["blocks"]]
@@ -122,9 +122,9 @@ def test_figures_match_a_plain_walk_of_real_files(real_dict):
     assert r.largest_free == max((f.largest_free for f in r.devices.values()), default=0)
 
 
-def test_snapshot_path_gives_the_identical_report(real_dict):
-    by_dict = fragmentation(real_dict)
-    by_snap = fragmentation(Snapshot.from_torch(copy.deepcopy(real_dict)))
+def test_snapshot_path_gives_the_identical_report(recorded_dict):
+    by_dict = fragmentation(recorded_dict)
+    by_snap = fragmentation(Snapshot.from_torch(copy.deepcopy(recorded_dict)))
     assert by_dict.to_dict() == by_snap.to_dict()
     for f in fields(by_dict.per_segment):
         a, b = getattr(by_dict.per_segment, f.name), getattr(by_snap.per_segment, f.name)
@@ -132,15 +132,15 @@ def test_snapshot_path_gives_the_identical_report(real_dict):
     assert by_dict.total == by_snap.total
 
 
-def test_path_and_bytes_go_through_io(real_path):
-    by_path = fragmentation(real_path)
-    by_bytes = fragmentation(real_path.read_bytes())
-    by_dict = fragmentation(read_real(real_path))
+def test_path_and_bytes_go_through_io(recorded_path):
+    by_path = fragmentation(recorded_path)
+    by_bytes = fragmentation(recorded_path.read_bytes())
+    by_dict = fragmentation(read_real(recorded_path))
     assert by_path.to_dict() == by_bytes.to_dict() == by_dict.to_dict()
 
 
-def test_json_shape_on_real_files(real_dict):
-    out = json.loads(json.dumps(fragmentation(real_dict).to_dict()))
+def test_json_shape_on_real_files(recorded_dict):
+    out = json.loads(json.dumps(fragmentation(recorded_dict).to_dict()))
     assert set(out) >= {"total", "devices"}
     for figs in [out["total"], *out["devices"].values()]:
         for key in ("reserved", "allocated", "free", "pending_free", "largest_free"):
@@ -512,13 +512,13 @@ def _model_outcome(model: CachingAllocator, size: int, stream: int) -> tuple[str
     return "new_segment", addr, m.reserved - before
 
 
-def test_can_fit_agrees_with_the_allocator_model_on_real_files(real_dict):
-    r = fragmentation(real_dict)
-    settings = real_dict.get("allocator_settings") or {}
+def test_can_fit_agrees_with_the_allocator_model_on_real_files(recorded_dict):
+    r = fragmentation(recorded_dict)
+    settings = recorded_dict.get("allocator_settings") or {}
     conf = settings.get("PYTORCH_CUDA_ALLOC_CONF", "")
     checked = 0
     for dev, figs in r.devices.items():
-        segs = [s for s in real_dict["segments"] if s["device"] == dev]
+        segs = [s for s in recorded_dict["segments"] if s["device"] == dev]
         if not segs or any(tuple(s.get("segment_pool_id", (0, 0))) != (0, 0) for s in segs):
             continue
         streams = sorted({s["stream"] for s in segs})[:2]

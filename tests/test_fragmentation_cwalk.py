@@ -212,9 +212,9 @@ def assert_same(case: Any, sizes: tuple[int, ...] = _SIZES, *, copy_first: bool 
 # real files
 
 
-def test_real_files_same_report_both_ways(real_dict, cwalk):
-    assert assert_same(real_dict, copy_first=False), "the C walk refused a real file"
-    assert assert_same(real_dict["segments"], (512, 3 * MIB), copy_first=False)
+def test_real_files_same_report_both_ways(recorded_dict, cwalk):
+    assert assert_same(recorded_dict, copy_first=False), "the C walk refused a real file"
+    assert assert_same(recorded_dict["segments"], (512, 3 * MIB), copy_first=False)
 
 
 # --------------------------------------------------------------------------------------------

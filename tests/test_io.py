@@ -34,22 +34,22 @@ class _Mkdir:
 # -- real files ---------------------------------------------------------------------------------
 
 
-def test_real_file_loads_by_path_and_bytes(real_path, real_dict, tmp_path):
+def test_real_file_loads_by_path_and_bytes(recorded_path, recorded_dict, tmp_path):
     bare = tmp_path / "snapshot"  # no suffix: content decides
-    shutil.copyfile(real_path, bare)
+    shutil.copyfile(recorded_path, bare)
     by_path = load_snapshot(bare)
-    by_bytes = load_snapshot(real_path.read_bytes())
+    by_bytes = load_snapshot(recorded_path.read_bytes())
     for snap in (by_path, by_bytes):
-        assert snap.to_torch() == real_dict
+        assert snap.to_torch() == recorded_dict
     assert load_snapshot(by_path) is by_path
 
 
-def test_real_file_round_trips_through_pickle(real_path, real_dict, tmp_path):
-    snap = load_snapshot(real_path)
+def test_real_file_round_trips_through_pickle(recorded_path, recorded_dict, tmp_path):
+    snap = load_snapshot(recorded_path)
     pkl = save_snapshot(snap, tmp_path / "out.pickle")
     assert pkl.read_bytes()[:2] == b"\x80\x04"  # protocol 4: MemoryViz.js rejects 5
-    assert pickle.loads(pkl.read_bytes()) == real_dict  # our own file, read by the oracle
-    assert load_snapshot(pkl).to_torch() == real_dict
+    assert pickle.loads(pkl.read_bytes()) == recorded_dict  # our own file, read by the oracle
+    assert load_snapshot(pkl).to_torch() == recorded_dict
 
 
 def _lighter(d: dict) -> dict:
@@ -66,8 +66,8 @@ def _lighter(d: dict) -> dict:
     return {**d, "device_traces": traces}
 
 
-def test_real_file_round_trips_through_json(real_dict, tmp_path):
-    d = _lighter(real_dict)
+def test_real_file_round_trips_through_json(recorded_dict, tmp_path):
+    d = _lighter(recorded_dict)
     js = save_snapshot(d, tmp_path / "out.json")
     assert (
         json.loads(js.read_text())["segments"][0]["total_size"] == (d["segments"][0]["total_size"])

@@ -63,29 +63,29 @@ def _forward(start: list[dict], trace: list[dict], settings) -> list[dict]:
     return lay.to_segments()
 
 
-def test_backwards_then_forwards_gives_the_recorded_final_layout(real_dict):
-    if isinstance(real_dict, list) or not _traced_devices(real_dict):
+def test_backwards_then_forwards_gives_the_recorded_final_layout(recorded_dict):
+    if isinstance(recorded_dict, list) or not _traced_devices(recorded_dict):
         pytest.skip("no trace in this file")
-    settings = real_dict.get("allocator_settings")
-    for dev in _traced_devices(real_dict):
-        trace = real_dict["device_traces"][dev]
-        start = reconstruct(real_dict["segments"], trace, device=dev, settings=settings)
+    settings = recorded_dict.get("allocator_settings")
+    for dev in _traced_devices(recorded_dict):
+        trace = recorded_dict["device_traces"][dev]
+        start = reconstruct(recorded_dict["segments"], trace, device=dev, settings=settings)
         end = _forward(start, trace, settings)
         for s in end:
             s["device"] = dev
-        assert _view(end) == _final_view(real_dict["segments"], dev), f"device {dev}"
+        assert _view(end) == _final_view(recorded_dict["segments"], dev), f"device {dev}"
 
 
-def test_start_states_obey_the_allocator_invariants(real_dict):
+def test_start_states_obey_the_allocator_invariants(recorded_dict):
     """Section 3.9: no adjacent free blocks, 512-multiples, and no large block of <= 1 MiB."""
-    if isinstance(real_dict, list) or not _traced_devices(real_dict):
+    if isinstance(recorded_dict, list) or not _traced_devices(recorded_dict):
         pytest.skip("no trace in this file")
-    for dev in _traced_devices(real_dict):
+    for dev in _traced_devices(recorded_dict):
         start = reconstruct(
-            real_dict["segments"],
-            real_dict["device_traces"][dev],
+            recorded_dict["segments"],
+            recorded_dict["device_traces"][dev],
             device=dev,
-            settings=real_dict.get("allocator_settings"),
+            settings=recorded_dict.get("allocator_settings"),
         )
         for s in start:
             sizes = [b["size"] for b in s["blocks"]]
@@ -177,16 +177,16 @@ def test_a_malformed_entry_is_a_clear_error():
         steps_of([{"action": "alloc", "addr": 0, "size": 1}, {"addr": 5}])
 
 
-def test_every_reconstructed_and_scrubbed_state_passes_the_invariant_checker(real_dict):
+def test_every_reconstructed_and_scrubbed_state_passes_the_invariant_checker(recorded_dict):
     """The model engineer's section-3.9 checker, as an independent oracle on our states."""
     from gpumemviz.allocator.invariants import check_invariants
     from gpumemviz.allocator.timeline import Timeline
 
-    if isinstance(real_dict, list) or not _traced_devices(real_dict):
+    if isinstance(recorded_dict, list) or not _traced_devices(recorded_dict):
         pytest.skip("no trace in this file")
-    settings = real_dict.get("allocator_settings")
-    for dev in _traced_devices(real_dict):
-        tl = Timeline.from_snapshot(real_dict, dev)
+    settings = recorded_dict.get("allocator_settings")
+    for dev in _traced_devices(recorded_dict):
+        tl = Timeline.from_snapshot(recorded_dict, dev)
         n = len(tl)
         for i in sorted({-1, 0, n // 4, n // 2, 3 * n // 4, n - 1}):
             snap = tl.snapshot_at(i)

@@ -40,8 +40,8 @@ process.stdout.write(JSON.stringify(out));
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
-def test_node_decodes_what_python_packs(real_dict, tmp_path):
-    rows = build_rows(Snapshot.from_torch(real_dict))
+def test_node_decodes_what_python_packs(recorded_dict, tmp_path):
+    rows = build_rows(Snapshot.from_torch(recorded_dict))
     wire = Wire()
     wire.set_rows(rows)
     frames = wire.set_view("n", first=0, count=40, cells=333)

@@ -60,9 +60,9 @@ def _oracle_kinds(seg: dict) -> list[int]:
     return out
 
 
-def test_real_rows_account_for_every_byte(real_dict):
-    segs = real_dict["segments"] if isinstance(real_dict, dict) else real_dict
-    rows = build_rows(Snapshot.from_torch(real_dict))
+def test_real_rows_account_for_every_byte(recorded_dict):
+    segs = recorded_dict["segments"] if isinstance(recorded_dict, dict) else recorded_dict
+    rows = build_rows(Snapshot.from_torch(recorded_dict))
     assert rows.n_rows == len(segs)
     assert sorted(rows.segment.tolist()) == list(range(len(segs)))
     t = rows.totals()
@@ -84,9 +84,9 @@ def test_real_rows_account_for_every_byte(real_dict):
         assert t["free_releasable"] == empty
 
 
-def test_real_rows_are_grouped_and_sorted(real_dict):
-    segs = real_dict["segments"] if isinstance(real_dict, dict) else real_dict
-    rows = build_rows(Snapshot.from_torch(real_dict))
+def test_real_rows_are_grouped_and_sorted(recorded_dict):
+    segs = recorded_dict["segments"] if isinstance(recorded_dict, dict) else recorded_dict
+    rows = build_rows(Snapshot.from_torch(recorded_dict))
     keys = [
         (s.get("device", 0), s.get("segment_type") == "small", s["stream"], s["address"])
         for s in (segs[i] for i in rows.segment)
@@ -101,10 +101,10 @@ def test_real_rows_are_grouped_and_sorted(real_dict):
     assert covered == rows.n_rows
 
 
-def test_real_cells_inside_a_block_have_its_colour(real_dict):
+def test_real_cells_inside_a_block_have_its_colour(recorded_dict):
     """Every cell lying wholly inside one block carries that block's pure kind."""
-    segs = real_dict["segments"] if isinstance(real_dict, dict) else real_dict
-    rows = build_rows(Snapshot.from_torch(real_dict))
+    segs = recorded_dict["segments"] if isinstance(recorded_dict, dict) else recorded_dict
+    rows = build_rows(Snapshot.from_torch(recorded_dict))
     cells = 256
     grid = encode_cells(rows, cells=cells)
     checked = 0

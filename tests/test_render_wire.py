@@ -39,12 +39,12 @@ def synthetic(n_segments: int, per_segment: int, seed: int = 0, flip: int = 0) -
     )
 
 
-def _real(real_dict):
-    return build_rows(Snapshot.from_torch(real_dict))
+def _real(recorded_dict):
+    return build_rows(Snapshot.from_torch(recorded_dict))
 
 
-def test_frame_round_trip(real_dict):
-    rows = _real(real_dict)
+def test_frame_round_trip(recorded_dict):
+    rows = _real(recorded_dict)
     wire = Wire()
     wire.set_rows(rows)
     frames = wire.set_view("a", first=0, count=30, cells=700)
@@ -178,11 +178,11 @@ def test_rows_that_vanish_are_forgotten():
     }
 
 
-def test_figures_obey_conservation(real_dict):
-    rows = _real(real_dict)
+def test_figures_obey_conservation(recorded_dict):
+    rows = _real(recorded_dict)
     f = figures(rows)
     assert f["allocated"] + f["pending_free"] + f["free"] == f["reserved"]
-    segs = real_dict["segments"] if isinstance(real_dict, dict) else real_dict
+    segs = recorded_dict["segments"] if isinstance(recorded_dict, dict) else recorded_dict
     free_sizes = [b["size"] for s in segs for b in s["blocks"] if b["state"] == "inactive"]
     assert f["largest_free"] == max(free_sizes, default=0)
 
@@ -192,10 +192,10 @@ def test_decode_refuses_foreign_messages():
         decode_frame({"kind": "ack"}, [])
 
 
-def test_figures_agree_with_the_fragmentation_report(real_dict):
+def test_figures_agree_with_the_fragmentation_report(recorded_dict):
     from gpumemviz.fragmentation import fragmentation
 
-    snap = Snapshot.from_torch(real_dict)
+    snap = Snapshot.from_torch(recorded_dict)
     mine = figures(build_rows(snap))
     report = fragmentation(snap).total
     assert mine["reserved"] == report.reserved
@@ -208,13 +208,13 @@ def test_figures_agree_with_the_fragmentation_report(real_dict):
         assert mine["free_trapped"] == report.free_trapped
 
 
-def test_hover_blocks_carry_their_filtered_stacks(real_dict):
+def test_hover_blocks_carry_their_filtered_stacks(recorded_dict):
     """Each exact block's stack travels with the frame: the snapshot's own frames, interpreter
     frames dropped, the first frame outside torch marked; frames stay within their limit."""
     from gpumemviz.frames import filter_frames, format_frame, user_frame_index
     from gpumemviz.render.stacks import MAX_LINES, Stacks
 
-    snap = Snapshot.from_torch(real_dict)
+    snap = Snapshot.from_torch(recorded_dict)
     rows = build_rows(snap)
     wire = Wire()
     wire.set_rows(rows, Stacks(snap))

@@ -38,15 +38,15 @@ def _traced(d) -> bool:
 # --------------------------------------------------------------------------- acceptance figures
 
 
-def test_every_real_trace_replays_exactly(real_dict):
+def test_every_real_trace_replays_exactly(recorded_dict):
     """Every alloc at its recorded address (end to end and per decision), every new segment,
     every release burst in order, the final layout, and the recorded OOM."""
-    if not _traced(real_dict):
+    if not _traced(recorded_dict):
         pytest.skip("no trace in this file")
-    r = replay(real_dict)
+    r = replay(recorded_dict)
     assert not r.what_if
     for dev, d in r.devices.items():
-        trace = real_dict["device_traces"][dev]
+        trace = recorded_dict["device_traces"][dev]
         n_alloc = sum(e["action"] == "alloc" for e in trace)
         n_grow = sum(e["action"] in ("segment_alloc", "segment_map") for e in trace)
         assert d.allocs == n_alloc

@@ -28,17 +28,17 @@ def _blocks(segments, device: int) -> list[tuple]:
     return out
 
 
-def test_the_last_entry_has_the_files_stacks_and_diff_sees_no_site_change(real_dict):
-    if not _traced(real_dict):
+def test_the_last_entry_has_the_files_stacks_and_diff_sees_no_site_change(recorded_dict):
+    if not _traced(recorded_dict):
         pytest.skip("no trace")
-    for dev, trace in enumerate(real_dict["device_traces"]):
+    for dev, trace in enumerate(recorded_dict["device_traces"]):
         if not trace:
             continue
-        tl = Timeline.from_snapshot(real_dict, dev)
+        tl = Timeline.from_snapshot(recorded_dict, dev)
         last = tl.snapshot_at(len(tl) - 1)
-        assert _blocks(last["segments"], dev) == _blocks(real_dict["segments"], dev)
+        assert _blocks(last["segments"], dev) == _blocks(recorded_dict["segments"], dev)
         mine = {"segments": last["segments"]}
-        theirs = {"segments": [s for s in real_dict["segments"] if s.get("device", 0) == dev]}
+        theirs = {"segments": [s for s in recorded_dict["segments"] if s.get("device", 0) == dev]}
         d = diff(mine, theirs, top=None).device(dev)
         assert d.sites_grew == () and d.sites_shrank == ()
 

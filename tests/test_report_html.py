@@ -87,12 +87,12 @@ def big_snapshot(n_blocks: int, per_segment: int, seed: int = 0) -> Snapshot:
     )
 
 
-def test_every_real_file_reports_every_segment_within_budget(real_path: Path, tmp_path):
-    out = report(real_path, tmp_path / "r.html")
+def test_every_real_file_reports_every_segment_within_budget(recorded_path: Path, tmp_path):
+    out = report(recorded_path, tmp_path / "r.html")
     text = out.read_text(encoding="utf-8")
     assert text.startswith("<!doctype html>")
-    assert len(text.encode()) <= budget(real_path.stat().st_size)
-    snap = load_snapshot(real_path)
+    assert len(text.encode()) <= budget(recorded_path.stat().st_size)
+    snap = load_snapshot(recorded_path)
     data = page_data(text)
     assert data["map"]["layout"]["n_rows"] == snap.n_segments
     frame = decoded_map(data)
@@ -103,7 +103,7 @@ def test_every_real_file_reports_every_segment_within_budget(real_path: Path, tm
     for d, figs in data["devices"].items():
         assert figs["reserved"] == frag.device(int(d)).reserved
     # settings the file does not record are shown as not recorded, not as PyTorch's defaults
-    raw = read_real(real_path)
+    raw = read_real(recorded_path)
     recorded = isinstance(raw, dict) and raw.get("allocator_settings") is not None
     assert (data["settings"] is not None) == recorded
     # the page loads nothing: no URL to fetch anything from

@@ -145,10 +145,10 @@ def test_non_pytorch_bytes_comes_from_nvml_only_when_available():
     assert base.replace(nvml=info).non_pytorch_bytes == 10
 
 
-def test_snapshot_bytes_are_estimated_from_numpy_columns(real_dict):
+def test_snapshot_bytes_are_estimated_from_numpy_columns(recorded_dict):
     from gpumemviz.snapshot import Snapshot
 
-    snap = Snapshot.from_torch(real_dict)
+    snap = Snapshot.from_torch(recorded_dict)
     cols = 0
     for table in (snap.segments, snap.blocks):
         for f in dataclasses.fields(table):

@@ -24,41 +24,41 @@ def _raw_blocks(raw) -> list[tuple[int, dict]]:
     return [(s["device"], b) for s in segs for b in s["blocks"]]
 
 
-def test_live_sites_match_the_raw_blocks(real_path, real_dict):
-    snap = load_snapshot(real_path)
+def test_live_sites_match_the_raw_blocks(recorded_path, recorded_dict):
+    snap = load_snapshot(recorded_path)
     sites = live_sites(snap, top=None)
     # independent: walk the torch dict, frames as torch's own _block_extra reads them
     by_key: dict[tuple, list[int]] = {}
-    for _dev, b in _raw_blocks(real_dict):
+    for _dev, b in _raw_blocks(recorded_dict):
         if b["state"] == "active_allocated":
             by_key.setdefault(_key(mv._block_extra(b)[0]), []).append(b["size"])
     assert {s.key: s.bytes for s in sites} == {k: sum(v) for k, v in by_key.items()}
     assert {s.key: s.count for s in sites} == {k: len(v) for k, v in by_key.items()}
     assert [s.bytes for s in sites] == sorted((s.bytes for s in sites), reverse=True)
     allocated = sum(
-        b["size"] for _, b in _raw_blocks(real_dict) if b["state"] == "active_allocated"
+        b["size"] for _, b in _raw_blocks(recorded_dict) if b["state"] == "active_allocated"
     )
     assert sum(s.bytes for s in sites) == allocated
     if sites:
         top = sites[0]
         assert top.bytes == int(snap.blocks.size[top.indices].sum())  # the sum of its blocks
         assert (snap.blocks.state[top.indices] == 1).all()
-        assert live_sites(real_dict, top=1)[0].key == top.key  # dicts work the same
+        assert live_sites(recorded_dict, top=1)[0].key == top.key  # dicts work the same
         assert top.to_dict()["bytes"] == top.bytes
     for dev in snap.devices:  # per device adds up to the whole
         per = live_sites(snap, device=dev, top=None)
         assert sum(s.bytes for s in per) == sum(
             b["size"]
-            for d, b in _raw_blocks(real_dict)
+            for d, b in _raw_blocks(recorded_dict)
             if d == dev and b["state"] == "active_allocated"
         )
 
 
-def test_trace_sites_match_the_raw_alloc_entries(real_path, real_dict):
-    if not isinstance(real_dict, dict) or not any(real_dict["device_traces"]):
+def test_trace_sites_match_the_raw_alloc_entries(recorded_path, recorded_dict):
+    if not isinstance(recorded_dict, dict) or not any(recorded_dict["device_traces"]):
         pytest.skip("no recorded history")
-    snap = load_snapshot(real_path)
-    for dev, entries in enumerate(real_dict["device_traces"]):
+    snap = load_snapshot(recorded_path)
+    for dev, entries in enumerate(recorded_dict["device_traces"]):
         sites = trace_sites(snap, device=dev, top=None)
         by_key: dict[tuple, int] = {}
         for e in entries:

@@ -104,12 +104,12 @@ def synthetic(n_blocks: int, per_segment: int = 10) -> dict:
 # -- real files ---------------------------------------------------------------------------------
 
 
-def test_real_file_round_trips_exactly(real_dict):
-    snap = Snapshot.from_torch(real_dict)
+def test_real_file_round_trips_exactly(recorded_dict):
+    snap = Snapshot.from_torch(recorded_dict)
     out = snap.to_torch()
-    assert out == real_dict
-    assert list(out) == list(real_dict)
-    for seg_out, seg_in in zip(out["segments"], real_dict["segments"], strict=True):
+    assert out == recorded_dict
+    assert list(out) == list(recorded_dict)
+    for seg_out, seg_in in zip(out["segments"], recorded_dict["segments"], strict=True):
         assert set(seg_out) == set(seg_in)
         if "segment_pool_id" in seg_in:
             assert type(seg_out["segment_pool_id"]) is tuple
@@ -119,9 +119,9 @@ def test_real_file_round_trips_exactly(real_dict):
     validate(snap)
 
 
-def test_real_file_columns_match_the_dict(real_dict):
-    snap = Snapshot.from_torch(real_dict)
-    segs = real_dict["segments"]
+def test_real_file_columns_match_the_dict(recorded_dict):
+    snap = Snapshot.from_torch(recorded_dict)
+    segs = recorded_dict["segments"]
     blocks = [b for s in segs for b in s["blocks"]]
     assert snap.n_segments == len(segs) and snap.n_blocks == len(blocks)
     assert snap.segments.total_size.tolist() == [s["total_size"] for s in segs]
@@ -138,7 +138,7 @@ def test_real_file_columns_match_the_dict(real_dict):
             expected.append(b.get("address", s["address"] + offset))
             offset += b["size"]
     assert snap.blocks.address.tolist() == expected
-    for d, entries in enumerate(real_dict["device_traces"]):
+    for d, entries in enumerate(recorded_dict["device_traces"]):
         trace = snap.traces[d]
         assert len(trace) == len(entries)
         names = [trace.action_names[c] for c in trace.action.tolist()]
@@ -147,8 +147,8 @@ def test_real_file_columns_match_the_dict(real_dict):
     assert snap.devices == tuple(sorted({s["device"] for s in segs}))
 
 
-def test_real_file_passes_torch_segsum(real_dict):
-    out = Snapshot.from_torch(real_dict).to_torch()
+def test_real_file_passes_torch_segsum(recorded_dict):
+    out = Snapshot.from_torch(recorded_dict).to_torch()
     assert "total_reserved" in memory_viz.segsum(out)
 
 
@@ -184,8 +184,8 @@ def test_oom_entry_and_expandable_segments():
     assert snap.traces[dev].addr[i] == -1
 
 
-def test_bare_segment_list_gains_device_traces(real_dict):
-    segs = real_dict["segments"]
+def test_bare_segment_list_gains_device_traces(recorded_dict):
+    segs = recorded_dict["segments"]
     out = Snapshot.from_torch(segs).to_torch()
     n_dev = max(s["device"] for s in segs) + 1
     assert out == {"segments": segs, "device_traces": [[] for _ in range(n_dev)]}
@@ -525,13 +525,13 @@ def _mark(obj, memo=None):
     return memo[id(obj)]
 
 
-def test_map_objects_reaches_every_string_and_keeps_the_columns(real_dict):
-    snap = Snapshot.from_torch(real_dict)
+def test_map_objects_reaches_every_string_and_keeps_the_columns(recorded_dict):
+    snap = Snapshot.from_torch(recorded_dict)
     assert snap.map_objects(lambda p: p).to_torch() == snap.to_torch()
     marked = snap.map_objects(_mark)
     assert marked.to_torch() == _mark(snap.to_torch())
     assert marked.blocks.size is snap.blocks.size  # columns shared, not copied
-    assert snap.to_torch() == Snapshot.from_torch(real_dict).to_torch()  # source untouched
+    assert snap.to_torch() == Snapshot.from_torch(recorded_dict).to_torch()  # source untouched
 
 
 def test_map_objects_on_unknown_keys_and_actions():

@@ -69,11 +69,11 @@ def sent(panel, monkeypatch):
     return out
 
 
-def test_a_snapshot_file_can_be_shown_by_path(real_path):
-    p = MemoryPanel.from_snapshot(real_path)
+def test_a_snapshot_file_can_be_shown_by_path(recorded_path):
+    p = MemoryPanel.from_snapshot(recorded_path)
     try:
         assert p.flush()
-        assert p.map_layout["n_rows"] == Snapshot.from_torch(_read(real_path)).n_segments
+        assert p.map_layout["n_rows"] == Snapshot.from_torch(_read(recorded_path)).n_segments
     finally:
         p.close()
 
@@ -87,9 +87,9 @@ def test_bundle_is_built_and_loaded():
     assert MemoryPanel._esm == text
 
 
-def test_snapshot_fills_layout_and_header(real_path, real_dict):
-    segs = real_dict["segments"] if isinstance(real_dict, dict) else real_dict
-    p = MemoryPanel.from_snapshot(Snapshot.from_torch(real_dict), title=real_path.name)
+def test_snapshot_fills_layout_and_header(recorded_path, recorded_dict):
+    segs = recorded_dict["segments"] if isinstance(recorded_dict, dict) else recorded_dict
+    p = MemoryPanel.from_snapshot(Snapshot.from_torch(recorded_dict), title=recorded_path.name)
     try:
         assert p.flush()
         assert p.map_layout["n_rows"] == len(segs)
@@ -99,7 +99,7 @@ def test_snapshot_fills_layout_and_header(real_path, real_dict):
         )
         assert p.header["allocated"] == allocated
         assert p.header["reserved"] == sum(s["total_size"] for s in segs)
-        assert p.title == real_path.name
+        assert p.title == recorded_path.name
         assert p.errors == ()
     finally:
         p.close()
@@ -417,12 +417,12 @@ def test_timeline_grows_when_figures_move_and_marks_reach_every_panel():
         other.close()
 
 
-def test_header_says_what_stays_after_empty_cache_from_the_report(real_path, real_dict):
+def test_header_says_what_stays_after_empty_cache_from_the_report(recorded_path, recorded_dict):
     """One "stuck" figure: the fragmentation report's free_stuck for the device shown, not the
     painted slivers nor torch's inactive_split_bytes (they differ on expandable segments)."""
     from gpumemviz.fragmentation import fragmentation
 
-    snap = Snapshot.from_torch(real_dict)
+    snap = Snapshot.from_torch(recorded_dict)
     device = int(snap.segments.device[0]) if len(snap.segments.device) else 0
     report = fragmentation(snap)
     p = MemoryPanel.from_snapshot(snap, device=device)

@@ -55,10 +55,10 @@ def open_offline(page, path: Path) -> dict:
     return seen
 
 
-def test_real_file_report_draws_every_segment_offline(page, real_path, tmp_path, artifacts):
-    out = report(real_path, tmp_path / "report.html")
+def test_real_file_report_draws_every_segment_offline(page, recorded_path, tmp_path, artifacts):
+    out = report(recorded_path, tmp_path / "report.html")
     seen = open_offline(page, out)
-    n_segments = load_snapshot(real_path).n_segments
+    n_segments = load_snapshot(recorded_path).n_segments
     result = page.evaluate(_DRAW_ALL)
     assert result == {"drawn": n_segments, "rows": n_segments}
     assert page.locator(".gmv-root").get_attribute("data-rows") == str(n_segments)
@@ -76,7 +76,7 @@ def test_real_file_report_draws_every_segment_offline(page, real_path, tmp_path,
     assert page.locator(".gmv-zoom .gmv-tip").inner_text().startswith("segment 0x")
     assert page.locator("table[data-table=figures] tbody tr").count() >= 10
     # one panel timeline per traced device, every embedded point drawn, one mark per OOM
-    traced = [d for d, t in load_snapshot(real_path).traces.items() if len(t)]
+    traced = [d for d, t in load_snapshot(recorded_path).traces.items() if len(t)]
     assert page.locator(".gmv-report-timeline").count() == len(traced)
     page.wait_for_function(
         """() => [...document.querySelectorAll('.gmv-report-timeline canvas')]
@@ -91,7 +91,7 @@ def test_real_file_report_draws_every_segment_offline(page, real_path, tmp_path,
     )
     for points, embedded, marks, ooms in drawn:
         assert points == embedded > 0 and marks == ooms
-    page.screenshot(path=str(artifacts / f"report-{real_path.stem[:40]}.png"), full_page=True)
+    page.screenshot(path=str(artifacts / f"report-{recorded_path.stem[:40]}.png"), full_page=True)
     assert seen["errors"] == []
     assert seen["blocked"] == []
     assert seen["requests"] == [out.resolve().as_uri()]
