@@ -284,13 +284,20 @@ NB03 = [
     allocator's segments *and* the trace of every allocation that led there. gpumemviz replays
     that trace on its allocator model, so on a laptop you can scrub back to any moment, inspect
     it, export it, and ask what other allocator settings would have done.
+
+    The file here ships with gpumemviz's source (`tests/data/standin/`): a GPT-2-shaped
+    training loop in torch's snapshot format, its trace a 10,000-entry ring (as
+    `max_entries=10000` records it, so it starts mid-run) with an `empty_cache()` half-way and
+    the segments that grow back after it. It is made by the allocator model
+    (`tools/make_standins.py`), as no real training trace with a licence to ship it was found.
+    Set `path` to a recording of your own to replay that instead.
     """),
     code("""
     from pathlib import Path
 
     import gpumemviz
 
-    NAME = "cranberrii__ftcourse__memory_snapshot.pickle"  # a fine-tuning run, default settings
+    NAME = "standin__training_10k.pickle"  # a training loop's ring trace, default settings
 
 
     def find(*parts):
@@ -304,14 +311,8 @@ NB03 = [
         return None
 
 
-    # The real snapshots live beside the repository (../shared/real-snapshots/ from its root).
-    path = find("shared", "real-snapshots", NAME)
-    REAL = path is not None
-    if not REAL:
-        path = find("tests", "data", "replay_two_streams.json")
-        print("../shared/real-snapshots is missing: using the small test file", path.name,
-              "instead (the numbers below are then a toy's)")
-    assert path is not None, "neither the real snapshot nor tests/data was found"
+    path = find("tests", "data", "standin", NAME)  # in the gpumemviz source checkout
+    assert path is not None, f"{NAME} not found: run this in a gpumemviz checkout, or set `path`"
     print("snapshot:", path.name)
     """),
     md("## Inspect the final state"),
@@ -440,8 +441,8 @@ NB03 = [
     predicted_peak = what_if.devices[device].peak_reserved
     print(f"peak reserved: recorded {format_size(recorded_peak)}, "
           f"with expandable segments {format_size(predicted_peak)}")
-    if REAL:
-        assert predicted_peak < recorded_peak
+    # nothing limits either run, so neither has to give cached memory back: the same peak
+    assert predicted_peak == recorded_peak
     fig = gpumemviz.figures.what_if(what_if, device=device)
     names = {t.name for t in fig.data}
     assert {"recorded reserved", "predicted reserved"} <= names
@@ -449,19 +450,53 @@ NB03 = [
     """),
     md("""
     The capacity of the recording's GPU is unknown here (it never ran out), so nothing can run
-    out of memory. Give both runs the same budget, half-way between the two peaks: the recorded
-    settings now fail, expandable segments fit.
+    out of memory, and the peaks alone do not tell the two settings apart. Give both runs the
+    same budgets, from the most memory the run ever had allocated up to the recorded peak: how
+    small a GPU would each setting get through the run on?
     """),
     code("""
-    budget = (recorded_peak + predicted_peak) // 2
+    def oom_at(config, budget):
+        return gpumemviz.replay(path, config=config, capacity=budget).devices[device].oom
+
+
+    budgets = np.linspace(int(tl.allocated.max()), recorded_peak, 11).astype(np.int64)
+    settings = {
+        "recorded settings": result.recorded_config,
+        "expandable": "expandable_segments:True",
+    }
+    ooms = {name: [oom_at(config, int(b)) for b in budgets] for name, config in settings.items()}
+    print(f"{'budget':>11}" + "".join(f"{name:>20}" for name in settings))
+    for i, b in enumerate(budgets):
+        cells = ("completes" if o[i] is None else f"OOM at entry {o[i]}" for o in ooms.values())
+        print(f"{format_size(int(b)):>11}" + "".join(f"{c:>20}" for c in cells))
+
+
+    def completes_from(got):
+        \"\"\"The index of the smallest budget from which every larger one completes.\"\"\"
+        i = len(got)
+        while i > 0 and got[i - 1] is None:
+            i -= 1
+        return i
+
+
+    need = {name: completes_from(got) for name, got in ooms.items()}
+    assert need["expandable"] < need["recorded settings"] < len(budgets)
+    print("smallest budget that completes:",
+          {name: format_size(int(budgets[i])) for name, i in need.items()})
+    """),
+    md("""
+    Just under the smallest budget that the recorded settings complete in, they run out of
+    memory; expandable segments still fit.
+    """),
+    code("""
+    budget = int(budgets[need["recorded settings"] - 1])
     as_recorded = gpumemviz.replay(path, config=result.recorded_config, capacity=budget)
     expandable = gpumemviz.replay(path, config="expandable_segments:True", capacity=budget)
     print("budget", format_size(budget))
     print("  recorded settings: OOM at entry", as_recorded.devices[device].oom)
     print("  expandable:        OOM at entry", expandable.devices[device].oom)
-    if REAL:
-        assert as_recorded.devices[device].oom is not None
-        assert expandable.devices[device].oom is None
+    assert as_recorded.devices[device].oom is not None
+    assert expandable.devices[device].oom is None
     fig = gpumemviz.figures.what_if(as_recorded, device=device)
     marked = "predicted OOM" in {t.name for t in fig.data}
     assert marked == (as_recorded.devices[device].oom is not None)
