@@ -9,15 +9,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import read_real, real_file, standin_file  # tests/ is on sys.path
 from gpumemviz.io import load_snapshot
 from gpumemviz.units import format_size
 
-from .test_panel_browser import REAL_DIR, VIEW, _wait_drawn
+from .test_panel_browser import PICTURE, VIEW, _wait_drawn
 
 pytestmark = pytest.mark.browser
 
-# 8,694 trace entries with time_us (torch >= 2.2); 783 to 1,524 segments along the way
-REPLAY = REAL_DIR / "kkaitlyn111__cs336-a2-systems__memory_2.7b_forward.pickle"
+# recorded traces with time_us whose segment count moves along the way
+REPLAYS = [
+    # shipped stand-in: a 10,000-entry ring, 24 to 46 segments (an empty_cache mid-run)
+    pytest.param(lambda: standin_file("training_10k"), id="standin-training_10k"),
+    # CI only (../shared): 8,694 entries (torch >= 2.2), 783 to 1,524 segments
+    pytest.param(
+        lambda: real_file("kkaitlyn111__cs336-a2-systems__memory_2.7b_forward.pickle"),
+        id="ci-kkaitlyn-2.7b-forward",
+    ),
+]
 
 
 def _live_cell(subshell: bool) -> str:
@@ -154,18 +163,19 @@ def test_with_routing_off_a_click_is_queued_until_the_cell_finishes(page, notebo
     _wait_fig(page, "reserved", reserved - releasable)
 
 
-@pytest.mark.skipif(not REPLAY.exists(), reason="real snapshots are not available")
-def test_replay_slider_moves_the_map_to_a_recorded_state(page, notebook, artifacts):
+@pytest.mark.parametrize("recording", REPLAYS)
+def test_replay_slider_moves_the_map_to_a_recorded_state(page, notebook, artifacts, recording):
     from gpumemviz.sources.replay import ReplaySource
 
-    tl = ReplaySource(REPLAY, loop=False).timeline
+    replay = recording()
+    tl = ReplaySource(replay, loop=False).timeline
     # an entry whose state differs from the last one (where the replay opens) in rows and bytes
     counts = np.asarray(tl.segments)
     moved = np.nonzero((counts != counts[-1]) & (np.asarray(tl.allocated) != tl.allocated[-1]))[0]
     k = int(moved[len(moved) // 2])
     want_rows = len(tl.snapshot_at(k)["segments"])
     assert want_rows == counts[k] != counts[-1]
-    nb = notebook("slider.ipynb", ["%load_ext gpumemviz", f"%gpumemviz --replay {REPLAY}"])
+    nb = notebook("slider.ipynb", ["%load_ext gpumemviz", f"%gpumemviz --replay {replay}"])
     nb.run(0)
     nb.run(1)
     _wait_drawn(page)
@@ -184,9 +194,7 @@ def test_replay_slider_moves_the_map_to_a_recorded_state(page, notebook, artifac
     assert _fig(page, "allocated") == int(tl.allocated[k])
     # by time: the slider spans the recorded run in µs; a time between two entries shows the
     # earlier one (times read from the file itself, not through gpumemviz)
-    from conftest import read_real
-
-    times = [e["time_us"] for e in read_real(REPLAY)["device_traces"][0]]
+    times = [e["time_us"] for e in read_real(replay)["device_traces"][0]]
     gaps = [i for i in range(len(times) - 1) if times[i + 1] - times[i] >= 2 and i != k]
     j = gaps[len(gaps) // 4]
     t = times[j] + (times[j + 1] - times[j]) // 2
@@ -212,7 +220,8 @@ def test_replay_slider_moves_the_map_to_a_recorded_state(page, notebook, artifac
         timeout=10_000,
     )
     assert _fig(page, "allocated") == int(tl.allocated[j])
-    page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_replay_slider.png"))
+    shot = artifacts / f"panel_replay_slider_{replay.stem[:24]}.png"
+    page.locator(".gmv-root").first.screenshot(path=str(shot))
 
 
 def test_a_second_view_for_the_side_stays_live(page, notebook, artifacts):
@@ -247,17 +256,31 @@ def test_a_second_view_for_the_side_stays_live(page, notebook, artifacts):
     page.locator(".jp-LinkedOutputView").first.screenshot(path=str(artifacts / "panel_side.png"))
 
 
-STACKS = REAL_DIR / "Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle"
+# recordings whose blocks carry stacks with a user frame, in view when the panel opens
+STACKS = [
+    # shipped, real: torch 2.0 format, the stacks read from each block's `history`
+    pytest.param(
+        lambda: real_file("Yiyi-philosophy__LLM-inference__oom_snapshot.pickle"), id="torch-2.0"
+    ),
+    # shipped stand-in: expandable segments on 3 devices, torch, native and user frames
+    pytest.param(lambda: standin_file("expandable_oom_3dev"), id="standin-expandable"),
+    # CI only (../shared): the real expandable OOM on 3 devices, torch >= 2.1 C++ frames
+    pytest.param(
+        lambda: real_file("Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle"),
+        id="ci-expandable",
+    ),
+]
 
 
-@pytest.mark.skipif(not STACKS.exists(), reason="real snapshots are not available")
-def test_hover_shows_a_real_blocks_stack_and_a_click_pins_it(page, notebook, artifacts):
+@pytest.mark.parametrize("recording", STACKS)
+def test_hover_shows_a_real_blocks_stack_and_a_click_pins_it(page, notebook, artifacts, recording):
     from gpumemviz.frames import filter_frames, format_frame, user_frame_index
     from gpumemviz.render.rows import build_rows
 
     from .test_panel_browser import _panel_cell
 
-    nb = notebook("stack.ipynb", [_panel_cell(STACKS, "stacks")])
+    stacks = recording()
+    nb = notebook("stack.ipynb", [_panel_cell(stacks, "stacks")])
     nb.run(0)
     _wait_drawn(page)
     # a block in view whose stack travelled with the frame, and the point in its middle
@@ -284,7 +307,7 @@ def test_hover_shows_a_real_blocks_stack_and_a_click_pins_it(page, notebook, art
     tip.wait_for(state="visible", timeout=5000)
     text = tip.text_content()
 
-    snap = load_snapshot(STACKS)
+    snap = load_snapshot(stacks)
     rows = build_rows(snap)
     seg = int(rows.segment[spot["row"]])
     b = int(snap.segments.block_start[seg]) + spot["j"]
@@ -300,7 +323,8 @@ def test_hover_shows_a_real_blocks_stack_and_a_click_pins_it(page, notebook, art
     page.mouse.move(spot["x"], spot["y"] + 40)
     page.wait_for_timeout(200)
     assert tip.is_visible() and tip.text_content() == text  # pinned: the pointer moved on
-    page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_hover_stack.png"))
+    shot = artifacts / f"panel_hover_stack_{stacks.stem[:24]}.png"
+    page.locator(".gmv-root").first.screenshot(path=str(shot))
     page.mouse.click(spot["x"], spot["y"])  # unpin
     assert tip.get_attribute("data-pinned") == "false"
 
@@ -348,10 +372,6 @@ def test_timeline_follows_the_sampler_with_step_and_cell_markers(page, notebook,
     page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_timeline.png"))
 
 
-PICTURE = REAL_DIR / "cranberrii__ftcourse__memory_snapshot.pickle"
-
-
-@pytest.mark.skipif(not PICTURE.exists(), reason="real snapshots are not available")
 def test_zoom_into_a_segment_down_to_a_block_narrower_than_a_cell(page, notebook, artifacts):
     from gpumemviz.io import loads_restricted
     from gpumemviz.render.rows import build_rows

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import real_file  # tests/ is on sys.path
 from gpumemviz.io import loads_restricted
 from gpumemviz.render.rows import KIND_ALLOCATED, KIND_PENDING, KIND_RELEASABLE, KIND_TRAPPED
 from gpumemviz.render.rows import build_rows as _build_rows
@@ -17,10 +18,13 @@ from gpumemviz.snapshot import Snapshot
 
 pytestmark = pytest.mark.browser
 
-REAL_DIR = Path(__file__).resolve().parents[3] / "shared" / "real-snapshots"
 DOCS_PNG = Path(__file__).resolve().parents[2] / "docs" / "panel.png"
-PICTURE = REAL_DIR / "cranberrii__ftcourse__memory_snapshot.pickle"  # mixed, 215 rows, 2 groups
-BIG = REAL_DIR / "kkaitlyn111__cs336-a2-systems__memory_snapshot.pickle"  # 1,457 rows
+# shipped (tests/data/real): 370 segments in 2 groups (201 large, 169 small), 3,019 blocks,
+# allocated and trapped free mixed in a segment
+PICTURE = real_file("ZijianDu__Attention__memory.7e5ba324.pickle")
+BIG = PICTURE
+# more rows where CI has them (../shared): 1,457 segments; skipped (one line) without
+BIGGER = "kkaitlyn111__cs336-a2-systems__memory_snapshot.pickle"
 
 # page-side helpers: the first panel view on the page and its segment map
 VIEW = "() => window.__gpumemviz && Object.values(window.__gpumemviz.views)[0]"
@@ -76,7 +80,6 @@ def _wait_drawn(page, row: int | None = None) -> None:
     )
 
 
-@pytest.mark.skipif(not PICTURE.exists(), reason="real snapshots are not available")
 def test_real_snapshot_pixels_match_its_blocks(page, notebook, artifacts):
     raw = read_real(PICTURE)
     segs = raw["segments"]
@@ -154,10 +157,14 @@ def test_real_snapshot_pixels_match_its_blocks(page, notebook, artifacts):
     root.screenshot(path=str(artifacts / "panel_real_snapshot.png"))
 
 
-@pytest.mark.skipif(not BIG.exists(), reason="real snapshots are not available")
-def test_thousands_of_rows_scroll_virtually(page, notebook, artifacts):
-    n = len(read_real(BIG)["segments"])
-    nb = notebook("rows.ipynb", [_panel_cell(BIG, "1,457 segments")])
+@pytest.mark.parametrize(
+    "name", [pytest.param(BIG.name, id="370-rows"), pytest.param(BIGGER, id="ci-1457-rows")]
+)
+def test_hundreds_of_rows_scroll_virtually(page, notebook, artifacts, name):
+    path = real_file(name)
+    n = len(read_real(path)["segments"])
+    assert n > 300  # far more rows than one view draws
+    nb = notebook("rows.ipynb", [_panel_cell(path, f"{n:,} segments")])
     nb.run(0)
     _wait_drawn(page)
     state = page.evaluate(
@@ -172,7 +179,8 @@ def test_thousands_of_rows_scroll_virtually(page, notebook, artifacts):
     frames = page.evaluate("() => window.__gpumemviz.log.filter(e => e.event === 'frame')")
     assert frames and max(f["bytes"] for f in frames) <= 256 << 10
     page.evaluate(f"() => ({VIEW})().map.drawNow()")
-    page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_last_rows.png"))
+    shot = artifacts / f"panel_last_rows_{n}.png"
+    page.locator(".gmv-root").first.screenshot(path=str(shot))
 
 
 LIVE_CELL = """
@@ -253,7 +261,6 @@ def test_panel_updates_while_another_cell_runs(page, notebook):
         assert cells == encode_cells(build_rows(snap), cells=len(cells))[0].tolist()
 
 
-@pytest.mark.skipif(not PICTURE.exists(), reason="real snapshots are not available")
 def test_palette_follows_the_dark_theme(page, notebook, artifacts):
     nb = notebook("dark.ipynb", [_panel_cell(PICTURE, "dark theme")])
     nb.run(0)
@@ -279,7 +286,6 @@ def test_palette_follows_the_dark_theme(page, notebook, artifacts):
     )
 
 
-@pytest.mark.skipif(not BIG.exists(), reason="real snapshots are not available")
 def test_scrolling_gets_rows_while_a_cell_runs(page, notebook):
     """The view message reaches Python on a subshell, so far rows arrive during a busy cell."""
     n = len(read_real(BIG)["segments"])
@@ -393,10 +399,12 @@ def test_simulated_source_states_reach_the_canvas(page, notebook, lab, artifacts
     assert figures - {None} <= allocated
 
 
-REPLAY = REAL_DIR / "MAGMA27__assignment2-systems__memory_snapshot.pickle"  # 216 rows, a trace
+# shipped: GPT-2 medium inference, 98 segments, a 3,840-entry trace
+REPLAY = real_file(
+    "Wedsonlin__assignment2-systems__results-medium_128_inference_memory_snapshot.pickle"
+)
 
 
-@pytest.mark.skipif(not REPLAY.exists(), reason="real snapshots are not available")
 def test_magic_replays_a_real_file_and_shows_its_rows(page, notebook, artifacts):
     """Acceptance (issue 6): `%gpumemviz --replay FILE` opens on the state the file records."""
     n = len(read_real(REPLAY)["segments"])
