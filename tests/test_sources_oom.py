@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REAL_DIR, read_real
+from conftest import read_real, real_file, standin_file
 from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
 from gpumemviz.sample import OomEvent
 from gpumemviz.sources.oom import CAUSES, classify_oom, oom_request_size, oom_stream
 
 MiB = 1 << 20
 GiB = 1 << 30
-EXPANDABLE_OOM = REAL_DIR / "Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle"
+EXPANDABLE_OOM = "Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle"
 
 
 def _classify(model: CachingAllocator, err: OutOfMemory, stream: int | None = 0) -> dict:
@@ -191,22 +191,38 @@ def test_every_cause_builds_an_oom_event_and_is_listed():
     OomEvent(time=0.0, device=0, alloc_size=20 * MiB, device_limit=GiB, device_free=0, **got)
 
 
-@pytest.mark.skipif(not EXPANDABLE_OOM.exists(), reason="shared real snapshots absent")
-def test_the_real_expandable_oom_dumped_after_the_unwind_is_unknown():
-    raw = read_real(EXPANDABLE_OOM)
-    # the file was written after the error unwound: 174 frees follow the `oom` entry, so the
-    # segments no longer show the state that failed (a 19.8 GiB free block fits 4.94 GiB)
-    assert oom_stream(raw, 1) == 0 and oom_stream(raw, 0) is None
-    request = oom_request_size(raw, 1)
-    entry = next(e for e in raw["device_traces"][1] if e["action"] == "oom")
+@pytest.mark.parametrize(
+    ("path", "device_total"),
+    [
+        # the stand-in's card is 3 GiB (its reserved bytes plus the oom entry's device_free)
+        pytest.param(lambda: standin_file("expandable_oom_3dev"), 3 * GiB, id="standin"),
+        # CI-only; SYNTHETIC: the file does not record the device total
+        pytest.param(lambda: real_file(EXPANDABLE_OOM), 80 * GiB, id="Constructor-Sun"),
+    ],
+)
+def test_the_expandable_oom_dumped_after_the_unwind_is_unknown(path, device_total):
+    raw = read_real(path())
+    # the file was written after the error unwound: frees follow the `oom` entry (174 entries
+    # in the real file: a 19.8 GiB free block then fits its 4.94 GiB; 300 in the stand-in), so
+    # the segments no longer show the state that failed
+    trace = raw["device_traces"][1]
+    at = max(i for i, e in enumerate(trace) if e["action"] == "oom")
+    entry = trace[at]
+    assert oom_stream(raw, 0) is None
+    if len(trace) - at <= 256:
+        # the helpers read the newest 256 entries, as an observer sees the trace; the stand-in's
+        # oom entry lies further back than that
+        assert oom_stream(raw, 1) == 0 and oom_request_size(raw, 1) == entry["size"]
+    request, stream = entry["size"], entry["stream"]
+    assert stream == 0
     got = classify_oom(
         raw["segments"],
         1,
         alloc_size=request,
-        device_total=80 * GiB,  # SYNTHETIC: the file does not record the device total
+        device_total=device_total,
         device_free=entry["device_free"],
         request_size=request,
-        stream=oom_stream(raw, 1),
+        stream=stream,
         settings=raw["allocator_settings"],
     )
     assert got["cause"] == "unknown"
