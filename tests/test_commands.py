@@ -97,14 +97,18 @@ def test_a_fixed_snapshot_panel_exports_and_fits_but_has_no_sampler(recorded_dic
         panel.close()
 
 
-def test_replay_seek_moves_the_map_to_the_recorded_state(tmp_path):
-    from conftest import REAL_DIR
+@pytest.mark.parametrize(
+    "name",
+    [
+        "real:Wedsonlin__assignment2-systems__results-medium_128_inference_memory_snapshot.pickle",
+        "standin:training_10k",  # starts mid-run: seeks land on reconstructed states
+    ],
+    ids=["Wedsonlin", "standin:training_10k"],
+)
+def test_replay_seek_moves_the_map_to_the_recorded_state(tmp_path, name):
     from gpumemviz.sources.replay import ReplaySource
 
-    path = REAL_DIR / "MAGMA27__assignment2-systems__memory_snapshot.pickle"
-    if not path.is_file():
-        pytest.skip("real snapshots are not available")
-    src = ReplaySource(path, loop=False)
+    src = ReplaySource(_recorded(name), loop=False)
     sampler = Sampler(src)
     panel = MemoryPanel(subshell=False)
     panel.attach(sampler, owned=True)
@@ -122,13 +126,19 @@ def test_replay_seek_moves_the_map_to_the_recorded_state(tmp_path):
         panel.close()
 
 
+def _recorded(name: str):
+    """`real:<file name>` (shipped, or CI-only: skips in one line) or `standin:<short name>`."""
+    from conftest import real_file, standin_file
+
+    kind, _, rest = name.partition(":")
+    return real_file(rest) if kind == "real" else standin_file(rest)
+
+
 def _replay_panel(name: str):
-    from conftest import REAL_DIR, read_real
+    from conftest import read_real
     from gpumemviz.sources.replay import ReplaySource
 
-    path = REAL_DIR / name
-    if not path.is_file():
-        pytest.skip("real snapshots are not available")
+    path = _recorded(name)
     raw = read_real(path)
     src = ReplaySource(path, loop=False)
     panel = MemoryPanel(subshell=False)
@@ -136,10 +146,19 @@ def _replay_panel(name: str):
     return panel, src, raw["device_traces"][src.device]
 
 
-def test_replay_seek_by_time_lands_on_the_event_at_or_before_that_time():
+@pytest.mark.parametrize(
+    "name",
+    [
+        "real:silmont2000__assignment2-systems__memory_forward_fp32_128.pickle",
+        "standin:training_10k",
+        "real:kkaitlyn111__cs336-a2-systems__memory_2.7b_forward.pickle",  # CI-only
+    ],
+    ids=["silmont2000", "standin:training_10k", "kkaitlyn111"],
+)
+def test_replay_seek_by_time_lands_on_the_event_at_or_before_that_time(name):
     """time_us read straight from the file (not through gpumemviz): a time between two entries'
     times shows the earlier entry; its time and the trace's span reach the controls."""
-    panel, src, trace = _replay_panel("kkaitlyn111__cs336-a2-systems__memory_2.7b_forward.pickle")
+    panel, src, trace = _replay_panel(name)
     try:
         times = [e["time_us"] for e in trace]
         assert len(times) == src.n
@@ -162,8 +181,13 @@ def test_replay_seek_by_time_lands_on_the_event_at_or_before_that_time():
         panel.close()
 
 
-def test_a_trace_without_times_is_events_only():
-    panel, src, trace = _replay_panel("Maphsge4__select_n__snapshot_10streams.pickle")
+@pytest.mark.parametrize(
+    "name",
+    ["standin:streams10", "real:Maphsge4__select_n__snapshot_10streams.pickle"],  # real: CI-only
+    ids=["standin:streams10", "Maphsge4"],
+)
+def test_a_trace_without_times_is_events_only(name):
+    panel, src, trace = _replay_panel(name)
     try:
         assert not any(e.get("time_us") for e in trace)
         assert panel.flush() and panel.controls["replay"]["times"] is False
