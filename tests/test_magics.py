@@ -6,22 +6,13 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 
-from conftest import REAL_DIR
+from conftest import real_file
 from gpumemviz.io import load_snapshot
 from gpumemviz.magics import _MAGICS
 
-MAGMA = "MAGMA27__assignment2-systems__memory_snapshot.pickle"  # 216 segments, one trace
-
-
-@pytest.fixture
-def real_path_of():
-    def find(name):
-        path = REAL_DIR / name
-        if not path.is_file():
-            pytest.skip(f"{path} is not available")
-        return path
-
-    return find
+# shipped real recordings (tests/data/real)
+TRACED = "Wedsonlin__assignment2-systems__results-medium_128_inference_memory_snapshot.pickle"
+STATE_ONLY = "ZijianDu__Attention__memory.7e5ba324.pickle"  # 370 segments, no history
 
 
 @pytest.fixture
@@ -59,18 +50,18 @@ def test_status_and_export_act_on_the_shown_feed(shell, capsys, tmp_path):
     assert path.read_bytes()[:2] == b"\x80\x04"  # pickle protocol 4 (MemoryViz reads it)
 
 
-def test_replay_opens_on_the_recorded_state(shell, capsys, real_path_of):
-    path = real_path_of(MAGMA)
+def test_replay_opens_on_the_recorded_state(shell, capsys):
+    path = real_file(TRACED)
     shell.run_line_magic("gpumemviz", f"--replay {path}")
     out = capsys.readouterr().out
     n = load_snapshot(path).n_segments
     assert f"· {n} segments" in out and "recorded trace" in out
 
 
-def test_replay_reads_its_file_once(shell, capsys, real_path_of, monkeypatch):
+def test_replay_reads_its_file_once(shell, capsys, monkeypatch):
     import gpumemviz.io
 
-    path = real_path_of(MAGMA)
+    path = real_file(TRACED)
     reads = []
     real = gpumemviz.io.load_snapshot
     monkeypatch.setattr(gpumemviz.io, "load_snapshot", lambda p: reads.append(p) or real(p))
@@ -131,8 +122,8 @@ def test_bad_input_gets_one_line(shell, line, message):
     assert "\n" not in str(err.value)
 
 
-def test_a_file_without_history_shows_its_one_state(shell, capsys, real_path_of):
-    path = real_path_of("kkaitlyn111__cs336-a2-systems__memory_snapshot.pickle")
+def test_a_file_without_history_shows_its_one_state(shell, capsys):
+    path = real_file(STATE_ONLY)
     n = load_snapshot(path).n_segments
     shell.run_line_magic("gpumemviz", f"--replay {path}")
     out = capsys.readouterr().out
