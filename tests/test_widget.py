@@ -458,13 +458,27 @@ def test_export_writes_the_live_source_state(panel, tmp_path):
     assert _memory_viz.segsum(_read(path))  # torch's own reader takes it
 
 
-def test_export_of_a_fixed_snapshot_can_redact_paths(tmp_path):
-    from conftest import REAL_DIR
+def _recorded(name: str):
+    """`real:<file name>` (shipped, or CI-only: skips in one line) or `standin:<short name>`."""
+    from conftest import real_file, standin_file
+
+    kind, _, rest = name.partition(":")
+    return real_file(rest) if kind == "real" else standin_file(rest)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "real:Wedsonlin__assignment2-systems__results-medium_128_inference_memory_snapshot.pickle",
+        "standin:training_10k",
+        "real:kkaitlyn111__cs336-a2-systems__memory_2.7b_forward.pickle",  # CI-only
+    ],
+    ids=["Wedsonlin", "standin:training_10k", "kkaitlyn111"],
+)
+def test_export_of_a_fixed_snapshot_can_redact_paths(tmp_path, name):
     from gpumemviz.io import load_snapshot
 
-    src = REAL_DIR / "kkaitlyn111__cs336-a2-systems__memory_2.7b_forward.pickle"
-    if not src.is_file():
-        pytest.skip(f"{src} is not available")
+    src = _recorded(name)
     p = MemoryPanel.from_snapshot(src)
     try:
         assert p.flush()
@@ -484,43 +498,55 @@ def test_export_with_nothing_shown_says_so(panel, tmp_path):
     assert not (tmp_path / "x.pickle").exists()
 
 
-def test_a_replay_timeline_is_the_recorded_run_with_its_annotations(panel, sent):
+@pytest.mark.parametrize(
+    ("name", "device", "bucketed", "n_marks"),
+    [
+        # 2,515 entries on device 3 (one point each), twelve nccl scopes inside the run
+        ("real:THUDM__slime__init_model_mempool.pickle", 3, False, 24),
+        ("standin:training_10k", 0, True, 0),  # 10,000 entries in 4,000 points, no annotations
+        # CI-only: 6,445 entries on device 0 and two scopes
+        ("real:Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle", 0, True, 4),
+    ],
+    ids=["THUDM", "standin:training_10k", "Constructor-Sun"],
+)
+def test_a_replay_timeline_is_the_recorded_run_with_its_annotations(
+    panel, sent, name, device, bucketed, n_marks
+):
     """Replay mode: the timeline holds the trace's own times and replayed figures (peaks kept
     when bucketed), and record_function scopes (external_annotations) as markers."""
-    from conftest import REAL_DIR
     from gpumemviz.render.timeline import MAX_POINTS
     from gpumemviz.sampler import Sampler
     from gpumemviz.sources.replay import ReplaySource
 
-    path = REAL_DIR / "Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle"
-    if not path.is_file():
-        pytest.skip(f"{path} is not available")
+    path = _recorded(name)
     raw = _read(path)  # independent of gpumemviz's loader
-    src = ReplaySource(path, device=0, loop=False)
+    src = ReplaySource(path, device=device, loop=False)
     sampler = Sampler(src)
     src.seek(10)
     sampler.sample_once(segments=True)
     panel.attach(sampler, owned=True)
     assert panel.flush()
     first, points = panel.timeline.since(0)
-    trace = raw["device_traces"][0]
-    assert first == 0 and len(points) == min(len(trace), MAX_POINTS) == MAX_POINTS
+    trace = raw["device_traces"][device]
+    assert first == 0 and len(points) == min(len(trace), MAX_POINTS)
+    assert (len(trace) > MAX_POINTS) == bucketed
     times = {e["time_us"] / 1e6 for e in trace}
     assert all(p[0] in times for p in points)
     assert [p[0] for p in points] == sorted(p[0] for p in points)
     assert max(p[1] for p in points) == int(src.timeline.allocated.max())  # the peak survives
-    notes = [a for a in raw["external_annotations"] if a["device"] == 0]
+    notes = [a for a in raw["external_annotations"] if a["device"] == device]
     marks = panel.timeline.marks()
+    assert len(marks) == len(notes) == n_marks
     assert all(points[0][0] <= m["t"] <= points[-1][0] for m in marks)  # inside the run: drawn
     assert [(m["t"], m["label"]) for m in marks] == [(a["time_us"] / 1e6, a["name"]) for a in notes]
     assert [m["kind"] for m in marks] == [
         "annotation" if a["stage"] == "START" else "cell" for a in notes
     ]
     reset = [c for c, _, _ in sent if c.get("kind") == "timeline" and c.get("reset")]
-    assert reset and reset[-1]["marks"] == marks and len(reset[-1]["points"]) == MAX_POINTS
+    assert reset and reset[-1]["marks"] == marks and len(reset[-1]["points"]) == len(points)
     sampler.sample_once(segments=True)  # replayed samples move the map, not the timeline
     assert panel.flush()
-    assert panel.timeline.count == MAX_POINTS
+    assert panel.timeline.count == len(points)
 
 
 def test_a_newer_sample_never_drops_a_waiting_oom(panel):
