@@ -13,13 +13,17 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REAL_DIR, REAL_FILES, read_real
+from conftest import REAL_DIR, read_real
 from gpumemviz.sample import MemoryStats, OomEvent, Sample
 from gpumemviz.sampler import History, Sampler, shared
 from gpumemviz.sources import UnavailableSource
 
 MiB = 1 << 20
-STATE_FILE = REAL_DIR / "kkaitlyn111__cs336-a2-systems__memory_snapshot.pickle"
+# shipped real recordings (tests/data/real): a state with no history, and a 3,840-entry trace
+STATE_FILE = REAL_DIR / "ZijianDu__Attention__memory.7e5ba324.pickle"
+TRACED = (
+    REAL_DIR / "Wedsonlin__assignment2-systems__results-medium_128_inference_memory_snapshot.pickle"
+)
 
 
 _BASELINE: set[threading.Thread] = set()
@@ -137,8 +141,6 @@ def synthetic_snapshot(n_blocks: int):
 
 @pytest.fixture
 def real_source():
-    if not REAL_FILES:
-        pytest.skip("no real snapshots")
     from gpumemviz.snapshot import Snapshot
 
     return SnapshotSource(Snapshot.from_torch(read_real(STATE_FILE)))
@@ -460,7 +462,6 @@ def test_bad_arguments_are_one_line_errors(kwargs, message):
         Sampler(object())
 
 
-@pytest.mark.skipif(not REAL_FILES, reason="needs a real trace")
 def test_history_estimate_covers_what_stats_samples_really_hold():
     """The byte bound holds in real memory: tracemalloc measures what 1500 samples keep."""
     import gc
@@ -469,9 +470,8 @@ def test_history_estimate_covers_what_stats_samples_really_hold():
     from gpumemviz.io import load_snapshot
     from gpumemviz.sources.replay import ReplaySource
 
-    raw = next(
-        d for d in (load_snapshot(p).to_torch() for p in REAL_FILES) if any(d["device_traces"])
-    )
+    raw = load_snapshot(TRACED).to_torch()
+    assert raw["device_traces"][0]
     s = Sampler(ReplaySource(raw, duration=10), interval=0.1, history_bytes=64 << 20)
     for _ in range(50):
         s.sample_once(segments=False)
