@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REAL_FILES, read_real
+from conftest import read_real, real_file, standin_file
 from gpumemviz.allocator.config import AllocatorConfig
 from gpumemviz.allocator.layout import Layout, LayoutError
 from gpumemviz.allocator.reconstruct import Rules, reconstruct, steps_of
@@ -16,7 +16,6 @@ from gpumemviz.allocator.rules import K_SMALL_SIZE, MIB
 from gpumemviz.allocator.timeline import apply_step
 
 DATA = Path(__file__).resolve().parent / "data"
-FORWARD = [p for p in REAL_FILES if "2.7b_forward" in p.name]  # starts with 742 segment_free
 
 
 def _traced_devices(d: dict) -> list[int]:
@@ -101,16 +100,39 @@ def test_start_states_obey_the_allocator_invariants(recorded_dict):
                 )
 
 
-@pytest.mark.skipif(not FORWARD, reason="the 2.7b forward trace is not in shared/")
-def test_leading_segment_free_burst_comes_back_as_free_segments():
-    d = read_real(FORWARD[0])
+def _standin_cut_at_its_empty_cache() -> dict:
+    """The 10k training stand-in as a ring buffer that dropped everything before its
+    empty_cache: the trace starts with that burst of 19 segment_free (entries 2001-2019)."""
+    d = read_real(standin_file("training_10k"))
+    trace = d["device_traces"][0]
+    at = next(i for i, e in enumerate(trace) if e["action"] == "segment_free")
+    assert at == 2001 and trace[at - 1]["action"] != "segment_free"
+    return {**d, "device_traces": [trace[at:]]}
+
+
+@pytest.mark.parametrize(
+    ("load", "burst"),
+    [
+        pytest.param(_standin_cut_at_its_empty_cache, 19, id="standin:training_10k"),
+        pytest.param(  # CI-only: the real trace starts with 742 segment_free
+            lambda: read_real(
+                real_file("kkaitlyn111__cs336-a2-systems__memory_2.7b_forward.pickle")
+            ),
+            742,
+            id="kkaitlyn111:2.7b_forward",
+        ),
+    ],
+)
+def test_leading_segment_free_burst_comes_back_as_free_segments(load, burst):
+    d = load()
     trace = d["device_traces"][0]
     start = reconstruct(d["segments"], trace, settings=d.get("allocator_settings"))
     n_alloc = sum(e["action"] == "segment_alloc" for e in trace)
     n_free = sum(e["action"] == "segment_free" for e in trace)
-    assert n_free == 742
+    assert n_free == burst  # all of them leading the trace
+    assert all(e["action"] == "segment_free" for e in trace[:burst])
     assert len(start) == len(d["segments"]) - n_alloc + n_free
-    freed = {e["addr"] for e in trace[:742]}
+    freed = {e["addr"] for e in trace[:burst]}
     by_addr = {s["address"]: s for s in start}
     assert all(by_addr[a]["blocks"][0]["state"] == "inactive" for a in freed)
 
