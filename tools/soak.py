@@ -1,10 +1,12 @@
 """Soak the live path for minutes (`make soak`): samplers, sources and the panel's per-frame work.
 
 A notebook panel runs for hours beside training. This runs a `Sampler` on the `SimulatedSource`
-(training workload, looping through its OOMs) and one on a `ReplaySource` looping a real recorded
-trace, both at once, with a listener per sampler that does what the panel does for every sample
-(on a writer thread, latest sample wins): `build_rows`, `Wire.set_rows`, `figures`, `Wire.update`
-and now and then a scroll (`set_view`), without a browser. Every few seconds it checks:
+(training workload, looping through its OOMs) and one on a `ReplaySource` looping the longest
+recorded trace found (tests/data/real, the stand-ins in tests/data/standin, and
+../shared/real-snapshots where present), both at once, with a listener per sampler that does
+what the panel does for every sample (on a writer thread, latest sample wins): `build_rows`,
+`Wire.set_rows`, `figures`, `Wire.update` and now and then a scroll (`set_view`), without a
+browser. Every few seconds it checks:
 
 - RSS growth after warm-up stays within 64 MiB of what the histories grew (they fill up to
   their byte bounds; anything else growing is a leak);
@@ -33,7 +35,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-REAL_DIR = REPO.parent / "shared" / "real-snapshots"
+#: Where recorded traces are looked for: the real ones that ship, the model-made stand-ins, and
+#: the CI-only real ones where ../shared/real-snapshots exists.
+REAL_DIRS = (
+    REPO / "tests" / "data" / "real",
+    REPO / "tests" / "data" / "standin",
+    REPO.parent / "shared" / "real-snapshots",
+)
 MiB = 1 << 20
 
 
@@ -137,11 +145,16 @@ class Run:
 
 
 def replay_input() -> Any:
-    """The real recorded file with the longest trace (loaded and checked by gpumemviz.io)."""
+    """The recorded file with the longest trace, of 20,000 entries at most (loaded and checked
+    by gpumemviz.io); one file name is read once (a shipped copy wins)."""
     from gpumemviz.io import load_snapshot
 
     best, best_n = None, 0
-    for p in sorted(REAL_DIR.glob("*.pickle")) if REAL_DIR.is_dir() else []:
+    seen: set[str] = set()
+    for p in (p for d in REAL_DIRS if d.is_dir() for p in sorted(d.glob("*.pickle"))):
+        if p.name in seen:
+            continue
+        seen.add(p.name)
         snap = load_snapshot(p)
         raw = snap.to_torch()
         n = max((len(t) for t in raw.get("device_traces") or []), default=0)
@@ -161,7 +174,8 @@ def build_runs(ns: argparse.Namespace) -> list[Run]:
     if "replay" in ns.sources:
         found = replay_input()
         if found is None:
-            print(f"no real trace in {REAL_DIR}: replay left out", file=sys.stderr)
+            where = ", ".join(str(d) for d in REAL_DIRS)
+            print(f"no recorded trace in {where}: replay left out", file=sys.stderr)
         else:
             path, raw = found
             src = ReplaySource(raw, duration=ns.replay_duration, loop=True)
