@@ -90,13 +90,8 @@ def has_private_pools(d: Any) -> bool:
 
 
 def _ids(paths: list[Path]) -> list[str]:
-    return [
-        ("standin:" if p.parent == STANDIN_DIR else "")
-        + p.name.split("__")[0]
-        + ":"
-        + p.stem.split("__")[-1]
-        for p in paths
-    ]
+    """'owner:stem-end' for a real file, 'standin:name' for a stand-in."""
+    return [p.name.split("__")[0] + ":" + p.stem.split("__")[-1] for p in paths]
 
 
 @pytest.fixture(params=RECORDED_FILES, ids=_ids(RECORDED_FILES))
