@@ -16,7 +16,8 @@ user's clone tests every class:
   `time_us` (an older torch's keys).
 - `standin__training_10k.pickle`: a GPT-2-shaped training loop in a 10,000-entry ring
   (`max_entries=10000`, so the trace starts mid-run), an empty_cache mid-run and the segments
-  that grow back after it, `time_us` in microseconds.
+  that grow back after it, `time_us` in microseconds, and the forward, backward and optimizer
+  scopes inside the window as `external_annotations`.
 
 Run from the repository root: ``.venv/bin/python tools/make_standins.py`` (``--check`` compares
 with the committed files instead of writing). Deterministic: the same files every time.
@@ -113,14 +114,27 @@ def _phase_stacks() -> dict[str, list[list[dict[str, Any]]]]:
 
 
 STACKS = _phase_stacks()
+# the record_function scope each phase runs in (as torch names its own)
+_SCOPES = {
+    "weights": "## init ##",
+    "iteration": "## forward ##",
+    "backward": "## backward ##",
+    "optimizer": "Optimizer.step#AdamW.step",
+    "stage": "## stage ##",
+}
 
 
 class _Recorder:
     """Drives one model and gives every trace entry and live block the stack of its step."""
 
-    def __init__(self, allocator: CachingAllocator, seed: int) -> None:
+    def __init__(
+        self, allocator: CachingAllocator, seed: int, clock: Callable[[], int] | None = None
+    ) -> None:
         self.a = allocator
         self.rng = random.Random(seed)
+        # with a clock, each phase is a record_function scope in `external_annotations`
+        self.clock = clock
+        self.annotations: list[dict[str, Any]] = []
         self.entry_frames: list[list[dict[str, Any]]] = []
         self.block_frames: dict[int, list[dict[str, Any]]] = {}
         self.phase = "weights"
@@ -160,10 +174,19 @@ class _Recorder:
             elif op[0] == "empty_cache":
                 self.call(self.a.empty_cache)
             elif op[0] == "mark":
+                self._scope("END")
                 self.phase = str(op[1]).split()[0]
                 self.phase = self.phase if self.phase in STACKS else "iteration"
+                self._scope("START")
             if stop_at is not None and self.a.trace_len() >= stop_at:
                 return
+
+    def _scope(self, stage: str) -> None:
+        if self.clock is not None:
+            name = _SCOPES[self.phase]
+            self.annotations.append(
+                {"stage": stage, "name": name, "device": self.a.device, "time_us": self.clock()}
+            )
 
     def snapshot(self, *, time_us: bool = True) -> dict[str, Any]:
         """The model's snapshot with frames on entries and live blocks (torch's layout)."""
@@ -179,6 +202,11 @@ class _Recorder:
             for b in seg["blocks"]:
                 if b["state"] != "inactive":
                     b["frames"] = list(self.block_frames.get(b["address"], ()))
+        if self.clock is not None and trace:  # the scopes of the trace's window, as a ring keeps
+            first, last = trace[0]["time_us"], trace[-1]["time_us"]
+            snap["external_annotations"] = [
+                a for a in self.annotations if first <= a["time_us"] <= last
+            ]
         return snap
 
 
@@ -264,14 +292,15 @@ def streams10() -> dict[str, Any]:
 
 def training_10k() -> dict[str, Any]:
     """A training loop recorded in a 10,000-entry ring: the trace starts mid-run."""
+    clock = _microseconds(42)
     a = CachingAllocator(
         24 * GIB,
         "",
         address_provider=DescendingAddresses(0x7F4000000000),
         trace_max_entries=10_000,
-        clock=_microseconds(42),
+        clock=clock,
     )
-    rec = _Recorder(a, seed=42)
+    rec = _Recorder(a, seed=42, clock=clock)
     ops = training_loop(
         shape=SMALL, batch=4, iterations=40, min_seq=128, max_seq=1024, seed=5
     ).ops()
