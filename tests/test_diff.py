@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import REAL_FILES, read_real
+from conftest import read_real, real_file, standin_file
 from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.diff import FIGURES, diff
 from gpumemviz.fragmentation import fragmentation
@@ -18,16 +18,33 @@ from gpumemviz.sites import live_sites
 MiB = 1 << 20
 
 
-def _real(prefix: str):
-    return next(p for p in REAL_FILES if p.name.startswith(prefix))
+EXPANDABLE_OOM = "Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle"
+FORWARD_2_7B = "kkaitlyn111__cs336-a2-systems__memory_2.7b_forward.pickle"
+WEDSONLIN = "Wedsonlin__assignment2-systems__results-medium_128_inference_memory_snapshot.pickle"
+SILMONT = "silmont2000__assignment2-systems__memory_forward_fp32_128.pickle"
+
+#: A (3 devices, expandable, device 3 idle) against B (device 0 only): the real pair is
+#: CI-only; the stand-in against a shipped file is the same case in every clone.
+TWO_FILES = {
+    "real": lambda: (real_file(EXPANDABLE_OOM), real_file(FORWARD_2_7B)),
+    "standin": lambda: (standin_file("expandable_oom_3dev"), real_file(WEDSONLIN)),
+}
+#: Files with many live blocks on device 0 (2.7b forward: CI-only; the stand-in's top site
+#: has a stack, Wedsonlin's top site is the stackless one).
+EDITED = {
+    "real": lambda: real_file(FORWARD_2_7B),
+    "shipped": lambda: real_file(WEDSONLIN),
+    "standin": lambda: standin_file("training_10k"),
+}
 
 
 def _count(raw, device: int) -> int:
     return sum(1 for s in raw["segments"] if s["device"] == device)
 
 
-def test_two_real_files():
-    pa, pb = _real("Constructor-Sun"), _real("kkaitlyn111__cs336-a2-systems__memory_2.7b")
+@pytest.mark.parametrize("which", sorted(TWO_FILES))
+def test_two_real_files(which):
+    pa, pb = TWO_FILES[which]()
     ra, rb = read_real(pa), read_real(pb)
     d = diff(pa, pb, top=None)
     fa, fb = fragmentation(load_snapshot(pa)), fragmentation(load_snapshot(pb))
@@ -61,8 +78,9 @@ def test_two_real_files():
         d.device(7)
 
 
-def test_sites_that_grew_and_shrank_on_an_edited_real_file():
-    path = _real("kkaitlyn111__cs336-a2-systems__memory_2.7b")
+@pytest.mark.parametrize("which", sorted(EDITED))
+def test_sites_that_grew_and_shrank_on_an_edited_real_file(which):
+    path = EDITED[which]()
     raw = read_real(path)
     top = live_sites(raw, top=1)[0]
     freed = copy.deepcopy(raw)
@@ -118,7 +136,7 @@ def test_model_before_and_after_empty_cache():
 
 
 def test_identical_and_empty():
-    path = _real("MAGMA27")
+    path = real_file(SILMONT)
     same = diff(path, read_real(path)).device(0)
     assert all(f.delta == 0 for f in same.figures)
     assert same.sites_grew == () == same.sites_shrank

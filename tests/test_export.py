@@ -17,7 +17,7 @@ from torch.cuda import _memory_viz as mv
 
 import gpumemviz
 import gpumemviz.io as gio
-from conftest import REAL_FILES, read_real
+from conftest import REAL_FILES, STANDIN_FILES, read_real, real_file, standin_file
 from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.timeline import Timeline
 from gpumemviz.export import SAMPLE_COLUMNS, TRACE_COLUMNS, export
@@ -49,6 +49,24 @@ def _bare(raw: dict) -> list:
     return raw["segments"]
 
 
+#: A small shipped file with a trace (what the atomic-write tests export).
+TRACED = "silmont2000__assignment2-systems__memory_forward_fp32_128.pickle"
+#: The user names in the home directories of each recorded file (read off the files by hand:
+#: `/home/NAME/...`), so the redaction test knows what it must hide wherever it runs.
+HOME_NAMES = {
+    "Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle": {b"haoyangsun"},
+    "Wedsonlin__assignment2-systems__results-medium_128_inference_memory_snapshot.pickle": {b"lin"},
+    "Yiyi-philosophy__LLM-inference__1.3b_snapshot.pickle": {b"dingyiran"},
+    "Yiyi-philosophy__LLM-inference__oom_snapshot.pickle": {b"dingyiran"},
+    "ZijianDu__Attention__memory.7e5ba324.pickle": {b"leo", b"conda"},
+    "kkaitlyn111__cs336-a2-systems__memory_2.7b_forward.pickle": {b"c-kaitwang"},
+    "kkaitlyn111__cs336-a2-systems__memory_snapshot.pickle": {b"c-kaitwang"},
+    "standin__expandable_oom_3dev.pickle": {b"user"},
+    "standin__streams10.pickle": {b"user"},
+    "standin__training_10k.pickle": {b"user"},
+}
+
+
 def _with_traces(segments: list) -> dict:
     """What a bare list must become for PyTorch's tools (built here, not by gpumemviz)."""
     n = max((s["device"] for s in segments), default=-1) + 1
@@ -57,10 +75,10 @@ def _with_traces(segments: list) -> dict:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """Every real file exported as is, as a bare segment list, and redacted."""
+    """Every real file and stand-in exported as is, as a bare segment list, and redacted."""
     out = tmp_path_factory.mktemp("export")
     made = []  # (kind, source path, exported path, expected torch dict)
-    for i, p in enumerate(REAL_FILES):
+    for i, p in enumerate([*REAL_FILES, *STANDIN_FILES]):
         raw = read_real(p)
         a = export(p, out / f"{i}.pickle")
         made.append(("dict", p, a, raw))
@@ -126,6 +144,17 @@ def test_exported_pickles_reload_equal(exported):
 _HOME = re.compile(rb"/home/([^/\\\s]+)|/Users/([^/\\\s]+)|[A-Za-z]:[\\/]+Users[\\/]+([^/\\\s]+)")
 
 
+def _string_values(obj, out: list[str], seen: set[int]) -> list[str]:
+    """Every string value in plain data (dict keys are kept by redaction: they are torch's)."""
+    if type(obj) is str:
+        out.append(obj)
+    elif type(obj) in (dict, list, tuple) and id(obj) not in seen:
+        seen.add(id(obj))
+        for v in obj.values() if type(obj) is dict else obj:
+            _string_values(v, out, seen)
+    return out
+
+
 def test_redacted_exports_hold_no_home_or_user_name(exported):
     _, made = exported
     names_seen = set()
@@ -134,10 +163,17 @@ def test_redacted_exports_hold_no_home_or_user_name(exported):
             continue
         original = src.read_bytes()
         names = {next(g for g in m.groups() if g) for m in _HOME.finditer(original)}
+        assert names == HOME_NAMES.get(src.name, set()), src.name
         names_seen |= names
         data = path.read_bytes()
+        values = [v.encode() for v in _string_values(read_real(path), [], set())]
         for n in names:
-            assert n not in data, (src.name, n)
+            # short names (lin, leo, user) are parts of other words (linear, user_metadata):
+            # the name as a word is gone from every string; a long one from every byte
+            word = re.compile(rb"(?<![A-Za-z0-9])" + re.escape(n) + rb"(?![A-Za-z0-9])")
+            assert not any(word.search(v) for v in values), (src.name, n)
+            if len(n) >= 6:
+                assert n not in data, (src.name, n)
         assert _HOME.search(data) is None and b"/root/" not in data
         red, raw = load_snapshot(path), load_snapshot(src)
         assert red.n_blocks == raw.n_blocks
@@ -146,14 +182,24 @@ def test_redacted_exports_hold_no_home_or_user_name(exported):
         for d, t in raw.traces.items():
             assert np.array_equal(red.traces[d].size, t.size)
             assert red.traces[d].action_names == t.action_names
-    assert names_seen == {b"haoyangsun", b"dingyiran", b"c-kaitwang"}
+    every = [p.name for p in [*REAL_FILES, *STANDIN_FILES]]
+    assert names_seen == set().union(*(HOME_NAMES.get(n, set()) for n in every))
+    assert {b"lin", b"dingyiran", b"leo", b"conda", b"user"} <= names_seen  # shipped ones
 
 
 def test_json_export_reloads_equal(tmp_path):
-    small = [p for p in REAL_FILES if p.stat().st_size < 600_000]  # JSON of the big ones is slow
+    # JSON of the big ones is slow
+    small = [p for p in [*REAL_FILES, *STANDIN_FILES] if p.stat().st_size < 600_000]
     assert len(small) >= 4  # torch 2.0 legacy, 2.6, 2.11, expandable
+    raws = {p: read_real(p) for p in small}
+    blocks = [[b for s in r["segments"] for b in s["blocks"]] for r in raws.values()]
+    assert any("history" in b for bs in blocks for b in bs)  # torch 2.0 legacy
+    assert any(s.get("is_expandable") for r in raws.values() for s in r["segments"])
+    assert any(  # torch 2.11: trace entries carry compile_context
+        "compile_context" in e for r in raws.values() for t in r["device_traces"] for e in t
+    )
     for p in small:
-        raw = read_real(p)
+        raw = raws[p]
         out = export(p, tmp_path / "s.json")
         assert (
             json.loads(out.read_bytes())["segments"][0]["address"] == raw["segments"][0]["address"]
@@ -221,9 +267,19 @@ def test_csv_of_real_traces_against_independent_sums(recorded_path, recorded_dic
     assert k == len(rows)
 
 
-def test_csv_of_one_device_and_of_a_snapshot_without_history(tmp_path):
-    p = next(p for p in REAL_FILES if p.name.startswith("Constructor-Sun"))
-    raw = read_real(p)
+#: Files with traces on 3 devices: the real one is CI-only, the stand-in ships.
+THREE_DEVICES = {
+    "real": lambda: real_file(
+        "Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle"
+    ),
+    "standin": lambda: standin_file("expandable_oom_3dev"),
+}
+
+
+@pytest.mark.parametrize("which", sorted(THREE_DEVICES))
+def test_csv_of_one_device_and_of_a_snapshot_without_history(tmp_path, which):
+    raw = read_real(THREE_DEVICES[which]())
+    assert all(raw["device_traces"][d] for d in (0, 1, 2))
     _, rows = _read_csv(export(raw, tmp_path / "d1.csv", device=1))
     assert len(rows) == len(raw["device_traces"][1]) and {r[0] for r in rows} == {"1"}
     header, rows = _read_csv(export([], tmp_path / "none.csv"))
@@ -307,7 +363,7 @@ def test_failed_export_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gio, "_write_pickle", half_then_fail)
     with pytest.raises(OSError, match="disk full"):
-        export(REAL_FILES[0], path)
+        export(real_file(TRACED), path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["s.pickle"]
 
@@ -329,8 +385,9 @@ def test_failed_csv_leaves_no_file(tmp_path, monkeypatch):
             raise OSError("disk full")
 
     monkeypatch.setattr(ex.csv, "writer", Failing)
+    assert read_real(real_file(TRACED))["device_traces"][0]  # rows to write: writerows runs
     with pytest.raises(OSError, match="disk full"):
-        export(REAL_FILES[0], tmp_path / "t.csv")
+        export(real_file(TRACED), tmp_path / "t.csv")
     assert list(tmp_path.iterdir()) == []
 
 

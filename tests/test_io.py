@@ -12,13 +12,18 @@ from pathlib import Path
 import pytest
 
 import gpumemviz
-from conftest import REAL_DIR, read_real
+from conftest import read_real, real_file
 from gpumemviz import io as gio
 from gpumemviz.io import as_snapshot, load_snapshot, loads_restricted, save_snapshot
 from gpumemviz.snapshot import Snapshot, SnapshotError
-from test_snapshot import minimal, needs_real, synthetic
+from test_snapshot import minimal, synthetic
 
-MAGMA = REAL_DIR / "MAGMA27__assignment2-systems__memory_snapshot.pickle"
+#: Whole torch 2.11 files (trace entries carry compile_context and user_metadata): MAGMA27's
+#: is CI-only, Wedsonlin's ships.
+TORCH_2_11 = [
+    "MAGMA27__assignment2-systems__memory_snapshot.pickle",
+    "Wedsonlin__assignment2-systems__results-medium_128_inference_memory_snapshot.pickle",
+]
 
 
 class _Mkdir:
@@ -77,10 +82,10 @@ def test_real_file_round_trips_through_json(recorded_dict, tmp_path):
     assert back == load_snapshot(save_snapshot(d, tmp_path / "out.pkl")).to_torch()
 
 
-@needs_real
-def test_full_torch_2_11_file_round_trips_through_json(tmp_path):
-    d = read_real(MAGMA)
-    back = load_snapshot(save_snapshot(d, tmp_path / "magma.json")).to_torch()
+@pytest.mark.parametrize("name", TORCH_2_11, ids=lambda n: n.split("__")[0])
+def test_full_torch_2_11_file_round_trips_through_json(tmp_path, name):
+    d = read_real(real_file(name))
+    back = load_snapshot(save_snapshot(d, tmp_path / "whole.json")).to_torch()
     assert back == d
     assert back["device_traces"][0][0]["compile_context"] == "N/A"
 
@@ -469,12 +474,20 @@ def test_read_asks_only_for_the_file_size(tmp_path, monkeypatch):
     assert asked == [p.stat().st_size + 1]
 
 
+#: State-only files of thousands of blocks: kkaitlyn111's is CI-only, ZijianDu's ships.
+STATE_ONLY = [
+    "kkaitlyn111__cs336-a2-systems__memory_snapshot.pickle",
+    "ZijianDu__Attention__memory.7e5ba324.pickle",
+]
+
+
+@pytest.mark.parametrize("name", STATE_ONLY, ids=lambda n: n.split("__")[0])
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
-def test_the_opcode_scan_passes_real_pickles_of_every_protocol(protocol):
-    # protocols 0-3 memoize with PUT/BINPUT/LONG_BINPUT (indices up to ~10^5 here), 4-5 with
-    # MEMOIZE and frames; bytes and long strings take the counted-length opcodes (protocols
-    # 0-2 pickle bytes through a global, refused like any other)
-    d = read_real(REAL_DIR / "kkaitlyn111__cs336-a2-systems__memory_snapshot.pickle")
+def test_the_opcode_scan_passes_real_pickles_of_every_protocol(protocol, name):
+    # protocols 0-3 memoize with PUT/BINPUT/LONG_BINPUT (indices in the thousands here), 4-5
+    # with MEMOIZE and frames; bytes and long strings take the counted-length opcodes
+    # (protocols 0-2 pickle bytes through a global, refused like any other)
+    d = read_real(real_file(name))
     d["extra"] = ["x" * 70_000, -(2**70)] + ([b"\x00" * 300] if protocol >= 3 else [])
     data = pickle.dumps(d, protocol=protocol)
     gio.scan_pickle(data)

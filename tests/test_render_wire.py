@@ -203,7 +203,22 @@ def test_figures_agree_with_the_fragmentation_report(recorded_dict):
     assert mine["free"] == report.free
     assert mine["largest_free"] == report.largest_free
     assert mine["fragmentation"] == pytest.approx(report.external_fragmentation)
-    assert mine["free_releasable"] == report.releasable + report.releasable_private
+    # the report's releasable is what empty_cache returns: whole segments with nothing
+    # allocated, their pending-free blocks too (it syncs them first); the map paints those
+    # pending, so its releasable is the rest (verl's file has 571 MB of them)
+    segs = recorded_dict["segments"] if isinstance(recorded_dict, dict) else recorded_dict
+    pending_in_unallocated = sum(
+        b["size"]
+        for s in segs
+        if not s.get("is_expandable")
+        and not any(b["state"] == "active_allocated" for b in s["blocks"])
+        for b in s["blocks"]
+        if b["state"] == "active_pending_free"
+    )
+    assert (
+        mine["free_releasable"] + pending_in_unallocated
+        == report.releasable + report.releasable_private
+    )
     if not snap.segments.is_expandable.any():  # the report leaves expandable slivers out
         assert mine["free_trapped"] == report.free_trapped
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from torch.cuda import _memory_viz as mv
 
-from conftest import REAL_FILES, read_real
+from conftest import read_real, real_file, standin_file
 from gpumemviz.frames import format_frame, user_frame
 from gpumemviz.io import load_snapshot
 from gpumemviz.sites import NO_STACK, NO_USER_FRAME, live_sites, trace_sites
@@ -71,12 +71,15 @@ def test_trace_sites_match_the_raw_alloc_entries(recorded_path, recorded_dict):
             assert all(entries[i]["action"] == "alloc" for i in s.indices.tolist())
 
 
-def test_known_sites_of_two_real_files():
-    yiyi = next(p for p in REAL_FILES if p.name.startswith("Yiyi"))
+def test_known_site_of_a_torch_2_0_file():
+    yiyi = real_file("Yiyi-philosophy__LLM-inference__oom_snapshot.pickle")
     top = live_sites(yiyi, top=1)[0]  # a path: loaded and validated
     assert top.label == "pytorch_backend.py:190:allocate"
     assert top.frame is not None and format_frame(top.frame) == top.label
-    cs336 = next(p for p in REAL_FILES if p.name.endswith("2.7b_forward.pickle"))
+
+
+def test_known_sites_of_the_2_7b_forward():
+    cs336 = real_file("kkaitlyn111__cs336-a2-systems__memory_2.7b_forward.pickle")  # CI-only
     sites = live_sites(cs336, top=3)
     assert len(sites) == 3
     assert all(s.frame is None or "cs336" in s.frame["filename"] for s in sites)
@@ -97,3 +100,19 @@ def test_no_history_and_empty_snapshots():
     }  # fmt: skip
     (only,) = live_sites([seg])
     assert (only.label, only.bytes, only.count, only.frame) == (NO_STACK, 1024, 1, None)
+
+
+def test_known_sites_of_the_standins():
+    # the same checks as the 2.7b forward's (CI-only) on the stand-ins, which ship: the top
+    # live sites are the user's project, and the default device of trace_sites is the one
+    # with the longest trace (device 1 of the 3-device one, not device 0)
+    sites = live_sites(standin_file("training_10k"), top=3)
+    assert len(sites) == 3
+    assert all(s.frame is not None and "/home/user/project/" in s.frame["filename"] for s in sites)
+    path = standin_file("expandable_oom_3dev")
+    raw = read_real(path)
+    lengths = [len(t) for t in raw["device_traces"]]
+    assert max(lengths) == lengths[1] > lengths[0]
+    longest = trace_sites(path, top=None)
+    alloc = [sum(e["size"] for e in t if e["action"] == "alloc") for t in raw["device_traces"]]
+    assert sum(s.bytes for s in longest) == alloc[1] != alloc[0]

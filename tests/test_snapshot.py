@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch.cuda._memory_viz as memory_viz
 
-from conftest import REAL_DIR, read_real
+from conftest import read_real, real_file, standin_file
 from gpumemviz.snapshot import (
     ACTIONS,
     ALLOCATED,
@@ -25,9 +25,16 @@ from gpumemviz.snapshot import (
 
 MiB = 1 << 20
 BASE = 0x7F0000000000
-LEGACY = REAL_DIR / "Yiyi-philosophy__LLM-inference__oom_snapshot.pickle"
-EXPANDABLE_OOM = REAL_DIR / "Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle"
-needs_real = pytest.mark.skipif(not LEGACY.exists(), reason="shared real snapshots absent")
+#: A torch 2.0 file (blocks carry `history`, no address): it ships.
+LEGACY = "Yiyi-philosophy__LLM-inference__oom_snapshot.pickle"
+#: Expandable segments on 3 devices with an `oom` entry: the real one is CI-only, the stand-in
+#: is the same class in every clone.
+EXPANDABLE_OOM = {
+    "real": lambda: real_file(
+        "Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle"
+    ),
+    "standin": lambda: standin_file("expandable_oom_3dev"),
+}
 
 
 def minimal() -> dict:
@@ -152,9 +159,8 @@ def test_real_file_passes_torch_segsum(recorded_dict):
     assert "total_reserved" in memory_viz.segsum(out)
 
 
-@needs_real
 def test_torch_2_0_legacy_file_is_accepted_by_memory_viz():
-    d = read_real(LEGACY)
+    d = read_real(real_file(LEGACY))
     snap = Snapshot.from_torch(d)
     out = snap.to_torch()
     assert out == d  # legacy layout kept: blocks keep `history`, gain no address
@@ -167,9 +173,9 @@ def test_torch_2_0_legacy_file_is_accepted_by_memory_viz():
     assert first.address == d["segments"][0]["address"]
 
 
-@needs_real
-def test_oom_entry_and_expandable_segments():
-    d = read_real(EXPANDABLE_OOM)
+@pytest.mark.parametrize("which", sorted(EXPANDABLE_OOM))
+def test_oom_entry_and_expandable_segments(which):
+    d = read_real(EXPANDABLE_OOM[which]())
     snap = Snapshot.from_torch(d)
     assert snap.segments.is_expandable.all()
     assert snap.devices == (0, 1, 2)
@@ -177,6 +183,10 @@ def test_oom_entry_and_expandable_segments():
     hits = [(dev, i) for dev, t in snap.traces.items() for i in np.flatnonzero(
         t.action == ACTIONS.index("oom")).tolist()]  # fmt: skip
     assert len(hits) == 1
+    assert hits == [  # the raw dict's own `oom` entry, found without gpumemviz
+        (dv, k) for dv, es in enumerate(d["device_traces"]) for k, e in enumerate(es)
+        if e["action"] == "oom"
+    ]  # fmt: skip
     dev, i = hits[0]
     entry = snap.traces[dev].entry(i)
     assert "addr" not in entry and entry == d["device_traces"][dev][i]
@@ -553,7 +563,7 @@ def test_block_frames_and_trace_frames():
     assert all(f is b["frames"] for f, b in zip(frames, blocks, strict=True) if "frames" in b)
     entries = d["device_traces"][0]
     assert snap.traces[0].frames() == [e.get("frames", []) for e in entries]
-    raw = read_real(LEGACY)
+    raw = read_real(real_file(LEGACY))
     legacy = Snapshot.from_torch(raw)
     want = [memory_viz._block_extra(b)[0] for s in raw["segments"] for b in s["blocks"]]
     assert legacy.block_frames() == want and any(want)
