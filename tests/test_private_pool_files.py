@@ -1,0 +1,395 @@
+"""The two shipped recordings with segments in private pools (`torch.cuda.MemPool`).
+
+THUDM's slime: 297 of its 298 segments in pool (0, 1), on device 3, with a 2,515-entry trace;
+volcengine's verl: vLLM weights in pool (0, 1), the KV cache in pool (0, 2), no trace.
+
+Private pools are not modelled yet; a later issue models them and asserts their own figures
+(releasable per pool, best fit per pool, replay). Until then, this file says what holds now:
+loading, analysis, advice, rendering, the panel, the HTML report, exports, diff and `inspect`
+run on both without error and keep the conservation law (allocated + free + pending_free ==
+reserved, per device and per segment); replay refuses slime's trace with its one-line message
+naming the private pool, and verl with the no-trace line.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+from conftest import has_private_pools, read_real, real_file
+from gpumemviz.advice import ADVICE_KINDS, Advice, advise
+from gpumemviz.advice_check import check_advice
+from gpumemviz.allocator.replay import ReplayError, replay
+from gpumemviz.cli import main
+from gpumemviz.diff import FIGURES, diff
+from gpumemviz.export import TRACE_COLUMNS, export
+from gpumemviz.fragmentation import fragmentation
+from gpumemviz.io import load_snapshot
+from gpumemviz.render.frame import decode_frame
+from gpumemviz.render.rows import build_rows
+from gpumemviz.render.wire import FIRST_FRAME_LIMIT, Wire, figures
+from gpumemviz.report_html import report, report_data
+from gpumemviz.sites import live_sites
+from gpumemviz.snapshot import Snapshot
+from gpumemviz.widget import MemoryPanel
+from test_report_html import decoded_map, page_data
+
+SLIME = "THUDM__slime__init_model_mempool.pickle"
+VERL = "volcengine__verl__mem_mempools.pickle"
+FILES = {"slime": SLIME, "verl": VERL}
+
+# what PROVENANCE.md says of each file, read here off the raw dicts
+POOLS = {
+    "slime": {(0, 0): 1, (0, 1): 297},
+    "verl": {(0, 0): 59, (0, 1): 44, (0, 2): 24},
+}
+DEVICES = {"slime": [3], "verl": [0]}
+TRACE_LENGTHS = {"slime": {3: 2515}, "verl": {}}
+
+NO_TRACE = "snapshot has no trace to replay (recorded with history off?)"
+
+
+@pytest.fixture(params=sorted(FILES))
+def which(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def path(which):
+    return real_file(FILES[which])
+
+
+@pytest.fixture
+def raw(path):
+    return read_real(path)
+
+
+def _segs(raw: dict) -> list[dict]:
+    return raw["segments"]
+
+
+def _by_state(blocks, state: str) -> int:
+    return sum(b["size"] for b in blocks if b["state"] == state)
+
+
+def _device_sums(raw: dict) -> dict[int, dict[str, int]]:
+    """Per device, from the raw dict alone: reserved and the three kinds of bytes."""
+    out: dict[int, dict[str, int]] = {}
+    for s in _segs(raw):
+        d = out.setdefault(
+            s["device"], {"reserved": 0, "allocated": 0, "free": 0, "pending_free": 0}
+        )
+        d["reserved"] += s["total_size"]
+        d["allocated"] += _by_state(s["blocks"], "active_allocated")
+        d["free"] += _by_state(s["blocks"], "inactive")
+        d["pending_free"] += _by_state(s["blocks"], "active_pending_free")
+    return out
+
+
+def _private_refusal(raw: dict, device: int) -> str:
+    """The refusal's sentence, built from the first private-pool segment of the device."""
+    seg = next(
+        s for s in _segs(raw) if s["device"] == device and tuple(s["segment_pool_id"]) != (0, 0)
+    )
+    return (
+        f"device {device}: segment at {seg['address']:#x} belongs to private pool "
+        f"{tuple(seg['segment_pool_id'])} (CUDA graphs, MemPool); private pools are not "
+        "modelled, so this trace cannot be replayed"
+    )
+
+
+# -- the files ----------------------------------------------------------------------------------
+
+
+def test_the_files_hold_private_pools(which, raw):
+    assert has_private_pools(raw)
+    pools = collections.Counter(tuple(s["segment_pool_id"]) for s in _segs(raw))
+    assert dict(pools) == POOLS[which]
+    assert sorted({s["device"] for s in _segs(raw)}) == DEVICES[which]
+    traced = {d: len(t) for d, t in enumerate(raw["device_traces"]) if t}
+    assert traced == TRACE_LENGTHS[which]
+
+
+def test_load_snapshot_keeps_every_pool_id(path, raw):
+    snap = load_snapshot(path)
+    assert snap.to_torch() == raw
+    assert [tuple(p) for p in snap.segments.pool_id.tolist()] == [
+        tuple(s["segment_pool_id"]) for s in _segs(raw)
+    ]
+    assert snap.devices == tuple(sorted({s["device"] for s in _segs(raw)}))
+
+
+# -- analysis -----------------------------------------------------------------------------------
+
+
+def test_fragmentation_keeps_the_conservation_law(path, raw):
+    report_ = fragmentation(path)
+    assert report_.violations == ()
+    sums = _device_sums(raw)
+    assert sorted(report_.devices) == sorted(sums)
+    for dev, want in sums.items():
+        f = report_.device(dev)
+        assert f.violations == ()
+        assert (f.reserved, f.allocated, f.free, f.pending_free) == (
+            want["reserved"],
+            want["allocated"],
+            want["free"],
+            want["pending_free"],
+        )
+        assert f.allocated + f.free + f.pending_free == f.reserved
+        assert f.segments == sum(1 for s in _segs(raw) if s["device"] == dev)
+    t = report_.total
+    assert t.allocated + t.free + t.pending_free == t.reserved
+    assert t.reserved == sum(s["total_size"] for s in _segs(raw))
+    # per segment, in file order
+    seg = report_.per_segment
+    assert len(seg) == len(_segs(raw))
+    np.testing.assert_array_equal(seg.allocated + seg.free + seg.pending_free, seg.total_size)
+    assert seg.total_size.tolist() == [s["total_size"] for s in _segs(raw)]
+    assert seg.allocated.tolist() == [
+        _by_state(s["blocks"], "active_allocated") for s in _segs(raw)
+    ]
+    assert seg.free.tolist() == [_by_state(s["blocks"], "inactive") for s in _segs(raw)]
+    assert seg.pending_free.tolist() == [
+        _by_state(s["blocks"], "active_pending_free") for s in _segs(raw)
+    ]
+    assert [tuple(p) for p in seg.pool_id.tolist()] == [
+        tuple(s["segment_pool_id"]) for s in _segs(raw)
+    ]
+    # the dict, the Snapshot and the path give one report
+    assert (
+        fragmentation(raw).to_dict()
+        == report_.to_dict()
+        == fragmentation(load_snapshot(path)).to_dict()
+    )
+    json.dumps(report_.to_dict())
+
+
+def test_live_sites_add_up_to_the_allocated_bytes(path, raw):
+    sites = live_sites(path, top=None)
+    assert sum(s.bytes for s in sites) == sum(v["allocated"] for v in _device_sums(raw).values())
+
+
+def test_advice_runs_and_a_setting_check_says_why_it_cannot_replay(which, path, raw):
+    report_ = fragmentation(path)
+    advice = advise(report_)
+    assert advice == advise(raw)
+    for a in advice:
+        assert a.kind in ADVICE_KINDS and a.evidence and "\n" not in a.message
+    (dev,) = DEVICES[which]
+    checked = check_advice(raw, [Advice("expandable_segments", "Try it.", {"device": dev})])
+    (c,) = checked.shown
+    assert c.check is None and checked.rejected == []
+    if which == "slime":  # traced: the replay refuses the private pool
+        assert c.unchecked == f"the trace cannot be replayed: {_private_refusal(raw, dev)!r}"
+    else:
+        assert c.unchecked == f"no recorded trace for device {dev}"
+
+
+# -- rendering ----------------------------------------------------------------------------------
+
+
+def test_segment_map_rows_and_wire_frames(raw):
+    snap = Snapshot.from_torch(raw)
+    rows = build_rows(snap)
+    assert rows.n_rows == len(_segs(raw))
+    assert sorted(rows.segment.tolist()) == list(range(len(_segs(raw))))
+    t = rows.totals()
+    reserved = sum(s["total_size"] for s in _segs(raw))
+    assert t["reserved"] == reserved
+    assert t["allocated"] + t["pending_free"] + t["free_releasable"] + t["free_trapped"] == reserved
+    f = figures(rows)
+    assert f["allocated"] + f["pending_free"] + f["free"] == f["reserved"] == reserved
+    report_ = fragmentation(snap)
+    assert (f["allocated"], f["pending_free"], f["free"]) == (
+        report_.allocated,
+        report_.pending_free,
+        report_.free,
+    )
+    wire = Wire()
+    wire.set_rows(rows)
+    frames = wire.set_view("v", first=0, count=rows.n_rows, cells=512)
+    seen = set()
+    for fr in frames:
+        assert fr.nbytes <= FIRST_FRAME_LIMIT
+        seen |= {int(r) for r in decode_frame(fr.content, fr.buffers)["rows"]}
+    assert seen == set(range(rows.n_rows))
+
+
+def test_the_panel_draws_the_file(which, path, raw):
+    p = MemoryPanel.from_snapshot(path, title=which)
+    try:
+        assert p.flush()
+        assert p.errors == ()
+        assert p.map_layout["n_rows"] == len(_segs(raw))
+        assert sum(g["count"] for g in p.map_layout["groups"]) == len(_segs(raw))
+        sums = _device_sums(raw)
+        assert p.header["reserved"] == sum(v["reserved"] for v in sums.values())
+        assert p.header["allocated"] == sum(v["allocated"] for v in sums.values())
+    finally:
+        p.close()
+
+
+# -- the HTML report ----------------------------------------------------------------------------
+
+
+def test_the_html_report_by_the_cli_and_the_api(which, path, raw, tmp_path, capsys):
+    out = tmp_path / "cli.html"
+    assert main(["report", str(path), "-o", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {out} (")
+    api = report(path, tmp_path / "api.html")
+    for page in (out, api):
+        text = page.read_text(encoding="utf-8")
+        assert text.startswith("<!doctype html>")
+        data = page_data(text)
+        assert data["map"]["layout"]["n_rows"] == len(_segs(raw))
+        assert len(decoded_map(data)["rows"]) == len(_segs(raw))
+        sums = _device_sums(raw)
+        assert data["header"]["reserved"] == sum(v["reserved"] for v in sums.values())
+        assert data["header"]["allocated"] == sum(v["allocated"] for v in sums.values())
+        assert {int(d) for d in data["devices"]} == set(sums)
+        assert data["violations"] == []
+    data = report_data(load_snapshot(path))
+    # the report's timeline is the recorded trace's own walk: slime's device 3, none for verl
+    assert {int(d) for d in data["timeline"]} == set(TRACE_LENGTHS[which])
+    for d, n in TRACE_LENGTHS[which].items():
+        assert data["timeline"][str(d)]["entries"] == n
+
+
+# -- exports and diff ---------------------------------------------------------------------------
+
+
+def test_export_to_pickle_and_json_reloads_equal(path, raw, tmp_path, capsys):
+    for name in ("s.pickle", "s.json"):
+        out = export(path, tmp_path / name)
+        back = load_snapshot(out).to_torch()
+        assert back == raw  # segment_pool_id comes back a tuple, from JSON too
+        assert all(type(s["segment_pool_id"]) is tuple for s in back["segments"])
+    assert read_real(tmp_path / "s.pickle") == raw  # plain pickle, as torch's tools read it
+    cli = tmp_path / "cli.pickle"
+    assert main(["export", str(path), "-o", str(cli)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {cli} (")
+    assert load_snapshot(cli).to_torch() == raw
+
+
+def test_csv_export_of_the_trace(which, path, raw, tmp_path):
+    out = export(path, tmp_path / "t.csv")
+    with out.open(newline="") as f:
+        header, *rows = list(csv.reader(f))
+    assert tuple(header) == TRACE_COLUMNS
+    assert len(rows) == sum(TRACE_LENGTHS[which].values())
+    col = {c: i for i, c in enumerate(header)}
+    for d, entries in enumerate(raw["device_traces"]):
+        mine = [r for r in rows if r[col["device"]] == str(d)]
+        assert [r[col["action"]] for r in mine] == [e["action"] for e in entries]
+    if rows:  # the last row's reserved is the file's final reserved
+        assert int(rows[-1][col["reserved"]]) == sum(s["total_size"] for s in _segs(raw))
+
+
+def test_diff_of_the_two_files_and_of_each_with_itself(capsys):
+    a, b = real_file(SLIME), real_file(VERL)
+    d = diff(a, b, top=None)
+    fa, fb = fragmentation(a), fragmentation(b)
+    assert {n: dev.present for n, dev in d.devices.items()} == {0: "b", 3: "a"}
+    for n, dev in d.devices.items():
+        for name in FIGURES:
+            ch = dev.figure(name)
+            before = getattr(fa.devices[n], name) if n in fa.devices else 0
+            after = getattr(fb.devices[n], name) if n in fb.devices else 0
+            assert (ch.before, ch.after, ch.delta) == (before, after, after - before)
+    assert d.device(3).segments.removed == 298 and d.device(0).segments.added == 127
+    assert [f.name for f in d.total] == list(FIGURES)
+    json.dumps(d.to_dict())
+    assert "device 3 (only in A)" in d.text() and "device 0 (only in B)" in d.text()
+    for p in (a, b):
+        same = diff(p, read_real(p), top=None)
+        for dev in same.devices.values():
+            assert dev.present == "both"
+            assert all(f.delta == 0 for f in dev.figures)
+            assert dev.sites_grew == () == dev.sites_shrank
+            assert dev.segments.added == dev.segments.removed == dev.segments.resized == 0
+    assert main(["diff", str(a), str(b), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["devices"]) == {"0", "3"}
+    assert out["total"]["reserved"]["before"] == fa.reserved
+    assert out["total"]["reserved"]["after"] == fb.reserved
+    assert main(["diff", str(a), str(a)]) == 0
+    capsys.readouterr()
+
+
+# -- inspect ------------------------------------------------------------------------------------
+
+
+def test_inspect_json_and_text(which, path, raw, capsys):
+    assert main(["inspect", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    sums = _device_sums(raw)
+    assert set(out["devices"]) == {str(d) for d in sums}
+    for d, want in sums.items():
+        figs = out["devices"][str(d)]
+        for key, value in want.items():
+            assert figs[key] == value, key
+        assert figs["violations"] == []
+    t = out["total"]
+    assert t["allocated"] + t["free"] + t["pending_free"] == t["reserved"]
+    assert isinstance(out["advice"], list)
+    assert main(["inspect", str(path)]) == 0
+    text = capsys.readouterr().out
+    for d in sums:
+        assert f"device {d}: reserved" in text
+    assert "Traceback" not in text
+
+
+# -- replay refuses ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "extra", [[], ["--json"], ["--conf", "expandable_segments:True"], ["--capacity", "80GiB"]]
+)
+def test_whatif_refuses_in_one_line(which, path, raw, capsys, extra):
+    assert main(["whatif", str(path), *extra]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
+    reason = _private_refusal(raw, 3) if which == "slime" else NO_TRACE
+    assert captured.err == f"gpumemviz whatif: error: {reason}\n"
+
+
+def test_replay_raises_the_same_line(which, path, raw):
+    reason = _private_refusal(raw, 3) if which == "slime" else NO_TRACE
+    for source in (path, raw, load_snapshot(path)):
+        with pytest.raises(ReplayError) as e:
+            replay(source)
+        assert str(e.value) == reason and "\n" not in str(e.value)
+    with pytest.raises(ReplayError) as e:
+        replay(path, config="expandable_segments:True", capacity="80GiB")
+    assert str(e.value) == reason
+
+
+def test_a_whatif_run_in_a_subprocess_prints_no_traceback(tmp_path):
+    # the console script, as a user runs it: exit 2, one line on stderr
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(sys.executable).with_name("gpumemviz")
+    path = real_file(SLIME)
+    r = subprocess.run(
+        [str(script), "whatif", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == f"gpumemviz whatif: error: {_private_refusal(read_real(path), 3)}\n"
+
+
+def test_a_private_pool_copy_without_its_trace_says_no_trace(tmp_path, capsys):
+    # slime with its trace dropped: the no-trace line comes first, as on verl
+    raw = read_real(real_file(SLIME))
+    bare = tmp_path / "bare.pickle"
+    bare.write_bytes(pickle.dumps({**raw, "device_traces": [[] for _ in raw["device_traces"]]}))
+    assert main(["whatif", str(bare)]) == 2
+    assert capsys.readouterr().err == f"gpumemviz whatif: error: {NO_TRACE}\n"
