@@ -293,6 +293,41 @@ def test_monitor_follows_its_sampler_and_stops_it_on_close():
     assert panel.push_sample not in sampler._listeners
 
 
+def test_advice_follows_the_last_state_when_samples_stop_within_the_throttle(panel):
+    """Two samples inside one advice interval (a seek, then a pause): the lines end on the
+    second state's advice, not on the first one's."""
+    from gpumemviz.advice import advise
+    from gpumemviz.sources.simulated import SimulatedSource
+
+    src = SimulatedSource("training", autostart=False)
+    src.step(5)
+    first = src.sample()
+    src.step(3000)
+    second = src.sample()
+
+    def expected(sample):
+        return [
+            a.message
+            for a in advise(
+                sample.segments,
+                sample.device_info.allocator_settings or None,
+                sample.stats,
+                device_total=sample.device_info.total_memory,
+                device=0,
+            )
+        ]
+
+    assert expected(first) != expected(second)
+    panel.push_sample(first)
+    assert panel.flush()
+    assert [a["message"] for a in panel.advice] == expected(first)
+    panel.push_sample(second)  # inside the interval: throttled
+    assert panel.flush()
+    assert panel.header["allocated"] == second.stats.allocated
+    want = expected(second)
+    assert _until(lambda: [a["message"] for a in panel.advice] == want, 5 * panel.ADVICE_EVERY_S)
+
+
 def test_an_oom_sample_shows_its_verdict(panel):
     from gpumemviz.sources.simulated import SimulatedSource
 

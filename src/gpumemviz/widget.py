@@ -202,6 +202,8 @@ class MemoryPanel(anywidget.AnyWidget):
         self._last_point: list | None = None
         self._owns_sampler = False
         self._advice_at = -float("inf")
+        self._advice_due: tuple[FragmentationReport, dict[str, Any]] | None = None
+        self._advice_timer: threading.Timer | None = None
         self.on_msg(self._on_browser_msg)
         # the kernel subshell that handles this panel's browser messages (None: the main shell)
         self.subshell = _route_to_subshell(self.comm) if subshell else _route_to_main(self.comm)
@@ -321,6 +323,9 @@ class MemoryPanel(anywidget.AnyWidget):
         _PANELS.discard(self)
         if getattr(self, "sampler", None) is not None:
             self.detach()
+        timer = getattr(self, "_advice_timer", None)
+        if timer is not None:
+            timer.cancel()
         writer = getattr(self, "_writer", None)  # absent when __init__ failed half-way
         if writer is not None:
             writer.stop()
@@ -433,11 +438,23 @@ class MemoryPanel(anywidget.AnyWidget):
         device: int | None,
         force: bool = False,
     ) -> None:
-        """Refresh the advice lines (throttled: the rules read the whole snapshot)."""
+        """Refresh the advice lines (throttled: the rules read the whole snapshot).
+
+        A state skipped by the throttle is advised once the interval has passed, so the lines
+        never stay on an older state when the samples stop (a replay paused after a seek).
+        """
         now = time.monotonic()
-        if not force and now - self._advice_at < self.ADVICE_EVERY_S:
+        wait = self._advice_at + self.ADVICE_EVERY_S - now
+        if not force and wait > 0:
+            args = {"settings": settings, "stats": stats, "total": total, "device": device}
+            self._advice_due = (report, args)
+            if self._advice_timer is None:
+                self._advice_timer = threading.Timer(wait, self._writer.submit, (self._advise_due,))
+                self._advice_timer.daemon = True
+                self._advice_timer.start()
             return
         self._advice_at = now
+        self._advice_due = None
         from gpumemviz.advice import advise
 
         if device is not None and device not in report.devices:
@@ -445,6 +462,13 @@ class MemoryPanel(anywidget.AnyWidget):
             return
         found = advise(report, settings, stats, device_total=total, device=device)
         self.advice = [{"kind": a.kind, "message": a.message} for a in found]
+
+    def _advise_due(self) -> None:
+        """The throttle's trailing edge: advise the newest state it skipped, if any."""
+        self._advice_timer = None
+        due, self._advice_due = self._advice_due, None
+        if due is not None:
+            self._advise(due[0], **due[1], force=True)
 
     def _show(
         self, snap: Snapshot, extra: dict[str, Any], status: str, device: int | None = None
