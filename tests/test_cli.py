@@ -570,3 +570,21 @@ def test_demo_passes_allow_root_only_as_root(monkeypatch, capsys, uid, allow_roo
     monkeypatch.setattr(os, "getuid", lambda: uid)
     assert main(["demo", "--print-command", "--no-browser"]) == 0
     assert ("--allow-root" in capsys.readouterr().out.split()) is allow_root
+
+
+def test_worst_segments_name_the_pending_bytes_they_count_as_stuck(capsys):
+    """A segment's stuck bytes include its pending frees (empty_cache syncs them first), so the
+    line says them beside the free bytes instead of reading 'X stuck of less than X free'."""
+    from conftest import real_file
+
+    path = real_file("volcengine__verl__mem_mempools.pickle")
+    assert main(["inspect", str(path)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if " stuck of " in ln]
+    report = fragmentation(path)
+    worst = report.worst_segments
+    assert len(lines) == len(worst) and any(s.pending_free for s in worst)
+    for line, s in zip(lines, worst, strict=True):
+        assert s.stuck_free == s.free + s.pending_free - s.releasable
+        said = f"{format_size(s.free)} free and {format_size(s.pending_free)} pending in"
+        assert (said in line) == bool(s.pending_free), line
+        assert f"{format_size(s.free)} free in" in line or s.pending_free

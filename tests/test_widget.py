@@ -603,3 +603,34 @@ def test_a_newer_sample_never_drops_a_waiting_oom(panel):
     assert panel.oom["cause"] == event.cause and panel.oom["alloc_size"] == event.alloc_size
     assert panel.timeline.marks()[-1]["kind"] == "oom"
     assert panel.map_layout["n_rows"] == newer.segments.n_segments  # the newest state is drawn
+
+
+def test_header_releasable_and_stuck_add_up_to_free_plus_pending():
+    """verl's recording has pending frees in segments holding nothing allocated: empty_cache
+    syncs them and returns those segments whole, so the header's releasable counts them and
+    releasable + stuck == free + pending (the painted green alone would not)."""
+    from conftest import real_file
+    from gpumemviz import load_snapshot
+    from gpumemviz.fragmentation import fragmentation
+    from gpumemviz.widget import MemoryPanel
+
+    path = real_file("volcengine__verl__mem_mempools.pickle")
+    raw = _read(path)
+    pending_in_empty = sum(
+        b["size"]
+        for s in raw["segments"]
+        if not any(b["state"] == "active_allocated" for b in s["blocks"])
+        for b in s["blocks"]
+        if b["state"] == "active_pending_free"
+    )
+    assert pending_in_empty > 0  # the case this test is about
+    panel = MemoryPanel.from_snapshot(path)
+    try:
+        assert panel.flush()
+        h = panel.header
+        assert h["free_releasable"] + h["free_stuck"] == h["free"] + h["pending_free"]
+        assert h["free_releasable"] == fragmentation(path).releasable
+        painted = build_rows(load_snapshot(path)).totals()["free_releasable"]
+        assert h["free_releasable"] == painted + pending_in_empty
+    finally:
+        panel.close()

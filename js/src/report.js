@@ -58,7 +58,7 @@ const FIGURE_ROWS = /** @type {const} */ ([
   ["pending_free", "pending free", "bytes"], ["free", "free in reserved", "bytes"],
   ["free_trapped", "free, trapped in partly used segments (inactive_split_bytes)", "bytes"],
   ["free_stuck", "free after empty_cache() (pending frees synced; the map's trapped)", "bytes"],
-  ["releasable", "free, empty_cache() releases it", "bytes"],
+  ["releasable", "empty_cache() releases it (pending frees synced first)", "bytes"],
   ["largest_free", "largest free block", "bytes"],
   ["external_fragmentation", "fragmentation (1 - largest free / free)", "ratio"],
   ["fragmentation_sq", "fragmentation (1 - sum free² / free²)", "ratio"],

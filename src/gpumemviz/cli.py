@@ -173,10 +173,12 @@ def _device_lines(
 def _segment_line(s: SegmentSummary) -> str:
     kind = f"{s.pool}{' expandable' if s.is_expandable else ''}"
     stream = f", stream {s.stream}" if s.stream else ""
+    # pending frees become free when empty_cache syncs, so they count in what stays stuck
+    pending = f" and {format_size(s.pending_free)} pending" if s.pending_free else ""
     return (
         f"0x{s.address:x} {kind} {format_size(s.total_size)}{stream}: "
-        f"{format_size(s.stuck_free)} stuck of {format_size(s.free)} free in {s.n_blocks} "
-        f"blocks, largest {format_size(s.largest_free)}"
+        f"{format_size(s.stuck_free)} stuck of {format_size(s.free)} free{pending} in "
+        f"{s.n_blocks} blocks, largest {format_size(s.largest_free)}"
     )
 
 

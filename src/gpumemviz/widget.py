@@ -665,10 +665,13 @@ def _plain(entry: dict) -> dict:
 
 def _report_figures(report: FragmentationReport, device: int | None) -> dict[str, int]:
     """Header figures taken from the fragmentation report rather than from the painted rows:
-    free_stuck (what empty_cache leaves free, pending frees synced) is the report's own number,
-    so the panel and ``gpumemviz inspect`` say the same."""
+    free_stuck (what empty_cache leaves free) and free_releasable (what it returns) count
+    pending frees as empty_cache does, after syncing them, so the two add up to free plus
+    pending, and the panel and ``gpumemviz inspect`` say the same."""
     figs = report.total if device is None else report.devices.get(device)
-    return {"free_stuck": figs.free_stuck if figs is not None else 0}
+    if figs is None:
+        return {"free_stuck": 0, "free_releasable": 0}
+    return {"free_stuck": figs.free_stuck, "free_releasable": figs.releasable}
 
 
 def _oom_dict(event: Any) -> dict:
