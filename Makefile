@@ -6,8 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: test lint fmt bench fuzz soak demo clean system-deps
 
-# hatch_build.py compiles the C walk during the editable install: a changed _cwalk.c reinstalls
-$(STAMP): pyproject.toml hatch_build.py src/gpumemviz/fragmentation/_cwalk.c
+$(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@# torch first and pinned: a range in a fresh venv pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
@@ -21,12 +20,12 @@ system-deps:
 	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks hatch_build.py
-	$(VENV)/bin/ruff format --check src tests benchmarks hatch_build.py
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
 
 fmt: $(STAMP)
-	$(VENV)/bin/ruff format src tests benchmarks hatch_build.py
-	$(VENV)/bin/ruff check --fix src tests benchmarks hatch_build.py
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
 
 test: lint system-deps
 	cd js && node --test test/
@@ -59,4 +58,3 @@ soak: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist src/gpumemviz/static .pytest_cache .ruff_cache
-	rm -f src/gpumemviz/fragmentation/_cwalk*.so

@@ -15,6 +15,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+#: The licensed real snapshots shipped with the repository.
+SHIPPED_DIR = REPO / "tests" / "data" / "real"
+#: More real snapshots, read where ../shared is checked out (CI).
 REAL_DIR = REPO.parent / "shared" / "real-snapshots"
 MIB = 1 << 20
 
@@ -31,8 +34,13 @@ def quick_or_full(doc: str | None) -> tuple[int, tuple[int, ...]]:
 
 
 def real_files() -> list[Path]:
-    """The real snapshots recorded on GPUs (none when ../shared is absent)."""
-    return sorted(REAL_DIR.glob("*.pickle")) if REAL_DIR.is_dir() else []
+    """The real snapshots recorded on GPUs: the shipped ones, plus ../shared's where present;
+    one copy per file name (the shipped one wins), sorted by name."""
+    found: dict[str, Path] = {}
+    for folder in (SHIPPED_DIR, REAL_DIR):
+        for p in sorted(folder.glob("*.pickle")) if folder.is_dir() else []:
+            found.setdefault(p.name, p)
+    return [found[name] for name in sorted(found)]
 
 
 def label(path: Path, head: int = 20, tail: int = 13) -> str:

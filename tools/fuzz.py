@@ -52,7 +52,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-REAL_DIR = REPO.parent / "shared" / "real-snapshots"
+#: Where seeds come from: the shipped real files and stand-ins, and ../shared's when present.
+SEED_DIRS = (
+    REPO / "tests" / "data" / "real",
+    REPO / "tests" / "data" / "standin",
+    REPO.parent / "shared" / "real-snapshots",
+)
 TARGETS = ("pickle", "json", "dict", "cli")
 CANARY = "gpumemviz_fuzz_canary"
 
@@ -167,14 +172,24 @@ def _jsonable(x: Any) -> Any:
     return json.loads(json.dumps(x, default=repr))
 
 
-def load_seeds(seed: int, real_dir: Path = REAL_DIR, slices: int = 6) -> Seeds:
-    """Real files (whole) plus `slices` small slices of each, as pickle 2/4/5 and JSON."""
+def seed_files(dirs: tuple[Path, ...] = SEED_DIRS) -> list[Path]:
+    """The recorded snapshots in `dirs` (absent ones skipped), one copy per file name (the
+    first folder's wins), by name."""
+    found: dict[str, Path] = {}
+    for d in dirs:
+        for path in sorted(d.glob("*.pickle")) if d.is_dir() else []:
+            found.setdefault(path.name, path)
+    return [found[name] for name in sorted(found)]
+
+
+def load_seeds(seed: int, dirs: tuple[Path, ...] = SEED_DIRS, slices: int = 6) -> Seeds:
+    """Recorded files (whole) plus `slices` small slices of each, as pickle 2/4/5 and JSON."""
     rng = random.Random(seed)
-    from gpumemviz.io import loads_restricted  # the fuzzer trusts the real files it was given
+    from gpumemviz.io import loads_restricted  # the fuzzer trusts the files it was given
 
     dicts: list[dict] = []
     big: list[bytes] = []
-    for path in sorted(real_dir.glob("*.pickle")) if real_dir.is_dir() else []:
+    for path in seed_files(dirs):
         data = path.read_bytes()
         big.append(data)
         d = loads_restricted(data)
@@ -547,17 +562,18 @@ def run_loader(data: Any, target: str) -> str:
     return "Snapshot"
 
 
-def _fragmentation_outcome(data: Any) -> tuple:
-    """`gpumemviz.fragmentation` on a torch dict: what a user sees of it, comparable."""
+def _fragmentation_outcome(data: Any, through_snapshot: bool = False) -> tuple:
+    """`gpumemviz.fragmentation` on a torch dict (or on `Snapshot.from_torch` of it): what a
+    user sees of it, comparable."""
     from dataclasses import fields
 
     import numpy as np
 
     from gpumemviz.fragmentation import fragmentation
-    from gpumemviz.snapshot import SnapshotError
+    from gpumemviz.snapshot import Snapshot, SnapshotError
 
     try:
-        r = fragmentation(data)
+        r = fragmentation(Snapshot.from_torch(data) if through_snapshot else data)
     except RecursionError as e:
         where = _where(e.__traceback__).split(":")[0]
         raise Finding(
@@ -583,40 +599,51 @@ def _fragmentation_outcome(data: Any) -> tuple:
     return ("report", repr(r.to_dict()), tuple(cols), tuple(fits))
 
 
-def run_fragmentation(data: Any) -> str:
-    """dict: `fragmentation` through the C walk, then through the Python walk: a report or a
-    one-line SnapshotError, and the same one both ways (report, per-segment columns, can_fit
-    answers or error message); a difference is a finding of its own."""
-    from gpumemviz.fragmentation import walk
+#: What only `Snapshot.from_torch` reads, so only it may refuse: the segments' own sums, block
+#: addresses, trace entries (the reader's messages: `gpumemviz.snapshot.read_torch`).
+FULL_ONLY = re.compile(
+    r"^(device_traces\[\d+\]"
+    r"|.*(\): | has no )(allocated|active|requested)_size( is |$)"
+    r"|.*: block \d+: address is )"
+)
 
+
+def run_fragmentation(data: Any) -> str:
+    """dict: `fragmentation(d)` against `fragmentation(Snapshot.from_torch(d))`, which read `d`
+    with the same reader: a report or a one-line SnapshotError, and the same one both ways
+    (report, per-segment columns, can_fit answers or error message). Only `from_torch` may
+    refuse what the analysis does not read (`FULL_ONLY`). A difference is a finding."""
     if not isinstance(data, dict | list):
         return "frag:skip"  # a str or bytes would be read as a file
     try:
-        twin = pickle.loads(pickle.dumps(data, protocol=5))  # what the C walk cannot have touched
+        twin = pickle.loads(pickle.dumps(data, protocol=5))  # what neither call has touched
     except RecursionError:
         twin = None
-    c = _fragmentation_outcome(data)
-    if c[0] == "error" and ("\n" in c[1] or not c[1]):
-        raise Finding("frag:multiline", f"SnapshotError message {c[1]!r}")
-    if walk._cwalk is None or twin is None:
-        return "frag:" + (_shape(c[1]) if c[0] == "error" else "report")
-    saved, walk._cwalk = walk._cwalk, None
-    try:
-        p = _fragmentation_outcome(twin)
-    finally:
-        walk._cwalk = saved
-    if c != p:
-        if c[0] != p[0]:
+    by_dict = _fragmentation_outcome(data)
+    if by_dict[0] == "error" and ("\n" in by_dict[1] or not by_dict[1]):
+        raise Finding("frag:multiline", f"SnapshotError message {by_dict[1]!r}")
+    if twin is None:
+        return "frag:" + (_shape(by_dict[1]) if by_dict[0] == "error" else "report")
+    by_snap = _fragmentation_outcome(twin, through_snapshot=True)
+    if by_dict[0] == "report" and by_snap[0] == "error" and FULL_ONLY.match(by_snap[1]):
+        return "frag:report/from_torch:" + _shape(by_snap[1])
+    if by_dict != by_snap:
+        if by_dict[0] != by_snap[0]:
             part = "outcome"
-        elif c[0] == "error":
+        elif by_dict[0] == "error":
             part = "error"
         else:
             part = next(
-                name for name, i in (("report", 1), ("columns", 2), ("can_fit", 3)) if c[i] != p[i]
+                name
+                for name, i in (("report", 1), ("columns", 2), ("can_fit", 3))
+                if by_dict[i] != by_snap[i]
             )
-        detail = f"C walk:\n{str(c[:3])[:3000]}\nPython walk:\n{str(p[:3])[:3000]}"
-        raise Finding(f"cwalk-differs@{part}", detail)
-    return "frag:" + (_shape(c[1]) if c[0] == "error" else "report")
+        detail = (
+            f"fragmentation(dict):\n{str(by_dict[:3])[:3000]}\n"
+            f"fragmentation(Snapshot.from_torch(dict)):\n{str(by_snap[:3])[:3000]}"
+        )
+        raise Finding(f"frag-differs@{part}", detail)
+    return "frag:" + (_shape(by_dict[1]) if by_dict[0] == "error" else "report")
 
 
 def run_cli(data: bytes, tmp: Path) -> str:

@@ -4,6 +4,8 @@ Every other module reads snapshots through this one. Rows stay in the file's ord
 `Snapshot.from_torch(d).to_torch() == d` for every modern file: each row remembers its key set
 (its "layout") and any key we do not know, and frames lists are referenced, never copied.
 Building columns never creates one Python object per block, so a 10^6-block file stays cheap.
+`read_torch` is the one reader of torch dicts: `Snapshot.from_torch` and `fragmentation(dict)`
+(which reads only the columns it needs) both go through it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import functools
 import gc
 import itertools
 import reprlib
+from array import array
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -104,11 +108,16 @@ _SMALL_SEGMENT = 2 << 20  # a small-pool segment is exactly 2 MiB (reference §3
 
 @dataclass(frozen=True)
 class _Shape:
-    """Key layouts of a table's rows: `code[i]` indexes `layouts`; `extra[i]` holds unknown keys."""
+    """Key layouts of a table's rows: `code[i]` indexes `layouts`; `extra[i]` holds unknown keys.
+
+    `override[i]` holds values a row gives to keys whose column says otherwise: a torch 2.0
+    block whose `requested_size` differs from its history's real_size, which the column holds.
+    """
 
     layouts: tuple[tuple[str, ...], ...]
     code: np.ndarray | None  # None: every row has layouts[0]
     extra: Mapping[int, Mapping[str, Any]]
+    override: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
 
     @staticmethod
     def uniform(keys: tuple[str, ...]) -> _Shape:
@@ -168,6 +177,8 @@ class _Shape:
                 else:
                     for i, row in zip(rows, built, strict=True):
                         out[i] = row
+            for i, given in self.override.items():
+                out[i].update(given)  # keys the row has already: their order is kept
             return out
 
 
@@ -239,19 +250,28 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 
 
 def _int_column(values: list, what: str, where: Any) -> np.ndarray:
-    """Turn a list of Python ints into int64; name the first row that is not an int."""
-    if not values:
-        return np.zeros(0, np.int64)
+    """Turn a list of Python ints into int64; name the first row that is not a 64-bit integer.
+
+    `array("q")` decides what an integer is, here and in the fast reader alike: ints (bools
+    too, as numpy's own integers) pass, floats and strings do not.
+    """
     try:
-        col = np.array(values)
-    except (ValueError, TypeError, OverflowError, RecursionError):
-        col = None
-    if col is None or col.ndim != 1 or col.dtype.kind not in "iu" or col.dtype == np.uint64:
+        return np.frombuffer(array("q", values), np.int64)
+    except (TypeError, OverflowError, ValueError):
         for i, v in enumerate(values):
-            if type(v) is not int or not -(2**63) <= v < 2**63:
-                raise SnapshotError(f"{where(i)}: {what} is {short_repr(v)}, not a 64-bit integer")
-        raise SnapshotError(f"{where(0)}: {what} column is not integer")  # pragma: no cover
-    return col.astype(np.int64, copy=False)
+            if _int64(v) is None:
+                raise SnapshotError(
+                    f"{where(i)}: {what} is {short_repr(v)}, not a 64-bit integer"
+                ) from None
+        raise  # pragma: no cover  (a list that fails as a whole fails in one of its rows)
+
+
+def _int64(v: Any) -> int | None:
+    """`v` as a 64-bit integer the way `array("q")` reads it, or None."""
+    try:
+        return array("q", (v,))[0]
+    except (TypeError, OverflowError, ValueError):
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -694,7 +714,23 @@ class Snapshot:
         (2, 4608, [[]])
         """
         with no_gc():  # the source dict may hold 10^7 objects: a full GC pass costs ~0.5 s
-            return _from_torch(cls, obj)
+            cols = read_torch(obj)
+            return _assemble(
+                cls,
+                seg=cols.seg,
+                blk=cols.blk,
+                blk_address=cols.blk_address,
+                traces=_trace_columns(cols.device_traces),
+                allocator_settings=cols.allocator_settings,
+                external_annotations=cols.external_annotations,
+                seg_frames=cols.seg_frames,
+                blk_frames=cols.blk_frames,
+                seg_shape=cols.seg_shape,
+                blk_shape=cols.blk_shape,
+                seg_sums=cols.seg_sums,
+                top_keys=cols.top_keys,
+                top_extra=cols.top_extra,
+            )
 
     def to_torch(self) -> dict:
         """The torch dict: `from_torch(d).to_torch() == d` for dicts; a bare list gains
@@ -880,7 +916,7 @@ def _assemble(
     blk_frames: list | None,
     seg_shape: _Shape,
     blk_shape: _Shape,
-    seg_sums: dict[str, np.ndarray | None] | None,
+    seg_sums: Mapping[str, np.ndarray | None] | None,
     top_keys: tuple[str, ...],
     top_extra: Mapping[str, Any],
 ) -> Snapshot:
@@ -893,27 +929,27 @@ def _assemble(
     segment = np.repeat(np.arange(n, dtype=np.int64), count)
     size = blk["size"]
     state = blk["state"]
-    excl = np.zeros(m, np.int64)  # bytes before each block inside the whole table
-    if m:
-        np.cumsum(size[:-1], out=excl[1:])
-    computed = seg["address"][segment] + excl - (excl[start[segment]] if m else 0)
-    if blk_address is None:  # torch computes them the same way (reference §3.4)
-        blk_address = computed
-    elif isinstance(blk_address, tuple):
-        given, has = blk_address
-        blk_address = np.where(has, given, computed)
+    if blk_address is None or isinstance(blk_address, tuple):  # some or all not in the file
+        excl = np.zeros(m, np.int64)  # bytes before each block inside the whole table
+        if m:
+            np.cumsum(size[:-1], out=excl[1:])
+        computed = seg["address"][segment] + excl - (excl[start[segment]] if m else 0)
+        if blk_address is None:  # torch computes them the same way (reference §3.4)
+            blk_address = computed
+        else:
+            given, has = blk_address
+            blk_address = np.where(has, given, computed)
     sums = {}
     cs = np.zeros(m + 1, np.int64)
-    for name, mask in (
-        ("allocated_size", state == ALLOCATED),
-        ("active_size", state != INACTIVE),
-        ("requested_size", state != INACTIVE),
-    ):
-        w = blk["requested_size"] if name == "requested_size" else size
-        np.cumsum(np.where(mask, w, 0), out=cs[1:])
-        derived = cs[start + count] - cs[start]
+    for name in ("allocated_size", "active_size", "requested_size"):
         given = None if seg_sums is None else seg_sums.get(name)
-        sums[name] = derived if given is None else given
+        if given is not None:  # the file's own: `validate` compares them with the blocks
+            sums[name] = given
+            continue
+        counted = state == ALLOCATED if name == "allocated_size" else state != INACTIVE
+        w = blk["requested_size"] if name == "requested_size" else size
+        np.cumsum(np.where(counted, w, 0), out=cs[1:])
+        sums[name] = cs[start + count] - cs[start]
     segments = SegmentTable(
         device=_readonly(seg["device"]),
         address=_readonly(seg["address"]),
@@ -951,7 +987,114 @@ def _assemble(
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading torch dicts
+# Reading torch dicts: one reader serves `Snapshot.from_torch` and `fragmentation(dict)`
+
+
+@dataclass(frozen=True, eq=False)
+class TorchColumns:
+    """A torch snapshot dict (or bare segment list) read into numpy columns by `read_torch`.
+
+    `seg` has one row per segment: device, address, total_size, stream, block_count (int64),
+    is_small, is_expandable (bool) and pool_id ((n, 2) int64). `blk` has one row per block,
+    segment by segment: size and requested_size (int64) and state (uint8 codes). A block's
+    requested_size is what torch's `_memory_viz._block_extra` accounts for it: its
+    requested_size, a torch 2.0 block's history[0] real_size, or its size where neither was
+    recorded (torch 1.x).
+
+    The rest is read only for a `Snapshot` (`full`): the segments' own allocated/active/
+    requested sums (None where no segment has the key), block addresses (an array; None where
+    no block has one; (given, has) where some do), frames lists and the rows' key layouts.
+    """
+
+    seg: dict[str, np.ndarray]
+    blk: dict[str, np.ndarray]
+    allocator_settings: dict | None
+    external_annotations: list | None
+    device_traces: list | None  # as given: `Snapshot.from_torch` reads the entries
+    top_keys: tuple[str, ...]
+    top_extra: Mapping[str, Any]
+    seg_sums: Mapping[str, np.ndarray | None] = field(default_factory=dict)
+    blk_address: np.ndarray | tuple[np.ndarray, np.ndarray] | None = None
+    seg_frames: list | None = None
+    blk_frames: list | None = None
+    seg_shape: _Shape = field(default=_Shape.uniform(_SEG_KEYS))
+    blk_shape: _Shape = field(default=_Shape.uniform(_BLOCK_KEYS))
+
+    def traced_devices(self) -> tuple[int, ...]:
+        """Devices whose trace holds an entry (with the segments' devices: `Snapshot.devices`)."""
+        traces = self.device_traces or []
+        return tuple(d for d, t in enumerate(traces) if t)
+
+
+def read_torch(obj: Any, *, full: bool = True) -> TorchColumns:
+    """Read a torch snapshot into columns: the one walk over its segments and blocks.
+
+    Both `Snapshot.from_torch` (`full`) and `fragmentation(dict)` (not `full`: only the keys
+    the analysis reads) call it, so both read a value the same way and name a bad one with the
+    same one-line SnapshotError. Where the analysis reads a key, the checks come first;
+    `full` adds checks after them (block addresses, the segments' own sums), and
+    `Snapshot.from_torch` reads the trace entries after that.
+
+    Examples
+    --------
+    >>> cols = read_torch([{"address": 0, "total_size": 1024, "blocks": [
+    ...     {"size": 1024, "state": "active_allocated"}]}], full=False)
+    >>> cols.blk["requested_size"].tolist(), cols.seg["is_small"].tolist()
+    ([1024], [False])
+    """
+    with no_gc():  # the source dict may hold 10^7 objects: a full GC pass costs ~0.5 s
+        top = _read_top(obj)
+        segs = top.pop("segments")
+        try:
+            cols = _read_plain(segs, full)
+        except (KeyError, TypeError, ValueError, OverflowError):
+            cols = None  # a value of another type or a key missing: the careful reader decides
+        if cols is None:
+            cols = _read_careful(segs, full)
+        else:
+            _check_totals(cols["seg"]["total_size"], cols["blk"])
+        return TorchColumns(**top, **cols)
+
+
+def _read_top(obj: Any) -> dict[str, Any]:
+    """The top level: the segment list and what surrounds it."""
+    if type(obj) is list:
+        return {
+            "segments": obj,
+            "allocator_settings": None,
+            "external_annotations": None,
+            "device_traces": None,
+            "top_keys": ("segments", "device_traces"),
+            "top_extra": {},
+        }
+    if not isinstance(obj, dict):
+        raise SnapshotError(
+            f"not a snapshot: {type_phrase(obj)} (expected the dict of "
+            "torch.cuda.memory._snapshot() or the list of torch.cuda.memory_snapshot())"
+        )
+    if "segments" not in obj:
+        keys = ", ".join(map(short_repr, list(obj)[:8])) or "none"
+        raise SnapshotError(f"not a snapshot: a dict without 'segments' (keys: {keys})")
+    segs = obj["segments"]
+    settings = obj.get("allocator_settings")
+    notes = obj.get("external_annotations")
+    traces = obj.get("device_traces")
+    if type(segs) is not list:
+        raise SnapshotError(f"'segments' is {type_phrase(segs)}, not a list")
+    if settings is not None and not isinstance(settings, dict):
+        raise SnapshotError(f"'allocator_settings' is {type_phrase(settings)}, not a dict")
+    if notes is not None and not isinstance(notes, list):
+        raise SnapshotError(f"'external_annotations' is {type_phrase(notes)}, not a list")
+    if traces is not None and type(traces) is not list:
+        raise SnapshotError(f"'device_traces' is {type_phrase(traces)}, not a list")
+    return {
+        "segments": segs,
+        "allocator_settings": settings,
+        "external_annotations": notes,
+        "device_traces": traces,
+        "top_keys": tuple(obj),
+        "top_extra": {k: v for k, v in obj.items() if k not in _TOP_KEYS},
+    }
 
 
 def _seg_where(segs: list, i: int) -> str:
@@ -964,48 +1107,193 @@ def _seg_where(segs: list, i: int) -> str:
     return f"segment {i}"
 
 
-def _from_torch(cls: type[Snapshot], obj: Any) -> Snapshot:
-    top_extra: dict[str, Any] = {}
-    if type(obj) is list:
-        segs, raw_traces, settings, notes = obj, None, None, None
-        top_keys: tuple[str, ...] = ("segments", "device_traces")
-    elif isinstance(obj, dict):
-        if "segments" not in obj:
-            keys = ", ".join(map(short_repr, list(obj)[:8])) or "none"
-            raise SnapshotError(f"not a snapshot: a dict without 'segments' (keys: {keys})")
-        segs = obj["segments"]
-        raw_traces = obj.get("device_traces")
-        settings = obj.get("allocator_settings")
-        notes = obj.get("external_annotations")
-        top_keys = tuple(obj)
-        top_extra = {k: v for k, v in obj.items() if k not in _TOP_KEYS}
-        if type(segs) is not list:
-            raise SnapshotError(f"'segments' is {type_phrase(segs)}, not a list")
-        if settings is not None and not isinstance(settings, dict):
-            raise SnapshotError(f"'allocator_settings' is {type_phrase(settings)}, not a dict")
-        if notes is not None and not isinstance(notes, list):
-            raise SnapshotError(f"'external_annotations' is {type_phrase(notes)}, not a list")
-    else:
-        raise SnapshotError(
-            f"not a snapshot: {type_phrase(obj)} (expected the dict of "
-            "torch.cuda.memory._snapshot() or the list of torch.cuda.memory_snapshot())"
-        )
+# What the analysis reads of each segment and block (`fragmentation(dict)`); a block's frames
+# only for whether it has them (a torch 2.0 block has none: its requested size is in history).
+_ANALYSIS_SEG_KEYS = (
+    "blocks",
+    "device",
+    "address",
+    "total_size",
+    "stream",
+    "segment_type",
+    "segment_pool_id",
+    "is_expandable",
+)
+_ANALYSIS_BLOCK_KEYS = ("size", "requested_size", "state", "frames")
+_SEG_KEY_SET = frozenset(_SEG_KEYS)
+_BLOCK_KEY_SET = frozenset(_BLOCK_KEYS)
+_SEG_INTS = frozenset(_SEG_INT_KEYS)
+_BLOCK_INTS = frozenset(("address", "size", "requested_size"))
+_SEG_SUMS = ("allocated_size", "active_size", "requested_size")
+_RARE = frozenset(("device", "stream"))  # mostly 0: read, and converted only where not
+_SMALL_CODE = {"large": 0, "small": 1}
+_PAIR_TYPES = frozenset((tuple, list))
+_DICT, _LIST, _TWO = frozenset((dict,)), frozenset((list,)), frozenset((2,))
+# Segments per round of `_read_plain`: their dicts, blocks and values (under 1 MB) stay in the
+# CPU cache between its passes, which whole-file passes would fetch from memory again each time.
+_CHUNK = 256
+_ZEROS = np.zeros(2 * _CHUNK, np.int64)
+_ZEROS.flags.writeable = False
 
-    if set(map(type, segs)) - {dict}:
+
+def _ints(values: list) -> np.ndarray:
+    """`values` as int64 if each is an int (or bool: what `array("q")` takes), else TypeError
+    or OverflowError. The int sum says they are in one C pass (a float makes it a float);
+    `np.fromiter` then converts them about twice as fast as `array("q")`."""
+    if type(sum(values)) is not int:
+        raise TypeError("not all ints")
+    return np.fromiter(values, np.int64, len(values))
+
+
+def _ints_or_zeros(values: list) -> np.ndarray:
+    if not any(values) and type(sum(values)) is int:  # all 0 (or False): nothing to convert
+        return _ZEROS[: len(values)]
+    return _ints(values)
+
+
+def _read_plain(segs: list, full: bool) -> dict[str, Any] | None:
+    """The common case, fast: every segment and every block an exact dict with the first one's
+    keys (`full`; known keys only) or with the keys the analysis reads, every value of its type.
+
+    None, or KeyError/TypeError/ValueError/OverflowError, for anything else: `_read_careful`
+    reads the same values the same way, and names what is wrong. The columns are gathered
+    _CHUNK segments at a time, one C-level pass (`map(itemgetter)`) per key, and converted
+    while the chunk's objects are still in the cache.
+    """
+    if not segs or type(segs[0]) is not dict:
+        return None
+    seg_keys = tuple(segs[0])
+    first = next((s["blocks"] for s in segs if type(s) is dict and s.get("blocks")), None)
+    blk_keys: tuple[str, ...] = ()
+    if first is not None:
+        if type(first) is not list or type(first[0]) is not dict:
+            return None
+        blk_keys = tuple(first[0])
+    if full:
+        if not ({"address", "total_size", "blocks"} <= set(seg_keys) <= _SEG_KEY_SET):
+            return None
+        if blk_keys and not ({"size", "state"} <= set(blk_keys) <= _BLOCK_KEY_SET):
+            return None
+        read_seg, read_blk = seg_keys, blk_keys
+    else:
+        if not set(_ANALYSIS_SEG_KEYS) <= set(seg_keys):
+            return None
+        if blk_keys and not set(_ANALYSIS_BLOCK_KEYS) <= set(blk_keys):
+            return None
+        read_seg, read_blk = _ANALYSIS_SEG_KEYS, _ANALYSIS_BLOCK_KEYS if blk_keys else ()
+    has = frozenset(read_seg)
+    n_seg_keys, n_blk_keys = len(seg_keys), len(blk_keys)
+    seg_ints = [(k, itemgetter(k), _ints_or_zeros if k in _RARE else _ints) for k in read_seg
+                if k in _SEG_INTS]  # fmt: skip
+    blk_ints = [(k, itemgetter(k)) for k in read_blk if k in _BLOCK_INTS]
+    parts: dict[str, list] = {k: [] for k in (*has, "block_count")}  # segment columns
+    bparts: dict[str, list] = {k: [] for k in read_blk}  # block columns
+    get_blocks, get_type, get_pool, get_exp, get_frames, get_state = map(
+        itemgetter,
+        ("blocks", "segment_type", "segment_pool_id", "is_expandable", "frames", "state"),
+    )
+    seg_frames: list = []
+    blk_frames: list = []
+    state_code, small_code = _STATE_CODE.__getitem__, _SMALL_CODE.__getitem__
+    keep_frames, check_frames = "frames" in read_blk and full, "frames" in read_blk and not full
+    chain = itertools.chain.from_iterable
+    for lo in range(0, len(segs), _CHUNK):
+        chunk = segs[lo : lo + _CHUNK]
+        k = len(chunk)
+        if set(map(type, chunk)) != _DICT:
+            return None
+        if full and sum(map(len, chunk)) != n_seg_keys * k:
+            return None  # a key more or less than the first segment's
+        blists = list(map(get_blocks, chunk))
+        if set(map(type, blists)) != _LIST:
+            return None
+        parts["block_count"].append(np.fromiter(map(len, blists), np.int64, k))
+        for key, get, convert in seg_ints:
+            parts[key].append(convert(list(map(get, chunk))))
+        if "segment_type" in has:
+            parts["segment_type"].append(bytes(map(small_code, map(get_type, chunk))))
+        if "is_expandable" in has:
+            flags = list(map(get_exp, chunk))
+            parts["is_expandable"].append(bytes(map(bool, flags)) if any(flags) else bytes(k))
+        if "segment_pool_id" in has:
+            ids = list(map(get_pool, chunk))
+            if set(map(type, ids)) - _PAIR_TYPES or set(map(len, ids)) != _TWO:
+                return None
+            parts["segment_pool_id"].append(_ints_or_zeros(list(chain(ids))))
+        if full and "frames" in has:
+            seg_frames += map(get_frames, chunk)
+        blocks = list(chain(blists))
+        if not blocks:
+            continue
+        if set(map(type, blocks)) != _DICT:
+            return None
+        if full and sum(map(len, blocks)) != n_blk_keys * len(blocks):
+            return None
+        for key, get in blk_ints:
+            bparts[key].append(_ints(list(map(get, blocks))))
+        bparts["state"].append(bytes(map(state_code, map(get_state, blocks))))
+        if keep_frames:
+            blk_frames += map(get_frames, blocks)
+        elif check_frames:  # a block without frames is a torch 2.0 one: the careful reader's
+            deque(map(get_frames, blocks), 0)
+
+    n = len(segs)
+
+    def ints(key: str, rows: int, parts: dict[str, list] = parts) -> np.ndarray:
+        return np.concatenate(parts[key]) if key in parts else np.zeros(rows, np.int64)
+
+    def flags(key: str) -> np.ndarray:
+        return np.frombuffer(b"".join(parts[key]), np.uint8).astype(bool)
+
+    total = ints("total_size", n)
+    seg = {
+        "device": ints("device", n),
+        "address": ints("address", n),
+        "total_size": total,
+        "stream": ints("stream", n),
+        "block_count": ints("block_count", n),
+        # torch < 2.0 wrote no segment_type: a small segment is exactly 2 MiB
+        "is_small": flags("segment_type") if "segment_type" in has else total == _SMALL_SEGMENT,
+        "is_expandable": flags("is_expandable") if "is_expandable" in has else np.zeros(n, bool),
+        "pool_id": ints("segment_pool_id", 2 * n).reshape(n, 2),
+    }
+    size = ints("size", 0, bparts)
+    state = b"".join(bparts.get("state", ()))
+    blk = {
+        "size": size,
+        "requested_size": ints("requested_size", 0, bparts) if "requested_size" in bparts else size,
+        "state": np.frombuffer(state, np.uint8) if state else np.zeros(0, np.uint8),
+    }
+    out: dict[str, Any] = {"seg": seg, "blk": blk}
+    if full:
+        out.update(
+            seg_sums={k: ints(k, n) if k in has else None for k in _SEG_SUMS},
+            blk_address=ints("address", 0, bparts) if "address" in bparts else None,
+            seg_frames=seg_frames if "frames" in has else None,
+            blk_frames=blk_frames if keep_frames else None,
+            seg_shape=_Shape.uniform(seg_keys),
+            blk_shape=_Shape.uniform(blk_keys or _BLOCK_KEYS),
+        )
+    return out
+
+
+def _read_careful(segs: list, full: bool) -> dict[str, Any]:
+    """Any generation of torch dict, optional keys absent: the same columns as `_read_plain`,
+    or a SnapshotError naming the first problem and where it is."""
+    if set(map(type, segs)) - _DICT:
         i = next(i for i, s in enumerate(segs) if type(s) is not dict)
         raise SnapshotError(f"segment {i} is {type_phrase(segs[i])}, not a dict")
-    seg_shape = _Shape.of(segs, _SEG_KEYS)
     n = len(segs)
     for k in ("address", "total_size", "blocks"):
-        if not seg_shape.has(k, n).all():
-            i = next(i for i, s in enumerate(segs) if k not in s)
+        i = next((i for i, s in enumerate(segs) if k not in s), None)
+        if i is not None:
             raise SnapshotError(f"{_seg_where(segs, i)} has no {k}")
 
     def seg_at(i: int) -> str:
         return _seg_where(segs, i)
 
     blists = list(map(itemgetter("blocks"), segs))
-    if set(map(type, blists)) - {list}:
+    if set(map(type, blists)) - _LIST:
         i = next(i for i, bl in enumerate(blists) if type(bl) is not list)
         raise SnapshotError(f"{seg_at(i)}: blocks is {type_phrase(blists[i])}, not a list")
     count = np.fromiter(map(len, blists), np.int64, n)
@@ -1013,81 +1301,68 @@ def _from_torch(cls: type[Snapshot], obj: Any) -> Snapshot:
     seg: dict[str, np.ndarray] = {"block_count": count}
     for k, default in (("device", 0), ("address", None), ("total_size", None), ("stream", 0)):
         seg[k] = _int_column([s.get(k, default) for s in segs], k, seg_at)
-    types = [s.get("segment_type") for s in segs]
-    if set(map(type, types)) - {str, type(None)} or set(types) - {"small", "large", None}:
-        i = next(i for i, t in enumerate(types) if t not in ("small", "large", None))
-        raise SnapshotError(f"{seg_at(i)}: unknown segment_type {short_repr(types[i])}")
-    small = np.array([t == "small" for t in types], bool)
-    if None in set(types):  # torch < 2.0 lists: a small segment is exactly 2 MiB
-        small |= np.array([t is None for t in types], bool) & (seg["total_size"] == _SMALL_SEGMENT)
+    small = np.zeros(n, bool)
+    for i, s in enumerate(segs):
+        t = s.get("segment_type")
+        try:
+            small[i] = _SMALL_CODE[t] if t is not None else seg["total_size"][i] == _SMALL_SEGMENT
+        except (KeyError, TypeError):
+            raise SnapshotError(f"{seg_at(i)}: unknown segment_type {short_repr(t)}") from None
     seg["is_small"] = small
     seg["is_expandable"] = np.array([bool(s.get("is_expandable", False)) for s in segs], bool)
     seg["pool_id"] = _pool_column(segs, seg_at)
-    sums: dict[str, np.ndarray | None] = {}
-    for k in ("allocated_size", "active_size", "requested_size"):
-        has = seg_shape.has(k, n)
-        if has.all():
-            sums[k] = _int_column(list(map(itemgetter(k), segs)), k, seg_at)
-        elif has.any():
-            raise SnapshotError(f"{seg_at(int(np.flatnonzero(~has)[0]))} has no {k}")
-        else:
-            sums[k] = None
-    seg_frames = [s.get("frames") for s in segs] if seg_shape.has("frames", n).any() else None
 
     blocks = list(itertools.chain.from_iterable(blists))
-    blk, blk_address, blk_frames, blk_shape = _block_columns(blocks, count, segs)
-    traces = _trace_columns(raw_traces)
-    return _assemble(
-        cls,
-        seg=seg,
-        blk=blk,
-        blk_address=blk_address,
-        traces=traces,
-        allocator_settings=settings,
-        external_annotations=notes,
-        seg_frames=seg_frames,
-        blk_frames=blk_frames,
-        seg_shape=seg_shape,
-        blk_shape=blk_shape,
-        seg_sums=sums,
-        top_keys=top_keys,
-        top_extra=top_extra,
-    )
+    blk, override, at = _blocks_careful(blocks, count, segs)
+    _check_totals(seg["total_size"], blk)
+    out: dict[str, Any] = {"seg": seg, "blk": blk}
+    if full:  # what only a Snapshot keeps, checked after everything the analysis reads
+        out.update(_blocks_full(blocks, at, override))
+        shape = _Shape.of(segs, _SEG_KEYS)
+        sums: dict[str, np.ndarray | None] = {}
+        for k in _SEG_SUMS:
+            has = shape.has(k, n)
+            if has.all():
+                sums[k] = _int_column(list(map(itemgetter(k), segs)), k, seg_at)
+            elif has.any():
+                raise SnapshotError(f"{seg_at(int(np.flatnonzero(~has)[0]))} has no {k}")
+            else:
+                sums[k] = None
+        out["seg_sums"] = sums
+        out["seg_frames"] = (
+            [s.get("frames") for s in segs] if shape.has("frames", n).any() else None
+        )
+        out["seg_shape"] = shape
+    return out
 
 
-def _pool_column(segs: list, seg_at) -> np.ndarray:
+def _pool_column(segs: list, seg_at: Callable[[int], str]) -> np.ndarray:
+    """(n, 2) int64: each segment's segment_pool_id, a tuple or list of two ints ((0, 0) absent)."""
     ids = [s.get("segment_pool_id", (0, 0)) for s in segs]
-    if not ids:
-        return np.zeros((0, 2), np.int64)
     try:
-        pool = np.array(ids)
-    except (ValueError, TypeError, OverflowError, RecursionError):
-        pool = None
-    if (
-        pool is None
-        or pool.dtype.kind not in "iu"
-        or pool.dtype == np.uint64
-        or pool.shape != (len(ids), 2)
-    ):
+        if set(map(type, ids)) - _PAIR_TYPES or set(map(len, ids)) - _TWO:
+            raise TypeError("not pairs")
+        flat = array("q", list(itertools.chain.from_iterable(ids)))
+        return np.frombuffer(flat, np.int64).reshape(len(ids), 2)
+    except (TypeError, OverflowError, ValueError):
         for i, p in enumerate(ids):
             if not (
-                isinstance(p, tuple | list)
+                type(p) in _PAIR_TYPES
                 and len(p) == 2
-                and all(type(x) is int and -(2**63) <= x < 2**63 for x in p)
+                and _int64(p[0]) is not None
+                and _int64(p[1]) is not None
             ):
                 raise SnapshotError(
                     f"{seg_at(i)}: segment_pool_id {short_repr(p)} is not a pair of 64-bit ints"
-                )
-    return np.asarray(pool, np.int64)
+                ) from None
+        raise  # pragma: no cover  (a list that fails as a whole fails in one of its rows)
 
 
-def _block_columns(
+def _blocks_careful(
     blocks: list, count: np.ndarray, segs: list
-) -> tuple[
-    dict[str, np.ndarray], np.ndarray | tuple[np.ndarray, np.ndarray] | None, list | None, _Shape
-]:
-    """Block columns. The common case (every block has exactly torch's five keys) costs a few
-    C-level passes; anything else (legacy `history`, unknown keys) takes the general path."""
+) -> tuple[dict[str, np.ndarray], dict[int, dict[str, Any]], Callable[[int], str]]:
+    """Size, requested_size and state of blocks of any generation; also the rows whose own
+    requested_size the column does not hold, and how messages name a block."""
     m = len(blocks)
     seg_of = np.repeat(np.arange(len(count)), count)
     start = np.concatenate([[0], np.cumsum(count)])
@@ -1096,52 +1371,101 @@ def _block_columns(
         s = int(seg_of[j])
         return f"{_seg_where(segs, s)}: block {j - int(start[s])}"
 
-    if set(map(type, blocks)) - {dict}:
+    if set(map(type, blocks)) - _DICT:
         j = next(j for j, b in enumerate(blocks) if type(b) is not dict)
         raise SnapshotError(f"{at(j)} is {type_phrase(blocks[j])}, not a dict")
-    fast = m > 0 and not np.any(np.fromiter(map(len, blocks), np.int64, m) != len(_BLOCK_KEYS))
-    if fast:
-        try:
-            cols = {k: list(map(itemgetter(k), blocks)) for k in _BLOCK_KEYS}
-            shape = _Shape.uniform(_BLOCK_KEYS)
-        except KeyError:
-            fast = False
-    if not fast:
-        shape = _Shape.of(blocks, _BLOCK_KEYS)
-        for k in ("size", "state"):
-            if not shape.has(k, m).all():
-                j = next(j for j, b in enumerate(blocks) if k not in b)
-                raise SnapshotError(f"{at(j)} has no {k}")
-        cols = {k: [b.get(k) for b in blocks] for k in _BLOCK_KEYS}
-    size = _int_column(cols["size"], "size", at)
-    req_has = shape.has("requested_size", m)
-    req_list = cols["requested_size"]
-    if not req_has.all():  # torch 1.x blocks: {size, state}; the whole block counts as requested
-        req_list = [s if r is None else r for r, s in zip(req_list, size.tolist(), strict=True)]
-    requested = _int_column(req_list, "requested_size", at)
+    for k in ("size", "state"):
+        j = next((j for j, b in enumerate(blocks) if k not in b), None)
+        if j is not None:
+            raise SnapshotError(f"{at(j)} has no {k}")
+    size = _int_column(list(map(itemgetter("size"), blocks)), "size", at)
+    requested, override = _requested_column(blocks, size, at)
+    states = list(map(itemgetter("state"), blocks))
     try:
-        state = np.fromiter(map(_STATE_CODE.__getitem__, cols["state"]), np.uint8, m)
+        state = np.fromiter(map(_STATE_CODE.__getitem__, states), np.uint8, m)
     except (KeyError, TypeError):
-        j = next(
-            j for j, s in enumerate(cols["state"]) if type(s) is not str or s not in _STATE_CODE
-        )
-        raise SnapshotError(f"{at(j)} has unknown state {short_repr(cols['state'][j])}") from None
+        j = next(j for j, s in enumerate(states) if _state_code(s) is None)
+        raise SnapshotError(f"{at(j)} has unknown state {short_repr(states[j])}") from None
+    return {"size": size, "requested_size": requested, "state": state}, override, at
+
+
+def _state_code(state: Any) -> int | None:
+    try:
+        return _STATE_CODE[state]
+    except (KeyError, TypeError):
+        return None
+
+
+def _blocks_full(
+    blocks: list, at: Callable[[int], str], override: dict[int, dict[str, Any]]
+) -> dict[str, Any]:
+    """What a Snapshot keeps of blocks beyond the analysis: addresses, frames, key layouts."""
+    m = len(blocks)
+    shape = _Shape.of(blocks, _BLOCK_KEYS)
+    if override:
+        shape = replace(shape, override=override)
     addr_has = shape.has("address", m)
     address: np.ndarray | tuple[np.ndarray, np.ndarray] | None = None
-    if addr_has.all():
-        address = _int_column(cols["address"], "address", at)
+    if addr_has.all() and m:
+        address = _int_column(list(map(itemgetter("address"), blocks)), "address", at)
     elif addr_has.any():  # some blocks without an address: `_assemble` fills those in
-        fill = [a if a is not None else 0 for a in cols["address"]]
+        fill = [b.get("address", 0) for b in blocks]
         address = (_int_column(fill, "address", at), addr_has)
-    frames = cols["frames"] if shape.has("frames", m).any() else None
-    return {"size": size, "requested_size": requested, "state": state}, address, frames, shape
+    frames = [b.get("frames") for b in blocks] if shape.has("frames", m).any() else None
+    return {"blk_address": address, "blk_frames": frames, "blk_shape": shape}
 
 
-def _trace_columns(raw: Any) -> dict[int, Trace]:
+def _requested_column(
+    blocks: list, size: np.ndarray, at: Callable[[int], str]
+) -> tuple[np.ndarray, dict[int, dict[str, Any]]]:
+    """What torch accounts each block for (`_memory_viz._block_extra`): requested_size; for a
+    torch 2.0 block (no frames) its history[0] real_size, else its requested_size, else its size.
+
+    Also the rows whose own requested_size the column does not hold (for `_Shape.override`).
+    A malformed history is read as no history, as `Snapshot.block_frames` reads its frames.
+    """
+    missing = object()
+    req = [b.get("requested_size", missing) for b in blocks]
+    override: dict[int, dict[str, Any]] = {}
+    for j, b in enumerate(blocks):
+        if "frames" in b or not b.get("history"):
+            continue
+        real = _real_size(b["history"])
+        if real is None:
+            continue
+        given = req[j]
+        if given is not missing and not (type(given) is int and given == real):
+            override[j] = {"requested_size": given}
+        req[j] = real
+    if any(r is missing for r in req):
+        req = [s if r is missing else r for r, s in zip(req, size.tolist(), strict=True)]
+    return _int_column(req, "requested_size", at), override
+
+
+def _real_size(history: Any) -> int | None:
+    """history[0]["real_size"] of a torch 2.0 block, or None where that is not an integer."""
+    if type(history) not in _PAIR_TYPES or not history or type(history[0]) is not dict:
+        return None
+    return _int64(history[0].get("real_size"))
+
+
+def _check_totals(total_size: np.ndarray, blk: Mapping[str, np.ndarray]) -> None:
+    """Sums over a whole file must fit in int64, or every figure built on them would wrap."""
+    for what, col in (
+        ("the blocks add", blk["size"]),
+        ("the requested sizes add", blk["requested_size"]),
+        ("total_size adds", total_size),
+    ):
+        if not len(col):
+            continue
+        bound = max(int(col.max()), -int(col.min())) * len(col)
+        if bound >= 1 << 63 and sum(map(abs, col.tolist())) >= 1 << 63:
+            raise SnapshotError(f"segments: {what} up past 2^63 bytes")
+
+
+def _trace_columns(raw: list | None) -> dict[int, Trace]:
     if raw is None:
         return {}
-    if type(raw) is not list:
-        raise SnapshotError(f"'device_traces' is {type_phrase(raw)}, not a list")
     return {d: Trace.from_entries(t, f"device_traces[{d}]") for d, t in enumerate(raw)}
 
 

@@ -6,22 +6,23 @@ external fragmentation), per-segment numpy columns, the worst segments, the per-
 conservation law, and `can_fit(nbytes)`, which answers "would this allocation succeed?" by the
 allocator's own rules (reference sections 2.6-2.13 and 8).
 
-Two ways in, one report: a torch dict (or bare segment list) is walked directly in one tight pass
-per segment, because that is what users hand us straight from `torch.cuda.memory._snapshot()`;
-a `Snapshot` (and paths or bytes, through `gpumemviz.io.as_snapshot`) is reduced over its numpy
-columns. Full validation belongs to `load_snapshot`; the dict path checks only what it reads.
+Two ways in, one report: a torch dict (or bare segment list), as users hand it over straight from
+`torch.cuda.memory._snapshot()`, is read by `snapshot.read_torch`, the reader `Snapshot.from_torch`
+uses too, but only for the columns the analysis needs (no Snapshot is built); a `Snapshot` (and
+paths or bytes, through `gpumemviz.io.as_snapshot`) gives its own columns. Either way the same
+values are read the same way, and a bad one gets the same one-line SnapshotError. Full validation
+belongs to `load_snapshot`; the analysis checks only what it reads.
 
-One job per module: `report` (the values returned), `walk` (the torch-dict path), `columns`
-(the Snapshot path), `reduce` (columns -> figures, shared by both), `fit` (can_fit).
+One job per module: `report` (the values returned), `columns` (both ways in -> columns), `reduce`
+(columns -> figures), `fit` (can_fit).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from gpumemviz._callable import make_module_callable
-from gpumemviz.fragmentation.columns import _from_snapshot
+from gpumemviz.fragmentation.columns import _from_snapshot, _from_torch
 from gpumemviz.fragmentation.report import (  # N_WORST: public before the split, kept here
     FIGURE_NAMES,
     N_WORST,
@@ -34,7 +35,6 @@ from gpumemviz.fragmentation.report import (  # N_WORST: public before the split
     SegmentFigures,
     SegmentSummary,
 )
-from gpumemviz.fragmentation.walk import _from_dict
 
 __all__ = [
     "FIGURE_NAMES",
@@ -68,7 +68,8 @@ def fragmentation(snapshot: Any) -> FragmentationReport:
     Raises
     ------
     gpumemviz.SnapshotError
-        When a segment or block lacks what the analysis reads (one line, saying where).
+        When a segment or block lacks what the analysis reads, or holds a value it cannot read
+        (one line, saying where: the message `Snapshot.from_torch` gives).
 
     Examples
     --------
@@ -80,17 +81,9 @@ def fragmentation(snapshot: Any) -> FragmentationReport:
     >>> r.reserved, r.allocated, r.internal_waste, r.free_trapped, r.releasable
     (2097152, 512, 412, 2096640, 0)
     """
-    if isinstance(snapshot, Mapping) and "segments" in snapshot:
-        segs = snapshot["segments"]
-        settings = snapshot.get("allocator_settings")
-        traces = snapshot.get("device_traces")
-        # devices: those holding a segment or a trace entry (as `Snapshot.devices`)
-        traced = tuple(i for i, t in enumerate(traces) if t) if isinstance(traces, list) else ()
-        if isinstance(segs, list):
-            return _from_dict(segs, settings, traced)
-    elif isinstance(snapshot, list):
-        return _from_dict(snapshot, None, ())
-    from ..io import as_snapshot  # io is needed only off the dict path
+    if isinstance(snapshot, dict | list):  # what `as_snapshot` reads with Snapshot.from_torch
+        return _from_torch(snapshot)
+    from ..io import as_snapshot  # paths and bytes: io is needed only off the dict path
 
     return _from_snapshot(as_snapshot(snapshot))
 

@@ -1,4 +1,5 @@
-"""The Snapshot path: the same columns as the dict walk, from a Snapshot's numpy columns."""
+"""Both ways in, one set of columns: a torch dict read by `snapshot.read_torch` (only what the
+analysis needs, no Snapshot built) or a Snapshot's own columns, reduced the same way."""
 
 from __future__ import annotations
 
@@ -6,51 +7,75 @@ from typing import Any
 
 import numpy as np
 
+from ..snapshot import ALLOCATED, INACTIVE, PENDING_FREE, read_torch
 from .reduce import _columns, _reduce, _settings
 from .report import FragmentationReport
 
 
+def _from_torch(obj: dict | list) -> FragmentationReport:
+    """A torch dict or bare segment list, read by the reader `Snapshot.from_torch` uses."""
+    cols = read_torch(obj, full=False)
+    return _report(cols.seg, cols.blk, cols.allocator_settings, cols.traced_devices())
+
+
 def _from_snapshot(snap: Any) -> FragmentationReport:
-    sg = snap.segments
-    bl = snap.blocks
-    n = len(sg.total_size)
-    state = np.asarray(bl.state)
-    size = np.asarray(bl.size, dtype=np.int64)
-    start = np.asarray(sg.block_start, dtype=np.int64)
-    count = np.asarray(sg.block_count, dtype=np.int64)
+    sg, bl = snap.segments, snap.blocks
+    seg = {k: getattr(sg, k) for k in _SEG_COLUMNS}
+    seg["block_count"] = sg.block_count
+    blk = {"size": bl.size, "requested_size": bl.requested_size, "state": bl.state}
+    return _report(seg, blk, snap.allocator_settings, tuple(snap.devices))
+
+
+_SEG_COLUMNS = ("device", "address", "total_size", "stream", "is_small", "is_expandable", "pool_id")
+
+
+def _report(
+    seg: dict[str, np.ndarray],
+    blk: dict[str, np.ndarray],
+    settings: Any,
+    devices: tuple[int, ...],
+) -> FragmentationReport:
+    """Per-segment sums and the inactive and pending-free blocks (segment, offset, size), from
+    one row per block in segment order; then the shared reduction."""
+    count = np.asarray(seg["block_count"], dtype=np.int64)
+    n = len(count)
+    start = np.zeros(n, dtype=np.int64)
+    if n:
+        np.cumsum(count[:-1], out=start[1:])
+    state = np.asarray(blk["state"])
+    size = np.asarray(blk["size"], dtype=np.int64)
     seg_of = np.repeat(np.arange(n, dtype=np.int64), count)
-    is_alloc = state == 1
+    is_alloc = state == ALLOCATED
     alloc = _seg_sum(np.where(is_alloc, size, 0), start, count)
-    req = np.asarray(bl.requested_size, dtype=np.int64)
+    req = np.asarray(blk["requested_size"], dtype=np.int64)
     req = _seg_sum(np.where(is_alloc, req, 0), start, count)
     offsets = np.zeros(len(size), dtype=np.int64)
     if len(size):
         excl = np.cumsum(size) - size  # exclusive prefix sum over all blocks
         offsets = excl - excl[start[seg_of]]
-    fsel = np.flatnonzero(state == 0)
-    psel = np.flatnonzero(state == 2)
-    free_segment, pend_segment = seg_of[fsel], seg_of[psel]
-    parsed = _settings(snap.allocator_settings)
+    fsel = np.flatnonzero(state == INACTIVE)
+    psel = np.flatnonzero(state == PENDING_FREE)
+    parsed = _settings(settings)
     cols = _columns(
-        device=np.asarray(sg.device, dtype=np.int64),
-        address=np.asarray(sg.address, dtype=np.int64),
-        total_size=np.asarray(sg.total_size, dtype=np.int64),
+        device=np.asarray(seg["device"], dtype=np.int64),
+        address=np.asarray(seg["address"], dtype=np.int64),
+        total_size=np.asarray(seg["total_size"], dtype=np.int64),
         allocated=alloc,
         requested=req,
         n_blocks=count,
-        stream=np.asarray(sg.stream, dtype=np.int64),
-        is_small=np.asarray(sg.is_small, dtype=bool),
-        is_expandable=np.asarray(sg.is_expandable, dtype=bool),
-        pool_id=np.asarray(sg.pool_id, dtype=np.int64).reshape(n, 2),
-        free_segment=free_segment,
+        stream=np.asarray(seg["stream"], dtype=np.int64),
+        is_small=np.asarray(seg["is_small"], dtype=bool),
+        is_expandable=np.asarray(seg["is_expandable"], dtype=bool),
+        pool_id=np.asarray(seg["pool_id"], dtype=np.int64).reshape(n, 2),
+        free_segment=seg_of[fsel],
         free_offset=offsets[fsel],
         free_size=size[fsel],
-        pend_segment=pend_segment,
+        pend_segment=seg_of[psel],
         pend_offset=offsets[psel],
         pend_size=size[psel],
         config=parsed[0],
     )
-    return _reduce(cols, snap.allocator_settings, tuple(snap.devices), parsed)
+    return _reduce(cols, settings, devices, parsed)
 
 
 def _seg_sum(values: np.ndarray, start: np.ndarray, count: np.ndarray) -> np.ndarray:

@@ -23,7 +23,7 @@ from .report import (
 )
 
 #: The rows of `_Columns.sums`, one value per segment: each integer figure of a device is the
-#: sum of one row over the device's segments (`_cwalk.c` writes its first rows in this order).
+#: sum of one row over the device's segments.
 SUM_ROWS = (
     "total_size",
     "allocated",
@@ -42,7 +42,7 @@ SUM_ROWS = (
 
 @dataclass(frozen=True)
 class _Columns:
-    """What both paths extract: per-segment columns, the summable ones as the rows of `sums`,
+    """What both ways in give: per-segment columns, the summable ones as the rows of `sums`,
     plus the inactive and pending-free blocks in file order (for can_fit)."""
 
     sums: np.ndarray  # (len(SUM_ROWS), n) int64
@@ -93,8 +93,7 @@ def _columns(
     pend_size: np.ndarray,
     config: AllocatorConfig,
 ) -> _Columns:
-    """`_Columns` from plain per-segment columns and the block lists (the numpy paths; the C
-    walk computes the same values as it reads the blocks)."""
+    """`_Columns` from plain per-segment columns and the inactive and pending-free blocks."""
     n = len(total_size)
     fstarts, pstarts = _starts(free_segment), _starts(pend_segment)
     free = _group(free_segment, fstarts, free_size, n, np.add)
