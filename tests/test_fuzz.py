@@ -8,6 +8,8 @@ and listed; anything else fails the test with its reproducer's path.
 from __future__ import annotations
 
 import contextlib
+import copy
+import importlib
 import importlib.util
 import pickle
 import random
@@ -94,3 +96,17 @@ def test_shrink_keeps_the_finding():
     data = b"junk" * 50 + b"KEY" + b"more" * 50
     small = fuzz.shrink(data, lambda c: b"KEY" in c, budget_s=5)
     assert small == b"KEY"
+
+
+def test_the_dict_target_finds_the_two_ways_apart(monkeypatch):
+    """`fragmentation(d)` against `fragmentation(Snapshot.from_torch(d))`: equal on a plain
+    segment list, and a finding as soon as the dict way reads something else."""
+    importlib.import_module("gpumemviz.fragmentation")
+    frag_module = sys.modules["gpumemviz.fragmentation"]  # the module, not the function
+    case = fuzz.load_seeds(5, slices=1).dicts[-1]  # the plain segment list of every run
+    assert isinstance(case, list) and fuzz.run_fragmentation(copy.deepcopy(case)) == "frag:report"
+    real = frag_module._from_torch
+    monkeypatch.setattr(frag_module, "_from_torch", lambda d: real(d + d))  # a segment too many
+    with pytest.raises(fuzz.Finding) as found:
+        fuzz.run_fragmentation(copy.deepcopy(case))
+    assert found.value.sig == "frag-differs@report"
