@@ -813,7 +813,11 @@ def worker(args: argparse.Namespace) -> int:
         return run_case(args.target, case, tmp)
 
     while time.time() < deadline and (args.cases <= 0 or i < args.start + args.cases):
-        case = make_case(args.target, seeds, corpus, rng)
+        try:
+            case = make_case(args.target, seeds, corpus, rng)
+        except MemoryError:  # the mutator met the cap: this worker's heap grew over many cases
+            print(f"B {i}\nE {i} 0.0000 worker heap full: restart", flush=True)
+            return 0  # the guard starts a fresh worker at the next case
         cur.write_bytes(_encode_case(case))
         print(f"B {i}", flush=True)
         t0 = time.perf_counter()
