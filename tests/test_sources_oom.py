@@ -176,7 +176,7 @@ def test_unreadable_segments_are_unknown_with_the_reason():
     got = classify_oom([seg], 0, alloc_size=2 * MiB, device_total=0, device_free=0)
     assert got["cause"] == "unknown"
     assert got["explanation"] == (
-        "the segments at the OOM could not be read: segment 0, block 0: no integer 'size'"
+        "the segments at the OOM could not be read: segment 0 (device 0, 0x0): block 0 has no size"
     )
 
 
