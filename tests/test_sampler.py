@@ -488,3 +488,42 @@ def test_history_estimate_covers_what_stats_samples_really_hold():
         tracemalloc.stop()
     estimated = s.history.nbytes - est0
     assert held <= estimated <= 3 * held, (held, estimated)
+
+
+def test_set_interval_refuses_a_bad_interval():
+    with pytest.raises(ValueError, match="interval must be a positive number"):
+        Sampler(UnavailableSource(0, "x")).set_interval(0)
+
+
+def test_set_interval_to_the_interval_it_has_does_nothing():
+    sampler = Sampler(UnavailableSource(0, "x"), interval=0.5)
+    sampler.set_interval(0.5)
+    assert not sampler._regrid and not sampler._wake.is_set()
+    sampler.set_interval(0.25)
+    assert sampler.interval == 0.25 and sampler._regrid and sampler._wake.is_set()
+
+
+def test_set_interval_keeps_the_running_thread_and_cuts_a_long_wait_short():
+    """set_interval, not a restart: the same thread and history; a 30 s wait ends at once."""
+    from gpumemviz.sources.simulated import SimulatedSource
+
+    sampler = Sampler(SimulatedSource("training", autostart=False), interval=30.0)
+    try:
+        assert sampler.start()
+        deadline = time.monotonic() + 5
+        while sampler.counters["ticks"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        thread, ticks = sampler._thread, sampler.counters["ticks"]
+        assert ticks == 1 and sampler.read_timeout == 120.0
+        sampler.set_interval(0.02)
+        deadline = time.monotonic() + 5
+        while sampler.counters["ticks"] < ticks + 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sampler.counters["ticks"] >= ticks + 5  # 30 s would give none
+        assert sampler._thread is thread and sampler.running
+        assert sampler.interval == 0.02 and sampler.read_timeout == 2.0
+        assert len(sampler.history) >= ticks + 5
+    finally:
+        sampler.close()
+    with pytest.raises(ValueError, match="interval must be a positive number"):
+        sampler.set_interval(-1)

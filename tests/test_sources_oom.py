@@ -10,8 +10,9 @@ import pytest
 
 from conftest import read_real, real_file, standin_file
 from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+from gpumemviz.fragmentation.oom import CAUSES, classify_oom
 from gpumemviz.sample import OomEvent
-from gpumemviz.sources.oom import CAUSES, classify_oom, oom_request_size, oom_stream
+from gpumemviz.sources.oom import oom_request_size, oom_stream
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -382,45 +382,6 @@ def test_an_attached_panel_shows_the_newest_state_at_once(panel):
     assert panel.map_layout["n_rows"] == src.sample().segments.n_segments
 
 
-def test_retime_refuses_a_bad_interval():
-    from gpumemviz.sampler import Sampler
-    from gpumemviz.sources import UnavailableSource
-    from gpumemviz.widget import retime
-
-    with pytest.raises(ValueError, match="interval must be a positive number"):
-        retime(Sampler(UnavailableSource(0, "x")), 0)
-
-
-def test_retime_keeps_the_running_thread_and_cuts_a_long_wait_short():
-    """set_interval, not a restart: the same thread and history; a 30 s wait ends at once."""
-    import time
-
-    from gpumemviz.sampler import Sampler
-    from gpumemviz.sources.simulated import SimulatedSource
-    from gpumemviz.widget import retime
-
-    sampler = Sampler(SimulatedSource("training", autostart=False), interval=30.0)
-    try:
-        assert sampler.start()
-        deadline = time.monotonic() + 5
-        while sampler.counters["ticks"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        thread, ticks = sampler._thread, sampler.counters["ticks"]
-        assert ticks == 1 and sampler.read_timeout == 120.0
-        retime(sampler, 0.02)
-        deadline = time.monotonic() + 5
-        while sampler.counters["ticks"] < ticks + 5 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert sampler.counters["ticks"] >= ticks + 5  # 30 s would give none
-        assert sampler._thread is thread and sampler.running
-        assert sampler.interval == 0.02 and sampler.read_timeout == 2.0
-        assert len(sampler.history) >= ticks + 5
-    finally:
-        sampler.close()
-    with pytest.raises(ValueError, match="interval must be a positive number"):
-        sampler.set_interval(-1)
-
-
 def test_timeline_grows_when_figures_move_and_marks_reach_every_panel():
     import gpumemviz
     from gpumemviz.sampler import Sampler

@@ -83,14 +83,12 @@ def _resume(panel: Any, args: dict) -> dict:
 
 
 def _interval(panel: Any, args: dict) -> dict:
-    from gpumemviz.widget import retime
-
     try:
         value = float(args.get("value"))
     except (TypeError, ValueError):
         raise CommandError(f"interval must be seconds, got {args.get('value')!r}") from None
     try:
-        retime(_sampler(panel), value)
+        _sampler(panel).set_interval(value)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     return {"text": f"reading every {value:g} s"}
@@ -166,9 +164,7 @@ def _device(panel: Any, args: dict) -> dict:
     interval = panel.sampler.interval
     sampler = shared(device)
     panel.follow_device(device, sampler)
-    from gpumemviz.widget import retime
-
-    retime(sampler, interval)
+    sampler.set_interval(interval)
     sampler.start()
     return {"text": f"showing cuda:{device}", "device": device}
 

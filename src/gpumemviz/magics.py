@@ -127,7 +127,7 @@ class GpumemvizMagics(Magics):
 
     # ------------------------------------------------------------------------------------------
     def _show(self, device: int, args: argparse.Namespace) -> Any:
-        from gpumemviz.widget import MemoryPanel, retime
+        from gpumemviz.widget import MemoryPanel
 
         raw = None
         if args.replay:
@@ -140,7 +140,7 @@ class GpumemvizMagics(Magics):
         device = feed.sampler.source.device if feed.owned else device
         self.last_device = device
         if args.interval is not None:
-            retime(feed.sampler, args.interval)
+            feed.sampler.set_interval(args.interval)
         if not self._has_widgets():
             sample = feed.sampler.sample_once(segments=True)
             print(summary(sample))

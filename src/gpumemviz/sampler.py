@@ -364,10 +364,12 @@ class Sampler:
         Parameters
         ----------
         interval : float
-            Seconds between reads, > 0.
+            Seconds between reads, > 0. The interval the sampler has already does nothing.
         """
         if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not interval > 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+        if float(interval) == self.interval:
+            return
         self.interval = float(interval)
         if self._auto_timeout:
             self.read_timeout = max(2.0, 4 * self.interval)

@@ -698,15 +698,6 @@ def mark(label: str) -> None:
         panel.add_marker(str(label), "mark", t)
 
 
-def retime(sampler: Any, interval: float) -> None:
-    """Give a sampler a new tick interval (`Sampler.set_interval`: a running sampler keeps its
-    thread and listeners)."""
-    if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not interval > 0:
-        raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
-    if float(interval) != sampler.interval:
-        sampler.set_interval(float(interval))
-
-
 def monitor(
     device: int = 0, interval: float = 0.5, source: Any = None, *, subshell: bool = True
 ) -> MemoryPanel:
@@ -748,7 +739,7 @@ def monitor(
 
     if source is None:
         sampler = shared(device)
-        retime(sampler, interval)
+        sampler.set_interval(interval)
     else:
         sampler = Sampler(source, interval=interval)
         device = getattr(source, "device", device)

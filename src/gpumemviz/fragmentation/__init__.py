@@ -14,7 +14,8 @@ values are read the same way, and a bad one gets the same one-line SnapshotError
 belongs to `load_snapshot`; the analysis checks only what it reads.
 
 One job per module: `report` (the values returned), `columns` (both ways in -> columns), `reduce`
-(columns -> figures), `fit` (can_fit).
+(columns -> figures), `fit` (can_fit and its answer), `_util` (helpers `reduce` and `fit`
+share).
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ from __future__ import annotations
 from typing import Any
 
 from gpumemviz._callable import make_module_callable
-from gpumemviz.fragmentation.columns import _from_snapshot, _from_torch
+from gpumemviz.fragmentation.columns import from_snapshot, from_torch
+from gpumemviz.fragmentation.fit import VERDICTS, FitAnswer
 from gpumemviz.fragmentation.report import (  # N_WORST: public before the split, kept here
     FIGURE_NAMES,
     N_WORST,
-    VERDICTS,
     ConservationViolation,
-    FitAnswer,
     FragmentationReport,
     MemoryFigures,
     PoolKey,
@@ -82,10 +82,10 @@ def fragmentation(snapshot: Any) -> FragmentationReport:
     (2097152, 512, 412, 2096640, 0)
     """
     if isinstance(snapshot, dict | list):  # what `as_snapshot` reads with Snapshot.from_torch
-        return _from_torch(snapshot)
+        return from_torch(snapshot)
     from ..io import as_snapshot  # paths and bytes: io is needed only off the dict path
 
-    return _from_snapshot(as_snapshot(snapshot))
+    return from_snapshot(as_snapshot(snapshot))
 
 
 make_module_callable(__name__, fragmentation)

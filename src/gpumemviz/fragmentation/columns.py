@@ -8,17 +8,17 @@ from typing import Any
 import numpy as np
 
 from ..snapshot import ALLOCATED, INACTIVE, PENDING_FREE, read_torch
-from .reduce import _columns, _reduce, _settings
+from .reduce import make_columns, parse_settings, reduce_columns
 from .report import FragmentationReport
 
 
-def _from_torch(obj: dict | list) -> FragmentationReport:
+def from_torch(obj: dict | list) -> FragmentationReport:
     """A torch dict or bare segment list, read by the reader `Snapshot.from_torch` uses."""
     cols = read_torch(obj, full=False)
     return _report(cols.seg, cols.blk, cols.allocator_settings, cols.traced_devices())
 
 
-def _from_snapshot(snap: Any) -> FragmentationReport:
+def from_snapshot(snap: Any) -> FragmentationReport:
     sg, bl = snap.segments, snap.blocks
     seg = {k: getattr(sg, k) for k in _SEG_COLUMNS}
     seg["block_count"] = sg.block_count
@@ -55,8 +55,8 @@ def _report(
         offsets = excl - excl[start[seg_of]]
     fsel = np.flatnonzero(state == INACTIVE)
     psel = np.flatnonzero(state == PENDING_FREE)
-    parsed = _settings(settings)
-    cols = _columns(
+    parsed = parse_settings(settings)
+    cols = make_columns(
         device=np.asarray(seg["device"], dtype=np.int64),
         address=np.asarray(seg["address"], dtype=np.int64),
         total_size=np.asarray(seg["total_size"], dtype=np.int64),
@@ -75,7 +75,7 @@ def _report(
         pend_size=size[psel],
         config=parsed[0],
     )
-    return _reduce(cols, settings, devices, parsed)
+    return reduce_columns(cols, settings, devices, parsed)
 
 
 def _seg_sum(values: np.ndarray, start: np.ndarray, count: np.ndarray) -> np.ndarray:

@@ -1,9 +1,11 @@
-"""`FragmentationReport.can_fit`: would a request succeed now, by the allocator's rules."""
+"""`FragmentationReport.can_fit`: would a request succeed now, by the allocator's rules, and the
+`FitAnswer` it gives."""
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,16 +18,54 @@ from ..allocator.rules import (
     round_size,
 )
 from ..units import format_size, parse_size
-from .reduce import _blocks_of
-from .report import (
-    FitAnswer,
-    FragmentationReport,
-    SegmentFigures,
-    _pool_name,
+from ._util import blocks_of, pool_name
+
+if TYPE_CHECKING:  # annotations only: the report calls `can_fit` and imports this module
+    from .report import FragmentationReport, SegmentFigures
+
+#: `FitAnswer.verdict` values, in the order the allocator tries them (section 2.6).
+VERDICTS = (
+    "cached",
+    "new_segment",
+    "garbage_collect",
+    "flush_and_retry",
+    "out_of_memory",
+    "room_unknown",
 )
 
 
-def _can_fit(
+@dataclass(frozen=True)
+class FitAnswer:
+    """Whether a request of `nbytes` would succeed now, and why, by the allocator's rules.
+
+    verdict: "cached" (fits in block `block_address`), "new_segment" (needs `new_bytes` from the
+    device, which has room), "flush_and_retry" (fits only after the allocator's own sync, cache
+    flush and retry), "out_of_memory", or "room_unknown" (needs `new_bytes` and no device_free
+    was given).
+    """
+
+    verdict: str
+    fits: bool | None
+    nbytes: int
+    rounded: int
+    device: int
+    stream: int
+    pool: str
+    block_address: int | None
+    block_size: int | None
+    new_bytes: int
+    releasable: int
+    device_free: int | None
+    explanation: str
+
+    def __str__(self) -> str:
+        return self.explanation
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def can_fit(
     r: FragmentationReport,
     nbytes: int | str,
     stream: int,
@@ -38,7 +78,7 @@ def _can_fit(
     cfg = r.config
     rounded = round_size(req, cfg.divisions)
     small = is_small(rounded)
-    pool = _pool_name(small)
+    pool = pool_name(small)
     c = r.per_segment
     where = f"stream {stream}'s {pool} pool" if stream else f"the {pool} pool"
     base: dict[str, Any] = {
@@ -410,8 +450,8 @@ def _flushed_pieces(r: FragmentationReport, row: int, page: int) -> list[tuple[i
     total = int(r.per_segment.total_size[row])
     blocks = sorted(
         [
-            *_blocks_of(r._free_segment, r._free_offset, r._free_size, row),
-            *_blocks_of(r._pend_segment, r._pend_offset, r._pend_size, row),
+            *blocks_of(r._free_segment, r._free_offset, r._free_size, row),
+            *blocks_of(r._pend_segment, r._pend_offset, r._pend_size, row),
         ]
     )
     ranges: list[list[int]] = []  # merged free ranges, offsets in the run

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..allocator.config import AllocatorConfig, ConfigError
 from ..allocator.rules import page_size
+from ._util import blocks_of, pool_name
 from .report import (
     N_WORST,
     ConservationViolation,
@@ -19,7 +20,6 @@ from .report import (
     PoolKey,
     SegmentFigures,
     SegmentSummary,
-    _pool_name,
 )
 
 #: The rows of `_Columns.sums`, one value per segment: each integer figure of a device is the
@@ -73,7 +73,7 @@ class _Columns:
 _ROW = {name: i for i, name in enumerate(SUM_ROWS)}
 
 
-def _columns(
+def make_columns(
     *,
     device: np.ndarray,
     address: np.ndarray,
@@ -103,8 +103,8 @@ def _columns(
     for row in np.flatnonzero(is_expandable).tolist():
         page = page_size(bool(is_small[row]), config.large_segment_size)
         runs = [
-            *_blocks_of(free_segment, free_offset, free_size, row),
-            *_blocks_of(pend_segment, pend_offset, pend_size, row),
+            *blocks_of(free_segment, free_offset, free_size, row),
+            *blocks_of(pend_segment, pend_offset, pend_size, row),
         ]
         releasable[row] = _whole_pages(runs, page)
     stuck = np.maximum(free + pend - releasable, 0)
@@ -150,7 +150,7 @@ def _columns(
     )
 
 
-def _settings(settings: Any) -> tuple[AllocatorConfig, bool]:
+def parse_settings(settings: Any) -> tuple[AllocatorConfig, bool]:
     """The recorded allocator settings, read leniently: a malformed settings string falls back
     to the dict, and a malformed roundup_power2_divisions in it to torch's default rounding
     (files from strangers must still be analysed; the raw settings stay in the report).
@@ -236,14 +236,14 @@ def _free_sq(seg: np.ndarray, starts: np.ndarray, size: np.ndarray, n: int) -> n
     return np.array([float(v) for v in out], dtype=np.float64)
 
 
-def _reduce(
+def reduce_columns(
     cols: _Columns,
     settings: Any,
     devices: tuple[int, ...],
     parsed: tuple[AllocatorConfig, bool] | None = None,
 ) -> FragmentationReport:
-    """The report; `parsed` is `_settings(settings)` where the caller needed it already."""
-    config, expandable_mode = parsed or _settings(settings)
+    """The report; `parsed` is `parse_settings(settings)` where the caller needed it already."""
+    config, expandable_mode = parsed or parse_settings(settings)
     if not expandable_mode and not isinstance(settings, Mapping):
         expandable_mode = bool(cols.is_expandable.any())
     row = cols.row
@@ -311,14 +311,6 @@ def _whole_pages(runs: list[tuple[int, int]], page: int) -> int:
             i += 1
         out += max(end // page * page - -(-begin // page) * page, 0)
     return out
-
-
-def _blocks_of(
-    seg: np.ndarray, offset: np.ndarray, size: np.ndarray, row: int
-) -> list[tuple[int, int]]:
-    """(offset, size) of one segment's blocks; `seg` is ascending, so two binary searches."""
-    lo, hi = np.searchsorted(seg, [row, row + 1])
-    return list(zip(offset[lo:hi].tolist(), size[lo:hi].tolist(), strict=True))
 
 
 def _figures(c: SegmentFigures, cols: _Columns, device: int | None) -> dict[str, Any]:
@@ -443,7 +435,7 @@ def _largest_by_pool(
         for flag in (False, True):
             sel = has_free & (small == flag)
             if sel.any():
-                out[PoolKey(d, 0, _pool_name(flag), (0, 0))] = int(lfree[sel].max())
+                out[PoolKey(d, 0, pool_name(flag), (0, 0))] = int(lfree[sel].max())
         return out
     idx = np.flatnonzero(has_free) if rows is None else rows[has_free]
     keys = (c.device[idx], c.stream[idx], c.pool_id[idx, 0], c.pool_id[idx, 1], c.is_small[idx])
@@ -453,7 +445,7 @@ def _largest_by_pool(
         if v > best.get(key, -1):
             best[key] = v
     for (d, s, pa, pb, flag), v in best.items():
-        out[PoolKey(d, s, _pool_name(flag), (pa, pb))] = v
+        out[PoolKey(d, s, pool_name(flag), (pa, pb))] = v
     return out
 
 
@@ -483,7 +475,7 @@ def _summary(c: SegmentFigures, i: int, stuck: int) -> SegmentSummary:
         releasable=c.releasable.item(i),
         stuck_free=stuck,
         stream=c.stream.item(i),
-        pool=_pool_name(c.is_small.item(i)),
+        pool=pool_name(c.is_small.item(i)),
         is_expandable=c.is_expandable.item(i),
         n_blocks=c.n_blocks.item(i),
     )

@@ -1,5 +1,6 @@
-"""The values `fragmentation()` returns: figures, per-segment columns, the report and
-its can_fit answer. Plain frozen dataclasses; the logic lives in the sibling modules."""
+"""The values `fragmentation()` returns: figures, per-segment columns and the report (its
+`can_fit` answer, `FitAnswer`, is `fit`'s). Plain frozen dataclasses; the logic lives in the
+sibling modules."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 
 from ..allocator.config import AllocatorConfig
 from ..allocator.rules import UNLIMITED
+from .fit import FitAnswer, can_fit
 
 #: How many segments `worst_segments` keeps per device (the CLI prints them all).
 N_WORST = 5
@@ -33,17 +35,6 @@ FIGURE_NAMES = (
     "segments",
     "blocks",
 )
-
-#: `FitAnswer.verdict` values, in the order the allocator tries them (section 2.6).
-VERDICTS = (
-    "cached",
-    "new_segment",
-    "garbage_collect",
-    "flush_and_retry",
-    "out_of_memory",
-    "room_unknown",
-)
-
 
 # --------------------------------------------------------------------------------------------
 # Report values
@@ -198,37 +189,6 @@ class SegmentFigures:
         return np.where(self.free > 0, frac, 0.0)
 
 
-@dataclass(frozen=True)
-class FitAnswer:
-    """Whether a request of `nbytes` would succeed now, and why, by the allocator's rules.
-
-    verdict: "cached" (fits in block `block_address`), "new_segment" (needs `new_bytes` from the
-    device, which has room), "flush_and_retry" (fits only after the allocator's own sync, cache
-    flush and retry), "out_of_memory", or "room_unknown" (needs `new_bytes` and no device_free
-    was given).
-    """
-
-    verdict: str
-    fits: bool | None
-    nbytes: int
-    rounded: int
-    device: int
-    stream: int
-    pool: str
-    block_address: int | None
-    block_size: int | None
-    new_bytes: int
-    releasable: int
-    device_free: int | None
-    explanation: str
-
-    def __str__(self) -> str:
-        return self.explanation
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
 # --------------------------------------------------------------------------------------------
 # The report
 
@@ -325,13 +285,7 @@ class FragmentationReport:
         >>> fragmentation([seg]).can_fit(40 * 2**20, device_free=0).verdict
         'out_of_memory'
         """
-        from .fit import _can_fit
-
-        return _can_fit(self, nbytes, stream, device, device_free)
+        return can_fit(self, nbytes, stream, device, device_free)
 
 
 _FIGURE_NAMES = frozenset(f.name for f in fields(MemoryFigures)) - {"device"}
-
-
-def _pool_name(small: bool) -> str:
-    return "small" if small else "large"

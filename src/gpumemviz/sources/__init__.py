@@ -7,7 +7,7 @@ from gpumemviz.sources.base import (
     Source,
     SourceCommandError,
     UnavailableSource,
-    default_source,
 )
+from gpumemviz.sources.default import default_source
 
 __all__ = ["CAPABILITIES", "Source", "SourceCommandError", "UnavailableSource", "default_source"]

@@ -11,14 +11,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from gpumemviz.sample import OomEvent, Sample, check_device
+from gpumemviz.sample import OomEvent, Sample
 
 __all__ = [
     "CAPABILITIES",
     "Source",
     "SourceCommandError",
     "UnavailableSource",
-    "default_source",
     "short_error",
 ]
 
@@ -112,43 +111,3 @@ class UnavailableSource:
 
 
 OomHandler = Callable[[OomEvent], Any]
-
-
-def default_source(device: int = 0) -> Source:
-    """The source a panel gets when the user names none.
-
-    torch.cuda when CUDA is available; otherwise the simulated allocator (labelled as demo data);
-    otherwise a source that says why there is nothing to show. Choosing does not initialise CUDA.
-
-    Parameters
-    ----------
-    device : int
-        CUDA device index.
-
-    Returns
-    -------
-    Source
-
-    Examples
-    --------
-    >>> src = default_source(0)
-    >>> isinstance(src, Source)
-    True
-    """
-    check_device(device)
-    reason = "CUDA is not available"
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            from gpumemviz.sources.torch_cuda import TorchCudaSource
-
-            return TorchCudaSource(device)
-        reason = f"CUDA is not available (torch {torch.__version__})"
-    except ImportError:
-        reason = "torch is not installed"
-    try:
-        from gpumemviz.sources.simulated import SimulatedSource  # type: ignore[import-not-found]
-    except ImportError:
-        return UnavailableSource(device, f"{reason}, and the simulated allocator is not built")
-    return SimulatedSource(device=device)

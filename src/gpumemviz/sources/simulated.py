@@ -16,9 +16,10 @@ from typing import Any
 
 from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
 from gpumemviz.allocator.workloads import WORKLOADS, Workload
+from gpumemviz.fragmentation.oom import classify_oom
 from gpumemviz.sample import SEGMENTS_NOT_READ, DeviceInfo, MemoryStats, NvmlInfo, OomEvent, Sample
 from gpumemviz.sources.base import short_error
-from gpumemviz.sources.oom import classify_oom, oom_stream
+from gpumemviz.sources.oom import oom_stream
 
 __all__ = ["SimulatedSource"]
 

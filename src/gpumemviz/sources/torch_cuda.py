@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpumemviz.fragmentation.oom import classify_oom
 from gpumemviz.io import write_torch
 from gpumemviz.sample import (
     SEGMENTS_NOT_READ,
@@ -41,7 +42,7 @@ from gpumemviz.sample import (
 )
 from gpumemviz.sources.base import SourceCommandError, short_error
 from gpumemviz.sources.nvml import NvmlReader, normalize_uuid
-from gpumemviz.sources.oom import classify_oom, oom_request_size, oom_stream
+from gpumemviz.sources.oom import oom_request_size, oom_stream
 
 __all__ = ["OomCapture", "TorchCudaSource", "capture_oom", "classify_oom"]
 

@@ -1,0 +1,47 @@
+"""`default_source`: the source a panel gets when the user names none.
+
+Apart from the protocol (`sources.base`), which every source imports: choosing imports the
+sources it chooses between.
+"""
+
+from __future__ import annotations
+
+from gpumemviz.sample import check_device
+from gpumemviz.sources.base import Source
+
+__all__ = ["default_source"]
+
+
+def default_source(device: int = 0) -> Source:
+    """The source a panel gets when the user names none.
+
+    torch.cuda when CUDA is available; otherwise the simulated allocator (labelled as demo
+    data). Choosing does not initialise CUDA.
+
+    Parameters
+    ----------
+    device : int
+        CUDA device index.
+
+    Returns
+    -------
+    Source
+
+    Examples
+    --------
+    >>> src = default_source(0)
+    >>> isinstance(src, Source)
+    True
+    """
+    check_device(device)
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        from gpumemviz.sources.torch_cuda import TorchCudaSource
+
+        return TorchCudaSource(device)
+    from gpumemviz.sources.simulated import SimulatedSource
+
+    return SimulatedSource(device=device)
