@@ -20,8 +20,8 @@ import sys
 import time
 
 from _common import REPO, best, real_files
+from gpumemviz.allocator.recording import Recording
 from gpumemviz.allocator.replay import ReplayError, replay
-from gpumemviz.allocator.timeline import Timeline
 from gpumemviz.allocator.workloads import WORKLOADS, run
 from gpumemviz.io import loads_restricted
 
@@ -58,7 +58,7 @@ def main() -> int:
         t_replay = best(lambda d=d: replay(d), 3, time.perf_counter)
         for dev in traced:
             tl_time = best(
-                lambda d=d, dev=dev: Timeline.from_snapshot(d, dev), 3, time.perf_counter
+                lambda d=d, dev=dev: Recording.from_snapshot(d, dev), 3, time.perf_counter
             )
             tl = result.timelines[dev]
             jumps = []

@@ -106,9 +106,9 @@ def test_a_fixed_snapshot_panel_exports_and_fits_but_has_no_sampler(recorded_dic
     ids=["Wedsonlin", "standin:training_10k"],
 )
 def test_replay_seek_moves_the_map_to_the_recorded_state(tmp_path, name):
-    from gpumemviz.sources.replay import ReplaySource
+    from gpumemviz.sources.playback import PlaybackSource
 
-    src = ReplaySource(_recorded(name), loop=False)
+    src = PlaybackSource(_recorded(name), loop=False)
     sampler = Sampler(src)
     panel = MemoryPanel(subshell=False)
     panel.attach(sampler, owned=True)
@@ -117,9 +117,9 @@ def test_replay_seek_moves_the_map_to_the_recorded_state(tmp_path, name):
         reply = panel.command("seek", index=k)
         assert reply["ok"], reply["text"]
         assert panel.flush()
-        state = src.timeline.snapshot_at(k)
+        state = src.recording.snapshot_at(k)
         assert panel.map_layout["n_rows"] == len(state["segments"])
-        assert panel.header["reserved"] == int(src.timeline.reserved[k])
+        assert panel.header["reserved"] == int(src.recording.reserved[k])
         replay = panel.controls["replay"]
         assert (replay["n"], replay["position"], replay["times"]) == (src.n, k, True)
     finally:
@@ -136,11 +136,11 @@ def _recorded(name: str):
 
 def _replay_panel(name: str):
     from conftest import read_real
-    from gpumemviz.sources.replay import ReplaySource
+    from gpumemviz.sources.playback import PlaybackSource
 
     path = _recorded(name)
     raw = read_real(path)
-    src = ReplaySource(path, loop=False)
+    src = PlaybackSource(path, loop=False)
     panel = MemoryPanel(subshell=False)
     panel.attach(Sampler(src), owned=True)
     return panel, src, raw["device_traces"][src.device]
@@ -173,7 +173,7 @@ def test_replay_seek_by_time_lands_on_the_event_at_or_before_that_time(name):
             replay = panel.controls["replay"]
             assert replay["position"] == k and replay["time_us"] == times[k]
             assert (replay["t_first"], replay["t_last"]) == (times[0], times[-1])
-            assert panel.header["reserved"] == int(src.timeline.reserved[k])
+            assert panel.header["reserved"] == int(src.recording.reserved[k])
         before = panel.command("seek", time_us=times[0] - 1)
         assert before["ok"] and before["index"] == -1
         assert panel.flush() and panel.controls["replay"]["time_us"] is None

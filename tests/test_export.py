@@ -19,7 +19,7 @@ import gpumemviz
 import gpumemviz.io as gio
 from conftest import REAL_FILES, STANDIN_FILES, read_real, real_file, standin_file
 from gpumemviz.allocator.model import CachingAllocator
-from gpumemviz.allocator.timeline import Timeline
+from gpumemviz.allocator.recording import Recording
 from gpumemviz.export import SAMPLE_COLUMNS, TRACE_COLUMNS, export
 from gpumemviz.io import load_snapshot
 from gpumemviz.sampler import Sampler
@@ -244,7 +244,7 @@ def test_csv_of_real_traces_against_independent_sums(recorded_path, recorded_dic
         # forwards from the start implied by the final totals
         reserved = final_reserved - sum(_RES.get(e["action"], 0) * e["size"] for e in entries)
         requested = final_requested - sum(_REQ.get(e["action"], 0) * e["size"] for e in entries)
-        tl = Timeline.from_snapshot(recorded_dict, dev)
+        tl = Recording.from_snapshot(recorded_dict, dev)
         for i, e in enumerate(entries):
             row = rows[k]
             k += 1

@@ -30,9 +30,9 @@ from gpumemviz.diff import FIGURES, diff
 from gpumemviz.export import TRACE_COLUMNS, export
 from gpumemviz.fragmentation import fragmentation
 from gpumemviz.io import load_snapshot
-from gpumemviz.render.frame import decode_frame
 from gpumemviz.render.rows import build_rows
-from gpumemviz.render.wire import FIRST_FRAME_LIMIT, Wire, figures
+from gpumemviz.render.wire import FIRST_FRAME_LIMIT, Wire, header_numbers
+from gpumemviz.render.wire_frame import decode_frame
 from gpumemviz.report_html import report, report_data
 from gpumemviz.sites import live_sites
 from gpumemviz.snapshot import Snapshot
@@ -203,7 +203,7 @@ def test_segment_map_rows_and_wire_frames(raw):
     reserved = sum(s["total_size"] for s in _segs(raw))
     assert t["reserved"] == reserved
     assert t["allocated"] + t["pending_free"] + t["free_releasable"] + t["free_trapped"] == reserved
-    f = figures(rows)
+    f = header_numbers(rows)
     assert f["allocated"] + f["pending_free"] + f["free"] == f["reserved"] == reserved
     report_ = fragmentation(snap)
     assert (f["allocated"], f["pending_free"], f["free"]) == (

@@ -12,8 +12,8 @@ from conftest import read_real, real_file, standin_file
 from gpumemviz.allocator.config import AllocatorConfig
 from gpumemviz.allocator.layout import Layout, LayoutError
 from gpumemviz.allocator.reconstruct import Rules, reconstruct, steps_of
+from gpumemviz.allocator.recording import apply_step
 from gpumemviz.allocator.rules import K_SMALL_SIZE, MIB
-from gpumemviz.allocator.timeline import apply_step
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -202,13 +202,13 @@ def test_a_malformed_entry_is_a_clear_error():
 def test_every_reconstructed_and_scrubbed_state_passes_the_invariant_checker(recorded_dict):
     """The model engineer's section-3.9 checker, as an independent oracle on our states."""
     from gpumemviz.allocator.invariants import check_invariants
-    from gpumemviz.allocator.timeline import Timeline
+    from gpumemviz.allocator.recording import Recording
 
     if isinstance(recorded_dict, list) or not _traced_devices(recorded_dict):
         pytest.skip("no trace in this file")
     settings = recorded_dict.get("allocator_settings")
     for dev in _traced_devices(recorded_dict):
-        tl = Timeline.from_snapshot(recorded_dict, dev)
+        tl = Recording.from_snapshot(recorded_dict, dev)
         n = len(tl)
         for i in sorted({-1, 0, n // 4, n // 2, 3 * n // 4, n - 1}):
             snap = tl.snapshot_at(i)
@@ -218,9 +218,9 @@ def test_every_reconstructed_and_scrubbed_state_passes_the_invariant_checker(rec
 
 
 def test_a_trace_that_does_not_end_on_the_final_layout_names_the_segment():
-    from gpumemviz.allocator.timeline import Timeline
+    from gpumemviz.allocator.recording import Recording
 
     d = _load("two_streams")
     d["segments"][0]["stream"] += 1  # the file disagrees with its trace
     with pytest.raises(LayoutError, match=r"first difference at segment 0x"):
-        Timeline.from_snapshot(d)
+        Recording.from_snapshot(d)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpumemviz.render.frame import META_FIELDS, decode_frame
 from gpumemviz.render.rows import build_rows
 from gpumemviz.render.wire import Wire
+from gpumemviz.render.wire_frame import META_FIELDS, decode_frame
 from gpumemviz.snapshot import Snapshot
 
 JS = Path(__file__).resolve().parents[1] / "js" / "src"

@@ -1,13 +1,13 @@
-"""render/frame.py and render/wire.py: what goes on the wire, and only what changed."""
+"""render/wire_frame.py and render/wire.py: what goes on the wire, and only what changed."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from gpumemviz.render.frame import META_FIELDS, decode_frame, row_meta
 from gpumemviz.render.rows import MAX_CELLS, build_rows, encode_cells
-from gpumemviz.render.wire import FIRST_FRAME_LIMIT, FRAME_LIMIT, Wire, figures, window
+from gpumemviz.render.wire import FIRST_FRAME_LIMIT, FRAME_LIMIT, Wire, header_numbers, window
+from gpumemviz.render.wire_frame import META_FIELDS, decode_frame, row_meta
 from gpumemviz.snapshot import ALLOCATED, INACTIVE, PENDING_FREE, Snapshot
 
 MiB = 1 << 20
@@ -178,9 +178,9 @@ def test_rows_that_vanish_are_forgotten():
     }
 
 
-def test_figures_obey_conservation(recorded_dict):
+def test_header_numbers_obey_conservation(recorded_dict):
     rows = _real(recorded_dict)
-    f = figures(rows)
+    f = header_numbers(rows)
     assert f["allocated"] + f["pending_free"] + f["free"] == f["reserved"]
     segs = recorded_dict["segments"] if isinstance(recorded_dict, dict) else recorded_dict
     free_sizes = [b["size"] for s in segs for b in s["blocks"] if b["state"] == "inactive"]
@@ -192,11 +192,11 @@ def test_decode_refuses_foreign_messages():
         decode_frame({"kind": "ack"}, [])
 
 
-def test_figures_agree_with_the_fragmentation_report(recorded_dict):
+def test_header_numbers_agree_with_the_fragmentation_report(recorded_dict):
     from gpumemviz.fragmentation import fragmentation
 
     snap = Snapshot.from_torch(recorded_dict)
-    mine = figures(build_rows(snap))
+    mine = header_numbers(build_rows(snap))
     report = fragmentation(snap).total
     assert mine["reserved"] == report.reserved
     assert mine["allocated"] == report.allocated

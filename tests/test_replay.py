@@ -12,9 +12,9 @@ import pytest
 
 from conftest import has_private_pools, read_real, real_file, standin_file
 from gpumemviz.allocator.config import AllocatorConfig
+from gpumemviz.allocator.recording import Recording
 from gpumemviz.allocator.replay import ReplayError, drive, replay
 from gpumemviz.allocator.rules import MIB
-from gpumemviz.allocator.timeline import Timeline
 from test_replay_cut import oom_program
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -189,7 +189,7 @@ def test_the_model_does_not_read_recorded_addresses(which):
     for dev, trace in enumerate(d["device_traces"]):
         if not trace:
             continue
-        tl = Timeline.from_snapshot(d, dev)
+        tl = Recording.from_snapshot(d, dev)
         cfg = AllocatorConfig.from_settings(d.get("allocator_settings"))
         plain, choices = drive(tl, cfg, None)
         scrambled, renamed = drive(tl, cfg, None, rename=_scramble)
@@ -225,7 +225,7 @@ def test_hand_built_traces_replay_exactly(path):
 
 def test_equal_size_candidates_on_two_streams():
     d = _hand("two_streams")
-    tl = Timeline.from_snapshot(d)
+    tl = Recording.from_snapshot(d)
     _, choices = drive(tl, AllocatorConfig(), None)
     base = 0x7F0000000000
     got = [c for c in choices if c is not None]
@@ -330,7 +330,7 @@ _SMALL_CAPACITY = {"real:10streams": 18 << 30, "standin:10streams": 1 << 30}
 @pytest.mark.parametrize("which", _both("10streams"))
 def test_what_if_with_a_smaller_capacity_stops_at_the_first_oom(which):
     d = _load(which)
-    tl = Timeline.from_snapshot(d)
+    tl = Recording.from_snapshot(d)
     cap = _SMALL_CAPACITY[which]
     assert tl.start.totals()[0] < cap < int(tl.reserved.max())
     r = replay(d, capacity=cap)
@@ -405,8 +405,8 @@ def test_snapshot_at_equals_a_walk_from_the_start_in_any_order(which):
     """Checkpoints are copy-on-write: jumping around must never leak one state into another."""
     d = _load(which)  # maps and unmaps split and join segments
     for dev in (0, 1):
-        tl = Timeline.from_snapshot(d, dev, every=16)
-        walk = Timeline.from_snapshot(d, dev, every=10**9)  # no checkpoint but the start
+        tl = Recording.from_snapshot(d, dev, every=16)
+        walk = Recording.from_snapshot(d, dev, every=10**9)  # no checkpoint but the start
         n = len(tl)
         order = [n - 1, 3, n // 2, 17, n // 2 + 1, 0, n - 1, 16, 15, n // 3, -1, n // 2]
         for i in order:
@@ -421,7 +421,7 @@ def test_snapshot_at_equals_a_walk_from_the_start_in_any_order(which):
 def test_a_model_oom_in_the_recorded_run_is_scored_and_survived(which):
     """Recorded settings, too little memory: the miss is counted and the pass carries on."""
     d = _load(which)
-    tl = Timeline.from_snapshot(d)
+    tl = Recording.from_snapshot(d)
     out, _ = drive(tl, AllocatorConfig(), _SMALL_CAPACITY[which], max_mismatches=10**6)
     assert out.oom is not None and out.oom < len(tl) - 1
     assert out.allocs == sum(e["action"] == "alloc" for e in d["device_traces"][0])
@@ -434,7 +434,7 @@ def test_a_burst_the_model_did_not_cause_is_an_empty_cache_even_with_a_known_cap
     """With a finite capacity the driver first lets the model try the alloc on a copy; here
     the model finds room without releasing, so the recorded burst was an empty_cache."""
     d = _hand("release_burst")
-    tl = Timeline.from_snapshot(d)
+    tl = Recording.from_snapshot(d)
     out, _ = drive(tl, AllocatorConfig(), 1 << 40)
     assert out.exact and out.explicit_bursts == [1]
     assert (out.bursts, out.bursts_matched) == (1, 1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import read_real, real_file, standin_file
+from gpumemviz.allocator.recording import Recording
 from gpumemviz.allocator.replay import replay
-from gpumemviz.allocator.timeline import Timeline
 from gpumemviz.diff import diff
 
 
@@ -41,7 +41,7 @@ def test_the_last_entry_has_the_files_stacks_and_diff_sees_no_site_change(record
     for dev, trace in enumerate(recorded_dict["device_traces"]):
         if not trace:
             continue
-        tl = Timeline.from_snapshot(recorded_dict, dev)
+        tl = Recording.from_snapshot(recorded_dict, dev)
         last = tl.snapshot_at(len(tl) - 1)
         assert _blocks(last["segments"], dev) == _blocks(recorded_dict["segments"], dev)
         mine = {"segments": last["segments"]}

@@ -17,7 +17,7 @@ from conftest import read_real
 from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.fragmentation import fragmentation
 from gpumemviz.io import load_snapshot, save_snapshot
-from gpumemviz.render.frame import decode_frame
+from gpumemviz.render.wire_frame import decode_frame
 from gpumemviz.report_html import (
     ANALYSIS_ALLOWANCE,
     SIZE_FACTOR,

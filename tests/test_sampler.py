@@ -468,11 +468,11 @@ def test_history_estimate_covers_what_stats_samples_really_hold():
     import tracemalloc
 
     from gpumemviz.io import load_snapshot
-    from gpumemviz.sources.replay import ReplaySource
+    from gpumemviz.sources.playback import PlaybackSource
 
     raw = load_snapshot(TRACED).to_torch()
     assert raw["device_traces"][0]
-    s = Sampler(ReplaySource(raw, duration=10), interval=0.1, history_bytes=64 << 20)
+    s = Sampler(PlaybackSource(raw, duration=10), interval=0.1, history_bytes=64 << 20)
     for _ in range(50):
         s.sample_once(segments=False)
     gc.collect()

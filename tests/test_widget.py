@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from conftest import read_real as _read
-from gpumemviz.render.frame import decode_frame
 from gpumemviz.render.rows import build_rows, encode_cells
 from gpumemviz.render.wire import FIRST_FRAME_LIMIT
+from gpumemviz.render.wire_frame import decode_frame
 from gpumemviz.sample import MemoryStats, Sample
 from gpumemviz.snapshot import Snapshot
 from gpumemviz.widget import MemoryPanel, bundle_path
@@ -513,11 +513,11 @@ def test_a_replay_timeline_is_the_recorded_run_with_its_annotations(
     when bucketed), and record_function scopes (external_annotations) as markers."""
     from gpumemviz.render.timeline import MAX_POINTS
     from gpumemviz.sampler import Sampler
-    from gpumemviz.sources.replay import ReplaySource
+    from gpumemviz.sources.playback import PlaybackSource
 
     path = _recorded(name)
     raw = _read(path)  # independent of gpumemviz's loader
-    src = ReplaySource(path, device=device, loop=False)
+    src = PlaybackSource(path, device=device, loop=False)
     sampler = Sampler(src)
     src.seek(10)
     sampler.sample_once(segments=True)
@@ -530,7 +530,7 @@ def test_a_replay_timeline_is_the_recorded_run_with_its_annotations(
     times = {e["time_us"] / 1e6 for e in trace}
     assert all(p[0] in times for p in points)
     assert [p[0] for p in points] == sorted(p[0] for p in points)
-    assert max(p[1] for p in points) == int(src.timeline.allocated.max())  # the peak survives
+    assert max(p[1] for p in points) == int(src.recording.allocated.max())  # the peak survives
     notes = [a for a in raw["external_annotations"] if a["device"] == device]
     marks = panel.timeline.marks()
     assert len(marks) == len(notes) == n_marks

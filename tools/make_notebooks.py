@@ -359,13 +359,13 @@ NB03 = [
     )
     """),
     md("""
-    The same scrubbing drives the live panel: a `ReplaySource` plays the trace back (here it is
+    The same scrubbing drives the live panel: a `PlaybackSource` plays the trace back (here it is
     paused on the peak; `source.play()` would run it at its own pace).
     """),
     code("""
-    from gpumemviz.sources.replay import ReplaySource
+    from gpumemviz.sources.playback import PlaybackSource
 
-    source = ReplaySource(path, device=device)
+    source = PlaybackSource(path, device=device)
     source.seek(peak)  # paused on the peak; the panel's sampler reads it from its first tick
     panel = gpumemviz.monitor(source=source, interval=0.5)
     panel.sampler.sample_once(segments=True)

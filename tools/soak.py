@@ -1,11 +1,11 @@
 """Soak the live path for minutes (`make soak`): samplers, sources and the panel's per-frame work.
 
 A notebook panel runs for hours beside training. This runs a `Sampler` on the `SimulatedSource`
-(training workload, looping through its OOMs) and one on a `ReplaySource` looping the longest
+(training workload, looping through its OOMs) and one on a `PlaybackSource` looping the longest
 recorded trace found (tests/data/real, the stand-ins in tests/data/standin, and
 ../shared/real-snapshots where present), both at once, with a listener per sampler that does
 what the panel does for every sample (on a writer thread, latest sample wins): `build_rows`,
-`Wire.set_rows`, `figures`, `Wire.update` and now and then a scroll (`set_view`), without a
+`Wire.set_rows`, `header_numbers`, `Wire.update` and now and then a scroll (`set_view`), without a
 browser. Every few seconds it checks:
 
 - RSS growth after warm-up stays within 64 MiB of what the histories grew (they fill up to
@@ -88,7 +88,7 @@ class PanelWork:
 
     def _run(self) -> None:
         from gpumemviz.render.rows import build_rows
-        from gpumemviz.render.wire import figures
+        from gpumemviz.render.wire import header_numbers
 
         while not self._stop.is_set():
             try:
@@ -99,7 +99,7 @@ class PanelWork:
             try:
                 rows = build_rows(sample.segments, device=sample.device)
                 self.wire.set_rows(rows)
-                head = figures(rows)
+                head = header_numbers(rows)
                 assert isinstance(head, dict)
                 frames = self.wire.update()
                 if self.renders % 20 == 19 and rows.n_rows:  # a scroll now and then
@@ -165,7 +165,7 @@ def replay_input() -> Any:
 
 def build_runs(ns: argparse.Namespace) -> list[Run]:
     from gpumemviz.sampler import Sampler
-    from gpumemviz.sources.replay import ReplaySource
+    from gpumemviz.sources.playback import PlaybackSource
     from gpumemviz.sources.simulated import SimulatedSource
 
     sources: list[tuple[str, Any]] = []
@@ -178,7 +178,7 @@ def build_runs(ns: argparse.Namespace) -> list[Run]:
             print(f"no recorded trace in {where}: replay left out", file=sys.stderr)
         else:
             path, raw = found
-            src = ReplaySource(raw, duration=ns.replay_duration, loop=True)
+            src = PlaybackSource(raw, duration=ns.replay_duration, loop=True)
             print(f"replay: {path.name}, {src.n} entries, a pass every {ns.replay_duration:.0f} s")
             sources.append(("replay", src))
     runs = []

@@ -1,8 +1,8 @@
-// Frames from Python (gpumemviz/render/frame.py) -> typed arrays. Pure: no DOM, tested by node.
+// Frames from Python (gpumemviz/render/wire_frame.py) -> typed arrays. Pure: no DOM, tested by node.
 // The format is specified in docs/internals.md, section "wire".
 
 export const FRAME_FORMAT = 1;
-/** Per-row float64 fields, in order (META_FIELDS in frame.py). */
+/** Per-row float64 fields, in order (META_FIELDS in wire_frame.py). */
 export const META_FIELDS = [
   "address", "total_size", "stream", "device", "flags", "n_blocks",
   "allocated", "pending_free", "free_releasable", "free_trapped",
@@ -106,7 +106,7 @@ export function cellParts(byte) {
 
 /**
  * Decode a `blocks` message: one zoomed row's exact blocks in a byte window (a segment too big
- * to send whole; `pack_blocks` in frame.py).
+ * to send whole; `pack_blocks` in wire_frame.py).
  * @param {{kind: string, view: string, layout: number, row: number, first: number, lo: number,
  *   hi: number, stacks?: Stack[]}} content
  * @param {Array<DataView | ArrayBuffer | ArrayBufferView>} buffers

@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { cellParts, decodeFrame, META_FIELDS, toArrayBuffer } from "../src/decode.js";
 
-/** Build a frame the way render/frame.py packs it. */
+/** Build a frame the way render/wire_frame.py packs it. */
 function frame(rows, cells, blocks) {
   const k = rows.length;
   const ids = new Uint32Array(rows.map((r) => r.row));

@@ -283,9 +283,9 @@ class GpumemvizMagics(Magics):
 
     # per-cell markers ---------------------------------------------------------------------------
     def pre_run_cell(self, info: Any = None) -> None:
-        """IPython hook: note each shown feed's figures as the cell starts."""
+        """IPython hook: note each shown feed's allocated, reserved and peak as the cell starts."""
         self._cell_start = {
-            d: (time.time(), _figures(f.sampler, f.sampler.sample_once(segments=False)))
+            d: (time.time(), _newest_stats(f.sampler, f.sampler.sample_once(segments=False)))
             for d, f in self.feeds.items()
             if f.panel is not None
         }
@@ -305,7 +305,7 @@ class GpumemvizMagics(Magics):
             if feed is None or feed.panel is None or before is None:
                 continue
             sample = feed.sampler.sample_once(segments=False)
-            after = _figures(feed.sampler, sample)
+            after = _newest_stats(feed.sampler, sample)
             if after is None:
                 continue
             t1 = time.time()
@@ -331,7 +331,7 @@ class GpumemvizMagics(Magics):
         self.started.clear()
 
 
-def _figures(sampler: Any, sample: Any = None) -> tuple[int, int, int] | None:
+def _newest_stats(sampler: Any, sample: Any = None) -> tuple[int, int, int] | None:
     """(allocated, reserved, peak allocated) of the sampler's newest stats, or None."""
     if sample is None or sample.stats is None:
         sample = next((s for s in reversed(sampler.history.samples()) if s.stats), None)
@@ -377,10 +377,10 @@ def _has_history(raw: dict) -> bool:
 def _replay_sampler(raw: dict, path: Path, interval: float | None) -> Any:
     """A sampler over a recorded trace, opened on its last entry (the state the file records)."""
     from gpumemviz.sampler import Sampler
-    from gpumemviz.sources.replay import ReplaySource
+    from gpumemviz.sources.playback import PlaybackSource
 
     try:
-        source = ReplaySource(raw, loop=False)
+        source = PlaybackSource(raw, loop=False)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"%gpumemviz: --replay {path.name}: {exc}") from None
     source.label = f"replay of {path.name} ({source.n} trace entries)"
@@ -400,7 +400,7 @@ def summary(sample: Any) -> str:
     str
     """
     from gpumemviz.render.rows import build_rows
-    from gpumemviz.render.wire import figures
+    from gpumemviz.render.wire import header_numbers
 
     info = sample.device_info
     name = info.name if info is not None and info.name else sample.source_label or "GPU"
@@ -412,7 +412,7 @@ def summary(sample: Any) -> str:
     lines = [head]
     stats = sample.stats
     if sample.segments is not None:
-        f = figures(build_rows(sample.segments, device=sample.device))
+        f = header_numbers(build_rows(sample.segments, device=sample.device))
         lines.append(
             f"reserved {format_size(f['reserved'])} · allocated {format_size(f['allocated'])}"
             f" · free in reserved {format_size(f['free'])} · largest free block "

@@ -34,9 +34,9 @@ from .advice_check import Checked, CheckedAdvice, check_advice
 from .fragmentation import FIGURE_NAMES
 from .frames import Redactor
 from .io import as_snapshot, atomic_write
-from .render.frame import BLOCK_BYTES, ROW_OVERHEAD, pack_frame, row_meta
 from .render.rows import MAX_CELLS, build_rows, encode_cells
-from .render.wire import figures
+from .render.wire import header_numbers
+from .render.wire_frame import BLOCK_BYTES, ROW_OVERHEAD, pack_frame, row_meta
 from .snapshot import ACTIONS, Snapshot
 
 __all__ = [
@@ -174,7 +174,7 @@ def report_data(
     """
     rows = build_rows(snap)
     report_ = _fragmentation.fragmentation(snap)
-    header = figures(rows)
+    header = header_numbers(rows)
     ooms = _advice.oom_device_free(snap)
     found = _advice.advise_each_device(report_, ooms)  # as `gpumemviz inspect` advises
     # setting advice the recorded trace's replay refutes goes to its own list, as in inspect

@@ -33,7 +33,7 @@ from gpumemviz.render.timeline import (
     recorded_points,
     trace_times,
 )
-from gpumemviz.render.wire import Wire, figures
+from gpumemviz.render.wire import Wire, header_numbers
 from gpumemviz.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -254,8 +254,9 @@ class MemoryPanel(anywidget.AnyWidget):
         self._writer.submit(self._load_recorded)
 
     def _load_recorded(self) -> None:
-        """A replay's timeline is the recorded run itself (times from the trace, allocated and
-        reserved per entry) with its ``external_annotations`` as markers; samples add nothing."""
+        """A played-back recording's timeline is the recorded run itself (times from the trace,
+        allocated and reserved per entry) with its ``external_annotations`` as markers; samples
+        add nothing."""
         source = getattr(self.sampler, "source", None)
         replay = source is not None and "time_travel" in getattr(source, "capabilities", ())
         was, self._recorded = self._recorded, bool(replay)
@@ -265,7 +266,7 @@ class MemoryPanel(anywidget.AnyWidget):
                 self._last_point = None
                 self.send({"kind": "timeline", "first": 0, "points": [], "reset": True})
             return
-        raw, device, replayed = source.raw, int(source.device), source.timeline
+        raw, device, replayed = source.raw, int(source.device), source.recording
         traces = raw.get("device_traces") or []
         trace = traces[device] if device < len(traces) else []
         points = recorded_points(trace, replayed.allocated, replayed.reserved)
@@ -482,9 +483,9 @@ class MemoryPanel(anywidget.AnyWidget):
         self.shown, self._shown_device, self._shown_report = snap, device, report
         if self._wire.set_rows(rows, Stacks(snap)):
             self.map_layout = self._wire.layout()
-        painted = figures(rows)
+        painted = header_numbers(rows)
         del painted["free_trapped"]  # the painted slivers; the header says free_stuck instead
-        self.header = {**painted, **_report_figures(report, device), **extra}
+        self.header = {**painted, **_report_numbers(report, device), **extra}
         self.status = status
         self._send_frames(self._wire.update())
         return report
@@ -663,8 +664,8 @@ def _plain(entry: dict) -> dict:
     return out
 
 
-def _report_figures(report: FragmentationReport, device: int | None) -> dict[str, int]:
-    """Header figures taken from the fragmentation report rather than from the painted rows:
+def _report_numbers(report: FragmentationReport, device: int | None) -> dict[str, int]:
+    """Header numbers taken from the fragmentation report rather than from the painted rows:
     free_stuck (what empty_cache leaves free) and free_releasable (what it returns) count
     pending frees as empty_cache does, after syncing them, so the two add up to free plus
     pending, and the panel and ``gpumemviz inspect`` say the same."""

@@ -165,10 +165,10 @@ def test_with_routing_off_a_click_is_queued_until_the_cell_finishes(page, notebo
 
 @pytest.mark.parametrize("recording", REPLAYS)
 def test_replay_slider_moves_the_map_to_a_recorded_state(page, notebook, artifacts, recording):
-    from gpumemviz.sources.replay import ReplaySource
+    from gpumemviz.sources.playback import PlaybackSource
 
     replay = recording()
-    tl = ReplaySource(replay, loop=False).timeline
+    tl = PlaybackSource(replay, loop=False).recording
     # an entry whose state differs from the last one (where the replay opens) in rows and bytes
     counts = np.asarray(tl.segments)
     moved = np.nonzero((counts != counts[-1]) & (np.asarray(tl.allocated) != tl.allocated[-1]))[0]

@@ -20,8 +20,8 @@ from .config import AllocatorConfig
 from .layout import INACTIVE, Layout, LayoutError
 from .model import CachingAllocator, DescendingAddresses, OutOfMemory, reservation_starts
 from .reconstruct import SEGMENT_ACTIONS, Step
+from .recording import Recording
 from .rules import is_small, page_size, reservation_size
-from .timeline import Timeline
 
 __all__ = ["DeviceReplay", "ReplayError", "drive"]
 
@@ -326,7 +326,7 @@ class _Reservations:
 
     def __init__(
         self,
-        timeline: Timeline,
+        recording: Recording,
         small_at: Callable[[int], bool],
         extent: Callable[[bool], int],
         bounded: bool,
@@ -335,7 +335,8 @@ class _Reservations:
         self.extent = extent
         done: list[tuple[list[Any], int]] = []  # (reservation, trace index it ended at)
         live: list[list[Any]] = []  # [from, stream, small, lowest, highest end, fixed, _Runs]
-        for seg in sorted(timeline.start.to_segments(timeline.device), key=lambda s: s["address"]):
+        start = recording.start.to_segments(recording.device)
+        for seg in sorted(start, key=lambda s: s["address"]):
             if seg.get("is_expandable"):
                 addr, size = seg["address"], seg["total_size"]
                 small = seg["segment_type"] == "small"
@@ -345,8 +346,8 @@ class _Reservations:
                     live.append(r)
                 r[4] = addr + size
                 r[6].map(addr, size)
-        n = len(timeline.steps)
-        for j, (action, addr, size, stream) in enumerate(timeline.steps):
+        n = len(recording.steps)
+        for j, (action, addr, size, stream) in enumerate(recording.steps):
             if action == "segment_map":
                 small = small_at(j)
                 r = self._find(live, stream, small, addr, size)
@@ -437,7 +438,7 @@ class _Driver:
 
     def __init__(
         self,
-        timeline: Timeline,
+        recording: Recording,
         config: AllocatorConfig,
         capacity: int | None,
         *,
@@ -448,8 +449,8 @@ class _Driver:
         device_total: int | None,
         max_mismatches: int,
     ):
-        self.tl = timeline
-        self.steps = timeline.steps
+        self.tl = recording
+        self.steps = recording.steps
         self.config = config
         self.capacity = capacity
         self.cap = capacity if capacity is not None else 1 << 62
@@ -459,7 +460,7 @@ class _Driver:
         self.explicit = explicit
         self.rename = rename or (lambda a: a)
         self.max_mismatches = max_mismatches
-        rules = timeline.rules
+        rules = recording.rules
         steps = self.steps
 
         def small_at(j: int) -> bool:
@@ -471,13 +472,13 @@ class _Driver:
         self.provider = _Provider(self.steps, invent=what_if, small_at=small_at)
         self.provider.full = capacity is not None
         self.bases = _Reservations(
-            timeline,
+            recording,
             small_at,
             lambda small: reservation_size(self.total, page_size(small, config.large_segment_size)),
             bounded=capacity is not None,
         )
         self.out = DeviceReplay(
-            device=timeline.device,
+            device=recording.device,
             config=config.settings,
             what_if=what_if,
             capacity=capacity,
@@ -492,7 +493,7 @@ class _Driver:
         self.nsegs = np.zeros(n, np.int64)
         self.cut_at = -1  # the first malloc, when the cut hid the segment it made
         self.cut_grew: list[tuple[str, int, int]] = []
-        self._load(self._start().to_segments(timeline.device), -1)
+        self._load(self._start().to_segments(recording.device), -1)
 
     # -- state ------------------------------------------------------------------------------
     def _load(self, segments: list[dict[str, Any]], point: int) -> None:
@@ -1043,7 +1044,7 @@ class _Driver:
 
 
 def drive(
-    timeline: Timeline,
+    recording: Recording,
     config: AllocatorConfig,
     capacity: int | None,
     *,
@@ -1058,7 +1059,7 @@ def drive(
 
     Parameters
     ----------
-    timeline
+    recording
         The recorded history (start state, entries, recorded layouts for re-synchronising).
     config
         Settings the model runs with.
@@ -1086,7 +1087,7 @@ def drive(
         ``choices[i]`` is the model's address for alloc entry i (None elsewhere).
     """
     d = _Driver(
-        timeline,
+        recording,
         config,
         capacity,
         what_if=what_if,

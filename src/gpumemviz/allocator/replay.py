@@ -19,7 +19,7 @@ from ..units import format_size, parse_size
 from .config import AllocatorConfig
 from .drive import DeviceReplay, ReplayError, drive
 from .layout import LayoutError
-from .timeline import Timeline
+from .recording import Recording
 
 __all__ = ["DeviceReplay", "ReplayError", "ReplayResult", "drive", "replay"]
 
@@ -36,7 +36,7 @@ class ReplayResult:
     what_if: bool
     devices: dict[int, DeviceReplay]
     recorded: dict[int, DeviceReplay]  # the same trace under the recorded settings
-    timelines: dict[int, Timeline]
+    timelines: dict[int, Recording]
     # False when the file has no allocator_settings: `recorded_config` is then "" by
     # assumption (PyTorch's defaults), not because the defaults were seen
     settings_recorded: bool = True
@@ -201,7 +201,7 @@ def _refuse_private_pools(snap: Mapping[str, Any], device: int) -> None:
             )
 
 
-def _capacity_from_oom(tl: Timeline) -> int | None:
+def _capacity_from_oom(tl: Recording) -> int | None:
     """Bytes the process could get: reserved at the recorded OOM plus the device_free it saw."""
     i = _first_oom(tl)
     if i is None:
@@ -210,7 +210,7 @@ def _capacity_from_oom(tl: Timeline) -> int | None:
     return before + tl.steps[i][1]
 
 
-def _first_oom(tl: Timeline) -> int | None:
+def _first_oom(tl: Recording) -> int | None:
     return next((i for i, step in enumerate(tl.steps) if step[0] == "oom"), None)
 
 
@@ -293,7 +293,7 @@ def replay(
 
     Examples
     --------
-    Replay what the allocator model itself recorded (Timeline.from_snapshot's example shows a
+    Replay what the allocator model itself recorded (Recording.from_snapshot's example shows a
     hand-written trace):
 
     >>> from gpumemviz.allocator.model import CachingAllocator
@@ -317,12 +317,12 @@ def replay(
         raise ReplayError("snapshot has no trace to replay (recorded with history off?)")
     devices: dict[int, DeviceReplay] = {}
     recorded: dict[int, DeviceReplay] = {}
-    timelines: dict[int, Timeline] = {}
+    timelines: dict[int, Recording] = {}
     any_what_if = False
     for dev in traced:
         _refuse_private_pools(snap, dev)
         try:
-            tl = Timeline.from_snapshot(snap, dev)
+            tl = Recording.from_snapshot(snap, dev)
         except LayoutError as err:
             raise ReplayError(f"device {dev}: {err}") from None
         timelines[dev] = tl

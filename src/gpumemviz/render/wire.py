@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from gpumemviz.render.frame import (
+from gpumemviz.render.rows import MAX_CELLS, RowTable, encode_cells
+from gpumemviz.render.wire_frame import (
     BLOCK_BYTES,
     ROW_OVERHEAD,
     Frame,
@@ -22,7 +23,6 @@ from gpumemviz.render.frame import (
     row_digest,
     row_meta,
 )
-from gpumemviz.render.rows import MAX_CELLS, RowTable, encode_cells
 
 __all__ = [
     "EXACT_MAX_BLOCKS",
@@ -30,7 +30,7 @@ __all__ = [
     "FRAME_LIMIT",
     "MAX_VIEW_ROWS",
     "Wire",
-    "figures",
+    "header_numbers",
     "window",
 ]
 
@@ -245,7 +245,7 @@ class Wire:
         )
 
 
-def figures(rows: RowTable) -> dict:
+def header_numbers(rows: RowTable) -> dict:
     """Header numbers computed from the rows (bytes): they obey allocated + pending + free =
     reserved by construction."""
     t = rows.totals()

@@ -1,8 +1,9 @@
-"""A recorded snapshot played back as a live source, through replay's time travel.
+"""A recorded snapshot played back as a live source, scrubbing its `allocator.recording`.
 
 The panel then shows a run that happened elsewhere (a file from a cluster, a colleague's OOM) the
 way it would have looked live: segment state after each trace entry, rebuilt by
-`allocator.timeline.Timeline` (reconstruct the start, replay forwards at the recorded addresses).
+`allocator.recording.Recording` (reconstruct the start, apply the entries forwards at the
+recorded addresses).
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import threading
 import time
 from typing import Any
 
-from gpumemviz.allocator.timeline import Timeline
+from gpumemviz.allocator.recording import Recording
 from gpumemviz.sample import SEGMENTS_NOT_READ, DeviceInfo, MemoryStats, Sample
 from gpumemviz.sources.base import SourceCommandError, short_error
 
-__all__ = ["ReplaySource"]
+__all__ = ["PlaybackSource"]
 
 
 def _as_dict(snapshot: Any) -> dict:
@@ -38,7 +39,7 @@ def _as_dict(snapshot: Any) -> dict:
     raise TypeError(f"cannot replay a {type(snapshot).__name__}: give a snapshot dict or file")
 
 
-class ReplaySource:
+class PlaybackSource:
     """Plays a recorded trace back as samples, at ``speed`` trace entries per second.
 
     Parameters
@@ -65,7 +66,7 @@ class ReplaySource:
     >>> trace = [{"action": "alloc", "addr": 1 << 30, "size": 512, "stream": 0},
     ...          {"action": "free_requested", "addr": 1 << 30, "size": 512, "stream": 0},
     ...          {"action": "free_completed", "addr": 1 << 30, "size": 512, "stream": 0}]
-    >>> src = ReplaySource({"segments": [seg], "device_traces": [trace]}, speed=1.0)
+    >>> src = PlaybackSource({"segments": [seg], "device_traces": [trace]}, speed=1.0)
     >>> src.seek(0); src.sample().stats.allocated
     512
     """
@@ -96,8 +97,8 @@ class ReplaySource:
             raise ValueError(f"speed must be a positive number of entries per second, got {speed}")
         self.raw = raw
         self.device = device
-        self.timeline = Timeline.from_snapshot(raw, device=device)
-        self.n = len(self.timeline)
+        self.recording = Recording.from_snapshot(raw, device=device)
+        self.n = len(self.recording)
         self.speed = float(speed) if speed else max(1.0, self.n / max(duration, 1e-3))
         self.loop = loop
         self.label = f"replay of a recorded trace (device {device}, {self.n} entries)"
@@ -151,7 +152,7 @@ class ReplaySource:
         t, mono = time.time(), time.monotonic()
         i = self.position
         try:
-            tl = self.timeline
+            tl = self.recording
             if i < 0:
                 reserved, allocated, n_seg = tl.start.totals()
             else:

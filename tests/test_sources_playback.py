@@ -1,4 +1,4 @@
-"""sources/replay.py: real recorded traces played back through replay's time travel."""
+"""sources/playback.py: real recorded traces played back, scrubbing their allocator.recording."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from conftest import REAL_DIR, read_real, real_file, standin_file
 from gpumemviz.sampler import Sampler
 from gpumemviz.sources import Source, SourceCommandError
-from gpumemviz.sources.replay import ReplaySource
+from gpumemviz.sources.playback import PlaybackSource
 
 # shipped real recordings (tests/data/real): a 3,840-entry trace, and a state with no history
 TRACED = (
@@ -33,7 +33,7 @@ STATE_ONLY = REAL_DIR / "ZijianDu__Attention__memory.7e5ba324.pickle"
 def test_last_entry_shows_the_recorded_final_state(path):
     """Shipped, stand-ins (training_10k starts mid-run: a non-empty start state), CI-only."""
     raw = read_real(path())
-    src = ReplaySource(raw)
+    src = PlaybackSource(raw)
     assert isinstance(src, Source)
     assert src.device == 0 and src.n == len(raw["device_traces"][0])
     src.seek(src.n - 1)
@@ -50,11 +50,11 @@ def test_last_entry_shows_the_recorded_final_state(path):
     src.seek(-1)
     start = src.sample()
     assert int(start.segments.segments.total_size.sum()) == start.stats.reserved
-    assert start.stats.reserved == int(src.timeline.start.totals()[0])
+    assert start.stats.reserved == int(src.recording.start.totals()[0])
 
 
 def test_playback_moves_forward_and_loops():
-    src = ReplaySource(read_real(TRACED), speed=2000)
+    src = PlaybackSource(read_real(TRACED), speed=2000)
     time.sleep(0.2)
     assert src.position > 50
     src.pause()
@@ -70,19 +70,19 @@ def test_playback_moves_forward_and_loops():
 
 
 def test_reads_files_and_refuses_what_has_no_history(tmp_path):
-    src = ReplaySource(TRACED)  # a path goes through the restricted loader
+    src = PlaybackSource(TRACED)  # a path goes through the restricted loader
     assert src.n == len(read_real(TRACED)["device_traces"][0]) == 3840
     with pytest.raises(ValueError, match="no recorded history"):
-        ReplaySource(read_real(STATE_ONLY))
+        PlaybackSource(read_real(STATE_ONLY))
     with pytest.raises(ValueError, match="bare segment list"):
-        ReplaySource(read_real(STATE_ONLY)["segments"])
+        PlaybackSource(read_real(STATE_ONLY)["segments"])
     with pytest.raises(TypeError, match="cannot replay a int"):
-        ReplaySource(3)
+        PlaybackSource(3)
 
 
 def test_commands_and_the_sampler():
     raw = read_real(TRACED)
-    src = ReplaySource(raw, speed=500)
+    src = PlaybackSource(raw, speed=500)
     assert src.export() is raw
     with pytest.raises(SourceCommandError, match="no cache to empty"):
         src.empty_cache()

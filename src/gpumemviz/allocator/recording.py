@@ -1,4 +1,4 @@
-"""The recorded history of one device, replayed forwards at the recorded addresses.
+"""The recorded history of one device, applied forwards at the recorded addresses.
 
 This is the ground truth the model is scored against, and what the panel scrubs through:
 `snapshot_at(i)` restores the nearest checkpoint and applies the few entries after it.
@@ -17,7 +17,7 @@ from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
 from .reconstruct import Rules, Step, reconstruct_layout, steps_of
 from .rules import is_small, page_size, should_split
 
-__all__ = ["Timeline", "apply_step"]
+__all__ = ["Recording", "apply_step"]
 
 
 def _pool_ahead(steps: Sequence[Step], i: int, rules: Rules) -> bool:
@@ -94,10 +94,10 @@ def _device_settings(snapshot: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return snapshot.get("allocator_settings") if isinstance(snapshot, Mapping) else None
 
 
-class Timeline:
+class Recording:
     """One device's recorded layouts after every trace entry, with checkpoints for fast jumps.
 
-    Build it with `Timeline.from_snapshot`. Index ``i`` means "after trace entry i"; ``-1`` is
+    Build it with `Recording.from_snapshot`. Index ``i`` means "after trace entry i"; ``-1`` is
     the reconstructed state at the start of the trace.
     """
 
@@ -147,7 +147,7 @@ class Timeline:
         self._start_frames: dict[int, list[Any]] = {}
 
     @classmethod
-    def from_snapshot(cls, snapshot: Mapping[str, Any], device: int = 0, **kw: Any) -> Timeline:
+    def from_snapshot(cls, snapshot: Mapping[str, Any], device: int = 0, **kw: Any) -> Recording:
         """Reconstruct the start of `device`'s trace and replay it forwards.
 
         Parameters
@@ -170,7 +170,7 @@ class Timeline:
         ...     "device_traces": [[
         ...         {"action": "segment_alloc", "addr": base, "size": 2 << 20, "stream": 0},
         ...         {"action": "alloc", "addr": base, "size": 100, "stream": 0}]]}
-        >>> tl = Timeline.from_snapshot(snap)
+        >>> tl = Recording.from_snapshot(snap)
         >>> len(tl.snapshot_at(-1)["segments"]), len(tl.snapshot_at(1)["segments"])
         (0, 1)
         """
