@@ -1,7 +1,7 @@
 """Allocation stacks: which frames to show, which one is the user's line, and path redaction.
 
 Hover, reports, sites and diff all read stacks the same way. The filter is MemoryViz's
-(reference §3.5: the same lists as `torch.cuda._memory_viz._frame_filter`), so a stack reads
+(the same lists as `torch.cuda._memory_viz._frame_filter`), so a stack reads
 here as it does in PyTorch's viewer. Frames are innermost first: index 0 is the allocator call.
 
 `redact_paths` exists because an export is made to be shared: home directories and user names
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 # MemoryViz / torch.cuda._memory_viz._frame_filter: substrings that mark interpreter and
-# dispatcher frames (reference §3.5).
+# dispatcher frames (`torch.cuda._memory_viz._frame_filter`).
 OMIT_FUNCTIONS = (
     "unwind::unwind",
     "CapturedTraceback::gather",
@@ -93,7 +93,7 @@ def _fields(frame: Any) -> tuple[str, str]:
 
 
 def keep_frame(frame: dict) -> bool:
-    """False for the interpreter and dispatcher frames MemoryViz hides (reference §3.5)."""
+    """False for the interpreter and dispatcher frames MemoryViz hides (`_frame_filter`)."""
     return _keep(*_fields(frame))
 
 

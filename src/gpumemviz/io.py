@@ -455,9 +455,9 @@ def as_snapshot(x: Any) -> Snapshot:
 def save_snapshot(snapshot: Any, path: str | os.PathLike) -> Path:
     """Write a snapshot atomically: pickle protocol 4, or JSON when the name ends in ``.json``.
 
-    Protocol 4 because MemoryViz.js rejects protocol 5 (reference §7, item 1). The data goes
-    to a temporary file in the same folder, is fsynced and then renamed over `path`, so an
-    error leaves the old file intact and no partial file behind.
+    Protocol 4 because MemoryViz.js's own unpickler reads protocols 2-4 only ("Unhandled version
+    5"). The data goes to a temporary file in the same folder, is fsynced and then renamed over
+    `path`, so an error leaves the old file intact and no partial file behind.
 
     Parameters
     ----------

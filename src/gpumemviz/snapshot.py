@@ -99,7 +99,7 @@ _TRACE_KEYS = (
     "device_free",
 )
 _TOP_KEYS = ("segments", "device_traces", "allocator_settings", "external_annotations")
-_SMALL_SEGMENT = 2 << 20  # a small-pool segment is exactly 2 MiB (reference §3.9, rule 4)
+_SMALL_SEGMENT = 2 << 20  # a small-pool segment is exactly 2 MiB (kSmallBuffer)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,7 +315,7 @@ class BlockTable:
 
 @dataclass(frozen=True)
 class Block:
-    """A block, for humans. `requested_size` is stale on inactive blocks (reference §3.4)."""
+    """A block, for humans. `requested_size` is stale on inactive blocks (torch keeps the last)."""
 
     index: int
     segment: int
@@ -504,7 +504,8 @@ class Trace:
 
 
 def _legacy_frames(extra: Mapping[str, Any] | None) -> list | None:
-    """The frames of a torch 2.0 block: its `history[0]` (reference §3.4), None without one."""
+    """The frames of a torch 2.0 block: its `history[0]` (as `_memory_viz._block_extra_legacy`
+    reads it), None without one."""
     history = extra.get("history") if extra else None
     if isinstance(history, list) and history and isinstance(history[0], dict):
         frames = history[0].get("frames")
@@ -934,7 +935,8 @@ def _assemble(
         if m:
             np.cumsum(size[:-1], out=excl[1:])
         computed = seg["address"][segment] + excl - (excl[start[segment]] if m else 0)
-        if blk_address is None:  # torch computes them the same way (reference §3.4)
+        # torch's memory_viz computes them the same way: segment address plus the sizes before
+        if blk_address is None:
             blk_address = computed
         else:
             given, has = blk_address

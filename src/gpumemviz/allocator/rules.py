@@ -1,6 +1,7 @@
 """Placement rules of PyTorch's CUDA caching allocator, as pure functions.
 
-Sections 2.1-2.8 of the reference (torch-allocator.md). The model, replay, fragmentation analysis
+As c10/cuda/CUDACachingAllocator.cpp implements them (round_size, get_allocation_size, the
+small/large pool split, should_split). The model, replay, fragmentation analysis
 and `can_fit` all use these, so there is exactly one copy of each rule.
 """
 

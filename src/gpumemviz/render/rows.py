@@ -46,9 +46,10 @@ LEVELS = 63
 MAX_CELLS = 1024
 CELL_NO_DATA = 0
 
-# Expandable segments release whole pages only (reference §2.13): 2 MiB in the small pool, the
-# large segment size (20 MiB unless configured) in the large pool. Kept here rather than imported
-# from allocator.rules because render/ may not import the allocator (docs/internals.md).
+# Expandable segments release whole pages only (torch unmaps page by page): 2 MiB in the small
+# pool, the large segment size (20 MiB unless configured) in the large pool. Kept here rather
+# than imported from allocator.rules because render/ may not import the allocator
+# (docs/internals.md).
 _SMALL_PAGE = 2 << 20
 _LARGE_PAGE = 20 << 20
 

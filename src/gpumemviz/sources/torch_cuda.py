@@ -1,6 +1,6 @@
 """The live source: torch.cuda's caching allocator, plus OOM capture.
 
-Rules this module keeps (see reference torch-allocator.md sections 4 and 5):
+Rules this module keeps:
 
 - gpumemviz never initialises CUDA. Until ``torch.cuda.is_initialized()`` a sample says
   "waiting for CUDA"; ``mem_get_info``, ``get_device_properties`` and the OOM observer would each
