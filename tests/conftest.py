@@ -89,6 +89,35 @@ def has_private_pools(d: Any) -> bool:
     return any(tuple(s.get("segment_pool_id") or (0, 0)) != (0, 0) for s in segs)
 
 
+def unallocated_bytes(d: Any, state: str) -> int:
+    """Bytes of `state` blocks in non-expandable segments that hold nothing allocated: the
+    segments empty_cache returns whole, once it has synced their pending frees."""
+    segs = d["segments"] if isinstance(d, dict) else d
+    return sum(
+        b["size"]
+        for s in segs
+        if not s.get("is_expandable")
+        and not any(b["state"] == "active_allocated" for b in s["blocks"])
+        for b in s["blocks"]
+        if b["state"] == state
+    )
+
+
+def recorded_peaks(d: dict, device: int = 0) -> tuple[int, int]:
+    """Peak reserved bytes and peak segment count of a recording, from the raw dict alone: the
+    final state minus the later segment entries, walked backwards (maps and unmaps change the
+    bytes of an expandable segment, not the count)."""
+    reserved = sum(s["total_size"] for s in d["segments"] if s["device"] == device)
+    count = sum(1 for s in d["segments"] if s["device"] == device)
+    sign = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+    peak_reserved, peak_count = reserved, count
+    for e in reversed(d["device_traces"][device]):
+        reserved -= sign.get(e["action"], 0) * e["size"]
+        count -= {"segment_alloc": 1, "segment_free": -1}.get(e["action"], 0)
+        peak_reserved, peak_count = max(peak_reserved, reserved), max(peak_count, count)
+    return peak_reserved, peak_count
+
+
 def _ids(paths: list[Path]) -> list[str]:
     """'owner:stem-end' for a real file, 'standin:name' for a stand-in."""
     return [p.name.split("__")[0] + ":" + p.stem.split("__")[-1] for p in paths]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import fragmented_segments, read_real, real_file, standin_file
+from conftest import fragmented_segments, read_real, real_file, recorded_peaks, standin_file
 from gpumemviz.advice import Advice, advise, oom_device_free
 from gpumemviz.advice_check import CHECKED_KINDS, ReplayCheck, check_advice, setting_of
 from gpumemviz.allocator import workloads
@@ -243,20 +243,6 @@ def test_the_html_report_lists_the_rejected_apart():
 # -- the same paths on the stand-ins, which ship ---------------------------------------------
 
 
-def _walk_peaks(d: dict, device: int = 0) -> tuple[int, int]:
-    """Peak reserved bytes and peak segment count of a recording, from the raw dict alone: the
-    final state minus the later segment entries, walked backwards."""
-    reserved = sum(s["total_size"] for s in d["segments"] if s["device"] == device)
-    count = sum(1 for s in d["segments"] if s["device"] == device)
-    sign = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
-    peak_reserved, peak_count = reserved, count
-    for e in reversed(d["device_traces"][device]):
-        reserved -= sign.get(e["action"], 0) * e["size"]
-        count -= {"segment_alloc": 1, "segment_free": -1}.get(e["action"], 0)
-        peak_reserved, peak_count = max(peak_reserved, reserved), max(peak_count, count)
-    return peak_reserved, peak_count
-
-
 @pytest.fixture(scope="module")
 def streams():
     d = read_real(standin_file(STREAMS))
@@ -271,7 +257,7 @@ def test_expandable_is_rejected_on_the_streams_standin_with_the_replays_numbers(
     assert c.advice.kind == "expandable_segments" and c.check is not None
     assert c.check.setting == "expandable_segments:True" and c.check.verdict == "worse"
     # the recorded side from the raw trace; the setting's side is whatif's, replayed here
-    assert (c.check.peak_reserved_before, c.check.peak_segments_before) == _walk_peaks(d)
+    assert (c.check.peak_reserved_before, c.check.peak_segments_before) == recorded_peaks(d)
     r = replay(d, config="expandable_segments:True")
     assert c.check.peak_reserved_before == r.recorded[0].peak_reserved
     assert c.check.peak_reserved_after == r.devices[0].peak_reserved
@@ -299,7 +285,7 @@ def test_expandable_without_gain_is_shown_on_the_training_standin():
     assert checked.rejected == []
     assert c.advice.kind == "expandable_segments" and c.check is not None
     assert c.check.verdict == "same"
-    assert (c.check.peak_reserved_before, c.check.peak_segments_before) == _walk_peaks(d)
+    assert (c.check.peak_reserved_before, c.check.peak_segments_before) == recorded_peaks(d)
     r = replay(d, config="expandable_segments:True")
     assert c.check.peak_reserved_after == r.devices[0].peak_reserved
     assert c.check.peak_reserved_after == c.check.peak_reserved_before  # 3.20 GiB both

@@ -19,6 +19,7 @@ from conftest import (
     has_private_pools,
     read_real,
     real_file,
+    recorded_peaks,
     standin_file,
 )
 from gpumemviz.cli import SUBCOMMANDS, build_parser, main
@@ -184,14 +185,8 @@ def _recorded_reserved_walk(d: dict, device: int) -> tuple[int, int | None]:
     """Peak reserved of a recording and the index of its oom entry, from the raw dict alone:
     the final reserved minus the later segment entries' changes, walked backwards."""
     trace = d["device_traces"][device]
-    reserved = sum(s["total_size"] for s in d["segments"] if s["device"] == device)
-    delta = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
-    peak = reserved
-    for e in reversed(trace):
-        reserved -= delta.get(e["action"], 0) * e["size"]
-        peak = max(peak, reserved)
     oom = next((i for i, e in enumerate(trace) if e["action"] == "oom"), None)
-    return peak, oom
+    return recorded_peaks(d, device)[0], oom
 
 
 def test_whatif_json_recorded_side_matches_the_trace_on_real_files(recorded_path, capsys):

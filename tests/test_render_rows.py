@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import random_expandable_model
+from conftest import random_expandable_model, unallocated_bytes
 from gpumemviz.render.rows import (
     CELL_NO_DATA,
     KIND_ALLOCATED,
@@ -83,14 +83,7 @@ def test_real_rows_account_for_every_byte(recorded_dict):
     # free bytes of segments with nothing allocated: empty_cache syncs the pending frees first,
     # so a segment of pending-free and free blocks (verl's) goes back whole, and its free bytes
     # are releasable too (its pending ones stay painted pending)
-    unallocated_free = sum(
-        b["size"]
-        for s in segs
-        if not s.get("is_expandable")
-        and not any(b["state"] == "active_allocated" for b in s["blocks"])
-        for b in s["blocks"]
-        if b["state"] == "inactive"
-    )
+    unallocated_free = unallocated_bytes(segs, "inactive")
     if not any(s.get("is_expandable") for s in segs):
         assert t["free_releasable"] == unallocated_free >= empty
         if not any(b["state"] == "active_pending_free" for s in segs for b in s["blocks"]):

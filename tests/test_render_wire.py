@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import unallocated_bytes
 from gpumemviz.render.rows import MAX_CELLS, build_rows, encode_cells
 from gpumemviz.render.wire import FIRST_FRAME_LIMIT, FRAME_LIMIT, Wire, header_numbers, window
 from gpumemviz.render.wire_frame import META_FIELDS, decode_frame, row_meta
@@ -206,15 +207,7 @@ def test_header_numbers_agree_with_the_fragmentation_report(recorded_dict):
     # the report's releasable is what empty_cache returns: whole segments with nothing
     # allocated, their pending-free blocks too (it syncs them first); the map paints those
     # pending, so its releasable is the rest (verl's file has 571 MB of them)
-    segs = recorded_dict["segments"] if isinstance(recorded_dict, dict) else recorded_dict
-    pending_in_unallocated = sum(
-        b["size"]
-        for s in segs
-        if not s.get("is_expandable")
-        and not any(b["state"] == "active_allocated" for b in s["blocks"])
-        for b in s["blocks"]
-        if b["state"] == "active_pending_free"
-    )
+    pending_in_unallocated = unallocated_bytes(recorded_dict, "active_pending_free")
     assert (
         mine["free_releasable"] + pending_in_unallocated
         == report.releasable + report.releasable_private

@@ -570,20 +570,15 @@ def test_header_releasable_and_stuck_add_up_to_free_plus_pending():
     """verl's recording has pending frees in segments holding nothing allocated: empty_cache
     syncs them and returns those segments whole, so the header's releasable counts them and
     releasable + stuck == free + pending (the painted green alone would not)."""
-    from conftest import real_file
+    from conftest import real_file, unallocated_bytes
     from gpumemviz import load_snapshot
     from gpumemviz.fragmentation import fragmentation
     from gpumemviz.widget import MemoryPanel
 
     path = real_file("volcengine__verl__mem_mempools.pickle")
     raw = _read(path)
-    pending_in_empty = sum(
-        b["size"]
-        for s in raw["segments"]
-        if not any(b["state"] == "active_allocated" for b in s["blocks"])
-        for b in s["blocks"]
-        if b["state"] == "active_pending_free"
-    )
+    assert not any(s["is_expandable"] for s in raw["segments"])
+    pending_in_empty = unallocated_bytes(raw, "active_pending_free")
     assert pending_in_empty > 0  # the case this test is about
     panel = MemoryPanel.from_snapshot(path)
     try:
