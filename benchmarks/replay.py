@@ -20,8 +20,8 @@ import sys
 import time
 
 from _common import REPO, best, real_files
-from gpumemviz.allocator.recording import Recording
 from gpumemviz.allocator.replay import ReplayError, replay
+from gpumemviz.allocator.replay.recording import Recording
 from gpumemviz.allocator.workloads import WORKLOADS, run
 from gpumemviz.io import loads_restricted
 

@@ -10,7 +10,10 @@ import pytest
 
 import gpumemviz.allocator as pkg
 
-HEAVY = ("model", "replay", "workloads", "timeline", "reconstruct", "drive")
+HEAVY = (
+    *("model", "workloads", "replay"),
+    *("replay.layout", "replay.reconstruct", "replay.recording", "replay.drive", "replay.driver"),
+)
 
 
 def _fresh(code: str) -> dict:
@@ -39,6 +42,24 @@ def test_config_and_the_fragmentation_report_do_not_load_the_model():
         f"print(json.dumps([json.loads(bare), json.loads({_loaded_of(HEAVY)})]))"
     )
     assert got == [[], []]
+
+
+def test_the_recording_and_replay_load_the_model_only_when_replay_runs():
+    """export and playback read `Recording`; the replay package loads the model (and its
+    driver) only when `replay` is called."""
+    drive = ("model", "replay.drive", "replay.driver")
+    got = _fresh(
+        "import json, sys\n"
+        "import gpumemviz.allocator.replay.recording, gpumemviz.export\n"
+        "from gpumemviz.allocator.replay import replay\n"
+        f"before = {_loaded_of(drive)}\n"
+        "from gpumemviz.allocator.model import CachingAllocator\n"
+        "a = CachingAllocator(1 << 30)\n"
+        "a.free(a.malloc(100))\n"
+        "r = replay(a.snapshot())\n"
+        f"print(json.dumps([json.loads(before), json.loads({_loaded_of(drive)}), r.allocs]))"
+    )
+    assert got == [[], list(drive), 1]
 
 
 def test_the_public_names_import_from_the_package():

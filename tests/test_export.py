@@ -19,7 +19,7 @@ import gpumemviz
 import gpumemviz.io as gio
 from conftest import REAL_FILES, STANDIN_FILES, read_real, real_file, standin_file
 from gpumemviz.allocator.model import CachingAllocator
-from gpumemviz.allocator.recording import Recording
+from gpumemviz.allocator.replay.recording import Recording
 from gpumemviz.export import SAMPLE_COLUMNS, TRACE_COLUMNS, export
 from gpumemviz.io import load_snapshot
 from gpumemviz.sampler import Sampler

@@ -10,9 +10,9 @@ import pytest
 
 from conftest import read_real, real_file, standin_file
 from gpumemviz.allocator.config import AllocatorConfig
-from gpumemviz.allocator.layout import Layout, LayoutError
-from gpumemviz.allocator.reconstruct import Rules, reconstruct, steps_of
-from gpumemviz.allocator.recording import apply_step
+from gpumemviz.allocator.replay.layout import Layout, LayoutError
+from gpumemviz.allocator.replay.reconstruct import Rules, reconstruct, steps_of
+from gpumemviz.allocator.replay.recording import apply_step
 from gpumemviz.allocator.rules import K_SMALL_SIZE, MIB
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -202,7 +202,7 @@ def test_a_malformed_entry_is_a_clear_error():
 def test_every_reconstructed_and_scrubbed_state_passes_the_invariant_checker(recorded_dict):
     """The model engineer's section-3.9 checker, as an independent oracle on our states."""
     from gpumemviz.allocator.invariants import check_invariants
-    from gpumemviz.allocator.recording import Recording
+    from gpumemviz.allocator.replay.recording import Recording
 
     if isinstance(recorded_dict, list) or not _traced_devices(recorded_dict):
         pytest.skip("no trace in this file")
@@ -218,7 +218,7 @@ def test_every_reconstructed_and_scrubbed_state_passes_the_invariant_checker(rec
 
 
 def test_a_trace_that_does_not_end_on_the_final_layout_names_the_segment():
-    from gpumemviz.allocator.recording import Recording
+    from gpumemviz.allocator.replay.recording import Recording
 
     d = _load("two_streams")
     d["segments"][0]["stream"] += 1  # the file disagrees with its trace

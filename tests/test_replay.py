@@ -12,8 +12,9 @@ import pytest
 
 from conftest import has_private_pools, read_real, real_file, standin_file
 from gpumemviz.allocator.config import AllocatorConfig
-from gpumemviz.allocator.recording import Recording
-from gpumemviz.allocator.replay import ReplayError, drive, replay
+from gpumemviz.allocator.replay import ReplayError, replay
+from gpumemviz.allocator.replay.drive import drive
+from gpumemviz.allocator.replay.recording import Recording
 from gpumemviz.allocator.rules import MIB
 from test_replay_cut import oom_program
 

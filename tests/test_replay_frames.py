@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import read_real, real_file, standin_file
-from gpumemviz.allocator.recording import Recording
 from gpumemviz.allocator.replay import replay
+from gpumemviz.allocator.replay.recording import Recording
 from gpumemviz.diff import diff
 
 

@@ -1,4 +1,4 @@
-"""sources/playback.py: real recorded traces played back, scrubbing their allocator.recording."""
+"""sources/playback.py: real recorded traces played back, scrubbing their Recording."""
 
 from __future__ import annotations
 

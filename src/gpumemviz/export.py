@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ._callable import make_module_callable
-from .allocator.recording import Recording
+from .allocator.replay.recording import Recording
 from .frames import redact_paths as _redact_paths
 from .io import as_snapshot, atomic_write, write_torch
 from .sample import STAT_FIGURES, Sample
@@ -192,8 +192,8 @@ def trace_rows(snapshot: Any, *, device: int | None = None) -> dict[str, list]:
     snapshot minus the changes the later entries made (segment_alloc/map +size,
     segment_free/unmap -size; alloc +size, free_completed -size), so they hold even when the
     ring buffer lost the start of the history. `allocated` (block bytes, rounding included)
-    and `segments` come from `gpumemviz.allocator.recording.Recording`, which replays the trace
-    at the recorded addresses; they are empty when the trace cannot be replayed.
+    and `segments` come from `gpumemviz.allocator.replay.recording.Recording`, which replays
+    the trace at the recorded addresses; they are empty when the trace cannot be replayed.
 
     Parameters
     ----------

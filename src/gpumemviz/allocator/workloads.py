@@ -5,6 +5,10 @@ description, and `ops()`, a deterministic program of ``("malloc", id, size, stre
 ``("free", id)``, ``("empty_cache",)`` and ``("mark", label)`` steps. Sizes come from a model
 shape (hidden size, layers, heads, sequence length, dtype), as a PyTorch program would request
 them. `run` drives a `CachingAllocator` through a workload and returns the outcome as numbers.
+
+It stays whole (over 500 lines): its two program builders (training, inference) share the
+counter that hands out allocation ids, and `run`, its `Outcome` and the catalogue `WORKLOADS`
+are short. It is not replay machinery: replay/ runs recorded traces, this makes new programs.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""A recorded snapshot played back as a live source, scrubbing its `allocator.recording`.
+"""A recorded snapshot played back as a live source, scrubbing its `allocator.replay.recording`.
 
 The panel then shows a run that happened elsewhere (a file from a cluster, a colleague's OOM) the
 way it would have looked live: segment state after each trace entry, rebuilt by
-`allocator.recording.Recording` (reconstruct the start, apply the entries forwards at the
+`allocator.replay.recording.Recording` (reconstruct the start, apply the entries forwards at the
 recorded addresses).
 """
 
@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from gpumemviz.allocator.recording import Recording
+from gpumemviz.allocator.replay.recording import Recording
 from gpumemviz.sample import SEGMENTS_NOT_READ, DeviceInfo, MemoryStats, Sample
 from gpumemviz.sources.base import SourceCommandError, short_error
 

@@ -1,409 +1,38 @@
-"""One pass of one device's recorded trace through the allocator model, scored.
+"""The driver of one replay pass: a fresh model fed one device's recorded trace, scored.
 
 The model is handed only what a running program gives the allocator: size and stream for each
 malloc, frees by allocation id, and, when it asks for a new segment, the base address the driver
-gave (the trace's next segment_alloc / segment_map). Recorded alloc addresses are read only by
-the scorer. `replay` (replay.py) builds on this.
+gave (the trace's next segment_alloc / segment_map, from addresses.py). Recorded alloc addresses
+are read only by the scorer. `drive` (drive.py) is the entry point.
+
+`Driver` stays whole (over 500 lines): every method reads and moves the same state of the
+pass (the model, its address provider, the deferred frees, the figures after each entry), and
+each story it tries for a release run or a cut copies all of that state and rolls it back.
 """
 
 from __future__ import annotations
 
-import bisect
 import copy
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .config import AllocatorConfig
+from ..config import AllocatorConfig
+from ..model import CachingAllocator, DescendingAddresses, OutOfMemory
+from ..rules import is_small, page_size, reservation_size
+from .addresses import INVENTED_TOP, Provider, Reservations, Runs
 from .layout import INACTIVE, Layout, LayoutError
-from .model import CachingAllocator, DescendingAddresses, OutOfMemory, reservation_starts
 from .reconstruct import SEGMENT_ACTIONS, Step
 from .recording import Recording
-from .rules import is_small, page_size, reservation_size
+from .result import DeviceReplay, ReplayError
 
-__all__ = ["DeviceReplay", "ReplayError", "drive"]
+__all__ = ["Driver"]
 
 _RELEASES = ("segment_free", "segment_unmap")
 _GROWS = ("segment_alloc", "segment_map")
 _DELTA = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 _UNKNOWN_TOTAL = 1 << 40  # device_total when nothing recorded says it (sizes the expandable VA)
-_INVENTED_TOP = 1 << 60  # invented addresses live far above any real one
-
-
-class ReplayError(ValueError):
-    """A snapshot that cannot be replayed (no trace, an inconsistent trace); one line."""
-
-
-@dataclass
-class DeviceReplay:
-    """One device's replay: decision scores, and the model's figures after every trace entry."""
-
-    device: int
-    config: str
-    what_if: bool
-    capacity: int | None
-    capacity_known: bool
-    events: int
-    # where `capacity` came from: "oom entry" (reserved + device_free at the recorded OOM),
-    # "user" (replay's capacity argument) or "unknown" (no OOM recorded: the model never runs
-    # out; a recorded per_process_memory_fraction is a share of a device total nobody recorded)
-    capacity_source: str = "unknown"
-    capacity_oom: int | None = None  # trace index of the oom entry it came from
-    allocs: int = 0
-    allocs_matched: int = 0  # end to end: the model ran on its own state throughout
-    allocs_matched_per_decision: int = 0  # re-synchronised to the recorded state after a miss
-    segments_recorded: int = 0  # segment_alloc + segment_map entries the trace shows
-    segments_matched: int = 0  # the model made the same one (action, address, size) there
-    bursts: int = 0  # runs of segment_free / segment_unmap in the trace
-    bursts_matched: int = 0  # the model released the same ranges in the same order
-    explicit_bursts: list[int] = field(default_factory=list)  # replayed as empty_cache
-    final_matched: bool | None = None  # the model's final segments equal the recorded ones
-    oom: int | None = None  # trace index where the model ran out of memory (what-if: stop)
-    recorded_oom: int | None = None  # trace index of the recorded oom entry, if any
-    peak_reserved: int = 0
-    peak_allocated: int = 0
-    reserved: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    allocated: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    segments: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    mismatches: list[tuple[int, str, str]] = field(default_factory=list)  # first few
-    final_segments: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def exact(self) -> bool:
-        """Every decision as recorded (only meaningful with the recorded settings)."""
-        return (
-            self.allocs_matched == self.allocs
-            and self.allocs_matched_per_decision == self.allocs
-            and self.segments_matched == self.segments_recorded
-            and self.bursts_matched == self.bursts
-            and self.final_matched is not False
-            and self.oom == self.recorded_oom
-        )
-
-
-class _Provider:
-    """Segment base addresses for the model: the recorded ones, else invented (descending).
-
-    It keeps the address ranges the model holds (segments, and expandable reservations when
-    the device total is known), so that a model that went its own way is never handed a
-    recorded address it already uses (it gets an invented one instead). A reservation made by
-    a malloc that then failed has no segment_map next to it: its base is the first later map
-    of that stream and pool outside everything the model holds.
-    """
-
-    def __init__(self, steps: Sequence[Step], invent: bool, small_at: Callable[[int], bool]):
-        self.steps = steps
-        self.small_at = small_at  # pool of the segment_map at index j (from the alloc after it)
-        self.window: list[int] = []  # indices of the segment entries next to the current alloc
-        self.used: set[int] = set()
-        self.pos = 0  # trace index of the current malloc
-        self.small = False  # its pool
-        self.invent = invent
-        self.full = False  # reservations held with their whole extent (device total known)
-        self.fallback = DescendingAddresses(_INVENTED_TOP)
-        self.surprises = 0  # the model asked when the trace shows nothing to answer with
-        self.cut: list[tuple[str, int, int]] = []  # a new segment / map the cut hid (below)
-        self.starts: list[int] = []  # ranges the model holds, sorted by start
-        self.ends: list[int] = []
-        self.reserved: set[int] = set()  # which of them are expandable reservations
-        self.mapped = _Runs(())  # the model's mapped expandable runs
-        self.model: CachingAllocator | None = None
-        self.synced = 0  # the model's trace_len() when its entries were last read
-
-    def load(
-        self,
-        model: CachingAllocator,
-        segments: Sequence[Mapping[str, Any]],
-        bases: Sequence[tuple[int, bool, int]] = (),
-    ) -> None:
-        """Start over from a model loaded with `segments` and reservation `bases` (holding its
-        reservations as `from_segments` builds them)."""
-        self.model, self.synced = model, model.trace_len()
-        self.starts, self.ends, self.reserved = [], [], set()
-        self.mapped = _Runs(segments)
-        runs: dict[tuple[int, bool], list[tuple[int, int]]] = {}
-        for seg in sorted(segments, key=lambda s: s["address"]):
-            if seg.get("is_expandable"):
-                key = (seg["stream"], seg["segment_type"] == "small")
-                runs.setdefault(key, []).append((seg["address"], seg["total_size"]))
-            else:
-                self.hold(seg["address"], seg["total_size"])
-        known: dict[tuple[int, bool], list[int]] = {}
-        for stream, small, base in bases:
-            known.setdefault((stream, small), []).append(base)
-        for key in runs.keys() | known.keys():
-            extent = self.extent(key[1])
-            group = runs.get(key, [])
-            if not extent:  # the model's reservations are not tracked: hold the runs
-                for addr, size in group:
-                    self.hold(addr, size)
-                continue
-            starts = reservation_starts([a for a, _ in group], sorted(known.get(key, ())), extent)
-            for base in starts:
-                self.hold(base, extent, reservation=True)
-
-    def extent(self, small: bool) -> int:
-        """Address space of one reservation (section 2.13), or 0 when the total is unknown."""
-        if not self.full or self.model is None:
-            return 0
-        page = page_size(small, self.model.config.large_segment_size)
-        return reservation_size(self.model.device_total, page)
-
-    def sync(self, entries: Sequence[tuple] | None = None) -> None:
-        """Read the model's entries since the last look (or take them: `entries` must be
-        exactly those): released segments, mapped runs, and reservations whose last page went
-        (torch then releases the address space)."""
-        model = self.model
-        if model is None:
-            return
-        if entries is None:
-            entries = model.trace_since(self.synced)
-        touched = []
-        for e in entries:
-            a = e[0]
-            if a == "segment_free":
-                self.drop(e[1])
-            elif a == "segment_map":
-                self.mapped.map(e[1], e[2])
-            elif a == "segment_unmap":
-                self.mapped.unmap(e[1], e[2])
-                touched.append(e[1])
-        self.synced = model.trace_len()
-        for addr in touched:
-            i = bisect.bisect_right(self.starts, addr) - 1
-            if (
-                i >= 0
-                and self.starts[i] in self.reserved
-                and self.ends[i] > addr
-                and not self.mapped.within(self.starts[i], self.ends[i])
-            ):
-                self.reserved.discard(self.starts[i])
-                del self.starts[i], self.ends[i]
-
-    def __call__(self, kind: str, size: int, stream: int) -> int:
-        self.sync()
-        expandable = kind != "segment"
-        span = size if not expandable or self.full else 1
-        if not self.invent:
-            want = "segment_map" if expandable else "segment_alloc"
-            for entry in self.cut:
-                if entry[0] == want and not self.overlaps(entry[1], span):
-                    self.cut.remove(entry)
-                    self.hold(entry[1], span, reservation=expandable)
-                    return entry[1]
-            for j in self.window:
-                if j not in self.used and self.steps[j][0] == want:
-                    self.used.add(j)
-                    addr = self.steps[j][1]
-                    if not self.overlaps(addr, span):
-                        self.hold(addr, span, reservation=expandable)
-                        return addr
-                    break
-            else:
-                if expandable and self.full:  # made by a malloc that failed: look ahead
-                    steps = self.steps
-                    for j in range(self.pos + 1, len(steps)):
-                        a, addr, _, st = steps[j]
-                        if (
-                            a == "segment_map"
-                            and st == stream
-                            and not self.overlaps(addr, 1)
-                            and self.small_at(j) == self.small
-                        ):
-                            self.hold(addr, span, reservation=True)
-                            return addr
-            self.surprises += 1
-        addr = self.fallback(kind, size, stream)
-        self.hold(addr, span, reservation=expandable)
-        return addr
-
-    def overlaps(self, addr: int, size: int) -> bool:
-        i = bisect.bisect_right(self.starts, addr)
-        if i > 0 and self.ends[i - 1] > addr:
-            return True
-        return i < len(self.starts) and self.starts[i] < addr + size
-
-    def hold(self, addr: int, size: int, reservation: bool = False) -> None:
-        i = bisect.bisect_left(self.starts, addr)
-        self.starts.insert(i, addr)
-        self.ends.insert(i, addr + size)
-        if reservation:
-            self.reserved.add(addr)
-
-    def drop(self, addr: int) -> None:
-        i = bisect.bisect_left(self.starts, addr)
-        if i < len(self.starts) and self.starts[i] == addr:
-            del self.starts[i], self.ends[i]
-            self.reserved.discard(addr)
-
-    def state(self) -> tuple[Any, ...]:
-        return (
-            self.starts[:],
-            self.ends[:],
-            set(self.reserved),
-            copy.deepcopy(self.mapped),
-            self.synced,
-        )
-
-    def restore(self, state: tuple[Any, ...], model: CachingAllocator) -> None:
-        self.starts, self.ends, self.reserved, self.mapped, self.synced = state
-        self.model = model
-
-
-class _Runs:
-    """Count of segments as snapshots show them (expandable: one per mapped run)."""
-
-    def __init__(self, segments: Sequence[Mapping[str, Any]]):
-        self.plain = 0
-        self.starts: list[int] = []
-        self.ends: list[int] = []
-        for s in sorted(segments, key=lambda s: s["address"]):
-            if s.get("is_expandable"):
-                self.map(s["address"], s["total_size"])
-            else:
-                self.plain += 1
-
-    def __len__(self) -> int:
-        return self.plain + len(self.starts)
-
-    def map(self, addr: int, size: int) -> None:
-        end = addr + size
-        i = bisect.bisect_left(self.starts, addr)
-        if i > 0 and self.ends[i - 1] == addr:
-            i -= 1
-            addr = self.starts[i]
-            del self.starts[i], self.ends[i]
-        if i < len(self.starts) and self.starts[i] == end:
-            end = self.ends[i]
-            del self.starts[i], self.ends[i]
-        self.starts.insert(i, addr)
-        self.ends.insert(i, end)
-
-    def unmap(self, addr: int, size: int) -> None:
-        i = bisect.bisect_right(self.starts, addr) - 1
-        if i < 0 or self.ends[i] < addr + size:
-            return  # not ours to count (a model bug shows up in the scores instead)
-        s, e = self.starts[i], self.ends[i]
-        del self.starts[i], self.ends[i]
-        for a, b in ((addr + size, e), (s, addr)):
-            if b > a:
-                self.starts.insert(i, a)
-                self.ends.insert(i, b)
-
-    def within(self, lo: int, hi: int) -> bool:
-        """Does any mapped run reach into [lo, hi)?"""
-        i = bisect.bisect_right(self.starts, lo) - 1
-        if i >= 0 and self.ends[i] > lo:
-            return True
-        return i + 1 < len(self.starts) and self.starts[i + 1] < hi
-
-    def apply(self, entries: Sequence[tuple]) -> None:
-        for e in entries:
-            a = e[0]
-            if a == "segment_alloc":
-                self.plain += 1
-            elif a == "segment_free":
-                self.plain -= 1
-            elif a == "segment_map":
-                self.map(e[1], e[2])
-            elif a == "segment_unmap":
-                self.unmap(e[1], e[2])
-
-
-class _Reservations:
-    """Where each expandable reservation starts, as far as the trace proves it.
-
-    A snapshot shows only mapped runs, and an expandable trace cut by the ring buffer may map
-    pages below the lowest run it starts with. A reservation spans `extent` bytes, starts at
-    or below every address mapped in its life, and lives while any page of it is mapped; a
-    new one starts at its first map (section 2.13). So a map of a stream and pool that fits
-    within one extent of a live reservation's mapped pages is in it, otherwise it starts a
-    new one. Reservations alive together do not overlap: when the extent is the device's
-    (`bounded`), one whose base is unknown ends at or below the next one above it.
-    """
-
-    def __init__(
-        self,
-        recording: Recording,
-        small_at: Callable[[int], bool],
-        extent: Callable[[bool], int],
-        bounded: bool,
-    ):
-        self.lives: list[tuple[int, int, int, bool, int]] = []  # (from, to, stream, small, base)
-        self.extent = extent
-        done: list[tuple[list[Any], int]] = []  # (reservation, trace index it ended at)
-        live: list[list[Any]] = []  # [from, stream, small, lowest, highest end, fixed, _Runs]
-        start = recording.start.to_segments(recording.device)
-        for seg in sorted(start, key=lambda s: s["address"]):
-            if seg.get("is_expandable"):
-                addr, size = seg["address"], seg["total_size"]
-                small = seg["segment_type"] == "small"
-                r = self._find(live, seg["stream"], small, addr, size, greedy=True)
-                if r is None:
-                    r = [-1, seg["stream"], small, addr, addr, False, _Runs(())]
-                    live.append(r)
-                r[4] = addr + size
-                r[6].map(addr, size)
-        n = len(recording.steps)
-        for j, (action, addr, size, stream) in enumerate(recording.steps):
-            if action == "segment_map":
-                small = small_at(j)
-                r = self._find(live, stream, small, addr, size)
-                if r is None:
-                    r = [j, stream, small, addr, addr + size, True, _Runs(())]
-                    live.append(r)
-                r[3], r[4] = min(r[3], addr), max(r[4], addr + size)
-                r[6].map(addr, size)
-            elif action == "segment_unmap":
-                for r in live:
-                    if r[1] == stream and r[6].within(addr, addr + size):
-                        r[6].unmap(addr, size)
-                        if not r[6].starts:  # its last page went: the reservation is released
-                            live.remove(r)
-                            done.append((r, j))
-                        break
-        done += [(r, n) for r in live]
-        base: dict[int, int] = {}
-        for r, to in sorted(done, key=lambda d: -d[0][3]):  # highest first
-            b = r[3]
-            if bounded and not r[5]:
-                ext = extent(r[2])
-                for q, qto in done:
-                    if id(q) in base and q[3] > r[3] and q[0] < to and r[0] < qto:
-                        b = min(b, base[id(q)] - ext)
-                if b < r[4] - ext or b <= 0:  # the extent is smaller than the device's
-                    b = r[3]
-            base[id(r)] = b
-            self.lives.append((r[0], to, r[1], r[2], b))
-
-    def _find(
-        self,
-        live: list[list[Any]],
-        stream: int,
-        small: bool,
-        addr: int,
-        size: int,
-        greedy: bool = False,
-    ) -> list[Any] | None:
-        """The live reservation a newly mapped [addr, addr+size) must be in, if any."""
-        extent = self.extent(small)
-        best: list[Any] | None = None
-        for r in live:
-            if r[1] != stream or r[2] != small:
-                continue
-            if r[5] or greedy:  # its base is known (greedy: the lowest run, as from_segments)
-                fits = r[3] <= addr and addr + size <= r[3] + extent
-            else:
-                fits = max(r[4], addr + size) - min(r[3], addr) <= extent
-            if fits and (best is None or abs(addr - r[3]) < abs(addr - best[3])):
-                best = r
-        return best
-
-    def at(self, i: int) -> list[tuple[int, bool, int]]:
-        """``(stream, small, base)`` of the reservations alive after trace entry i (-1: start)."""
-        return [(st, sm, base) for frm, to, st, sm, base in self.lives if frm <= i < to]
 
 
 def _layout_key(segments: Sequence[Mapping[str, Any]]) -> list[tuple]:
@@ -433,7 +62,7 @@ def _without(lay: Layout, entry: tuple[str, int, int]) -> Layout | None:
     return out
 
 
-class _Driver:
+class Driver:
     """One pass over one device's trace with a fresh model (see `drive`)."""
 
     def __init__(
@@ -469,9 +98,9 @@ class _Driver:
                     return is_small(rules.round(steps[k][2]))
             return False
 
-        self.provider = _Provider(self.steps, invent=what_if, small_at=small_at)
+        self.provider = Provider(self.steps, invent=what_if, small_at=small_at)
         self.provider.full = capacity is not None
-        self.bases = _Reservations(
+        self.bases = Reservations(
             recording,
             small_at,
             lambda small: reservation_size(self.total, page_size(small, config.large_segment_size)),
@@ -537,7 +166,7 @@ class _Driver:
             )
         except ValueError as err:  # e.g. segments of a private pool (CUDA graphs)
             raise ReplayError(f"device {self.tl.device}: {err}") from None
-        self.runs = _Runs(segments)
+        self.runs = Runs(segments)
         # allocation id -> model address
         self.where = {
             self.rename(b["address"]): b["address"]
@@ -584,16 +213,16 @@ class _Driver:
                 self.cut_at, self.cut_grew = i0, [entry]
                 self.provider.cut = [entry]
                 self.provider.surprises = 0
-                self.provider.fallback = DescendingAddresses(_INVENTED_TOP)
+                self.provider.fallback = DescendingAddresses(INVENTED_TOP)
                 return first
         self.provider.surprises = 0
-        self.provider.fallback = DescendingAddresses(_INVENTED_TOP)
+        self.provider.fallback = DescendingAddresses(INVENTED_TOP)
         return start
 
     def _hidden_growth(self, start: Layout, step: Step) -> list[tuple[str, int, int]]:
         """What the first malloc may have made before the cut: the whole free segment its
-        block starts, or the last pages mapped under it (reference 9.2: the allocation starts
-        at the free tail, and ceil((rounded - tail) / page) pages are mapped above it)."""
+        block starts, or the last pages mapped under it (the allocation starts at the free
+        tail, and ceil((rounded - tail) / page) pages are mapped above it)."""
         _, addr, size, stream = step
         seg = start.segment_at(addr)
         if seg is None or seg.stream != stream:
@@ -890,11 +519,11 @@ class _Driver:
         """With no capacity known, the capacity under which this malloc would have released
         the recorded run itself, or None when an empty_cache explains the run.
 
-        An empty_cache frees every entirely free segment, large pool first, in (stream, size,
-        address) order (reference 9.3); a run that is not that, followed by a new segment, is
-        the allocator's own release after a failed cudaMalloc (with max_split_size, the
-        oversize blocks first). The process then had room for the new segment only after the
-        release: capacity = reserved - released + new.
+        An empty_cache (torch's release_cached_blocks) frees every entirely free segment,
+        large pool first, in (stream, size, address) order; a run that is not that, followed by
+        a new segment, is the allocator's own release after a failed cudaMalloc (with
+        max_split_size, the oversize blocks first). The process then had room for the new
+        segment only after the release: capacity = reserved - released + new.
         """
         steps = self.steps
         if any(steps[j][0] == "segment_unmap" for j in rels):
@@ -1041,60 +670,3 @@ class _Driver:
         if not self.resync:
             out.allocs_matched_per_decision = out.allocs_matched
         return out
-
-
-def drive(
-    recording: Recording,
-    config: AllocatorConfig,
-    capacity: int | None,
-    *,
-    what_if: bool = False,
-    resync: bool = False,
-    explicit: Collection[int] = (),
-    rename: Callable[[int], int] | None = None,
-    device_total: int | None = None,
-    max_mismatches: int = 20,
-) -> tuple[DeviceReplay, list[int | None]]:
-    """Run one device's trace through a fresh model; score it against the recorded addresses.
-
-    Parameters
-    ----------
-    recording
-        The recorded history (start state, entries, recorded layouts for re-synchronising).
-    config
-        Settings the model runs with.
-    capacity
-        Bytes the process can get (None: unlimited, so the model never runs out).
-    what_if
-        Invent segment addresses instead of taking the recorded ones; recorded release runs
-        listed in `explicit` are replayed as empty_cache, other recorded segment entries are
-        ignored, and the pass stops at the model's first OOM.
-    resync
-        After any decision that differs from the recording, rebuild the model from the recorded
-        layout (the per-decision score). Without it the model runs on its own state.
-    explicit
-        What-if only: first indices of the release runs that were explicit empty_cache calls.
-    rename
-        Maps a recorded alloc/free address to the allocation id the driver files the model's
-        block under (default: the address itself). The model never sees ids, so any
-        one-to-one renaming must give the same choices.
-    device_total
-        The device's total memory (sizes the expandable address reservations).
-
-    Returns
-    -------
-    (DeviceReplay, choices)
-        ``choices[i]`` is the model's address for alloc entry i (None elsewhere).
-    """
-    d = _Driver(
-        recording,
-        config,
-        capacity,
-        what_if=what_if,
-        resync=resync,
-        explicit=explicit,
-        rename=rename,
-        device_total=device_total,
-        max_mismatches=max_mismatches,
-    )
-    return d.run(), d.choices

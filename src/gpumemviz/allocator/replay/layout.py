@@ -2,7 +2,7 @@
 
 Reconstruction walks a trace backwards over it and the timeline walks it forwards; neither makes
 an allocator decision (the recorded addresses say where everything is). Only the split rule is
-needed, to know how large a block an alloc carved (section 2.8 of the reference).
+needed, to know how large a block an alloc carved (`rules.should_split`).
 """
 
 from __future__ import annotations

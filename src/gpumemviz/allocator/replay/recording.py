@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from ..snapshot import no_gc
+from ...snapshot import no_gc
+from ..rules import is_small, page_size, should_split
 from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
 from .reconstruct import Rules, Step, reconstruct_layout, steps_of
-from .rules import is_small, page_size, should_split
 
 __all__ = ["Recording", "apply_step"]
 

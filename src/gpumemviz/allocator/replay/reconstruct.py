@@ -2,7 +2,7 @@
 
 A recorded trace usually starts mid-story (ring buffer wrapped, recording switched on late), so
 the segments at its start are not in the file. They follow from the final ``segments`` and the
-trace, undoing each entry from the last to the first (section 9.1 of the reference). The one real
+trace, undoing each entry from the last to the first. The one real
 ambiguity, the size of a block restored when undoing a free, is settled by the tail rule and the
 boundary hint.
 """
@@ -13,9 +13,9 @@ import bisect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .config import AllocatorConfig
+from ..config import AllocatorConfig
+from ..rules import K_SMALL_SIZE, is_small, page_size, round_size
 from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
-from .rules import K_SMALL_SIZE, is_small, page_size, round_size
 
 __all__ = [
     "ALLOC_ACTIONS",
@@ -90,7 +90,7 @@ def _what(i: int, step: Step) -> str:
 
 
 class _Hints:
-    """Where blocks started while a given block was live: the boundary hint of section 9.1."""
+    """Where blocks started while a given block was live: the boundary hint."""
 
     def __init__(self, steps: Sequence[Step]):
         pairs = sorted((s[1], i) for i, s in enumerate(steps) if s[0] in ALLOC_ACTIONS)

@@ -1,167 +1,37 @@
-"""Replay a recorded snapshot through the allocator model, decision by decision; ask "what if".
+"""Replay: a recorded snapshot's trace run through the allocator model, decision by decision.
 
-With the recorded settings the model makes every decision and is scored against the recording
-(drive.py does one device's pass). With other settings or another capacity, segment addresses
-are invented and only address-free figures are compared (reference section 9.4).
+With the recorded settings the model makes every decision and is scored against the recording.
+With other settings or another capacity ("what if"), segment addresses are invented and only
+the address-free figures are compared (reserved, allocated and segments over time, peak
+reserved, OOM): the recorded addresses say nothing about a run the recorded settings did not
+make. This module is `replay` itself (callable: `gpumemviz.allocator.replay(snapshot)`); the
+machinery sits in the subpackage's modules:
+
+- layout.py: `Layout`, one device's segments and blocks, moved by trace entries
+- reconstruct.py: the state at the start of a trace, by walking it backwards
+- recording.py: `Recording`, the recorded history applied forwards (the ground truth)
+- addresses.py: where the model's segments go (the recorded addresses)
+- driver.py and drive.py: one device's pass through a fresh model, scored (`drive`)
+- result.py: `DeviceReplay`, `ReplayResult`, `ReplayError`
+
+The model is imported only when `replay` runs, so `recording.Recording` (what export and
+playback read) does not load it.
 """
 
 from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from .._callable import make_module_callable
-from ..units import format_size, parse_size
-from .config import AllocatorConfig
-from .drive import DeviceReplay, ReplayError, drive
+from ..._callable import make_module_callable
+from ...units import parse_size
+from ..config import AllocatorConfig
 from .layout import LayoutError
 from .recording import Recording
+from .result import DeviceReplay, ReplayError, ReplayResult
 
-__all__ = ["DeviceReplay", "ReplayError", "ReplayResult", "drive", "replay"]
-
-
-# --------------------------------------------------------------------------- results
-
-
-@dataclass
-class ReplayResult:
-    """What `replay` found, per device and summed; `timelines` scrub the recorded history."""
-
-    config: str
-    recorded_config: str
-    what_if: bool
-    devices: dict[int, DeviceReplay]
-    recorded: dict[int, DeviceReplay]  # the same trace under the recorded settings
-    timelines: dict[int, Recording]
-    # False when the file has no allocator_settings: `recorded_config` is then "" by
-    # assumption (PyTorch's defaults), not because the defaults were seen
-    settings_recorded: bool = True
-
-    @property
-    def allocs(self) -> int:
-        return sum(d.allocs for d in self.devices.values())
-
-    @property
-    def allocs_matched(self) -> int:
-        return sum(d.allocs_matched for d in self.devices.values())
-
-    @property
-    def allocs_matched_per_decision(self) -> int:
-        return sum(d.allocs_matched_per_decision for d in self.devices.values())
-
-    @property
-    def peak_reserved(self) -> int:
-        """Largest reserved bytes the model reached, summed over devices' peaks."""
-        return sum(d.peak_reserved for d in self.devices.values())
-
-    @property
-    def oom(self) -> int | None:
-        """Trace index of the first model OOM (lowest device first), or None."""
-        for d in sorted(self.devices):
-            if self.devices[d].oom is not None:
-                return self.devices[d].oom
-        return None
-
-    @property
-    def capacity_known(self) -> bool:
-        return all(d.capacity_known for d in self.devices.values())
-
-    def snapshot_at(self, event_index: int, device: int | None = None) -> dict[str, Any]:
-        """The recorded segments of `device` after trace entry `event_index` (-1: the start)."""
-        if device is None:
-            if not self.timelines:
-                raise ReplayError("this snapshot has no traced device to scrub")
-            device = min(self.timelines)
-        if device not in self.timelines:
-            raise ReplayError(f"device {device} has no trace (traced: {sorted(self.timelines)})")
-        return self.timelines[device].snapshot_at(event_index)
-
-    def figures(self, device: int | None = None) -> dict[str, np.ndarray]:
-        """The model's figures beside the recorded ones, per trace entry, ready to plot.
-
-        Keys ``reserved``, ``allocated``, ``segments`` (this run; a what-if that ran out of
-        memory stops at its OOM, so these may be shorter) and ``recorded_reserved``,
-        ``recorded_allocated``, ``recorded_segments`` (the whole trace).
-        """
-        if device is None:
-            device = min(self.devices)
-        d, tl = self.devices[device], self.timelines[device]
-        return {
-            "reserved": d.reserved,
-            "allocated": d.allocated,
-            "segments": d.segments,
-            "recorded_reserved": tl.reserved,
-            "recorded_allocated": tl.allocated,
-            "recorded_segments": tl.segments,
-        }
-
-    def recorded_peak_reserved(self, device: int) -> int:
-        """Peak reserved bytes of the recording itself (the trace's start included)."""
-        tl = self.timelines[device]
-        return max(int(tl.reserved.max(initial=0)), tl.start.totals()[0])
-
-    def peak_segments(self, device: int, run: str = "predicted") -> int:
-        """Peak segment count, the trace's start included, of one `run`: "predicted" (this
-        replay), "replayed" (the replay under the recorded settings) or "recording" (the file)."""
-        tl = self.timelines[device]
-        if run == "recording":
-            segments = tl.segments
-        elif run in ("predicted", "replayed"):
-            segments = (self.devices if run == "predicted" else self.recorded)[device].segments
-        else:
-            raise ValueError(f"run must be predicted, replayed or recording, not {run!r}")
-        return max(int(segments.max(initial=0)), tl.start.totals()[2])
-
-    def summary(self) -> str:
-        """A few lines a person can read: match rates, or what-if peaks and OOMs beside the
-        recorded ones; the capacity, or that it is unknown."""
-
-        def at(i: int | None) -> str:
-            return "none" if i is None else f"at event {i}"
-
-        lines = []
-        for dev, d in sorted(self.devices.items()):
-            conf = d.config or "default settings"
-            if not self.settings_recorded and d.config == self.recorded_config:
-                conf = "settings not recorded: PyTorch's defaults assumed"
-            head = f"device {dev} [{conf}] capacity {_capacity(d)}: "
-            if d.what_if:
-                lines.append(
-                    head + f"peak reserved {format_size(d.peak_reserved)} (recorded "
-                    f"{format_size(self.recorded_peak_reserved(dev))}), oom {at(d.oom)} "
-                    f"(recorded {at(self.recorded[dev].recorded_oom)})"
-                )
-            else:
-                lines.append(
-                    head + f"{d.allocs_matched}/{d.allocs} allocs end to end, "
-                    f"{d.allocs_matched_per_decision}/{d.allocs} per decision, segments "
-                    f"{d.segments_matched}/{d.segments_recorded}, bursts "
-                    f"{d.bursts_matched}/{d.bursts}, final layout "
-                    f"{'equal' if d.final_matched else 'different'}"
-                )
-        return "\n".join(lines)
-
-
-def _capacity(d: DeviceReplay) -> str:
-    """The capacity and where it came from, in words."""
-    if d.capacity is None:
-        try:
-            fraction = AllocatorConfig.parse(d.config).per_process_memory_fraction
-        except ValueError:
-            fraction = 1.0
-        share = (
-            f"; per_process_memory_fraction {fraction:g} is a share of a device total not recorded"
-            if fraction < 1
-            else ""
-        )
-        return f"unknown (no OOM recorded{share})"
-    if d.capacity_source == "oom entry":
-        return f"{format_size(d.capacity)} (from the oom entry at event {d.capacity_oom})"
-    return f"{format_size(d.capacity)} (given)"
+__all__ = ["DeviceReplay", "ReplayError", "ReplayResult", "replay"]
 
 
 # --------------------------------------------------------------------------- the public entry
@@ -178,7 +48,7 @@ def _as_dict(snapshot: Any) -> Mapping[str, Any]:
     if callable(to_torch):
         return to_torch()
     try:
-        from ..io import load_snapshot
+        from ...io import load_snapshot
     except ImportError:  # pragma: no cover - io is part of the package
         raise ReplayError(
             f"cannot read a snapshot from {type(snapshot).__name__}: pass the torch dict"
@@ -304,6 +174,8 @@ def replay(
     >>> r.allocs, r.allocs_matched, r.allocs_matched_per_decision, r.peak_reserved
     (2, 2, 2, 23068672)
     """
+    from .drive import drive  # the model loads here, not with the package
+
     if isinstance(capacity, Mapping):
         capacity = {d: _as_capacity(c, f"capacity of device {d}") for d, c in capacity.items()}
     else:
