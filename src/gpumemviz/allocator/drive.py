@@ -16,9 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from .addresses import DescendingAddresses, reservation_starts
 from .config import AllocatorConfig
 from .layout import INACTIVE, Layout, LayoutError
-from .model import CachingAllocator, DescendingAddresses, OutOfMemory, reservation_starts
+from .model import CachingAllocator
+from .oom import OutOfMemory
 from .reconstruct import SEGMENT_ACTIONS, Step
 from .recording import Recording
 from .rules import is_small, page_size, reservation_size
