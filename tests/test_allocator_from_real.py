@@ -11,7 +11,8 @@ import pytest
 from conftest import has_private_pools
 from gpumemviz.allocator.config import AllocatorConfig
 from gpumemviz.allocator.invariants import check_invariants
-from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+from gpumemviz.allocator.model import CachingAllocator
+from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.allocator.stats import walk_stats
 
 

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+from gpumemviz.allocator.model import CachingAllocator
+from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.allocator.rules import MIB
 
 mv = pytest.importorskip("torch.cuda._memory_viz")

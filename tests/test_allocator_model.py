@@ -9,13 +9,11 @@ import random
 
 import pytest
 
+from gpumemviz.allocator.addresses import DescendingAddresses
 from gpumemviz.allocator.config import AllocatorConfig
 from gpumemviz.allocator.invariants import check_invariants
-from gpumemviz.allocator.model import (
-    CachingAllocator,
-    DescendingAddresses,
-    OutOfMemory,
-)
+from gpumemviz.allocator.model import CachingAllocator
+from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.allocator.rules import MIB
 from gpumemviz.allocator.stats import walk_stats
 

@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpumemviz.allocator.invariants import check_invariants
-from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+from gpumemviz.allocator.model import CachingAllocator
+from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.allocator.rules import MIB
 from gpumemviz.allocator.stats import walk_stats
 

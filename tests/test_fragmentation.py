@@ -15,7 +15,8 @@ import pytest
 from torch.cuda import _memory_viz
 
 from conftest import blk, random_expandable_model, read_real
-from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+from gpumemviz.allocator.model import CachingAllocator
+from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.allocator.rules import allocation_size, round_size
 from gpumemviz.fragmentation import VERDICTS, FragmentationReport, fragmentation
 from gpumemviz.snapshot import Snapshot, SnapshotError

@@ -153,7 +153,8 @@ def test_the_standins_oom_is_reproduced_with_the_inferred_capacity():
 def test_the_result_says_which_source_gave_the_capacity():
     """oom entry, user, or unknown: a recorded per_process_memory_fraction is a share of a
     device total the snapshot does not hold, so it gives no capacity."""
-    from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+    from gpumemviz.allocator.model import CachingAllocator
+    from gpumemviz.allocator.oom import OutOfMemory
 
     a = CachingAllocator(
         1 << 30, "garbage_collection_threshold:0.6,per_process_memory_fraction:0.8"

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+from gpumemviz.allocator.model import CachingAllocator
+from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.allocator.replay import replay
 from gpumemviz.allocator.rules import MIB
 

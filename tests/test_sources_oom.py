@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import read_real, real_file, standin_file
-from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+from gpumemviz.allocator.model import CachingAllocator
+from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.fragmentation.oom import CAUSES, classify_oom
 from gpumemviz.sample import OomEvent
 from gpumemviz.sources.oom import oom_request_size, oom_stream

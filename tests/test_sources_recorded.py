@@ -111,7 +111,8 @@ def test_the_recorders_fragmentation_recipe_is_a_fragmentation_oom_on_the_model(
     """record_fixtures.py's `oom` part, run on the CPU model of the allocator: the recipe (8 MiB
     pairs until the cap, free every second one, ask for 24 MiB) must give the OOM it is meant to
     record, and classify_oom must call it fragmentation."""
-    from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+    from gpumemviz.allocator.model import CachingAllocator
+    from gpumemviz.allocator.oom import OutOfMemory
 
     MiB = 1 << 20
     a = CachingAllocator(2 << 30)

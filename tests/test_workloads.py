@@ -7,7 +7,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+from gpumemviz.allocator.model import CachingAllocator
+from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.allocator.workloads import (
     GIB,
     GPT2_MEDIUM,

@@ -33,7 +33,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from gpumemviz.allocator.model import CachingAllocator, DescendingAddresses, OutOfMemory
+from gpumemviz.allocator.addresses import DescendingAddresses
+from gpumemviz.allocator.model import CachingAllocator
+from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.allocator.workloads import TransformerShape, training_loop
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "standin"

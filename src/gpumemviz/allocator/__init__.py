@@ -14,7 +14,7 @@ _LAZY: dict[str, str] = {
     "AllocatorConfig": "gpumemviz.allocator.config",
     "CachingAllocator": "gpumemviz.allocator.model",
     "ConfigError": "gpumemviz.allocator.config",
-    "OutOfMemory": "gpumemviz.allocator.model",
+    "OutOfMemory": "gpumemviz.allocator.oom",
     "replay": "gpumemviz.allocator.replay",  # the callable module: replay(snapshot, ...)
     "workloads": "gpumemviz.allocator.workloads",
 }

@@ -1,9 +1,15 @@
-"""`PYTORCH_CUDA_ALLOC_CONF` parsing, faithful to torch 2.13 (reference section 2.16).
+"""The allocator's settings: `PYTORCH_CUDA_ALLOC_CONF` parsed as torch 2.13 parses it.
 
 The parser is a port of `c10::CachingAllocator::ConfigTokenizer` plus
 `AcceleratorAllocatorConfig::parseArgs` and `CUDAAllocatorConfig::parseArgs`, quirks included
 (for example `checkToken` only checks that a token exists, not what it is), so a string is
 accepted or rejected exactly as PyTorch would, and rejections start with PyTorch's own message.
+
+It stays whole at just over 500 lines: the parser, `AllocatorConfig` and the snapshot's
+`allocator_settings` dict (`from_settings`, which runs the same parser, and `to_settings`) are
+one job, the settings, sharing the key sets and `ConfigError`; split, the error would live
+apart from the class whose methods raise it, and every module catching it would import it
+from a parser it never calls.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .model import CachingAllocator, OutOfMemory
+from .model import CachingAllocator
+from .oom import OutOfMemory
 
 __all__ = [
     "ITERATION_MARK",

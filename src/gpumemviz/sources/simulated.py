@@ -14,7 +14,8 @@ import threading
 import time
 from typing import Any
 
-from gpumemviz.allocator.model import CachingAllocator, OutOfMemory
+from gpumemviz.allocator.model import CachingAllocator
+from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.allocator.workloads import WORKLOADS, Workload
 from gpumemviz.fragmentation.oom import classify_oom
 from gpumemviz.sample import SEGMENTS_NOT_READ, DeviceInfo, MemoryStats, NvmlInfo, OomEvent, Sample

@@ -13,7 +13,8 @@ import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..model import CachingAllocator, DescendingAddresses, reservation_starts
+from ..addresses import DescendingAddresses, reservation_starts
+from ..model import CachingAllocator
 from ..rules import page_size, reservation_size
 from .reconstruct import Step
 from .recording import Recording

@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from ..addresses import DescendingAddresses
 from ..config import AllocatorConfig
-from ..model import CachingAllocator, DescendingAddresses, OutOfMemory
+from ..model import CachingAllocator
+from ..oom import OutOfMemory
 from ..rules import is_small, page_size, reservation_size
 from .addresses import INVENTED_TOP, Provider, Reservations, Runs
 from .layout import INACTIVE, Layout, LayoutError

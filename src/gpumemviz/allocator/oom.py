@@ -1,0 +1,82 @@
+"""The model's out-of-memory error: `OutOfMemory`, PyTorch's message and its numbers.
+
+Apart from the model so that catching it (`gpumemviz.allocator.OutOfMemory`) loads nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..units import format_size
+
+__all__ = ["OutOfMemory"]
+
+
+class OutOfMemory(RuntimeError):
+    """The model's `torch.OutOfMemoryError`: what PyTorch's message carries, as attributes.
+
+    Attributes: device, size (the request), rounded_size, alloc_size ("Tried to allocate"),
+    capacity (device total), free (device free), allocated, reserved, allowed (cap or None).
+    """
+
+    def __init__(
+        self,
+        *,
+        device: int,
+        size: int,
+        rounded_size: int,
+        alloc_size: int,
+        capacity: int,
+        free: int,
+        allocated: int,
+        reserved: int,
+        allowed: int | None,
+    ) -> None:
+        self.device = device
+        self.size = size
+        self.rounded_size = rounded_size
+        self.alloc_size = alloc_size
+        self.capacity = capacity
+        self.free = free
+        self.allocated = allocated
+        self.reserved = reserved
+        self.allowed = allowed
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        allowed = f"{format_size(self.allowed)} allowed; " if self.allowed is not None else ""
+        return (
+            f"CUDA out of memory. Tried to allocate {format_size(self.alloc_size)}. "
+            f"GPU {self.device} has a total capacity of {format_size(self.capacity)} of which "
+            f"{format_size(self.free)} is free. {allowed}Of the allocated memory "
+            f"{format_size(self.allocated)} is allocated by PyTorch, and "
+            f"{format_size(self.reserved - self.allocated)} is reserved by PyTorch but "
+            "unallocated. If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+            "documentation for Memory Management  "
+            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
+        )
+
+    def fields(self) -> dict[str, Any]:
+        """The numbers of the message, as a dict."""
+        return {k: getattr(self, k) for k in _OOM_FIELDS}
+
+    def __reduce__(self):  # keep picklable despite keyword-only __init__
+        return (_rebuild_oom, (self.fields(),))
+
+
+_OOM_FIELDS = (
+    "device",
+    "size",
+    "rounded_size",
+    "alloc_size",
+    "capacity",
+    "free",
+    "allocated",
+    "reserved",
+    "allowed",
+)
+
+
+def _rebuild_oom(d: dict[str, Any]) -> OutOfMemory:
+    return OutOfMemory(**d)
