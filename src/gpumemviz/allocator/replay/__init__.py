@@ -10,7 +10,7 @@ machinery sits in the subpackage's modules:
 - layout.py: `Layout`, one device's segments and blocks, moved by trace entries
 - reconstruct.py: the state at the start of a trace, by walking it backwards
 - recording.py: `Recording`, the recorded history applied forwards (the ground truth)
-- addresses.py: where the model's segments go (the recorded addresses)
+- placement.py: where the model's segments go (the recorded addresses)
 - driver.py and drive.py: one device's pass through a fresh model, scored (`drive`)
 - result.py: `DeviceReplay`, `ReplayResult`, `ReplayError`
 

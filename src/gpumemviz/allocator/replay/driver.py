@@ -23,7 +23,7 @@ from ..config import AllocatorConfig
 from ..model import CachingAllocator
 from ..oom import OutOfMemory
 from ..rules import is_small, page_size, reservation_size
-from .addresses import INVENTED_TOP, Provider, Reservations, Runs
+from .placement import INVENTED_TOP, Provider, Reservations, Runs
 from .layout import INACTIVE, Layout, LayoutError
 from .reconstruct import SEGMENT_ACTIONS, Step
 from .recording import Recording
