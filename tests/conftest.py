@@ -140,15 +140,15 @@ def recorded_dict(recorded_path: Path):
 
 @pytest.fixture(autouse=True)
 def _no_shared_sampler_outlives_its_test():
-    """A test that touched `gpumemviz.sampler.shared` leaves no running sampler or source thread
+    """A test that touched `gpumemviz.live.shared` leaves no running sampler or source thread
     behind: a stray simulated allocator thread would skew later tests' memory and timing."""
     yield
-    sampler_module = sys.modules.get("gpumemviz.sampler")
-    if sampler_module is None:
+    live = sys.modules.get("gpumemviz.live")
+    if live is None:
         return
-    with sampler_module._SHARED_LOCK:
-        left = list(sampler_module._SHARED.values())
-        sampler_module._SHARED.clear()
+    with live._SHARED_LOCK:
+        left = list(live._SHARED.values())
+        live._SHARED.clear()
     for sampler in left:
         sampler.close()
 

@@ -211,7 +211,7 @@ def test_a_browser_command_message_is_answered_by_the_writer(live, monkeypatch):
 
 def test_the_device_switcher_follows_the_other_devices_shared_sampler(monkeypatch):
     """Without CUDA each device's shared sampler runs its own simulation; switching re-attaches."""
-    from gpumemviz.sampler import shared
+    from gpumemviz.live import shared
     from gpumemviz.widget import monitor
 
     panel = monitor(0, interval=0.2)

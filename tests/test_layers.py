@@ -11,9 +11,9 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "gpumemviz"
 
 # Everything below the panel: what the panel's commands, the panel and the front ends build on.
 _ANALYSIS = {
-    *("units", "_callable", "snapshot", "io", "allocator", "sample", "sources", "sampler"),
-    *("fragmentation", "advice", "advice_check", "render", "frames", "sites", "diff", "export"),
-    *("report_html", "figures"),
+    *("units", "_callable", "snapshot", "io", "allocator", "sample", "sources", "history"),
+    *("sampler", "fragmentation", "advice", "advice_check", "render", "frames", "sites", "diff"),
+    *("export", "report_html", "figures", "capture", "live"),
 }
 
 # module (dotted, relative to the package; a trailing "." means the whole subpackage; "" is the
@@ -25,11 +25,17 @@ ALLOWED: dict[str, set[str]] = {
     "io": {"snapshot", "units"},
     "allocator.": {"snapshot", "io", "units", "allocator", "_callable"},
     "sample": {"snapshot", "units"},
-    # fragmentation: the OOM observer classifies the failure (fragmentation.oom) where it happens
-    "sources.": {"snapshot", "io", "allocator", "sample", "units", "sources", "fragmentation"},
-    "sampler": {"snapshot", "sample", "sources", "units"},
-    "fragmentation.": {"snapshot", "io", "allocator", "units", "_callable", "fragmentation"},
+    "sources.": {"snapshot", "io", "allocator", "sample", "units", "sources"},
+    "history": {"snapshot", "sample", "units"},  # what the sampler may, or less
+    "sampler": {"snapshot", "sample", "sources", "units", "history"},
+    # sample: fragmentation.oom judges a source's OomEvent (classify_event)
+    "fragmentation.": {
+        *("snapshot", "io", "allocator", "units", "_callable", "fragmentation", "sample"),
+    },
     "advice": {"snapshot", "io", "allocator", "units", "fragmentation"},
+    # the layers that hand the sources fragmentation.oom's classifier: capture_oom, the samplers
+    "capture": {"sources", "sample", "fragmentation"},
+    "live": {"sample", "sources", "sampler", "fragmentation"},
     "advice_check": {"snapshot", "io", "allocator", "units", "advice"},
     "render.": {
         *("snapshot", "sample", "fragmentation", "advice", "units", "render", "io"),
@@ -48,7 +54,7 @@ ALLOWED: dict[str, set[str]] = {
     "commands": _ANALYSIS,  # the panel's commands: never the panel itself
     "widget": {*_ANALYSIS, "commands"},
     "magics": {*_ANALYSIS, "commands", "widget"},
-    "cli": {*_ANALYSIS, ""},  # "": the package, for __version__
+    "cli.": {*_ANALYSIS, ""},  # "": the package, for __version__
     "": {*_ANALYSIS, "commands", "widget", "magics", "cli"},  # re-exports
 }
 # third-party modules that may only be imported inside functions (lazily)

@@ -89,7 +89,7 @@ def test_widget_path_reuses_the_sampler_and_replaces_the_panel(shell):
 
 
 def test_unload_stops_what_the_extension_started(shell):
-    from gpumemviz.sampler import shared
+    from gpumemviz.live import shared
 
     _magics(shell).widgets = True
     live = shared(0)
@@ -179,7 +179,7 @@ def test_export_with_nothing_shown_and_no_cuda_refuses_and_writes_nothing(shell,
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the shared source has real memory to export")
-    from gpumemviz.sampler import shared
+    from gpumemviz.live import shared
 
     # a device no other test has shown: its shared (simulated, no CUDA) source has run nothing
     assert shared(6).history.latest() is None

@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 
 from conftest import REAL_DIR, read_real
+from gpumemviz.fragmentation.oom import classify_event
+from gpumemviz.history import History
+from gpumemviz.live import sampler_for, shared
 from gpumemviz.sample import MemoryStats, OomEvent, Sample
-from gpumemviz.sampler import History, Sampler, shared
+from gpumemviz.sampler import Sampler
 from gpumemviz.sources import UnavailableSource
 
 MiB = 1 << 20
@@ -398,6 +401,29 @@ def test_oom_from_the_users_thread_reaches_history_and_listeners(real_source):
     assert real_source.oom_handler is None  # the trampoline is a no-op for a stopped panel
     s.close()
     assert real_source.closed
+
+
+def test_the_sampler_hands_its_classifier_to_the_source_with_the_handler(real_source):
+    """The sampler sits below the analysis layer: whoever builds it passes the classifier, and
+    the source judges each OOM with it; the front ends' samplers (gpumemviz.live) all do."""
+
+    class Judging(SnapshotSource):
+        def set_oom_handler(self, fn, *, classify=None) -> None:
+            self.oom_handler, self.classify = fn, classify
+
+    def judge(event: OomEvent) -> OomEvent:
+        return event
+
+    src = Judging(real_source.snapshot)
+    s = Sampler(src, interval=5.0, classify=judge)
+    s.start()
+    try:
+        assert src.oom_handler is not None and src.classify is judge
+    finally:
+        s.stop()
+    assert src.oom_handler is None
+    assert shared(0).classify is classify_event is sampler_for(real_source).classify
+    assert Sampler(real_source).classify is None  # a bare sampler: the events stay as read
 
 
 def test_history_stays_within_its_byte_bound():

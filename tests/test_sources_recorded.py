@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from conftest import read_real
+from gpumemviz.fragmentation.oom import classify_oom
 from gpumemviz.sample import MemoryStats
 from gpumemviz.sources.nvml import normalize_uuid
-from gpumemviz.sources.torch_cuda import classify_oom
 
 GPU_DATA = Path(__file__).resolve().parent / "data" / "gpu"
 

@@ -9,7 +9,8 @@ import time
 import pytest
 from torch.cuda import _memory_viz
 
-from gpumemviz.sample import OomEvent
+from gpumemviz.fragmentation.oom import classify_event
+from gpumemviz.sample import NOT_CLASSIFIED, OomEvent
 from gpumemviz.sampler import Sampler
 from gpumemviz.sources import Source, default_source
 from gpumemviz.sources.simulated import SimulatedSource
@@ -44,7 +45,7 @@ def test_default_source_without_cuda_is_the_simulation():
 def test_training_workload_fragments_and_its_oom_is_classified():
     src = SimulatedSource("training", autostart=False)
     events: list[OomEvent] = []
-    src.set_oom_handler(events.append)
+    src.set_oom_handler(events.append, classify=classify_event)
     steps = run_to_end(src)
     assert steps == 10_886  # deterministic: the OOM is the 10,886th allocator call
     assert len(events) == 1 and list(src.ooms) == events
@@ -59,6 +60,19 @@ def test_training_workload_fragments_and_its_oom_is_classified():
     s = src.sample()
     assert int(s.segments.segments.total_size.sum()) == s.stats.reserved
     assert int(s.segments.segments.allocated_size.sum()) == s.stats.allocated
+
+
+def test_without_a_classifier_the_oom_carries_the_raw_facts():
+    """The source sits below the analysis layer: the verdict is the classifier's, handed down
+    with the handler; without one the event holds what the failure said, judged the same later."""
+    src = SimulatedSource("training", autostart=False)
+    events: list[OomEvent] = []
+    src.set_oom_handler(events.append)
+    run_to_end(src)
+    (ev,) = events
+    assert (ev.cause, ev.explanation, ev.largest_free_block) == ("unknown", NOT_CLASSIFIED, 0)
+    assert ev.device_total == src.workload.capacity and ev.request_size > 0
+    assert classify_event(ev).cause == "fragmentation"
 
 
 def test_commands_act_on_the_model():
@@ -84,7 +98,7 @@ def test_unknown_workload_is_a_clear_error():
 def test_runs_on_its_own_thread_and_the_sampler_sees_the_oom():
     before = set(threading.enumerate())
     src = SimulatedSource("training", steps_per_second=200_000, pause_after_oom=0.2)
-    s = Sampler(src, interval=0.05, segment_interval=0.1)
+    s = Sampler(src, interval=0.05, segment_interval=0.1, classify=classify_event)
     got: list = []
     s.add_listener(lambda x: got.append(x) if x.oom is not None else None)
     s.start()

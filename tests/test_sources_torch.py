@@ -1,4 +1,5 @@
-"""sources/torch_cuda.py against the real snapshot files, served through a stand-in torch.cuda.
+"""sources/torch_cuda.py, its OOM observer (sources/oom_observer.py) and capture_oom against the
+real snapshot files, served through a stand-in torch.cuda.
 
 Only what cannot exist on a CPU machine is stood in for: the few torch.cuda functions the source
 calls (is_available, is_initialized, memory_stats, memory_snapshot, memory._snapshot, mem_get_info,
@@ -19,11 +20,15 @@ import pytest
 import torch
 
 from conftest import REAL_DIR, read_real, real_file, standin_file
-from gpumemviz.sample import MemoryStats, OomEvent
+from gpumemviz.capture import capture_oom
+from gpumemviz.fragmentation.oom import classify_event, classify_oom
+from gpumemviz.sample import NOT_CLASSIFIED, MemoryStats, OomEvent
 from gpumemviz.sources import SourceCommandError, default_source
 from gpumemviz.sources import nvml as nvml_mod
-from gpumemviz.sources import torch_cuda as tc
-from gpumemviz.sources.torch_cuda import TorchCudaSource, capture_oom, classify_oom
+from gpumemviz.sources import oom_observer as obs
+from gpumemviz.sources.oom import oom_stream
+from gpumemviz.sources.oom_capture import OomCapture
+from gpumemviz.sources.torch_cuda import TorchCudaSource
 
 GiB = 1 << 30
 SYNTHETIC_TOTAL = 80 * GiB  # SYNTHETIC: stand-in device total (the files do not record it)
@@ -188,7 +193,7 @@ class LegacyFakeCuda(FakeCuda):
 def serve(monkeypatch):
     """Install a stand-in torch.cuda for one real file; returns (fake, observers attached)."""
     attached: list = []
-    tc._reset_observer_for_tests()
+    obs._reset_observer_for_tests()
 
     def install(snapshot: dict, cls=FakeCuda, history_enabled=False, **kw):
         fake = cls(snapshot, **kw)
@@ -203,7 +208,7 @@ def serve(monkeypatch):
         return fake, attached
 
     yield install
-    tc._reset_observer_for_tests()
+    obs._reset_observer_for_tests()
 
 
 @pytest.fixture(
@@ -267,7 +272,7 @@ def test_waits_for_cuda_and_never_initialises_it(serve):
     assert attached == []
     assert len(fake.queued) == 1
     fake._init()  # the user's code initialises CUDA: the queued attach runs then
-    assert attached == [tc._trampoline]
+    assert attached == [obs._trampoline]
     assert src.sample().state == "ok"
 
 
@@ -408,16 +413,17 @@ def test_oom_observer_takes_the_snapshot_once_per_failure(serve, oom_file):
     fake, attached = serve(raw, total=total)
     src = TorchCudaSource(1, nvml=False)
     events: list[OomEvent] = []
-    src.set_oom_handler(events.append)
-    src.set_oom_handler(events.append)  # replacing the handler does not attach twice
-    assert attached == [tc._trampoline]
+    src.set_oom_handler(events.append, classify=classify_event)
+    # replacing the handler does not attach twice
+    src.set_oom_handler(events.append, classify=classify_event)
+    assert attached == [obs._trampoline]
     device, size, total, free = _oom_args(raw, total)
     observer = attached[0]
     observer(device, size, total, free)
-    captured_at = tc._OOM["last"][device]
+    captured_at = obs._OOM["last"][device]
     observer(device, size // 2, total, free)  # a retry with a smaller workspace: same failure
     assert len(events) == 1
-    assert tc._OOM["last"][device] == captured_at  # a retry does not extend the window
+    assert obs._OOM["last"][device] == captured_at  # a retry does not extend the window
     ev = events[0]
     assert (ev.device, ev.alloc_size, ev.device_free) == (1, size, free)
     assert ev.request_size == size  # read back from the real `oom` trace entry
@@ -425,9 +431,9 @@ def test_oom_observer_takes_the_snapshot_once_per_failure(serve, oom_file):
     # this file was dumped after the error unwound (frees follow its `oom` entry): a free
     # block now fits the request, so the honest verdict is "unknown", saying why
     assert ev.cause == "unknown" and "freed after the failure" in ev.explanation
-    assert tc.oom_observer_status()["dropped"] == 1
+    assert obs.oom_observer_status()["dropped"] == 1
     # an OOM on another device is not this source's
-    tc._OOM["last"].clear()
+    obs._OOM["last"].clear()
     observer(0, size, total, free)
     assert len(events) == 1
     # the sampler side: a keyframe sample with this device's segment state
@@ -463,12 +469,45 @@ def test_the_live_oom_is_judged_with_the_recorded_stream_and_settings(serve):
     _, attached = serve(raw)
     src = TorchCudaSource(0, nvml=False)
     events: list[OomEvent] = []
-    src.set_oom_handler(events.append)
-    tc._OOM["totals"][0] = 220 * mib  # a device that is this segment: nothing outside
+    src.set_oom_handler(events.append, classify=classify_event)
+    obs._OOM["totals"][0] = 220 * mib  # a device that is this segment: nothing outside
     attached[0](0, 30 * mib, 220 * mib, 0)
     (ev,) = events
     assert ev.cause == "fragmentation", ev.explanation
     assert "refused by the max_split_size rules" in ev.explanation
+
+
+def test_the_source_hands_on_raw_facts_and_each_classifier_runs_once(serve, oom_file, tmp_path):
+    """Sources sit below the analysis layer: without a classifier the event carries what the
+    observer read (no verdict); handlers sharing a classifier get one judgement of the failure."""
+    raw, total = oom_file
+    trace = raw["device_traces"][1]  # inside the observer the trace ends at the `oom` entry
+    raw["device_traces"][1] = trace[
+        : max(i for i, e in enumerate(trace) if e["action"] == "oom") + 1
+    ]
+    _, attached = serve(raw, total=total)
+    calls: list[OomEvent] = []
+
+    def counting(event: OomEvent) -> OomEvent:
+        calls.append(event)
+        return classify_event(event)
+
+    bare: list[OomEvent] = []
+    judged: list[OomEvent] = []
+    TorchCudaSource(1, nvml=False).set_oom_handler(bare.append)
+    TorchCudaSource(1, nvml=False).set_oom_handler(judged.append, classify=counting)
+    with OomCapture(tmp_path / "oom.pickle", classify=counting) as cap:
+        device, size, _, free = _oom_args(raw, total)
+        attached[0](device, size, total, free)
+    (ev,) = bare
+    assert (ev.cause, ev.explanation) == ("unknown", NOT_CLASSIFIED)
+    assert ev.reserved == ev.largest_free_block == 0
+    assert (ev.device_total, ev.request_size, ev.device_free) == (total, size, free)
+    assert ev.stream == oom_stream(raw, 1) is not None
+    assert len(calls) == 1 and calls[0] is ev  # one judgement, of the raw event
+    assert judged == cap.events == [classify_event(ev)]
+    assert judged[0].explanation != NOT_CLASSIFIED
+    assert judged[0].reserved == sum(s["total_size"] for s in raw["segments"] if s["device"] == 1)
 
 
 def test_stopped_handler_turns_the_observer_into_a_no_op(serve, oom_file):
@@ -496,12 +535,12 @@ def test_observer_never_raises_into_user_code(serve, oom_file):
         raise ValueError("handler bug")
 
     src = TorchCudaSource(1, nvml=False)
-    src.set_oom_handler(bad_handler)
+    src.set_oom_handler(bad_handler, classify=classify_event)
     attached[0](1, 1 << 20, total, 0)  # must not raise
     assert got[0].snapshot is None and got[0].cause == "unknown"
     assert "snapshot failed inside OOM" in got[0].snapshot_error
-    assert tc.oom_observer_status()["errors"] == 1
-    assert "handler bug" in tc.oom_observer_status()["last_error"]
+    assert obs.oom_observer_status()["errors"] == 1
+    assert "handler bug" in obs.oom_observer_status()["last_error"]
     attached[0]("garbage", None, None, None)  # even nonsense arguments
 
 
@@ -519,7 +558,7 @@ def test_capture_oom_writes_protocol_4_at_the_moment_of_failure(serve, tmp_path,
     assert read_real(cap.written) == raw
     assert len(cap.events) == 1
     # after the block the observer does nothing for this capture
-    tc._OOM["last"].clear()
+    obs._OOM["last"].clear()
     attached[0](*_oom_args(raw, total))
     assert len(cap.events) == 1
 

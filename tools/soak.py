@@ -164,6 +164,7 @@ def replay_input() -> Any:
 
 
 def build_runs(ns: argparse.Namespace) -> list[Run]:
+    from gpumemviz.fragmentation.oom import classify_event
     from gpumemviz.sampler import Sampler
     from gpumemviz.sources.playback import PlaybackSource
     from gpumemviz.sources.simulated import SimulatedSource
@@ -189,6 +190,7 @@ def build_runs(ns: argparse.Namespace) -> list[Run]:
             segment_interval=ns.segment_interval,
             history_bytes=ns.history_mib * MiB,
             keyframe_interval=10.0,
+            classify=classify_event,  # as the panel's samplers (gpumemviz.live): OOMs judged
         )
         panel = PanelWork(name)
         run = Run(name, s, panel)

@@ -19,7 +19,7 @@ _LAZY: dict[str, str] = {
     "save_snapshot": "gpumemviz.io",
     "format_size": "gpumemviz.units",
     "parse_size": "gpumemviz.units",
-    "capture_oom": "gpumemviz.sources.torch_cuda",
+    "capture_oom": "gpumemviz.capture",
     "replay": "gpumemviz.allocator.replay",
     "fragmentation": "gpumemviz.fragmentation",
     "FragmentationReport": "gpumemviz.fragmentation",

@@ -151,7 +151,7 @@ def _reset_peaks(panel: Any, args: dict) -> dict:
 
 
 def _device(panel: Any, args: dict) -> dict:
-    from gpumemviz.sampler import shared
+    from gpumemviz.live import shared
 
     try:
         device = int(args.get("value"))

@@ -200,7 +200,7 @@ class GpumemvizMagics(Magics):
         elif args.demo:
             sampler = _demo_sampler(args.demo, device, args.interval)
         else:
-            from gpumemviz.sampler import shared
+            from gpumemviz.live import shared
 
             sampler = shared(device)
         feed = _Feed(sampler=sampler, owned=bool(args.replay or args.demo), key=key)
@@ -231,7 +231,7 @@ class GpumemvizMagics(Magics):
         feed = self.feeds.get(device)
         if feed is not None:
             return feed.sampler
-        from gpumemviz.sampler import shared
+        from gpumemviz.live import shared
 
         return shared(device)
 
@@ -321,7 +321,7 @@ class GpumemvizMagics(Magics):
 
     def close(self) -> None:
         """Close every panel and feed of this extension; stop the shared samplers it started."""
-        from gpumemviz.sampler import shared
+        from gpumemviz.live import shared
 
         for feed in list(self.feeds.values()):
             self._drop(feed)
@@ -351,12 +351,12 @@ def _label(sampler: Any) -> str:
 
 def _demo_sampler(workload: str, device: int, interval: float | None) -> Any:
     from gpumemviz.allocator.workloads import WORKLOADS
-    from gpumemviz.sampler import Sampler
+    from gpumemviz.live import sampler_for
     from gpumemviz.sources.simulated import SimulatedSource
 
     if workload not in WORKLOADS:
         raise UsageError(f"%gpumemviz: unknown workload {workload!r}; known: {sorted(WORKLOADS)}")
-    return Sampler(SimulatedSource(workload, device=device), interval=interval or 0.5)
+    return sampler_for(SimulatedSource(workload, device=device), interval=interval or 0.5)
 
 
 def _load_file(path: Path) -> dict:
@@ -376,7 +376,7 @@ def _has_history(raw: dict) -> bool:
 
 def _replay_sampler(raw: dict, path: Path, interval: float | None) -> Any:
     """A sampler over a recorded trace, opened on its last entry (the state the file records)."""
-    from gpumemviz.sampler import Sampler
+    from gpumemviz.live import sampler_for
     from gpumemviz.sources.playback import PlaybackSource
 
     try:
@@ -385,7 +385,7 @@ def _replay_sampler(raw: dict, path: Path, interval: float | None) -> Any:
         raise UsageError(f"%gpumemviz: --replay {path.name}: {exc}") from None
     source.label = f"replay of {path.name} ({source.n} trace entries)"
     source.seek(source.n - 1)
-    return Sampler(source, interval=interval or 0.5)
+    return sampler_for(source, interval=interval or 0.5)
 
 
 def summary(sample: Any) -> str:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the columnar snapshot; imported for types only (sample stay
     from gpumemviz.snapshot import Snapshot
 
 __all__ = [
+    "NOT_CLASSIFIED",
     "SEGMENTS_NOT_READ",
     "STAT_FIGURES",
     "DeviceInfo",
@@ -222,13 +223,24 @@ class NvmlInfo:
         return cls(available=False, reason=reason)
 
 
+NOT_CLASSIFIED = "not classified: no classifier was given for this OOM"
+"""`OomEvent.explanation` of an event as a source builds it, before any classification."""
+
+
 @dataclass(frozen=True, slots=True)
 class OomEvent:
     """An out-of-memory failure, seen from inside the allocator's OOM observer.
 
     ``alloc_size`` is what torch passes the observer: the size of the *segment* it tried to
-    get (20 MiB for a 4 MB tensor), not the tensor size. ``request_size`` is the rounded
-    request from the ``oom`` trace entry when history was recorded, else None.
+    get (20 MiB for a 4 MB tensor), not the tensor size. ``request_size`` and ``stream`` are the
+    rounded request and its raw stream from the ``oom`` trace entry when history was recorded,
+    else None.
+
+    A source fills in the facts it has at the failure (sizes, ``device_total``, the snapshot);
+    ``cause``, ``explanation`` and the figures from ``reserved`` to ``outside_bytes`` are the
+    analysis layer's verdict on them (`gpumemviz.fragmentation.oom.classify_event`), given by
+    whoever installed the OOM handler. Until then ``cause`` is "unknown" and ``explanation``
+    is `NOT_CLASSIFIED`.
     """
 
     time: float
@@ -236,8 +248,8 @@ class OomEvent:
     alloc_size: int
     device_limit: int  # device total, or the memory-fraction cap when one is set
     device_free: int
-    cause: str  # "capacity" | "fragmentation" | "outside" | "unknown"
-    explanation: str
+    cause: str = "unknown"  # "capacity" | "fragmentation" | "outside" | "unknown"
+    explanation: str = NOT_CLASSIFIED
     request_size: int | None = None
     reserved: int = 0
     allocated: int = 0
@@ -246,6 +258,8 @@ class OomEvent:
     outside_bytes: int = 0
     snapshot: dict | None = field(default=None, repr=False)  # the full torch _snapshot() dict
     snapshot_error: str | None = None
+    device_total: int = 0  # the device's total memory (0 if unknown)
+    stream: int | None = None  # the failed request's raw stream (the ``oom`` trace entry's)
 
 
 @dataclass(frozen=True, slots=True)

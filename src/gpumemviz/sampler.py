@@ -10,8 +10,11 @@ Why it is shaped like this:
   stuck (Python cannot kill a thread, so the reader is abandoned, counted and reported).
 - It never raises into user code: a failed read, garbage from a source and a raising listener all
   become counted errors and notes inside the samples.
-- Its history is a ring bounded in bytes: every sample keeps its stats, but only the newest segment
-  state and periodic keyframes keep their blocks.
+- Its history is a ring bounded in bytes (`gpumemviz.history.History`): every sample keeps its
+  stats, but only the newest segment state and periodic keyframes keep their blocks.
+- It sits below the analysis layer: OOM events are judged by the classifier its builder hands it
+  (``classify``), which it passes on to the source with its OOM handler
+  (`gpumemviz.live` builds the samplers the front ends use).
 """
 
 from __future__ import annotations
@@ -21,166 +24,19 @@ import itertools
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import numpy as np
+from gpumemviz.history import History
+from gpumemviz.sample import OomEvent, Sample
+from gpumemviz.sources.base import OomClassifier, short_error
 
-from gpumemviz.sample import OomEvent, Sample, check_device
-from gpumemviz.sources.base import short_error
-
-__all__ = ["History", "Sampler", "shared"]
+__all__ = ["Sampler"]
 
 MiB = 1 << 20
 Listener = Callable[[Sample], Any]
 _MAX_SEGMENT_GAP_S = 300.0
 _EMA = 0.3  # weight of the newest read in the CPU cost averages
-
-
-class History:
-    """Samples in time order, bounded in bytes (estimated from numpy columns).
-
-    Every sample keeps its stats. Segment state (the blocks) is kept only on the newest sample that
-    has it and on keyframes (one every ``keyframe_interval`` seconds, and every OOM). When the bound
-    is exceeded, the oldest keyframes lose their blocks first (while they hold over half the bound),
-    then the oldest samples go.
-    """
-
-    def __init__(self, max_bytes: int = 64 * MiB, keyframe_interval: float = 60.0) -> None:
-        if max_bytes < 64 * 1024:
-            raise ValueError(f"history max_bytes must be at least 64 KiB, got {max_bytes}")
-        self.max_bytes = int(max_bytes)
-        self.keyframe_interval = float(keyframe_interval)
-        self._lock = threading.Lock()
-        self._cells: collections.deque[list[Any]] = collections.deque()  # [sample, nbytes]
-        self._keyframes: collections.deque[list[Any]] = collections.deque()
-        self._newest_seg: list[Any] | None = None
-        self._last_keyframe = -math.inf
-        self._bytes = 0
-        self.dropped = 0  # samples evicted
-        self.stripped = 0  # samples whose blocks were dropped
-
-    # writing ---------------------------------------------------------------------------------
-    def append(self, sample: Sample) -> Sample:
-        """Store a sample; returns it as stored (``keyframe`` may be set)."""
-        with self._lock:
-            if sample.segments is not None:
-                is_key = (
-                    sample.keyframe
-                    or sample.oom is not None
-                    or sample.monotonic - self._last_keyframe >= self.keyframe_interval
-                )
-                if is_key and not sample.keyframe:
-                    sample = sample.replace(keyframe=True)
-                if is_key:
-                    self._last_keyframe = sample.monotonic
-                prev = self._newest_seg
-                if prev is not None and not prev[0].keyframe:
-                    self._strip(prev, "older segment state dropped (the history keeps keyframes)")
-            cell = [sample, sample.nbytes]
-            self._cells.append(cell)
-            self._bytes += cell[1]
-            if sample.segments is not None:
-                self._newest_seg = cell
-                if sample.keyframe:
-                    self._keyframes.append(cell)
-            self._evict()
-            return cell[0]
-
-    def _strip(self, cell: list[Any], note: str) -> None:
-        sample: Sample = cell[0]
-        if sample.segments is None:
-            return
-        stripped = sample.replace(segments=None, keyframe=False, segments_note=note)
-        nbytes = stripped.nbytes
-        self._bytes += nbytes - cell[1]
-        cell[0], cell[1] = stripped, nbytes
-        self.stripped += 1
-
-    def _evict(self) -> None:
-        while self._bytes > self.max_bytes and self._cells:
-            old_keys = [c for c in self._keyframes if c is not self._newest_seg]
-            key_bytes = sum(c[1] for c in old_keys)
-            if old_keys and key_bytes > self.max_bytes // 2:
-                cell = old_keys[0]
-                self._keyframes.remove(cell)
-                self._strip(cell, "keyframe blocks dropped to stay within the history bound")
-                continue
-            if len(self._cells) == 1:
-                cell = self._cells[0]
-                if cell[0].segments is None:
-                    break  # a single stats sample: nothing left to drop
-                with_note = "segment state larger than the history bound: not kept"
-                if cell in self._keyframes:
-                    self._keyframes.remove(cell)
-                self._strip(cell, with_note)
-                if cell is self._newest_seg:
-                    self._newest_seg = None
-                continue
-            cell = self._cells.popleft()
-            self._bytes -= cell[1]
-            self.dropped += 1
-            if self._keyframes and self._keyframes[0] is cell:
-                self._keyframes.popleft()
-            if cell is self._newest_seg:
-                self._newest_seg = None
-
-    def clear(self) -> None:
-        with self._lock:
-            self._cells.clear()
-            self._keyframes.clear()
-            self._newest_seg = None
-            self._bytes = 0
-
-    # reading ---------------------------------------------------------------------------------
-    @property
-    def nbytes(self) -> int:
-        """Estimated bytes held now (always <= max_bytes once a sample has been stored)."""
-        return self._bytes
-
-    def __len__(self) -> int:
-        return len(self._cells)
-
-    def samples(self) -> list[Sample]:
-        """A copy of the stored samples, oldest first."""
-        with self._lock:
-            return [c[0] for c in self._cells]
-
-    def __iter__(self) -> Iterator[Sample]:
-        return iter(self.samples())
-
-    def latest(self) -> Sample | None:
-        with self._lock:
-            return self._cells[-1][0] if self._cells else None
-
-    def latest_segments(self) -> Sample | None:
-        """The newest sample that still holds segment state."""
-        with self._lock:
-            return self._newest_seg[0] if self._newest_seg is not None else None
-
-    def keyframes(self) -> list[Sample]:
-        with self._lock:
-            return [c[0] for c in self._keyframes if c[0].segments is not None]
-
-    def series(self, figure: str = "allocated") -> tuple[np.ndarray, np.ndarray]:
-        """(times, values) of one stats figure over the history, for timelines.
-
-        ``figure`` is a `MemoryStats` property ("allocated", "reserved", ...) or a raw stats key.
-        Samples without stats are skipped. Times are ``time.time()`` seconds.
-        """
-        times, values = [], []
-        for s in self.samples():
-            if s.stats is None:
-                continue
-            if figure in s.stats:
-                v = s.stats[figure]
-            else:
-                v = getattr(s.stats, figure, None)
-                if v is None:
-                    continue
-            times.append(s.time)
-            values.append(v)
-        return np.asarray(times, dtype=np.float64), np.asarray(values, dtype=np.int64)
 
 
 class _Read:
@@ -220,6 +76,11 @@ class Sampler:
         Seconds between segment states the history keeps in full (default 60).
     read_timeout : float, optional
         A read taking longer is abandoned as hung (default ``max(2 s, 4 intervals)``).
+    classify : OomClassifier, optional
+        Handed to the source with the OOM handler, to judge each OOM event once before it
+        reaches this sampler (`gpumemviz.fragmentation.oom.classify_event`; the sampler sits
+        below the analysis layer, so whoever builds it passes it). Without it OOM events carry
+        only the facts the source read.
 
     Examples
     --------
@@ -243,6 +104,7 @@ class Sampler:
         history_bytes: int = 64 * MiB,
         keyframe_interval: float = 60.0,
         read_timeout: float | None = None,
+        classify: OomClassifier | None = None,
     ) -> None:
         if not callable(getattr(source, "sample", None)):
             raise TypeError(f"source must have a sample() method, got {type(source).__name__}")
@@ -254,6 +116,7 @@ class Sampler:
                 f"cpu_budget must be a share of one core in (0, 1], got {cpu_budget!r}"
             )
         self.source = source
+        self.classify = classify
         self.interval = float(interval)
         self.segment_interval = float(segment_interval)
         self.cpu_budget = float(cpu_budget)
@@ -304,7 +167,10 @@ class Sampler:
             set_handler = getattr(self.source, "set_oom_handler", None)
             if callable(set_handler):
                 try:
-                    set_handler(self._on_oom)
+                    if self.classify is None:  # sources taking only the handler work too
+                        set_handler(self._on_oom)
+                    else:
+                        set_handler(self._on_oom, classify=self.classify)
                 except Exception as exc:
                     self._note(f"OOM capture not available: {short_error(exc)}")
             name = f"gpumemviz-sampler-{getattr(self.source, 'device', '?')}"
@@ -631,36 +497,3 @@ class Sampler:
 
 def _ema(old: float, new: float, n: int) -> float:
     return new if n <= 1 or old == 0 else (1 - _EMA) * old + _EMA * new
-
-
-_SHARED: dict[int, Sampler] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def shared(device: int = 0) -> Sampler:
-    """The one sampler per device that panels share (created on first use, not started).
-
-    Parameters
-    ----------
-    device : int
-        CUDA device index.
-
-    Returns
-    -------
-    Sampler
-        Reading `gpumemviz.sources.default_source` for that device.
-
-    Examples
-    --------
-    >>> shared(0) is shared(0)
-    True
-    """
-    check_device(device)
-    with _SHARED_LOCK:
-        sampler = _SHARED.get(device)
-        if sampler is None:
-            from gpumemviz.sources import default_source
-
-            sampler = Sampler(default_source(device))
-            _SHARED[device] = sampler
-        return sampler

@@ -712,7 +712,7 @@ def monitor(
         Seconds between reads (default 0.5). The device's shared sampler takes this interval.
     source : Source, optional
         Where samples come from. Default: the device's shared sampler
-        (`gpumemviz.sampler.shared`), reading `gpumemviz.sources.default_source`: torch.cuda
+        (`gpumemviz.live.shared`), reading `gpumemviz.sources.default_source`: torch.cuda
         when CUDA is available, otherwise the simulated allocator, labelled as demo data.
     subshell : bool
         Handle the panel's clicks on a kernel subshell, so they act while a cell runs (default
@@ -736,13 +736,13 @@ def monitor(
     >>> sampler.running
     False
     """
-    from gpumemviz.sampler import Sampler, shared
+    from gpumemviz.live import sampler_for, shared
 
     if source is None:
         sampler = shared(device)
         sampler.set_interval(interval)
     else:
-        sampler = Sampler(source, interval=interval)
+        sampler = sampler_for(source, interval=interval)
         device = getattr(source, "device", device)
     panel = MemoryPanel(device=device if isinstance(device, int) else None, subshell=subshell)
     panel.attach(sampler, owned=source is not None)

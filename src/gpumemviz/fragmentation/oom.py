@@ -3,15 +3,17 @@
 A pure function of the torch segment dicts, cheap enough for the user's allocating thread (the
 OOM observer runs there): the fragmentation report's dict path (one walk over the segments, no
 Snapshot built) and its `can_fit`, so the verdict follows the allocator's own rules: a request
-is served only from its own stream's small or large pool. Called by the torch.cuda source and
-the simulated one; reading the ``oom`` trace entry (request size, stream) is theirs
-(`gpumemviz.sources.oom`).
+is served only from its own stream's small or large pool. Sources sit below this layer: they
+build an `OomEvent` of the raw facts (reading the ``oom`` trace entry's request size and stream
+is theirs, `gpumemviz.sources.oom`), and `classify_event` is the function the layers above hand
+them with the OOM handler (`gpumemviz.capture`, `gpumemviz.live`), so each event is judged once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..snapshot import SnapshotError
 from ..units import format_size
@@ -19,7 +21,10 @@ from .columns import from_torch
 from .fit import FitAnswer
 from .report import FragmentationReport
 
-__all__ = ["CAUSES", "OUTSIDE_SHARE", "classify_oom"]
+if TYPE_CHECKING:  # the event type only; a source's OomEvent is judged, never built, here
+    from ..sample import OomEvent
+
+__all__ = ["CAUSES", "OUTSIDE_SHARE", "classify_event", "classify_oom"]
 
 OUTSIDE_SHARE = 0.2  # "memory outside PyTorch" when it exceeds this share of the device
 CAUSES = ("capacity", "fragmentation", "outside", "unknown")
@@ -161,6 +166,55 @@ def classify_oom(
         f"the failed request's stream is not recorded and the answer depends on it: {each}",
         facts,
     )
+
+
+def classify_event(event: OomEvent) -> OomEvent:
+    """The event with the verdict of `classify_oom` on the facts it carries.
+
+    Fills in ``cause``, ``explanation``, ``reserved``, ``allocated``, ``free_in_segments``,
+    ``largest_free_block`` and ``outside_bytes``, judged on the event's snapshot (its segments
+    and ``allocator_settings``) with its sizes, ``device_total``, ``request_size`` and
+    ``stream``. Without a snapshot the cause is "unknown" and the explanation says why.
+
+    Parameters
+    ----------
+    event : OomEvent
+        As a source built it at the failure.
+
+    Returns
+    -------
+    OomEvent
+        A copy with the verdict (the event itself is frozen).
+
+    Examples
+    --------
+    >>> from gpumemviz.sample import OomEvent
+    >>> MiB = 1 << 20
+    >>> full = {"device": 0, "total_size": 60 * MiB,
+    ...         "blocks": [{"size": 60 * MiB, "state": "active_allocated"}]}
+    >>> raw = OomEvent(time=0.0, device=0, alloc_size=20 * MiB, device_limit=64 * MiB,
+    ...                device_free=2 * MiB, device_total=64 * MiB, snapshot={"segments": [full]})
+    >>> raw.cause, classify_event(raw).cause
+    ('unknown', 'capacity')
+    """
+    snapshot = event.snapshot
+    if snapshot is None:
+        facts: dict[str, Any] = {
+            "cause": "unknown",
+            "explanation": f"no snapshot at the OOM: {event.snapshot_error}",
+        }
+    else:
+        facts = classify_oom(
+            snapshot.get("segments", ()),
+            event.device,
+            alloc_size=event.alloc_size,
+            device_total=event.device_total,
+            device_free=event.device_free,
+            request_size=event.request_size,
+            stream=event.stream,
+            settings=snapshot.get("allocator_settings"),
+        )
+    return dataclasses.replace(event, **facts)
 
 
 def _report(segments: Iterable[Mapping[str, Any]], settings: Any) -> FragmentationReport:

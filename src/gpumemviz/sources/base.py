@@ -15,6 +15,8 @@ from gpumemviz.sample import OomEvent, Sample
 
 __all__ = [
     "CAPABILITIES",
+    "OomClassifier",
+    "OomHandler",
     "Source",
     "SourceCommandError",
     "UnavailableSource",
@@ -41,8 +43,10 @@ class Source(Protocol):
 
     - ``segment_interval_hint: float``: the shortest sensible gap between segment reads (for
       example, slow while the user records allocator history);
-    - ``set_oom_handler(fn | None)``: install the function the OOM observer calls with an
-      `OomEvent` (from the user's allocating thread), or remove it;
+    - ``set_oom_handler(fn | None, *, classify=None)``: install the function the OOM observer
+      calls with an `OomEvent` (from the user's allocating thread), or remove it. ``classify``
+      (an `OomClassifier`, from the analysis layer above) judges each event once before it is
+      kept or handed on; without it the event carries only the facts the source read;
     - ``oom_sample(event) -> Sample``: turn an `OomEvent` into a sample with its segment state.
     """
 
@@ -111,3 +115,8 @@ class UnavailableSource:
 
 
 OomHandler = Callable[[OomEvent], Any]
+"""Called with each OOM event, in the user's allocating thread: it must only queue the event."""
+
+OomClassifier = Callable[[OomEvent], OomEvent]
+"""Judges an event built of raw facts: `gpumemviz.fragmentation.oom.classify_event`, handed
+down by the layer that installs the handler (sources sit below the analysis layer)."""

@@ -3,7 +3,8 @@
 What a user without a GPU sees (and what the panel labels as demo data): a training or serving
 program from `allocator.workloads` driven through `CachingAllocator` on its own thread, slowly
 enough to watch segments fill, fragment and, for some workloads, run out of memory. An OOM goes
-through the same path as a real one (an `OomEvent` with a cause), then the workload restarts.
+through the same path as a real one (an `OomEvent`, judged by the classifier handed down with the
+OOM handler), then the workload restarts.
 """
 
 from __future__ import annotations
@@ -12,14 +13,12 @@ import collections
 import contextlib
 import threading
 import time
-from typing import Any
 
 from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.allocator.workloads import WORKLOADS, Workload
-from gpumemviz.fragmentation.oom import classify_oom
 from gpumemviz.sample import SEGMENTS_NOT_READ, DeviceInfo, MemoryStats, NvmlInfo, OomEvent, Sample
-from gpumemviz.sources.base import short_error
+from gpumemviz.sources.base import OomClassifier, OomHandler, short_error
 from gpumemviz.sources.oom import oom_stream
 
 __all__ = ["SimulatedSource"]
@@ -90,7 +89,7 @@ class SimulatedSource:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._oom_handler: Any = None
+        self._on_oom: tuple[OomHandler, OomClassifier | None] | None = None  # set_oom_handler
         self.runs = 0  # workload runs started
         # the newest OOMs only: each holds a full snapshot with its trace (~5 MiB), and a demo
         # panel left open loops through an OOM every ~40 s
@@ -145,18 +144,9 @@ class SimulatedSource:
         return ran
 
     def _oom_event(self, err: OutOfMemory) -> OomEvent:
+        """The failure's raw facts, as torch's observer would see them."""
         snapshot = self._model.snapshot()
         limit = err.allowed if err.allowed is not None else err.capacity
-        facts = classify_oom(
-            snapshot["segments"],
-            self.device,
-            alloc_size=err.alloc_size,
-            device_total=err.capacity,
-            device_free=err.free,
-            request_size=err.rounded_size,
-            stream=oom_stream(snapshot, self.device),
-            settings=snapshot.get("allocator_settings"),
-        )
         return OomEvent(
             time=time.time(),
             device=self.device,
@@ -165,12 +155,18 @@ class SimulatedSource:
             device_free=err.free,
             request_size=err.rounded_size,
             snapshot=snapshot,
-            **facts,
+            device_total=err.capacity,
+            stream=oom_stream(snapshot, self.device),
         )
 
     def _deliver(self, event: OomEvent) -> None:
+        on_oom = self._on_oom
+        handler, classify = on_oom if on_oom is not None else (None, None)
+        if classify is not None:
+            # judged once, then kept and handed on; a broken classifier must not stop the demo
+            with contextlib.suppress(Exception):
+                event = classify(event)
         self.ooms.append(event)
-        handler = self._oom_handler
         if handler is not None:
             # the sampler's handler only queues; a broken one must not stop the demo
             with contextlib.suppress(Exception):
@@ -259,8 +255,12 @@ class SimulatedSource:
             notes=notes,
         )
 
-    def set_oom_handler(self, handler: Any) -> None:
-        self._oom_handler = handler
+    def set_oom_handler(
+        self, handler: OomHandler | None, *, classify: OomClassifier | None = None
+    ) -> None:
+        """Install (or remove, with None) the function called with each OOM, from the workload
+        thread; ``classify`` judges the event first (and `ooms` keeps it judged)."""
+        self._on_oom = None if handler is None else (handler, classify)
 
     def oom_sample(self, event: OomEvent) -> Sample:
         from gpumemviz.snapshot import Snapshot

@@ -1,4 +1,4 @@
-"""The live source: torch.cuda's caching allocator, plus OOM capture.
+"""The live source: torch.cuda's caching allocator.
 
 Rules this module keeps:
 
@@ -12,25 +12,17 @@ Rules this module keeps:
 - Every snapshot call appends a ``snapshot`` entry to the user's recorded history: while the
   user records history, segment state is read slowly; when gpumemviz turns recording on itself it
   passes ``skip_actions=["snapshot"]``.
-- The OOM observer (``torch._C._cuda_attach_out_of_memory_observer``) can never be detached, so
-  it is attached once per process as a trampoline that does nothing when no handler is installed.
-  It runs in the user's allocating thread after the allocator flushed its cache: it takes
-  ``torch.cuda.memory._snapshot()`` there, catches everything (an exception would reach the user's
-  code), and drops repeats of one failure.
+- OOMs come from the process-wide observer (`gpumemviz.sources.oom_observer`), which runs in the
+  user's allocating thread; this source only installs its handler there, for its device.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
-import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from gpumemviz.fragmentation.oom import classify_oom
-from gpumemviz.io import write_torch
 from gpumemviz.sample import (
     SEGMENTS_NOT_READ,
     DeviceInfo,
@@ -40,11 +32,11 @@ from gpumemviz.sample import (
     Sample,
     check_device,
 )
-from gpumemviz.sources.base import SourceCommandError, short_error
+from gpumemviz.sources.base import OomClassifier, OomHandler, SourceCommandError, short_error
 from gpumemviz.sources.nvml import NvmlReader, normalize_uuid
-from gpumemviz.sources.oom import oom_request_size, oom_stream
+from gpumemviz.sources.oom_observer import add_handler, ensure_observer, remove_handler
 
-__all__ = ["OomCapture", "TorchCudaSource", "capture_oom", "classify_oom"]
+__all__ = ["TorchCudaSource"]
 
 WAITING = "waiting for CUDA: gpumemviz does not initialise it; the panel starts when your code does"
 ASYNC_NOTE = (
@@ -54,7 +46,6 @@ ASYNC_NOTE = (
 _SLOW_SNAPSHOT_S = 0.02  # a segment read costing more than this gets spaced out
 _SNAPSHOT_DUTY = 0.01  # at most 1 % of wall time in fallback segment reads
 _RECORDING_GAP_S = 10.0  # gap between segment reads while the user records history
-_REPEAT_WINDOW_S = 1.0  # observer calls this close together are one failure (cuDNN retries)
 
 
 def _torch() -> Any:
@@ -63,261 +54,6 @@ def _torch() -> Any:
     return torch
 
 
-# --------------------------------------------------------------------------------------------
-# The process-wide observer trampoline.
-# --------------------------------------------------------------------------------------------
-OomHandler = Callable[[OomEvent], Any]
-
-_OOM_LOCK = threading.Lock()
-_OOM: dict[str, Any] = {
-    "attached": False,  # the observer is attached to torch (there is no detach)
-    "queued": False,  # attach is queued to run when CUDA initialises
-    "handlers": (),  # tuple of OomHandler: copy-on-write, read without the lock
-    "last": {},  # device -> monotonic time of the last captured failure
-    "dropped": 0,  # observer calls dropped as repeats
-    "errors": 0,  # exceptions caught inside the observer
-    "last_error": None,
-    "totals": {},  # device -> total memory (read once, after CUDA is initialised)
-}
-
-
-def _trampoline(device: int, alloc_size: int, device_limit: int, device_free: int) -> None:
-    """What torch calls on OOM, in the user's thread. Must never raise."""
-    try:
-        handlers = _OOM["handlers"]
-        if not handlers:
-            return  # a stopped panel: the observer stays attached but does nothing
-        now = time.monotonic()
-        last = _OOM["last"].get(device)
-        if last is not None and now - last < _REPEAT_WINDOW_S:
-            _OOM["dropped"] += 1  # a retry of the failure just captured (window not extended)
-            return
-        _OOM["last"][device] = now
-        event = _build_event(int(device), int(alloc_size), int(device_limit), int(device_free))
-        for handler in handlers:
-            try:
-                handler(event)
-            except Exception as exc:
-                _OOM["errors"] += 1
-                _OOM["last_error"] = short_error(exc)
-    except Exception as exc:
-        _OOM["errors"] += 1
-        _OOM["last_error"] = short_error(exc)
-
-
-def _device_total(torch: Any, device: int, fallback: int) -> int:
-    totals = _OOM["totals"]
-    if device not in totals:
-        try:
-            totals[device] = int(torch.cuda.get_device_properties(device).total_memory)
-        except Exception:
-            return fallback
-    return totals[device]
-
-
-def _build_event(device: int, alloc_size: int, device_limit: int, device_free: int) -> OomEvent:
-    torch = _torch()
-    snapshot: dict | None = None
-    snap_error = None
-    try:
-        snapshot = torch.cuda.memory._snapshot()
-    except Exception as exc:
-        snap_error = short_error(exc)
-    request = oom_request_size(snapshot, device)
-    total = _device_total(torch, device, device_limit)
-    if snapshot is not None:
-        facts = classify_oom(
-            snapshot.get("segments", ()),
-            device,
-            alloc_size=alloc_size,
-            device_total=total,
-            device_free=device_free,
-            request_size=request,
-            stream=oom_stream(snapshot, device),
-            settings=snapshot.get("allocator_settings"),
-        )
-    else:
-        facts = {"cause": "unknown", "explanation": f"no snapshot at the OOM: {snap_error}"}
-    return OomEvent(
-        time=time.time(),
-        device=device,
-        alloc_size=alloc_size,
-        device_limit=device_limit,
-        device_free=device_free,
-        request_size=request,
-        snapshot=snapshot,
-        snapshot_error=snap_error,
-        **facts,
-    )
-
-
-def _attach_now() -> None:
-    """Attach the trampoline (CUDA is initialised, or being initialised by the user's code)."""
-    try:
-        torch = _torch()
-        attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
-        if attach is None:
-            _OOM["last_error"] = "this torch has no OOM observer hook"
-            return
-        attach(_trampoline)
-        _OOM["attached"] = True
-    except Exception as exc:  # runs inside torch's lazy init when queued: never raise there
-        _OOM["errors"] += 1
-        _OOM["last_error"] = short_error(exc)
-
-
-def _ensure_observer(*, defer: bool) -> bool:
-    """Attach the trampoline once per process, never initialising CUDA.
-
-    If CUDA is initialised, attach now. Else, with ``defer``, queue the attach with
-    ``torch.cuda._lazy_call`` so it runs right after the user's code initialises CUDA.
-    Returns whether it is attached now.
-    """
-    with _OOM_LOCK:
-        if _OOM["attached"]:
-            return True
-        try:
-            torch = _torch()
-            if not torch.cuda.is_available():
-                return False
-            if torch.cuda.is_initialized():
-                _attach_now()
-            elif defer and not _OOM["queued"]:
-                lazy_call = getattr(torch.cuda, "_lazy_call", None)
-                if lazy_call is not None:
-                    lazy_call(_attach_now)
-                    _OOM["queued"] = True
-        except Exception as exc:
-            _OOM["last_error"] = short_error(exc)
-        return bool(_OOM["attached"])
-
-
-def _add_handler(handler: OomHandler) -> None:
-    with _OOM_LOCK:
-        if handler not in _OOM["handlers"]:
-            _OOM["handlers"] = (*_OOM["handlers"], handler)
-
-
-def _remove_handler(handler: OomHandler) -> None:
-    with _OOM_LOCK:
-        _OOM["handlers"] = tuple(h for h in _OOM["handlers"] if h != handler)
-
-
-def oom_observer_status() -> dict[str, Any]:
-    """Process-wide observer facts for the panel and tests (a copy)."""
-    with _OOM_LOCK:
-        return {k: (dict(v) if isinstance(v, dict) else v) for k, v in _OOM.items()}
-
-
-def _reset_observer_for_tests() -> None:
-    with _OOM_LOCK:
-        _OOM.update(
-            attached=False, queued=False, handlers=(), last={}, dropped=0, errors=0, totals={}
-        )
-        _OOM["last_error"] = None
-
-
-# --------------------------------------------------------------------------------------------
-# capture_oom: for scripts and torchrun jobs.
-# --------------------------------------------------------------------------------------------
-def _write_pickle(obj: Any, path: Path) -> None:
-    """Protocol 4 (memory_viz rejects 5), atomically and fsynced (`io.write_torch`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_torch(obj, path)
-
-
-class OomCapture:
-    """Context manager behind `capture_oom`; see there."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        text = os.fspath(path)
-        if not text:
-            raise ValueError("capture_oom needs a file path, got an empty string")
-        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
-        try:
-            text = text.format(rank=rank, pid=os.getpid())
-        except (KeyError, IndexError, ValueError) as exc:
-            raise ValueError(
-                f"capture_oom path {text!r}: only {{rank}} and {{pid}} may be used"
-            ) from exc
-        self.path = Path(text)
-        self.events: list[OomEvent] = []
-        self.written: Path | None = None
-        self.error: str | None = None
-        self.attached = False
-
-    def _on_oom(self, event: OomEvent) -> None:
-        self.events.append(event)
-        if self.written is not None or event.snapshot is None:
-            if event.snapshot is None:
-                self.error = event.snapshot_error
-            return
-        try:
-            _write_pickle(event.snapshot, self.path)
-            self.written = self.path
-        except Exception as exc:
-            self.error = f"could not write {self.path}: {short_error(exc)}"
-
-    def __enter__(self) -> OomCapture:
-        _add_handler(self._on_oom)
-        self.attached = _ensure_observer(defer=True)
-        return self
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        _remove_handler(self._on_oom)
-        if self.written is None and exc is not None and _is_oom_error(exc):
-            # The observer did not run (old torch, or attach failed): the state is still the
-            # post-flush one, and the failing frame's tensors are alive in the traceback.
-            try:
-                snapshot = _torch().cuda.memory._snapshot()
-                _write_pickle(snapshot, self.path)
-                self.written = self.path
-            except Exception as err:
-                self.error = f"no snapshot written at the OOM: {short_error(err)}"
-        return None
-
-
-def _is_oom_error(exc: BaseException) -> bool:
-    try:
-        return isinstance(exc, _torch().OutOfMemoryError)
-    except Exception:
-        return "out of memory" in str(exc).lower()
-
-
-def capture_oom(path: str | os.PathLike[str] = "oom_snapshot.pickle") -> OomCapture:
-    """Write the allocator snapshot at the moment of an out-of-memory error.
-
-    For scripts and torchrun jobs. The snapshot is taken inside PyTorch's OOM observer (in the
-    failing thread, after the allocator flushed its cache), so it shows the state the allocation
-    failed in, with the ``oom`` trace entry when history is recorded. The first failure inside the
-    block is written (protocol 4, atomically); later ones are kept in ``.events``. The error still
-    propagates. Nothing initialises CUDA: if CUDA starts inside the block, the observer is attached
-    as CUDA initialises. Without CUDA this does nothing.
-
-    Parameters
-    ----------
-    path : str or path-like
-        Where to write. ``{rank}`` and ``{pid}`` are filled in (RANK from torchrun).
-
-    Returns
-    -------
-    OomCapture
-        With ``written`` (the path, once written), ``events`` and ``error``.
-
-    Examples
-    --------
-    >>> import gpumemviz
-    >>> with gpumemviz.capture_oom("/tmp/oom_{rank}.pickle") as cap:
-    ...     pass  # train here
-    >>> cap.written is None
-    True
-    """
-    return OomCapture(path)
-
-
-# --------------------------------------------------------------------------------------------
-# The source.
-# --------------------------------------------------------------------------------------------
 def _accepts(func: Any, name: str) -> bool:
     try:
         return name in inspect.signature(func).parameters
@@ -364,7 +100,7 @@ class TorchCudaSource:
         self._fast_snapshot: bool | None = None  # memory_snapshot(include_traces=...) exists
         self._snapshot_cost = 0.0  # seconds the last fallback segment read took
         self._oom_on = False
-        self._oom_handler: Callable[[OomEvent], Any] | None = None
+        self._oom_handler: OomHandler | None = None
         self._closed = False
 
     # capabilities --------------------------------------------------------------------------
@@ -483,7 +219,7 @@ class TorchCudaSource:
         except Exception as exc:
             errors.append(f"device properties: {short_error(exc)}")
         if self._oom_on:
-            _ensure_observer(defer=False)
+            ensure_observer(defer=False)
         stats = None
         try:
             stats = MemoryStats.from_torch(cuda.memory_stats(self.device))
@@ -541,13 +277,17 @@ class TorchCudaSource:
             return None, None
 
     # OOM ------------------------------------------------------------------------------------
-    def set_oom_handler(self, handler: Callable[[OomEvent], Any] | None) -> None:
+    def set_oom_handler(
+        self, handler: OomHandler | None, *, classify: OomClassifier | None = None
+    ) -> None:
         """Install (or remove, with None) the function called with each OOM of this device.
 
         The handler runs in the user's allocating thread: it must only queue the event.
+        ``classify`` (`gpumemviz.fragmentation.oom.classify_event`, handed down by the layer
+        above) judges the event there first; without it the event carries the raw facts only.
         """
         if self._oom_handler is not None:
-            _remove_handler(self._oom_handler)
+            remove_handler(self._oom_handler)
             self._oom_handler = None
         self._oom_on = handler is not None
         if handler is None:
@@ -559,8 +299,8 @@ class TorchCudaSource:
                 handler(event)
 
         self._oom_handler = on_oom
-        _add_handler(on_oom)
-        _ensure_observer(defer=True)
+        add_handler(on_oom, classify)
+        ensure_observer(defer=True)
 
     def oom_sample(self, event: OomEvent) -> Sample:
         """The segment state at an OOM, as a sample (built off the user's thread)."""

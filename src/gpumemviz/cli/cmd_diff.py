@@ -1,0 +1,32 @@
+"""`gpumemviz diff`: two snapshots compared (figures, segments, allocation sites)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_diff", "run_diff"]
+
+
+def add_diff(sub: Any) -> None:
+    p = sub.add_parser(
+        "diff",
+        help="compare two snapshots: figures, segments, allocation sites",
+        description="Compare snapshot A (before) with B (after), per device: reserved, "
+        "allocated, fragmentation, segments added/removed, the allocation sites that grew.",
+    )
+    p.add_argument("a", type=Path, help="the snapshot before")
+    p.add_argument("b", type=Path, help="the snapshot after")
+    p.add_argument("--json", action="store_true", help="print the differences as JSON")
+    p.set_defaults(run=run_diff)
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    from ..diff import diff
+    from ..io import load_snapshot
+
+    result = diff(load_snapshot(args.a), load_snapshot(args.b))
+    print(json.dumps(result.to_dict(), indent=2) if args.json else result.text())
+    return 0

@@ -1,0 +1,45 @@
+"""`gpumemviz export`: a snapshot written as pickle (protocol 4), JSON or a CSV timeline."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..units import format_size
+from .common import UsageError, add_sharing_args, check_output
+
+__all__ = ["add_export", "run_export"]
+
+
+def add_export(sub: Any) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a snapshot as pickle (protocol 4), JSON or a CSV timeline",
+        description="Export a snapshot for sharing: a protocol-4 pickle with the full trace "
+        "(PyTorch's tools accept it), JSON, or a CSV with one row per trace entry.",
+    )
+    add_sharing_args(p, "the file to write")
+    p.add_argument(
+        "--format",
+        choices=("pickle", "json", "csv"),
+        default=None,
+        help="default: from the output's suffix (.json, .csv; anything else pickle)",
+    )
+    p.add_argument("--device", type=int, default=None, help="CSV: only this device's trace")
+    p.set_defaults(run=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from ..export import export
+    from ..io import load_snapshot
+
+    check_output(args.output)
+    snap = load_snapshot(args.file)
+    if args.device is not None and args.device not in snap.traces:
+        have = ", ".join(map(str, sorted(snap.traces))) or "none"
+        raise UsageError(f"no trace of device {args.device} in {args.file} (traced: {have})")
+    path = export(
+        snap, args.output, format=args.format, redact_paths=args.redact_paths, device=args.device
+    )
+    print(f"wrote {path} ({format_size(path.stat().st_size)})")
+    return 0

@@ -1,0 +1,143 @@
+"""`gpumemviz whatif`: a recorded trace replayed under other allocator settings or capacity."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ..units import format_size, parse_size
+from .common import NOT_RECORDED, UsageError
+
+__all__ = ["add_whatif", "run_whatif"]
+
+
+def add_whatif(sub: Any) -> None:
+    p = sub.add_parser(
+        "whatif",
+        help="replay a recorded trace under other allocator settings or another capacity",
+        description="Replay a snapshot's recorded history through the allocator model with "
+        "other PYTORCH_CUDA_ALLOC_CONF settings (and/or another capacity) and show the "
+        "recorded and predicted segments, peak reserved and OOM side by side.",
+    )
+    p.add_argument("file", type=Path, help="snapshot file recorded with history (trace)")
+    p.add_argument(
+        "--conf",
+        default=None,
+        help="PYTORCH_CUDA_ALLOC_CONF to try, e.g. expandable_segments:True "
+        "(default: the recorded settings)",
+    )
+    p.add_argument(
+        "--capacity",
+        default=None,
+        help="bytes the process can get per device, e.g. 80GiB (default: inferred from a "
+        "recorded OOM, else unknown)",
+    )
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(run=run_whatif)
+
+
+def run_whatif(args: argparse.Namespace) -> int:
+    from ..allocator.config import AllocatorConfig
+    from ..allocator.replay import replay
+    from ..io import load_snapshot
+
+    if args.capacity is not None and args.capacity.strip().startswith("-"):
+        raise UsageError(f"--capacity must be positive, got {args.capacity!r}")
+    capacity = parse_size(args.capacity) if args.capacity is not None else None
+    if capacity is not None and capacity <= 0:
+        raise UsageError(f"--capacity must be positive, got {args.capacity!r}")
+    conf = None
+    if args.conf is not None:
+        try:
+            conf = AllocatorConfig.parse(args.conf)
+        except ValueError as e:
+            raise UsageError(f"--conf {args.conf!r}: {e}") from None
+    snap = load_snapshot(args.file)
+    result = replay(snap, config=conf, capacity=capacity)
+    rows = {dev: _whatif_device(result, dev) for dev in sorted(result.devices)}
+    if args.json:
+        out = {
+            "config": result.config,
+            "recorded_config": result.recorded_config,
+            "what_if": result.what_if,
+            "capacity_known": result.capacity_known,
+            "devices": {str(d): r for d, r in rows.items()},
+        }
+        print(json.dumps(out, indent=2))
+    else:
+        recorded = snap.allocator_settings is not None
+        print("\n".join(_whatif_text(result, rows, str(args.file), recorded)))
+    return 0
+
+
+def _whatif_device(result: Any, dev: int) -> dict[str, Any]:
+    """Recorded vs predicted figures of one traced device (JSON-ready)."""
+    run, tl = result.devices[dev], result.timelines[dev]
+    start = tl.start.totals()[2]
+    recorded_oom = result.recorded[dev].recorded_oom
+    return {
+        "events": len(tl),
+        "capacity": run.capacity,
+        "capacity_known": bool(run.capacity_known),
+        "what_if": bool(run.what_if),
+        "recorded": _run_figures(
+            result.recorded_peak_reserved(dev),
+            result.peak_segments(dev, "recording"),
+            tl.segments,
+            start,
+            recorded_oom,
+        ),
+        "predicted": _run_figures(
+            int(run.peak_reserved), result.peak_segments(dev), run.segments, start, run.oom
+        ),
+    }
+
+
+def _run_figures(
+    peak_reserved: int, peak_segments: int, segments: Any, start: int, oom_at: int | None
+) -> dict:
+    """One side of the comparison; `segments` is the count after each entry, `start` before."""
+    return {
+        "peak_reserved": peak_reserved,
+        "peak_segments": peak_segments,
+        "final_segments": int(segments[-1]) if len(segments) else start,
+        "oom": oom_at is not None,
+        "oom_at": oom_at,
+    }
+
+
+def _whatif_text(
+    result: Any, rows: dict[int, dict[str, Any]], name: str, recorded: bool
+) -> list[str]:
+    def conf(s: str) -> str:
+        return f"PYTORCH_CUDA_ALLOC_CONF={s!r}" if s else "the default settings"
+
+    was = conf(result.recorded_config) if recorded else NOT_RECORDED
+    lines = [f"{name}: what if {conf(result.config)} (recorded: {was})"]
+    if not result.what_if:
+        lines.append("  same settings and capacity as recorded: predicted = the model's replay")
+    for dev, r in rows.items():
+        cap = (
+            format_size(r["capacity"])
+            if r["capacity_known"] and r["capacity"] is not None
+            else "capacity unknown (the model never runs out of memory)"
+        )
+        if r["capacity_known"]:
+            cap = f"capacity {cap}"
+        lines.append(f"device {dev}, {r['events']} trace entries, {cap}:")
+        lines.append(f"  {'':<16}{'recorded':>18}{'predicted':>18}")
+        rec, pre = r["recorded"], r["predicted"]
+        for label, key, fmt in (
+            ("peak reserved", "peak_reserved", format_size),
+            ("peak segments", "peak_segments", str),
+            ("final segments", "final_segments", str),
+        ):
+            lines.append(f"  {label:<16}{fmt(rec[key]):>18}{fmt(pre[key]):>18}")
+        lines.append(f"  {'OOM':<16}{_oom_cell(rec['oom_at']):>18}{_oom_cell(pre['oom_at']):>18}")
+    return lines
+
+
+def _oom_cell(at: int | None) -> str:
+    return "no" if at is None else f"yes (entry {at})"
