@@ -23,8 +23,8 @@ from ..config import AllocatorConfig
 from ..model import CachingAllocator
 from ..oom import OutOfMemory
 from ..rules import is_small, page_size, reservation_size
-from .placement import INVENTED_TOP, Provider, Reservations, Runs
 from .layout import INACTIVE, Layout, LayoutError
+from .placement import INVENTED_TOP, Provider, Reservations, Runs
 from .reconstruct import SEGMENT_ACTIONS, Step
 from .recording import Recording
 from .result import DeviceReplay, ReplayError
