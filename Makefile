@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test lint fmt bench fuzz soak demo clean system-deps
+.PHONY: test lint fmt bench fuzz soak demo clean system-deps js
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -12,6 +12,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
+
+# The panel's and the report's front end: esbuild bundles js/ into src/gpumemviz/static/ (git-ignored)
+# when a js/ source is newer than the bundle. Nothing rebuilds it at import (gpumemviz.bundles only
+# warns); wheels get it from the package build. npm installs js/'s dev tools the first time.
+BUNDLE := src/gpumemviz/static/widget.js
+JS_SOURCES := $(wildcard js/src/*.js) $(wildcard js/*.css) js/package.json
+
+js: $(BUNDLE)
+
+$(BUNDLE): $(JS_SOURCES)
+	@test -x js/node_modules/.bin/esbuild || npm --prefix js ci --no-audit --no-fund
+	npm --prefix js run --silent build
+	@touch src/gpumemviz/static/*
 
 # Debian's Chromium for the browser tests (test tools cannot download browsers here).
 system-deps:
@@ -27,16 +40,16 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff format src tests benchmarks
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
-test: lint system-deps
+test: lint system-deps js
 	cd js && node --test test/
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # JupyterLab on the quickstart notebook, bound to 127.0.0.1; it prints the URL (with its token) to
 # open. No browser is started where there is no display.
-demo: $(STAMP)
+demo: $(STAMP) js
 	$(VENV)/bin/gpumemviz demo
 
-bench: $(STAMP)
+bench: $(STAMP) js
 	@for b in benchmarks/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 # Fuzz every reader of untrusted input (pickle, JSON, torch dicts, the CLI) for FUZZ_SECONDS

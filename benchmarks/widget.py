@@ -127,7 +127,7 @@ def measure(n_blocks: int, per_segment: int, repeat: int) -> dict:
 def browser_table(sizes: list[int]) -> bool:
     """Show synthetic states in JupyterLab + Chromium; print what the browser spends per frame."""
     sys.path.insert(0, str(REPO / "tests" / "browser"))
-    from labtools import CHROMIUM, CHROMIUM_ARGS, Notebook, running_lab
+    from labtools import CHROMIUM, CHROMIUM_ARGS, TEST_HOOKS, Notebook, running_lab
     from playwright.sync_api import sync_playwright
 
     setup = "\n".join(
@@ -154,6 +154,7 @@ def browser_table(sizes: list[int]) -> bool:
     ):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1100})
+        page.add_init_script(TEST_HOOKS)  # the views' registry and event log read below
         nb = Notebook(page, lab, "bench.ipynb", cells)
         nb.run(0)
         page.wait_for_function(

@@ -141,8 +141,8 @@ def test_extension_entry_points_are_lazy_attributes_of_the_package():
     import gpumemviz
 
     assert callable(gpumemviz.load_ipython_extension)
-    assert gpumemviz.monitor.__module__ == "gpumemviz.widget"
-    assert gpumemviz.MemoryPanel.__module__ == "gpumemviz.widget"
+    assert gpumemviz.monitor.__module__ == "gpumemviz.widget.monitor"
+    assert gpumemviz.MemoryPanel.__module__ == "gpumemviz.widget.panel"
     assert gpumemviz.__all__ == sorted(gpumemviz.__all__)
 
 

@@ -1,4 +1,4 @@
-"""widget.py: MemoryPanel traits, frames and writer thread, with the real anywidget (no browser)."""
+"""MemoryPanel: traits, frames and writer thread, with the real anywidget (no browser)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from conftest import read_real as _read
+from gpumemviz.bundles import bundle_path
 from gpumemviz.render.rows import build_rows, encode_cells
 from gpumemviz.render.wire import FIRST_FRAME_LIMIT
 from gpumemviz.render.wire_frame import decode_frame
 from gpumemviz.sample import MemoryStats, Sample
 from gpumemviz.snapshot import Snapshot
-from gpumemviz.widget import MemoryPanel, bundle_path
+from gpumemviz.widget import MemoryPanel
 
 MiB = 1 << 20
 
@@ -84,7 +85,14 @@ def test_bundle_is_built_and_loaded():
     text = js.read_text()
     assert "gmv-root" in text and "msg:custom" in text
     assert "import " not in text.split("\n", 3)[0]  # bundled: no relative imports left
-    assert MemoryPanel._esm == text
+    # the class holds the file (anywidget reads it, and watches it under ANYWIDGET_HMR=1)
+    assert str(MemoryPanel._esm) == text
+    assert str(MemoryPanel._css) == bundle_path("widget.css").read_text()
+    p = MemoryPanel(subshell=False)
+    try:
+        assert p._esm == text
+    finally:
+        p.close()
 
 
 def test_snapshot_fills_layout_and_header(recorded_path, recorded_dict):

@@ -25,7 +25,7 @@ CELL = f"""
 %gpumemviz --replay {RECORDED}
 import gpumemviz, gpumemviz.widget
 print("LOADED", gpumemviz.__file__)
-text = gpumemviz.widget.MemoryPanel._esm
+text = str(gpumemviz.widget.MemoryPanel._esm)
 print("ESM", "gmv-root" in text and "msg:custom" in text)
 """
 

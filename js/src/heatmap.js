@@ -1,5 +1,6 @@
 // The segment map on a canvas, virtually scrolled: only the rows in view are drawn or held.
 import { KIND_NAMES, STATE_NAMES } from "./decode.js";
+import { logEvent } from "./probe.js";
 import {
   blockAt, blockKind, cellColor, cellRange, cellsFor, formatSize, geometry, keepWindow, parseColor,
   rowLabel, zoomWindow,
@@ -156,7 +157,7 @@ export function createHeatmap(host, opts) {
     canvas.dataset.count = String(count);
     canvas.dataset.cells = String(cells);
     canvas.dataset.drawMs = lastDrawMs.toFixed(2);
-    log({ event: "draw", first, count, drawn, ms: lastDrawMs });
+    logEvent({ event: "draw", first, count, drawn, ms: lastDrawMs });
   }
 
   /** rows (as received) whose exact blocks were asked for already: "all" or the byte window */
@@ -494,10 +495,3 @@ function readPalette(host) {
   };
 }
 
-/** @param {Record<string, unknown>} entry */
-function log(entry) {
-  const w = /** @type {any} */ (globalThis);
-  if (!w.__gpumemviz) return;
-  w.__gpumemviz.log.push({ t: Date.now(), ...entry });
-  if (w.__gpumemviz.log.length > 2000) w.__gpumemviz.log.splice(0, 1000);
-}

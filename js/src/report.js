@@ -5,6 +5,7 @@ import { decodeFrame, STATE_NAMES, KIND_NAMES } from "./decode.js";
 import { createHeatmap, ROW_H } from "./heatmap.js";
 import { createHeader } from "./controls.js";
 import { createTimeline } from "./timeline.js";
+import { registerView, testHooks } from "./probe.js";
 import { blockAt, cellColor, formatSize, keepWindow, rowLabel } from "./rows.js";
 import {
   b64ToBytes, b64ToFloat64, blockPixels, nearestIndex, resampleCells, zoomAt,
@@ -380,8 +381,6 @@ function main() {
   const host = document.getElementById("gmv-report");
   if (!node || !host) return;
   const data = JSON.parse(node.textContent || "{}");
-  const w = /** @type {any} */ (globalThis);
-  if (!w.__gpumemviz) w.__gpumemviz = { views: {}, log: [] };
   host.replaceChildren();
   const root = el("div", "gmv-root");
   root.dataset.view = "report";
@@ -411,8 +410,9 @@ function main() {
   }
   analysis(data, root);
   for (const c of charts) c.draw();
-  w.__gpumemviz.views.report = { map, root, model: null };
-  w.__gpumemviz.report = { rows: rows.length, zoom: zoomer, data, ready: true };
+  registerView("report", { map, root, model: null });
+  const hooks = testHooks();
+  if (hooks) hooks.report = { rows: rows.length, zoom: zoomer, data, ready: true };
   root.dataset.ready = "1";
 }
 

@@ -3,14 +3,13 @@ import { decodeBlocks, decodeFrame } from "./decode.js";
 import { createHeatmap } from "./heatmap.js";
 import { createHeader, createToolbar } from "./controls.js";
 import { createTimeline } from "./timeline.js";
+import { logEvent, registerView } from "./probe.js";
 
 let nextId = 0;
 
 /** @param {{model: any, el: HTMLElement}} ctx */
 function render({ model, el }) {
   const id = `v${Date.now().toString(36)}-${nextId++}`;
-  const w = /** @type {any} */ (globalThis);
-  if (!w.__gpumemviz) w.__gpumemviz = { views: {}, log: [] };
   const root = document.createElement("div");
   root.className = "gmv-root";
   root.dataset.view = id;
@@ -20,7 +19,7 @@ function render({ model, el }) {
   const toolbar = createToolbar(root, (name, args) => {
     const cid = `${id}-c${nextCmd++}`;
     model.send({ kind: "command", id: cid, name, args });
-    w.__gpumemviz.log.push({ t: Date.now(), event: "command", view: id, id: cid, name });
+    logEvent({ event: "command", view: id, id: cid, name });
     return cid;
   });
   const timeline = createTimeline(root, {
@@ -38,7 +37,7 @@ function render({ model, el }) {
     onView(v) { model.send({ kind: "view", view: id, ...v }); },
     onBlocks(row, lo, hi) {
       model.send({ kind: "blocks", view: id, row, lo, hi });
-      w.__gpumemviz.log.push({ t: Date.now(), event: "blocks", view: id, row, lo, hi });
+      logEvent({ event: "blocks", view: id, row, lo, hi });
     },
   });
 
@@ -58,7 +57,7 @@ function render({ model, el }) {
   const onMsg = (msg, buffers) => {
     if (msg && msg.kind === "reply") {
       toolbar.reply(msg);
-      w.__gpumemviz.log.push({ t: Date.now(), event: "reply", view: id, ...msg });
+      logEvent({ event: "reply", view: id, ...msg });
       return;
     }
     if (msg && msg.kind === "timeline") {
@@ -78,9 +77,8 @@ function render({ model, el }) {
     const frame = decodeFrame(msg, buffers);
     map.applyFrame(frame);
     root.dataset.seq = String(frame.seq);
-    w.__gpumemviz.log.push({ t: Date.now(), event: "frame", view: id, seq: frame.seq,
-      rows: frame.rows.length, bytes: buffers.reduce((n, b) => n + b.byteLength, 0),
-      ms: performance.now() - t0 });
+    logEvent({ event: "frame", view: id, seq: frame.seq, rows: frame.rows.length,
+      bytes: buffers.reduce((n, b) => n + b.byteLength, 0), ms: performance.now() - t0 });
   };
   // every model event this view listens to: the cleanup unsubscribes this same list
   /** @type {[string, Function][]} */
@@ -94,7 +92,7 @@ function render({ model, el }) {
   onControls();
   model.send({ kind: "timeline_sync", view: id, since: 0 });
   onLayout();
-  w.__gpumemviz.views[id] = { map, root, model, toolbar, timeline };
+  registerView(id, { map, root, model, toolbar, timeline });
 
   return () => {
     for (const [name, fn] of events) model.off(name, fn);
@@ -104,7 +102,7 @@ function render({ model, el }) {
     toolbar.destroy();
     timeline.destroy();
     root.remove();
-    delete w.__gpumemviz.views[id];
+    registerView(id, null);
   };
 }
 

@@ -2,7 +2,7 @@
 snapshot it shows, and answers with one line of text (and figures for tests).
 
 Commands run on whichever thread the kernel hands the browser's message to: a subshell thread
-while a cell runs (see widget._route_to_subshell) or the main shell when the cell has finished.
+while a cell runs (see gpumemviz.widget.subshell) or the main shell when the cell has finished.
 They touch no traits; the panel's writer thread sends their replies.
 """
 

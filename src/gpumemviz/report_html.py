@@ -18,9 +18,6 @@ from __future__ import annotations
 import base64
 import html
 import json
-import shutil
-import subprocess
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -31,6 +28,7 @@ from . import export as _export
 from . import fragmentation as _fragmentation
 from . import sites as _sites
 from .advice_check import Checked, CheckedAdvice, check_advice
+from .bundles import bundle_path
 from .fragmentation import FIGURE_NAMES
 from .frames import Redactor
 from .io import as_snapshot, atomic_write
@@ -57,9 +55,6 @@ ANALYSIS_ALLOWANCE = 8 << 10  # figures, advice and sites: bounded, whatever the
 TIMELINE_POINTS = 1500  # per device, at most: each a bucket's peaks
 _CELL_STEPS = (1024, 512, 256, 128, 64, 32, 16)
 _B64 = 4 / 3
-
-_PKG = Path(__file__).resolve().parent
-_JS = _PKG.parents[1] / "js"  # present in a source checkout only
 
 
 def report(
@@ -145,8 +140,7 @@ def render_html(
     data = report_data(
         snap, title=page_title, budget=SIZE_FACTOR * input_size, replay_advice=replay_advice
     )
-    js = _bundle("report.js")
-    css = _bundle("widget.css") + "\n" + _bundle("report.css")
+    js, css = _renderer()
     return _PAGE.format(
         title=html.escape(page_title, quote=True),
         css=_inert_css(css),
@@ -157,8 +151,7 @@ def render_html(
 
 def renderer_size() -> int:
     """Bytes of the page without any snapshot data: the renderer the size budget excludes."""
-    js = _bundle("report.js")
-    css = _bundle("widget.css") + "\n" + _bundle("report.css")
+    js, css = _renderer()
     page = _PAGE.format(title="", css=_inert_css(css), data="", js=_inert_js(js))
     return len(page.encode("utf-8"))
 
@@ -409,32 +402,13 @@ def _inert_css(css: str) -> str:
     return css.replace("</style", "<\\/style")
 
 
-def _bundle(name: str) -> str:
-    """A built front-end file from static/, rebuilt first in a source checkout when stale."""
-    target = _PKG / "static" / name
-    if (_JS / "src").is_dir() and _stale(target, _JS.glob("src/*.js"), _JS.glob("*.css")):
-        npm = shutil.which("npm")
-        if npm is not None and (_JS / "node_modules" / ".bin" / "esbuild").exists():
-            subprocess.run(
-                [npm, "run", "--silent", "build"],
-                cwd=_JS,
-                check=True,
-                capture_output=True,
-                timeout=120,
-            )
-    if not target.is_file():
-        raise FileNotFoundError(
-            f"the report's renderer {target} is missing: build it with "
-            f"`npm --prefix {_JS} install && npm --prefix {_JS} run build`"
-        )
-    return target.read_text(encoding="utf-8")
-
-
-def _stale(target: Path, *sources: Iterable[Path]) -> bool:
-    if not target.is_file():
-        return True
-    built = target.stat().st_mtime
-    return any(p.stat().st_mtime > built for group in sources for p in group if p.is_file())
+def _renderer() -> tuple[str, str]:
+    """The page's script and style: the built bundles (gpumemviz.bundles), read as they are."""
+    js = bundle_path("report.js").read_text(encoding="utf-8")
+    css = "\n".join(
+        bundle_path(name).read_text(encoding="utf-8") for name in ("widget.css", "report.css")
+    )
+    return js, css
 
 
 _PAGE = """<!doctype html>

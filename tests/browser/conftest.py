@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .labtools import CHROMIUM, CHROMIUM_ARGS, Lab, Notebook, running_lab
+from .labtools import CHROMIUM, CHROMIUM_ARGS, TEST_HOOKS, Lab, Notebook, running_lab
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 
@@ -36,6 +36,14 @@ def base_url() -> None:
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
     return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
+
+
+@pytest.fixture
+def context(context):
+    """pytest-playwright's context with the front end's test hooks on in every page it opens
+    (`TEST_HOOKS`): the tests read the views and the event log through them."""
+    context.add_init_script(TEST_HOOKS)
+    return context
 
 
 @pytest.fixture(scope="session")

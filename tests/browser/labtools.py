@@ -29,6 +29,10 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 
+# Turns the front end's test hooks on (js/src/probe.js): run before a page's own scripts, it gives
+# the views a registry to join and an event log to write; shipped pages have neither.
+TEST_HOOKS = "globalThis.__gpumemviz = { views: {}, log: [] };"
+
 
 @dataclass(frozen=True)
 class Lab:

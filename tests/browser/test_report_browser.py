@@ -119,3 +119,16 @@ def test_large_report_opens_and_draws(page, tmp_path, n_blocks):
     )
     assert int(last) > 0
     assert seen["errors"] == [] and seen["blocked"] == []
+
+
+def test_without_the_test_hooks_a_page_keeps_no_registry_or_log(browser, recorded_path, tmp_path):
+    """The conftest's pages turn the hooks on; a plain page, as a user opens it, has neither."""
+    out = report(recorded_path, tmp_path / "report.html")
+    plain = browser.new_context()
+    try:
+        page = plain.new_page()
+        seen = open_offline(page, out)
+        assert seen["errors"] == [] and seen["blocked"] == []
+        assert page.evaluate("() => typeof window.__gpumemviz") == "undefined"
+    finally:
+        plain.close()

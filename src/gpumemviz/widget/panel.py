@@ -1,23 +1,23 @@
 """MemoryPanel: the notebook panel (anywidget) that draws the segment map of a Snapshot or Sample.
 
 State lives in traits, bulk rows travel as binary frames (gpumemviz.render.wire), and every trait
-write and frame send happens on one writer thread fed by a queue: callers (a cell, the sampler's
-listener, the browser's messages) only enqueue. Concurrent trait writers are not safe; IOPub
-publishing from one background thread is.
+write and frame send happens on the panel's `Writer` thread (gpumemviz.widget.writer): callers (a
+cell, the sampler's listener, the browser's messages) only enqueue. The front end is the built
+bundle itself (`_esm` and `_css` are paths from gpumemviz.bundles), so anywidget's hot reload
+(``ANYWIDGET_HMR=1``) follows a rebuild during development.
+
+The module stays whole (about 600 lines): it is the one class whose methods all read and write
+the same traits, wire and writer queue; the pieces it uses (writer thread, kernel subshells,
+bundle location) live in their own modules.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import queue
-import shutil
-import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ import anywidget
 import numpy as np
 import traitlets
 
+from gpumemviz.bundles import bundle_path
 from gpumemviz.render.rows import build_rows
 from gpumemviz.render.stacks import Stacks
 from gpumemviz.render.timeline import (
@@ -35,110 +36,20 @@ from gpumemviz.render.timeline import (
 )
 from gpumemviz.render.wire import Wire, header_numbers
 from gpumemviz.snapshot import Snapshot
+from gpumemviz.widget.subshell import delete_subshell, route_to_main, route_to_subshell
+from gpumemviz.widget.writer import Writer
 
 if TYPE_CHECKING:
     from gpumemviz.fragmentation import FragmentationReport
 
-__all__ = ["MemoryPanel", "bundle_path", "mark", "monitor"]
+__all__ = ["MemoryPanel", "live_panels"]
 
-_PANELS: weakref.WeakSet = weakref.WeakSet()  # live panels, for mark()
-
-_PKG = Path(__file__).resolve().parent
-_JS = _PKG.parents[1] / "js"  # present in a source checkout only
+_PANELS: weakref.WeakSet = weakref.WeakSet()  # live panels, for gpumemviz.mark
 
 
-def bundle_path(name: str = "widget.js") -> Path:
-    """The built front end: the package's static/ copy, rebuilt first in a source checkout.
-
-    A wheel ships ``gpumemviz/static/`` (built by the package build). In a source checkout
-    (editable install) the copy in ``src/gpumemviz/static/`` may be missing or older than
-    ``js/``; then esbuild rebuilds it when ``js/node_modules`` is installed.
-
-    Raises
-    ------
-    FileNotFoundError
-        With the command that builds the bundle, when there is none.
-    """
-    target = _PKG / "static" / name
-    if (_JS / "src").is_dir() and _stale(target):
-        _build()
-    if not target.is_file():
-        raise FileNotFoundError(
-            f"the panel's front end {target} is missing: build it with "
-            f"`npm --prefix {_JS} install && npm --prefix {_JS} run build`"
-        )
-    return target
-
-
-def _stale(target: Path) -> bool:
-    if not target.is_file():
-        return True
-    built = target.stat().st_mtime
-    sources = [*(_JS / "src").glob("*.js"), _JS / "widget.css", _JS / "package.json"]
-    return any(p.stat().st_mtime > built for p in sources if p.is_file())
-
-
-def _build() -> None:
-    npm = shutil.which("npm")
-    if npm is None or not (_JS / "node_modules" / ".bin" / "esbuild").exists():
-        return  # nothing to build with: an existing bundle is used as it is
-    subprocess.run(
-        [npm, "run", "--silent", "build"], cwd=_JS, check=True, capture_output=True, timeout=120
-    )
-
-
-class _Writer:
-    """The one thread that writes the panel's traits and sends its frames, in queue order."""
-
-    def __init__(self, name: str) -> None:
-        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
-        self._name = name
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._stopped = False
-        self.errors: list[str] = []
-
-    def submit(self, job: Callable[[], None]) -> None:
-        """Queue a job; after `stop` (the panel closed) jobs are dropped."""
-        with self._lock:
-            if self._stopped:
-                return
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-        self._queue.put(job)
-
-    def wait(self, timeout: float) -> bool:
-        """Block until every job submitted so far ran; False on timeout."""
-        deadline = time.monotonic() + timeout
-        with self._queue.all_tasks_done:
-            while self._queue.unfinished_tasks:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._queue.all_tasks_done.wait(left)
-        return True
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-            thread, self._thread = self._thread, None
-        if thread is not None:
-            self._queue.put(None)
-            thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while True:
-            job = self._queue.get()
-            try:
-                if job is None:
-                    return
-                job()
-            except Exception as exc:  # the panel must never raise into user code
-                self.errors.append(f"{type(exc).__name__}: {exc}")
-                del self.errors[:-20]
-            finally:
-                self._queue.task_done()
+def live_panels() -> list[MemoryPanel]:
+    """The panels not closed yet (``gpumemviz.mark`` marks each one's timeline)."""
+    return list(_PANELS)
 
 
 class MemoryPanel(anywidget.AnyWidget):
@@ -158,8 +69,9 @@ class MemoryPanel(anywidget.AnyWidget):
     >>> panel.close()
     """
 
-    _esm = bundle_path("widget.js").read_text(encoding="utf-8")
-    _css = bundle_path("widget.css").read_text(encoding="utf-8")
+    # paths, not text: anywidget reads the files, and watches them under ANYWIDGET_HMR=1
+    _esm = bundle_path("widget.js")
+    _css = bundle_path("widget.css")
 
     map_layout = traitlets.Dict().tag(sync=True)
     """Row count and groups (device, pool, stream, first row, count) of the segment map."""
@@ -186,7 +98,7 @@ class MemoryPanel(anywidget.AnyWidget):
         super().__init__(title=title, **kwargs)
         self._device = device
         self._wire = Wire()
-        self._writer = _Writer(f"gpumemviz-panel-{self.model_id[:8]}")
+        self._writer = Writer(f"gpumemviz-panel-{self.model_id[:8]}")
         self._latest: Any = None
         self._latest_lock = threading.Lock()
         self.wire_stats: dict[str, int] = {"frames": 0, "bytes": 0, "last_bytes": 0, "max_bytes": 0}
@@ -206,7 +118,7 @@ class MemoryPanel(anywidget.AnyWidget):
         self._advice_timer: threading.Timer | None = None
         self.on_msg(self._on_browser_msg)
         # the kernel subshell that handles this panel's browser messages (None: the main shell)
-        self.subshell = _route_to_subshell(self.comm) if subshell else _route_to_main(self.comm)
+        self.subshell = route_to_subshell(self.comm) if subshell else route_to_main(self.comm)
         self.controls = self._controls()
         _PANELS.add(self)
 
@@ -331,7 +243,7 @@ class MemoryPanel(anywidget.AnyWidget):
         if writer is not None:
             writer.stop()
         if getattr(self, "subshell", None):
-            _delete_subshell(self.subshell)
+            delete_subshell(self.subshell)
             self.subshell = None
         super().close()
 
@@ -686,128 +598,7 @@ def _oom_dict(event: Any) -> dict:
     }
 
 
-def mark(label: str) -> None:
-    """Put a step marker ("epoch 3") on the timeline of every live panel.
-
-    Parameters
-    ----------
-    label : str
-        Shown at the marker (as text).
-    """
-    t = time.time()
-    for panel in list(_PANELS):
-        panel.add_marker(str(label), "mark", t)
-
-
-def monitor(
-    device: int = 0, interval: float = 0.5, source: Any = None, *, subshell: bool = True
-) -> MemoryPanel:
-    """A live panel of one device's caching allocator, updated in the background.
-
-    Parameters
-    ----------
-    device : int
-        CUDA device index (default 0).
-    interval : float
-        Seconds between reads (default 0.5). The device's shared sampler takes this interval.
-    source : Source, optional
-        Where samples come from. Default: the device's shared sampler
-        (`gpumemviz.live.shared`), reading `gpumemviz.sources.default_source`: torch.cuda
-        when CUDA is available, otherwise the simulated allocator, labelled as demo data.
-    subshell : bool
-        Handle the panel's clicks on a kernel subshell, so they act while a cell runs (default
-        True, where the kernel allows it); False queues them until the running cell finishes.
-
-    Returns
-    -------
-    MemoryPanel
-        Displayed when it is a cell's last expression; ``panel.sampler`` is the sampler it
-        follows; ``panel.close()`` stops following it (a shared sampler keeps running, one
-        made for ``source`` stops).
-
-    Examples
-    --------
-    >>> from gpumemviz.sources import UnavailableSource
-    >>> panel = monitor(source=UnavailableSource(0, "no GPU here"), interval=0.1)
-    >>> sampler = panel.sampler
-    >>> sampler.running
-    True
-    >>> panel.close()  # its own sampler stops with it
-    >>> sampler.running
-    False
-    """
-    from gpumemviz.live import sampler_for, shared
-
-    if source is None:
-        sampler = shared(device)
-        sampler.set_interval(interval)
-    else:
-        sampler = sampler_for(source, interval=interval)
-        device = getattr(source, "device", device)
-    panel = MemoryPanel(device=device if isinstance(device, int) else None, subshell=subshell)
-    panel.attach(sampler, owned=source is not None)
-    sampler.start()
-    return panel
-
-
 def _as_snapshot(obj: Any) -> Snapshot:
     from gpumemviz.io import as_snapshot
 
     return as_snapshot(obj)
-
-
-def _control_request(msg_type: str, content: dict) -> dict | None:
-    """One request on our own kernel's control channel (which a running cell does not block)."""
-    from ipykernel.connect import get_connection_file
-    from jupyter_client import BlockingKernelClient
-
-    client = BlockingKernelClient()
-    client.load_connection_file(get_connection_file())
-    client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
-    try:
-        client.control_channel.send(client.session.msg(msg_type, content))
-        return client.control_channel.get_msg(timeout=5)["content"]
-    finally:
-        client.stop_channels()
-
-
-def _route_to_subshell(comm: Any) -> str | None:
-    """Handle the panel's browser messages on a kernel subshell, so scrolling (and later the
-    buttons) works while a cell runs (JupyterLab sends comms over subshells, JEP 91).
-
-    ipykernel >= 7.4 routes an incoming comm message to the subshell the comm last published
-    from (the main shell here), overriding JupyterLab's own subshell routing; its private hook
-    ``_reply_subshell_for`` is pointed at a subshell of our own. Returns None, changing nothing,
-    outside ipykernel, without subshell support or without the hook (7.0-7.3 route by themselves).
-    """
-    try:
-        from ipykernel.kernelbase import Kernel
-
-        if not Kernel.initialized() or not getattr(
-            Kernel.instance(), "_supports_kernel_subshells", False
-        ):
-            return None
-        if comm is None or not hasattr(comm, "_reply_subshell_for"):
-            return None
-        reply = _control_request("create_subshell_request", {})
-        sid = reply.get("subshell_id") if reply else None
-        if not sid:
-            return None
-        comm._reply_subshell_for = lambda _data, _default: sid
-        return sid
-    except Exception:  # no kernel connection file, an old kernel: stay on the main shell
-        return None
-
-
-def _route_to_main(comm: Any) -> None:
-    """Handle the panel's browser messages on the main shell: a click then waits for the running
-    cell to finish (the "queued" path; what frontends without comms over subshells do). Without
-    the ipykernel 7.4 hook, JupyterLab's own routing stays in force."""
-    if comm is not None and hasattr(comm, "_reply_subshell_for"):
-        comm._reply_subshell_for = lambda _data, _default: None
-    return None
-
-
-def _delete_subshell(sid: str) -> None:
-    with contextlib.suppress(Exception):
-        _control_request("delete_subshell_request", {"subshell_id": sid})

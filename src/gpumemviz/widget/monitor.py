@@ -1,0 +1,74 @@
+"""The notebook's entry points for live panels: `monitor` opens one, `mark` marks every one."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from gpumemviz.widget.panel import MemoryPanel, live_panels
+
+__all__ = ["mark", "monitor"]
+
+
+def mark(label: str) -> None:
+    """Put a step marker ("epoch 3") on the timeline of every live panel.
+
+    Parameters
+    ----------
+    label : str
+        Shown at the marker (as text).
+    """
+    t = time.time()
+    for panel in live_panels():
+        panel.add_marker(str(label), "mark", t)
+
+
+def monitor(
+    device: int = 0, interval: float = 0.5, source: Any = None, *, subshell: bool = True
+) -> MemoryPanel:
+    """A live panel of one device's caching allocator, updated in the background.
+
+    Parameters
+    ----------
+    device : int
+        CUDA device index (default 0).
+    interval : float
+        Seconds between reads (default 0.5). The device's shared sampler takes this interval.
+    source : Source, optional
+        Where samples come from. Default: the device's shared sampler
+        (`gpumemviz.live.shared`), reading `gpumemviz.sources.default_source`: torch.cuda
+        when CUDA is available, otherwise the simulated allocator, labelled as demo data.
+    subshell : bool
+        Handle the panel's clicks on a kernel subshell, so they act while a cell runs (default
+        True, where the kernel allows it); False queues them until the running cell finishes.
+
+    Returns
+    -------
+    MemoryPanel
+        Displayed when it is a cell's last expression; ``panel.sampler`` is the sampler it
+        follows; ``panel.close()`` stops following it (a shared sampler keeps running, one
+        made for ``source`` stops).
+
+    Examples
+    --------
+    >>> from gpumemviz.sources import UnavailableSource
+    >>> panel = monitor(source=UnavailableSource(0, "no GPU here"), interval=0.1)
+    >>> sampler = panel.sampler
+    >>> sampler.running
+    True
+    >>> panel.close()  # its own sampler stops with it
+    >>> sampler.running
+    False
+    """
+    from gpumemviz.live import sampler_for, shared
+
+    if source is None:
+        sampler = shared(device)
+        sampler.set_interval(interval)
+    else:
+        sampler = sampler_for(source, interval=interval)
+        device = getattr(source, "device", device)
+    panel = MemoryPanel(device=device if isinstance(device, int) else None, subshell=subshell)
+    panel.attach(sampler, owned=source is not None)
+    sampler.start()
+    return panel
