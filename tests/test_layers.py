@@ -21,8 +21,8 @@ _ANALYSIS = {
 ALLOWED: dict[str, set[str]] = {
     "units": set(),
     "_callable": set(),
-    "snapshot": {"units"},
-    "io": {"snapshot", "units"},
+    "snapshot.": {"units", "snapshot"},
+    "io.": {"snapshot", "units", "io"},
     "allocator.": {"snapshot", "io", "units", "allocator", "_callable"},
     "sample": {"snapshot", "units"},
     # fragmentation: the OOM observer classifies the failure (fragmentation.oom) where it happens
