@@ -2,7 +2,7 @@
 
 The floor is a bare Python loop that reads each block's size, state and requested_size: no
 reader of a torch dict can be faster than that, and both entry points go through one reader
-(`gpumemviz.torch_reader`). `fragmentation(dict)` reads the columns the analysis needs and
+(`gpumemviz.snapshot.read_torch`). `fragmentation(dict)` reads the columns the analysis needs and
 reduces them; `from_torch` also keeps each block's address and frames, so that `to_torch()`
 gives the dict back. torch's own `segsum` is the yardstick a user already has. Each
 repetition gets a fresh copy of the dict (made outside the timed region), so no run profits

@@ -16,12 +16,11 @@ import pytest
 from torch.cuda import _memory_viz as mv
 
 import gpumemviz
-import gpumemviz.io as gio
 from conftest import REAL_FILES, STANDIN_FILES, read_real, real_file, standin_file
 from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.replay.recording import Recording
 from gpumemviz.export import SAMPLE_COLUMNS, TRACE_COLUMNS, export
-from gpumemviz.io import load_snapshot
+from gpumemviz.io import load_snapshot, snapshot_files
 from gpumemviz.sampler import Sampler
 from gpumemviz.snapshot import SnapshotError
 from gpumemviz.sources.simulated import SimulatedSource
@@ -361,7 +360,7 @@ def test_failed_export_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
         f.write(b"\x80\x04partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(gio, "_write_pickle", half_then_fail)
+    monkeypatch.setattr(snapshot_files, "_write_pickle", half_then_fail)
     with pytest.raises(OSError, match="disk full"):
         export(real_file(TRACED), path)
     assert path.read_bytes() == before

@@ -14,7 +14,7 @@ import pytest
 import gpumemviz
 from conftest import read_real, real_file
 from gpumemviz import io as gio
-from gpumemviz.io import as_snapshot, load_snapshot, loads_restricted, save_snapshot
+from gpumemviz.io import as_snapshot, load_snapshot, loads_restricted, save_snapshot, snapshot_files
 from gpumemviz.snapshot import Snapshot, SnapshotError
 from test_snapshot import minimal, synthetic
 
@@ -317,7 +317,7 @@ def test_failed_save_leaves_old_file_and_no_temp(tmp_path, monkeypatch, suffix):
         f.write(b"\x80\x04partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(gio, writer, half_then_fail)
+    monkeypatch.setattr(snapshot_files, writer, half_then_fail)
     with pytest.raises(OSError, match="disk full"):
         save_snapshot(synthetic(100), path)
     assert path.read_bytes() == before
@@ -332,7 +332,7 @@ def test_failed_fsync_leaves_old_file_and_no_temp(tmp_path, monkeypatch):
     def fail(fd):
         raise OSError("I/O error")
 
-    monkeypatch.setattr(gio.os, "fsync", fail)
+    monkeypatch.setattr(os, "fsync", fail)
     with pytest.raises(OSError, match="I/O error"):
         save_snapshot(synthetic(100), path)
     assert path.read_bytes() == before

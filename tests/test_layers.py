@@ -22,8 +22,8 @@ ALLOWED: dict[str, set[str]] = {
     "units": set(),
     "_callable": set(),
     "bundles": set(),  # where the built front end is: the panel's and the report's
-    "snapshot": {"units"},
-    "io": {"snapshot", "units"},
+    "snapshot.": {"units", "snapshot"},
+    "io.": {"snapshot", "units", "io"},
     "allocator.": {"snapshot", "io", "units", "allocator", "_callable"},
     "sample": {"snapshot", "units"},
     "sources.": {"snapshot", "io", "allocator", "sample", "units", "sources"},

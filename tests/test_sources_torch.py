@@ -576,7 +576,7 @@ def test_capture_oom_falls_back_to_the_exception_when_no_observer_ran(serve, tmp
 def test_capture_oom_writes_through_io_fsynced_and_leaves_nothing_partial(tmp_path, monkeypatch):
     import os
 
-    import gpumemviz.io as gio
+    from gpumemviz.io import snapshot_files
 
     snap = {"segments": [], "device_traces": [[]]}
     event = OomEvent(
@@ -603,7 +603,7 @@ def test_capture_oom_writes_through_io_fsynced_and_leaves_nothing_partial(tmp_pa
         f.write(b"\x80\x04partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(gio, "_write_pickle", half_then_fail)
+    monkeypatch.setattr(snapshot_files, "_write_pickle", half_then_fail)
     again = capture_oom(path)
     again._on_oom(event)
     assert again.written is None and again.error == f"could not write {path}: OSError: disk full"

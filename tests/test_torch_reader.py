@@ -25,17 +25,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import blk
-from gpumemviz import snapshot as snapshot_module
 from gpumemviz.fragmentation import fragmentation
 from gpumemviz.io import as_snapshot
-from gpumemviz.snapshot import Snapshot, SnapshotError, read_torch
+from gpumemviz.snapshot import Snapshot, SnapshotError, read_torch, torch_reader
+from gpumemviz.snapshot.schema import BLOCK_KEYS, SEG_KEYS
+from gpumemviz.snapshot.shapes import RowShape
 
 MIB = 1 << 20
 BASE = 0x7F0000000000
 SMALL_PAGE, LARGE_PAGE = 2 * MIB, 20 * MIB
 
 #: What only `from_torch` reads, so only it may refuse: the segments' own sums, block
-#: addresses, trace entries (messages as `snapshot._read_careful` and `Trace` word them).
+#: addresses, trace entries (messages as `torch_reader._read_careful` and `Trace` word them).
 FULL_ONLY = re.compile(
     r"^(device_traces\[\d+\]"
     r"|.*(\): | has no )(allocated|active|requested)_size( is |$)"
@@ -176,12 +177,12 @@ def assert_same_both_ways(case: Any, sizes: tuple[int, ...] = _SIZES) -> str:
 @contextmanager
 def careful_only():
     """`read_torch` with its fast reader switched off: every case takes the careful one."""
-    saved = snapshot_module._read_plain
-    snapshot_module._read_plain = lambda segs, full: None
+    saved = torch_reader._read_plain
+    torch_reader._read_plain = lambda segs, full: None
     try:
         yield
     finally:
-        snapshot_module._read_plain = saved
+        torch_reader._read_plain = saved
 
 
 def _comparable(x: Any) -> Any:
@@ -189,7 +190,7 @@ def _comparable(x: Any) -> Any:
     as the key set of each row (the fast reader takes the first row's key order for all)."""
     if isinstance(x, np.ndarray):
         return ("array", x.dtype.str, x.shape, x.tobytes())
-    if isinstance(x, snapshot_module._Shape):
+    if isinstance(x, RowShape):
         return ("shape", x.extra, x.override)
     if isinstance(x, dict):
         return {k: _comparable(v) for k, v in x.items()}
@@ -199,7 +200,7 @@ def _comparable(x: Any) -> Any:
 
 
 def _row_keys(cols: Any, n_seg: int, n_blk: int) -> tuple:
-    known = (*snapshot_module._SEG_KEYS, *snapshot_module._BLOCK_KEYS, "history")
+    known = (*SEG_KEYS, *BLOCK_KEYS, "history")
     return tuple(
         (k, shape.has(k, n).tolist())
         for shape, n in ((cols.seg_shape, n_seg), (cols.blk_shape, n_blk))
@@ -231,7 +232,7 @@ def assert_fast_reads_as_careful(case: Any) -> list[bool]:
         assert fast == careful, (full, fast, careful)
         try:
             segs = case["segments"] if isinstance(case, dict) else case
-            took.append(snapshot_module._read_plain(copy.deepcopy(segs), full) is not None)
+            took.append(torch_reader._read_plain(copy.deepcopy(segs), full) is not None)
         except (KeyError, TypeError, ValueError, OverflowError, IndexError):
             took.append(False)
     return took

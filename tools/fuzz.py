@@ -797,8 +797,8 @@ def worker(args: argparse.Namespace) -> int:
     import gpumemviz.io  # noqa: F401
 
     seeds = load_seeds(args.seed, slices=args.slices)
-    # io._read asks the OS for max_bytes + 1 (4 GiB) up front (a finding): the CLI's reads
-    # need that much address space, untouched, so its cap leaves room for it
+    # io.snapshot_files._read asks the OS for max_bytes + 1 (4 GiB) up front (a finding): the
+    # CLI's reads need that much address space, untouched, so its cap leaves room for it
     _set_rlimit(args.rss_mb + (4200 if args.target == "cli" else 0))
     out = Path(args.out)
     cur = Path(args.workdir) / f"current-{args.target}.bin"

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ...snapshot import no_gc
+from ...snapshot.gc_pause import no_gc
 from ..rules import is_small, page_size, should_split
 from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
 from .reconstruct import Rules, Step, reconstruct_layout, steps_of

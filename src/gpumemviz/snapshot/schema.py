@@ -1,0 +1,68 @@
+"""What a torch snapshot is made of: block states, trace actions, each row's key order, and the
+error every reader of one raises.
+
+The constants are torch's own vocabulary; the key tuples are the key order of a torch 2.11 dict,
+which the rows `Snapshot.from_columns` builds follow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+# What `from_columns` accepts for a column: a numpy array, or any sequence numpy converts.
+IntColumn = Sequence[int] | np.ndarray
+BoolColumn = Sequence[bool] | np.ndarray
+
+
+class SnapshotError(ValueError):
+    """A snapshot that cannot be read or is inconsistent; the message says what and where."""
+
+
+INACTIVE, ALLOCATED, PENDING_FREE = 0, 1, 2
+STATE_NAMES = ("inactive", "active_allocated", "active_pending_free")
+ACTIONS = (
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "snapshot",
+    "oom",
+)
+
+# Key order of a torch 2.11 dict; rows built by `from_columns` use these layouts.
+# The first segment keys are int columns of SegmentTable under the same names.
+SEG_INT_KEYS = (
+    "device",
+    "address",
+    "total_size",
+    "allocated_size",
+    "active_size",
+    "requested_size",
+    "stream",
+)
+SEG_KEYS = (
+    *SEG_INT_KEYS,
+    "segment_type",
+    "segment_pool_id",
+    "is_expandable",
+    "frames",
+    "blocks",
+)
+BLOCK_KEYS = ("address", "size", "requested_size", "state", "frames")
+TRACE_KEYS = (
+    "action",
+    "addr",
+    "size",
+    "stream",
+    "time_us",
+    "compile_context",
+    "user_metadata",
+    "frames",
+    "device_free",
+)
+TOP_KEYS = ("segments", "device_traces", "allocator_settings", "external_annotations")
