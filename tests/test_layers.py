@@ -330,3 +330,38 @@ def test_import_gpumemviz_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+MAX_LINES = 800  # no module longer than this
+EXPLAIN_OVER = 500  # a module longer than this says in its docstring why it stays whole
+
+
+def oversized_modules(root: Path = PKG) -> list[str]:
+    """Modules over MAX_LINES, and modules over EXPLAIN_OVER whose docstring does not say
+    why they stay whole (the phrase "stays whole" or "stay ... in one module")."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        n = text.count("\n")
+        if n > MAX_LINES:
+            found.append(f"{path.relative_to(root)}: {n} lines (at most {MAX_LINES})")
+        elif n > EXPLAIN_OVER:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if "stays whole" not in doc and "in one module" not in doc:
+                found.append(f"{path.relative_to(root)}: {n} lines and no reason to stay whole")
+    return found
+
+
+def test_modules_are_small_or_say_why_not():
+    assert oversized_modules() == []
+
+
+def test_the_size_check_finds_long_modules(tmp_path):
+    pkg = tmp_path / "fake"
+    pkg.mkdir()
+    (pkg / "long.py").write_text('"""Long."""\n' + "x = 1\n" * (MAX_LINES + 1))
+    (pkg / "unsaid.py").write_text('"""Mid-sized."""\n' + "x = 1\n" * (EXPLAIN_OVER + 1))
+    (pkg / "said.py").write_text(
+        '"""Mid-sized: it stays whole because one class."""\n' + "x = 1\n" * (EXPLAIN_OVER + 1)
+    )
+    assert [line.split(":")[0] for line in oversized_modules(pkg)] == ["long.py", "unsaid.py"]
