@@ -144,7 +144,7 @@ def test_values_parsed():
     assert AllocatorConfig.parse("large_segment_size_mb:40").max_non_split_rounding_size == 40 * MIB
 
 
-def test_roundup_table_semantics_of_section_2_3():
+def test_roundup_table_semantics():
     t = AllocatorConfig.parse(
         "roundup_power2_divisions:[128:8,256:16,512:1,2048:8,>:2]"
     ).roundup_power2_divisions

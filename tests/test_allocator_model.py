@@ -1,4 +1,4 @@
-"""Hand-computed cases for every rule of the model (reference sections 2.3-2.15, 9.2, 9.3)."""
+"""Hand-computed cases for every rule of the model (the rules of docs/allocator.md)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def check(a: CachingAllocator) -> None:
         assert stats[k] == v, k
 
 
-# ---------------------------------------------------------------------------- split (2.8)
+# ---------------------------------------------------------------------------- split
 
 
 def test_small_pool_split_carves_from_the_low_end():
@@ -102,7 +102,7 @@ def test_large_pool_splits_only_when_more_than_1_mib_remains():
     check(a)
 
 
-# ---------------------------------------------------------------------------- merge (2.10)
+# ---------------------------------------------------------------------------- merge
 
 
 def test_free_merges_with_free_neighbours():
@@ -128,7 +128,7 @@ def test_free_merges_with_free_neighbours():
     check(a)
 
 
-# ---------------------------------------------------------------------------- best fit (2.7)
+# ---------------------------------------------------------------------------- best fit
 
 
 def test_best_fit_lowest_address_on_ties_and_per_stream():
@@ -152,7 +152,7 @@ def test_best_fit_prefers_the_smaller_block():
     assert a.malloc(11 * MIB) == B - 64 * MIB  # the 12 MiB block, not the 30 MiB one
 
 
-# ---------------------------------------------------------------------------- oversize (2.7 step 4)
+# ---------------------------------------------------------------------------- oversize
 
 
 def test_oversize_block_never_serves_a_normal_request():
@@ -183,7 +183,7 @@ def test_oversize_block_serves_a_large_request_within_max_non_split_rounding():
     check(a)
 
 
-# ---------------------------------------------------------------------------- roundup (2.3)
+# ---------------------------------------------------------------------------- roundup
 
 
 def test_roundup_power2_divisions_rounds_the_block():
@@ -263,7 +263,7 @@ def test_oom_message_with_a_fraction_cap():
     assert e.value.allowed == 50 * MIB
 
 
-def test_empty_cache_releases_in_section_9_3_order():
+def test_empty_cache_releases_large_pool_first_in_size_order():
     p = fixed(B, B - 32 * MIB, B - 64 * MIB, B - 96 * MIB, B - 128 * MIB)
     a = CachingAllocator(GIB, address_provider=p)
     ptrs = [a.malloc(12 * MIB, stream=3), a.malloc(100), a.malloc(14 * MIB), a.malloc(12 * MIB)]
@@ -318,7 +318,7 @@ def test_gc_is_off_without_a_fraction():
     assert [x[0] for x in a.trace_since(i)] == ["segment_alloc", "alloc"]
 
 
-# ---------------------------------------------------------------------------- pending frees (2.9)
+# ---------------------------------------------------------------------------- pending frees
 
 
 def test_record_stream_defers_the_free_until_events_complete():
@@ -366,7 +366,7 @@ def test_complete_events_of_one_stream_only():
     assert a.memory_stats()["active.all.current"] == 0
 
 
-# ------------------------------------------------------------------- expandable (2.13, 9.2)
+# ---------------------------------------------------------------------------- expandable
 
 R = 0x7E0000000000
 EXP = "expandable_segments:True"
@@ -401,7 +401,7 @@ def test_expandable_growth_starts_at_the_free_tail():
     i = a.trace_len()
     p = a.malloc(8 * MIB)  # the 4.97 MB free tail is too small: map the next page after it
     assert actions(a, i) == [("segment_map", R + 20 * MIB, 20 * MIB), ("alloc", R + used, 8 * MIB)]
-    assert p == R + used  # below the new map's address (reference 9.2)
+    assert p == R + used  # at the free tail, below the new map's address
     assert a.reserved == 40 * MIB
     check(a)
 
@@ -420,7 +420,7 @@ def test_expandable_best_fit_prefers_blocks_that_cannot_grow():
     p1 = a.malloc(6 * MIB)
     a.malloc(9 * MIB)
     a.free(p1)  # 6 MiB free at R (cannot grow); 5 MiB free at R + 15 MiB before unmapped space
-    assert a.malloc(5 * MIB) == R  # "expandable size" walk (2.7 step 3)
+    assert a.malloc(5 * MIB) == R  # the "expandable size" walk
     check(a)
 
 

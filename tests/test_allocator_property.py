@@ -1,8 +1,9 @@
 """Random programs against the model: after every step the state is sound (seeded hypothesis).
 
-Checked after each of >= 10^5 operations: the invariants of section 3.9, incremental stats equal
-to a walk of the blocks, no two adjacent free blocks in non-expandable segments, allocated blocks
-never overlap, reserved memory never exceeds the capacity (or the fraction cap).
+Checked after each of >= 10^5 operations: the invariants (docs/allocator.md, Invariants),
+incremental stats equal to a walk of the blocks, no two adjacent free blocks in non-expandable
+segments, allocated blocks never overlap, reserved memory never exceeds the capacity (or the
+fraction cap).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Every placement rule of allocator/rules.py against the worked examples of the reference."""
+"""Every placement rule of allocator/rules.py against worked examples.
+
+The table is that of docs/allocator.md, Rounding.
+"""
 
 from __future__ import annotations
 
@@ -25,14 +28,14 @@ from gpumemviz.allocator.rules import (
 )
 
 
-def test_constants_of_section_2_1():
+def test_constants():
     assert (K_MIN_BLOCK_SIZE, K_SMALL_SIZE, K_SMALL_BUFFER) == (512, 1048576, 2097152)
     assert (K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_LARGE_BUFFER) == (10485760, 2097152, 20971520)
     assert UNLIMITED == 2**64 - 1
 
 
-# section 2.3's table: request -> (round_size, pool, get_allocation_size)
-TABLE_2_3 = [
+# request -> (round_size, pool, get_allocation_size), the table of docs/allocator.md, Rounding
+WORKED_EXAMPLES = [
     (1, 512, "small", 2 * MIB),
     (513, 1024, "small", 2 * MIB),
     (1_048_576, 1_048_576, "small", 2 * MIB),
@@ -44,8 +47,8 @@ TABLE_2_3 = [
 ]
 
 
-@pytest.mark.parametrize(("request_", "rounded", "pool", "segment"), TABLE_2_3)
-def test_worked_examples_of_sections_2_3_and_2_5(request_, rounded, pool, segment):
+@pytest.mark.parametrize(("request_", "rounded", "pool", "segment"), WORKED_EXAMPLES)
+def test_worked_examples_of_rounding_and_segment_sizes(request_, rounded, pool, segment):
     assert round_size(request_) == rounded
     assert is_small(rounded) == (pool == "small")
     assert allocation_size(rounded) == segment

@@ -155,7 +155,7 @@ def test_json_shape_on_real_files(recorded_dict):
 # ---------------------------------------------------------------- hand-computed
 
 
-def test_the_reference_minimal_example():
+def test_the_minimal_two_segment_example():
     d = snap(
         seg([blk(4 * MIB, "active_allocated", 4_000_000), blk(16 * MIB)]),
         seg(

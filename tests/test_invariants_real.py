@@ -1,4 +1,7 @@
-"""The section 3.9 invariants hold on every real snapshot recorded on a GPU, and catch breakage."""
+"""The invariants hold on every real snapshot, and catch breakage.
+
+See docs/allocator.md, Invariants.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Walking a trace backwards to its start (reference section 9.1), checked on every real trace."""
+"""Walking a trace backwards to its start, checked on every real trace.
+
+See docs/allocator.md, Reconstructing the start.
+"""
 
 from __future__ import annotations
 
@@ -76,7 +79,10 @@ def test_backwards_then_forwards_gives_the_recorded_final_layout(recorded_dict):
 
 
 def test_start_states_obey_the_allocator_invariants(recorded_dict):
-    """Section 3.9: no adjacent free blocks, 512-multiples, and no large block of <= 1 MiB."""
+    """No adjacent free blocks, 512-multiples, and no large block of <= 1 MiB.
+
+    See docs/allocator.md, Invariants.
+    """
     if isinstance(recorded_dict, list) or not _traced_devices(recorded_dict):
         pytest.skip("no trace in this file")
     for dev in _traced_devices(recorded_dict):
@@ -200,7 +206,10 @@ def test_a_malformed_entry_is_a_clear_error():
 
 
 def test_every_reconstructed_and_scrubbed_state_passes_the_invariant_checker(recorded_dict):
-    """The model engineer's section-3.9 checker, as an independent oracle on our states."""
+    """The invariant checker, an independent oracle on our states.
+
+    See docs/allocator.md, Invariants.
+    """
     from gpumemviz.allocator.invariants import check_invariants
     from gpumemviz.allocator.replay.recording import Recording
 

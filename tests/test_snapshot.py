@@ -38,7 +38,8 @@ EXPANDABLE_OOM = {
 
 
 def minimal() -> dict:
-    """The reference's §3.8 example (accepted by torch's tools), with a pending-free block."""
+    """A minimal two-segment snapshot of the kind torch's _memory_viz tools accept, with a
+    pending-free block."""
     frame = {"filename": "train.py", "line": 10, "name": "forward"}
     return {
         "segments": [

@@ -442,7 +442,7 @@ def test_header_says_what_stays_after_empty_cache_from_the_report(recorded_path,
 
 
 def test_export_writes_the_live_source_state(panel, tmp_path):
-    """panel.export (design.md): the source's own export, written as a protocol-4 torch pickle
+    """panel.export: the source's own export, written as a protocol-4 torch pickle
     that gpumemviz and torch's _memory_viz read back."""
     from torch.cuda import _memory_viz
 

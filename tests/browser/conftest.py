@@ -1,8 +1,10 @@
 """A real JupyterLab on 127.0.0.1 and Debian's Chromium, driven by pytest-playwright.
 
-Recipe: ../shared/reference/toolchain.md sections 4, 5 and 7. Lab runs from temporary dirs with a
-token, a read-only extension manager and `window.jupyterapp` exposed, so tests drive notebooks
-through Lab's commands rather than through clicks.
+pytest-playwright's own fixtures drive Debian's Chromium (`executable_path`, headless flags), so
+no browser is downloaded. Lab runs from temporary dirs (its config, data and runtime files stay
+out of the home folder) with a token, --allow-root (CI runs as root), a read-only extension
+manager and `window.jupyterapp` exposed, so tests drive notebooks through Lab's commands rather
+than through clicks.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def base_url() -> None:
     """Shadows pytest-playwright's own `base_url`, a session fixture written as an instance method
-    that pytest 9 warns about (toolchain.md section 5); pages here open full URLs."""
+    that pytest 9 warns about (PytestRemovedIn10Warning); pages here open full URLs."""
     return None
 
 

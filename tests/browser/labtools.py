@@ -132,8 +132,8 @@ def _free_port() -> int:
 def running_lab(base: Path) -> Iterator[Lab]:
     """JupyterLab on 127.0.0.1 with its config, data and notebooks under `base`; stopped on exit.
 
-    Flags from toolchain.md section 4: a token, --allow-root (CI runs as root), a read-only
-    extension manager (no PyPI), no update checks, and `window.jupyterapp` exposed.
+    Its flags: a token, --allow-root (CI runs as root), a read-only extension manager (the
+    default one queries PyPI), no update checks, and `window.jupyterapp` exposed.
     """
     root = base / "notebooks"
     settings = base / "settings"

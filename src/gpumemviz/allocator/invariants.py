@@ -1,8 +1,8 @@
-"""The snapshot invariants of reference section 3.9, as a checker returning readable problems.
+"""The snapshot invariants as a checker returning readable problems.
 
-Every real snapshot recorded on a GPU satisfies them, and so must every snapshot the model makes.
-Rule 5 (2 MiB aligned addresses) is an observation, not a guarantee, and is not checked; rule 10
-is a remark.
+The rules and their numbers are those of docs/allocator.md, Invariants. Every real snapshot
+recorded on a GPU satisfies them, and so must every snapshot the model makes. Rule 5 (2 MiB
+aligned addresses) is an observation, not a guarantee, and is not checked; rule 10 is a remark.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _block_sizes(b: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def check_invariants(snapshot: Mapping[str, Any] | list) -> list[str]:
-    """Check a torch snapshot dict (or bare segment list) against section 3.9; [] when sound.
+    """Check a torch snapshot dict (or bare segment list) against the invariants; [] when sound.
 
     Checked: 1 block sizes add up to total/allocated/active sizes; 2 block addresses are
     contiguous; 3 sizes are multiples of 512; 4 segment sizes (small 2 MiB, large 20 MiB or a

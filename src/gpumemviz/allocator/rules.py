@@ -58,7 +58,9 @@ def roundup_power2_next_division(size: int, divisions: int) -> int:
 
 
 def round_size(size: int, divisions: Sequence[int] | None = None) -> int:
-    """The block size the allocator carves for a request of `size` bytes (section 2.3).
+    """The block size the allocator carves for a request of `size` bytes.
+
+    See docs/allocator.md, Rounding.
 
     `divisions` is the 16-entry `roundup_power2_divisions` table (None or all zero: plain rounding).
 
@@ -77,12 +79,15 @@ def round_size(size: int, divisions: Sequence[int] | None = None) -> int:
 
 
 def is_small(rounded_size: int) -> bool:
-    """Pool choice (section 2.4): small iff the rounded size is at most 1 MiB (not "< 1 MB")."""
+    """Pool choice: small iff the rounded size is at most 1 MiB (not "< 1 MB").
+
+    See docs/allocator.md, Pools.
+    """
     return rounded_size <= K_SMALL_SIZE
 
 
 def allocation_size(rounded_size: int, large_segment_size: int = K_LARGE_BUFFER) -> int:
-    """Bytes cudaMalloc is asked for when no cached block fits (section 2.5).
+    """Bytes cudaMalloc is asked for when no cached block fits (docs/allocator.md, Segment sizes).
 
     >>> [allocation_size(s) // 2**20 for s in (512, 4_000_256, 10 * 2**20, 10 * 2**20 + 512)]
     [2, 20, 10, 12]
@@ -95,14 +100,17 @@ def allocation_size(rounded_size: int, large_segment_size: int = K_LARGE_BUFFER)
 
 
 def page_size(small: bool, large_segment_size: int = K_LARGE_BUFFER) -> int:
-    """Mapping granularity of an expandable segment of that pool (section 2.13)."""
+    """Mapping granularity of an expandable segment of that pool.
+
+    See docs/allocator.md, Expandable segments.
+    """
     return K_SMALL_BUFFER if small else large_segment_size
 
 
 def reservation_size(device_total: int, page: int) -> int:
     """Virtual address space of one expandable segment: 1.125 × device memory in whole pages.
 
-    `ExpandableSegment` reserves page × ceil((total + total / 8) / page) bytes (section 2.13).
+    `ExpandableSegment` reserves page × ceil((total + total / 8) / page) bytes.
 
     >>> reservation_size(80 * 2**30, 20 * 2**20) // 2**20
     92160
@@ -119,7 +127,9 @@ def should_split(
     max_split_size: int = UNLIMITED,
     no_split: bool = False,
 ) -> bool:
-    """Whether handing out `size` bytes of a `block_size` free block leaves a separate block (2.8).
+    """Whether handing out `size` bytes of a `block_size` free block leaves a separate block.
+
+    See docs/allocator.md, Splitting.
 
     Small pool or expandable mode: split when at least 512 bytes remain. `expandable` is the
     allocator's setting (`expandable_segments:True`), not whether this block lies in an
@@ -138,7 +148,9 @@ def should_split(
 def oversize_rejects(
     block_size: int, size: int, max_split_size: int, max_non_split_rounding: int
 ) -> bool:
-    """Whether the best-fit candidate is refused by the oversize rules (section 2.7 step 4).
+    """Whether the best-fit candidate is refused by the oversize rules.
+
+    See docs/allocator.md, Oversize blocks.
 
     A block of at least max_split_size never serves a smaller request, and serves a larger one
     only if it wastes less than max_non_split_rounding bytes.

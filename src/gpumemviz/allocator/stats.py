@@ -1,4 +1,4 @@
-"""torch's `memory_stats()` bookkeeping (reference section 2.15), kept incrementally.
+"""torch's `memory_stats()` bookkeeping, kept incrementally (docs/allocator.md, Statistics).
 
 `DeviceStats` holds the counters the model updates on every event, flattened exactly as
 `torch.cuda.memory_stats()` flattens them. `walk_stats` recomputes the current values from a
@@ -202,7 +202,7 @@ def walk_stats(segments: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """The `X.pool.current` stats recomputed from torch-format segment dicts.
 
     Expandable segments count in reserved_bytes but not in `segment.*` nor `inactive_split*`
-    (section 2.13), exactly as torch's incremental bookkeeping does.
+    (docs/allocator.md, Expandable segments), exactly as torch's incremental bookkeeping does.
 
     Examples
     --------

@@ -4,7 +4,7 @@
 per-device and total figures (reserved, allocated, free, trapped, releasable, largest free block,
 external fragmentation), per-segment numpy columns, the worst segments, the per-segment
 conservation law, and `can_fit(nbytes)`, which answers "would this allocation succeed?" by the
-allocator's own rules (reference sections 2.6-2.13 and 8).
+allocator's own rules (docs/allocator.md, The malloc path).
 
 Two ways in, one report: a torch dict (or bare segment list), as users hand it over straight from
 `torch.cuda.memory._snapshot()`, is read by `snapshot.read_torch`, the reader `Snapshot.from_torch`

@@ -23,7 +23,8 @@ from ._util import blocks_of, pool_name
 if TYPE_CHECKING:  # annotations only: the report calls `can_fit` and imports this module
     from .report import FragmentationReport, SegmentFigures
 
-#: `FitAnswer.verdict` values, in the order the allocator tries them (section 2.6).
+#: `FitAnswer.verdict` values, in the order the allocator tries them
+#: (docs/allocator.md, The malloc path).
 VERDICTS = (
     "cached",
     "new_segment",
@@ -90,7 +91,8 @@ def can_fit(
     }
     asked = format_size(req) + ("" if rounded == req else f" (rounded to {format_size(rounded)})")
 
-    # (a) best fit among cached inactive blocks of this device, stream and pool (section 2.7)
+    # (a) best fit among cached inactive blocks of this device, stream and pool
+    # (docs/allocator.md, Best fit)
     seg = r._free_segment
     ok = (
         (c.device[seg] == device)
@@ -286,10 +288,11 @@ def _oversize_released(
 def _garbage_collected(
     r: FragmentationReport, device: int, cap: int | None, threshold: float
 ) -> tuple[int, int]:
-    """What `garbage_collect_cached_blocks` frees before a new segment (section 2.11): at least
-    and at most, in bytes. It runs only with a fraction cap and a threshold, while reserved is
-    above threshold x cap, and frees whole unused large non-expandable segments oldest first
-    (by an age the snapshot does not record) until reserved is back under the threshold."""
+    """What `garbage_collect_cached_blocks` frees before a new segment: at least and at most,
+    in bytes (docs/allocator.md, Garbage collection). It runs only with a fraction cap and a
+    threshold, while reserved is above threshold x cap, and frees whole unused large
+    non-expandable segments oldest first (by an age the snapshot does not record) until
+    reserved is back under the threshold."""
     if cap is None or threshold <= 0.0:
         return 0, 0
     reserved = r.devices[device].reserved
@@ -309,7 +312,7 @@ def _garbage_collected(
 
 
 def _expandable_walk(r: FragmentationReport, cand: np.ndarray) -> int:
-    """Section 2.7 step 3: prefer blocks that cannot grow over a growable (tail) block.
+    """The expandable-size walk: prefer blocks that cannot grow over a growable (tail) block.
 
     A block's "expandable size" is its size plus the unmapped range after it: for the last free
     block of a mapped run, the gap to the next run of the same stream and pool, or (after the
@@ -368,8 +371,9 @@ def _pages_to_map(
     record reservations), then the space after the last run. A range is taken when, counted
     from the free block just before it and through every free block and unmapped range after
     it, there are `rounded` bytes in a row; then only the missing part is mapped, in whole pages
-    (section 9.2). `flushed`: the layout after the allocator's own flush, which completes the
-    pending frees and unmaps every whole free page first, so the tail it grows shrinks.
+    (docs/allocator.md, Expandable segments). `flushed`: the layout after the allocator's own
+    flush, which completes the pending frees and unmaps every whole free page first, so the
+    tail it grows shrinks.
     """
     c = r.per_segment
     page = page_size(small, r.config.large_segment_size)

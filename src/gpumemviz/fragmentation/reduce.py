@@ -295,7 +295,8 @@ def reduce_columns(
 
 
 def _whole_pages(runs: list[tuple[int, int]], page: int) -> int:
-    """Whole pages inside the free runs of one mapped run, once pending frees complete (2.13).
+    """Whole pages inside the free runs of one mapped run, once pending frees complete
+    (docs/allocator.md, Expandable segments).
 
     `runs` are (offset, size) of its free and pending-free blocks; adjacent ones merge. Pages
     are counted from the run's start, which is a page boundary of its reservation.

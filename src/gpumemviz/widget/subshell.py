@@ -30,7 +30,8 @@ def control_request(msg_type: str, content: dict) -> dict | None:
 
 def route_to_subshell(comm: Any) -> str | None:
     """Handle the panel's browser messages on a kernel subshell, so scrolling (and later the
-    buttons) works while a cell runs (JupyterLab sends comms over subshells, JEP 91).
+    buttons) works while a cell runs (JupyterLab sends comms over subshells, JEP 91:
+    https://jupyter.org/enhancement-proposals/kernel-subshells).
 
     ipykernel >= 7.4 routes an incoming comm message to the subshell the comm last published
     from (the main shell here), overriding JupyterLab's own subshell routing; its private hook
