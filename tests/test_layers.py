@@ -365,3 +365,37 @@ def test_the_size_check_finds_long_modules(tmp_path):
         '"""Mid-sized: it stays whole because one class."""\n' + "x = 1\n" * (EXPLAIN_OVER + 1)
     )
     assert [line.split(":")[0] for line in oversized_modules(pkg)] == ["long.py", "unsaid.py"]
+
+
+def mixed_import_styles(root: Path = PKG) -> list[str]:
+    """Modules that import the package both relatively and by its absolute name (one style per
+    file keeps a module's dependencies readable at a glance)."""
+    mixed = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        styles = set()
+        for node in _imports(tree):
+            if isinstance(node, ast.ImportFrom):
+                names = [] if node.level else [node.module or ""]
+            else:
+                names = [a.name for a in node.names]
+            if isinstance(node, ast.ImportFrom) and node.level:
+                styles.add("relative")
+            elif any(n.split(".")[0] == root.name for n in names):
+                styles.add("absolute")
+        if len(styles) > 1:
+            mixed.append(str(path.relative_to(root)))
+    return mixed
+
+
+def test_each_module_uses_one_import_style():
+    assert mixed_import_styles() == []
+
+
+def test_the_import_style_check_finds_a_mixed_module(tmp_path):
+    pkg = tmp_path / "fake"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\nfrom fake import c\n")
+    (pkg / "b.py").write_text("from . import a\n")
+    assert mixed_import_styles(pkg) == ["a.py"]

@@ -83,7 +83,7 @@ def fragmentation(snapshot: Any) -> FragmentationReport:
     """
     if isinstance(snapshot, dict | list):  # what `as_snapshot` reads with Snapshot.from_torch
         return from_torch(snapshot)
-    from ..io import as_snapshot  # paths and bytes: io is needed only off the dict path
+    from gpumemviz.io import as_snapshot  # paths and bytes: io is needed only off the dict path
 
     return from_snapshot(as_snapshot(snapshot))
 
