@@ -15,14 +15,17 @@ $(STAMP): pyproject.toml
 
 # The panel's and the report's front end: esbuild bundles js/ into src/gpumemviz/static/ (git-ignored)
 # when a js/ source is newer than the bundle. Nothing rebuilds it at import (gpumemviz.bundles only
-# warns); wheels get it from the package build. npm installs js/'s dev tools the first time.
+# warns); wheels get it from the package build. npm installs js/'s dev tools (esbuild, and tsc
+# for the type check `make test` runs) the first time, or when one is missing.
 BUNDLE := src/gpumemviz/static/widget.js
 JS_SOURCES := $(wildcard js/src/*.js) $(wildcard js/*.css) js/package.json
+JS_TOOLS := test -x js/node_modules/.bin/esbuild && test -x js/node_modules/.bin/tsc \
+  || npm --prefix js ci --no-audit --no-fund
 
 js: $(BUNDLE)
 
 $(BUNDLE): $(JS_SOURCES)
-	@test -x js/node_modules/.bin/esbuild || npm --prefix js ci --no-audit --no-fund
+	@$(JS_TOOLS)
 	npm --prefix js run --silent build
 	@touch src/gpumemviz/static/*
 
@@ -41,7 +44,8 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 
 test: lint system-deps js
-	cd js && node --test test/
+	@$(JS_TOOLS)
+	cd js && npm run --silent typecheck && node --test test/
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # JupyterLab on the quickstart notebook, bound to 127.0.0.1; it prints the URL (with its token) to

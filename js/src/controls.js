@@ -20,6 +20,18 @@ export const FIGURES = /** @type {const} */ ([
   ["blocks", "blocks", false],
 ]);
 
+/**
+ * @typedef {{n: number, position: number, times: false, t_first?: undefined, t_last?: undefined,
+ *   time_us?: undefined} | {n: number, position: number, times: true, t_first: number,
+ *   t_last: number, time_us: number | null}} Replay the `controls` trait's ``replay``: a trace
+ *   recorded with ``time_us`` has times (panel.py `_controls`)
+ * @typedef {{live?: boolean, capabilities?: string[], paused?: boolean, interval?: number | null,
+ *   routing?: string, replay?: Replay | null, can_reset_peaks?: boolean, devices?: number[],
+ *   device?: number | null}} Controls the `controls` trait: what the buttons can do now
+ * @typedef {{id: string, name: string, ok: boolean, text: string, thread?: string, ms?: number,
+ *   url?: string, path?: string}} Reply a `reply` message: a command's outcome (panel.py `command`)
+ */
+
 const LEGEND = [
   "allocated",
   "pending free",
@@ -53,8 +65,7 @@ export function oomText(oom) {
 
 /**
  * The replay readout: the entry, and its recorded time where the trace has ``time_us``.
- * @param {{n: number, position: number, times?: boolean, t_first?: number,
- *   time_us?: number | null}} r the `controls` trait's ``replay``
+ * @param {Replay} r the `controls` trait's ``replay``
  */
 export function replayText(r) {
   const entry = `entry ${r.position + 1} of ${r.n}`;
@@ -218,7 +229,7 @@ export function createToolbar(host, send) {
   byTime.title = "the slider moves over recorded time (the event at or before it) instead of events";
   byTimeLabel.append(byTime, document.createTextNode(" by time"));
   replay.append(slider, pos, byTimeLabel, play);
-  /** @type {Record<string, any> | null} */
+  /** @type {Replay | null} */
   let lastReplay = null;
   /** the slider's range and value for the last replay state, in events or in µs since t_first */
   const placeSlider = () => {
@@ -266,7 +277,8 @@ export function createToolbar(host, send) {
   fit.onclick = () => run("fit", { value: fitIn.value });
   fitIn.onkeydown = (ev) => { if (ev.key === "Enter") run("fit", { value: fitIn.value }); };
   slider.onchange = () => {
-    if (slider.dataset.mode === "time" && lastReplay) {
+    // "time" is set only for a replay with times (placeSlider): the last check restates it
+    if (slider.dataset.mode === "time" && lastReplay && lastReplay.times) {
       run("seek", { time_us: lastReplay.t_first + Number(slider.value) });
     } else {
       run("seek", { index: Number(slider.value) });
@@ -276,7 +288,7 @@ export function createToolbar(host, send) {
   play.onclick = () => run("play");
 
   return {
-    /** @param {Record<string, any>} c the `controls` trait */
+    /** @param {Controls} c the `controls` trait */
     update(c) {
       const caps = new Set(c.capabilities || []);
       routing = c.routing || "main";
@@ -300,7 +312,7 @@ export function createToolbar(host, send) {
       const devs = c.devices || [];
       device.hidden = devs.length < 2;
       if (device.options.length !== devs.length) {
-        device.replaceChildren(...devs.map((/** @type {number} */ d) => {
+        device.replaceChildren(...devs.map((d) => {
           const o = document.createElement("option");
           o.value = String(d);
           o.textContent = `cuda:${d}`;
@@ -320,7 +332,7 @@ export function createToolbar(host, send) {
         placeSlider();
       }
     },
-    /** @param {Record<string, any>} r a `reply` message */
+    /** @param {Reply} r a `reply` message */
     reply(r) {
       const mine = pending.get(r.id);
       pending.delete(r.id);

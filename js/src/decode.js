@@ -20,15 +20,24 @@ export const CELL_NO_DATA = 0;
  * @typedef {{lines: string[], user: number | null}} Stack
  * @typedef {{offset: Float64Array, size: Float64Array, requested: Float64Array, state: Uint8Array,
  *   stack?: (Stack | null)[]}} Blocks
- * @typedef {{row: number, cells: Uint8Array, meta: Record<string, number>, blocks: Blocks | null}} Row
+ * @typedef {{address: number, total_size: number, stream: number, device: number, flags: number,
+ *   n_blocks: number, allocated: number, pending_free: number, free_releasable: number,
+ *   free_trapped: number}} Meta a row's META_FIELDS
+ * @typedef {{row: number, cells: Uint8Array, meta: Meta, blocks: Blocks | null}} Row
  * @typedef {{seq: number, view: string, layout: number, cells: number, rows: Row[]}} Frame
+ * @typedef {{kind: string, format: number, seq: number, view: string, layout: number,
+ *   rows: number, cells: number, blocks: number, stacks?: Stack[]}} FrameContent
+ *   a frame message (`pack_frame` in wire_frame.py)
+ * @typedef {{kind: string, view: string, layout: number, row: number, first: number, lo: number,
+ *   hi: number, stacks?: Stack[]}} BlocksContent a `blocks` message (`pack_blocks`)
  */
 
 /**
- * Copy a DataView / ArrayBuffer / typed array into a fresh, aligned ArrayBuffer.
+ * Copy a DataView / ArrayBuffer / typed array into a fresh, aligned ArrayBuffer (a
+ * SharedArrayBuffer where the view is over one).
  * anywidget hands buffers over as DataViews whose byteOffset need not be aligned.
  * @param {DataView | ArrayBuffer | ArrayBufferView} buf
- * @returns {ArrayBuffer}
+ * @returns {ArrayBufferLike}
  */
 export function toArrayBuffer(buf) {
   if (buf instanceof ArrayBuffer) return buf;
@@ -38,8 +47,7 @@ export function toArrayBuffer(buf) {
 
 /**
  * Decode one frame message.
- * @param {{kind: string, format: number, seq: number, view: string, layout: number,
- *          rows: number, cells: number, blocks: number}} content
+ * @param {FrameContent} content
  * @param {Array<DataView | ArrayBuffer | ArrayBufferView>} buffers
  * @returns {Frame}
  */
@@ -90,7 +98,9 @@ export function decodeFrame(content, buffers) {
         b.requested[i] = blockArr[3 * (lo + i) + 2];
       }
     }
-    rows.push({ row: idArr[j], cells: cellArr.slice(j * n, (j + 1) * n), meta: m, blocks: b });
+    // every META_FIELDS name is set above
+    const meta = /** @type {Meta} */ (m);
+    rows.push({ row: idArr[j], cells: cellArr.slice(j * n, (j + 1) * n), meta, blocks: b });
   }
   return { seq: content.seq, view: content.view, layout: content.layout, cells: n, rows };
 }
@@ -107,8 +117,7 @@ export function cellParts(byte) {
 /**
  * Decode a `blocks` message: one zoomed row's exact blocks in a byte window (a segment too big
  * to send whole; `pack_blocks` in wire_frame.py).
- * @param {{kind: string, view: string, layout: number, row: number, first: number, lo: number,
- *   hi: number, stacks?: Stack[]}} content
+ * @param {BlocksContent} content
  * @param {Array<DataView | ArrayBuffer | ArrayBufferView>} buffers
  * @returns {{view: string, layout: number, row: number, first: number, lo: number, hi: number,
  *   blocks: Blocks}}

@@ -19,6 +19,9 @@ export const WINDOW_ASK_MS = 120;
 
 /** @typedef {import("./decode.js").Row} Row */
 /** @typedef {import("./rows.js").Group} Group */
+/** @typedef {{n_rows: number, groups: Group[], version?: number}} Layout the `map_layout` trait
+ * (render/wire.py `layout`) */
+/** @typedef {ReturnType<typeof readPalette>} Palette */
 
 /**
  * @param {HTMLElement} host
@@ -221,7 +224,7 @@ export function createHeatmap(host, opts) {
         if (e <= lo || a >= hi) continue;
         const x0 = ((Math.max(a, lo) - lo) / span) * w;
         const x1 = ((Math.min(e, hi) - lo) / span) * w;
-        const [r, g, bl] = palette.kinds[blockKind(b.state[i], /** @type {any} */ (row.meta))];
+        const [r, g, bl] = palette.kinds[blockKind(b.state[i], row.meta)];
         zc.fillStyle = `rgb(${r},${g},${bl})`;
         zc.fillRect(Math.floor(x0), 0, Math.max(1, Math.ceil(x1) - Math.floor(x0)), ZOOM_H);
         if (a >= lo && x0 - last >= 3) {
@@ -339,7 +342,7 @@ export function createHeatmap(host, opts) {
   theme.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-light", "data-jp-theme-name"] });
 
   return {
-    /** @param {{n_rows: number, groups: Group[]}} layout */
+    /** @param {Layout} layout */
     setLayout(layout) {
       groups = layout.groups || [];
       geo = geometry(groups, { rowH: ROW_H + ROW_GAP, headH: HEAD_H });

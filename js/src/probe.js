@@ -5,9 +5,17 @@
 
 const LOG_LIMIT = 2000;
 
-/** The hooks a test installed, or null. */
+/**
+ * What a test installs (each part checked before use: the page does not trust it).
+ * @typedef {{views?: Record<string, object>, log?: Record<string, unknown>[], report?: object}}
+ *   TestHooks
+ * @typedef {{__gpumemviz?: unknown}} HookedGlobal the global a test may set
+ */
+
+/** The hooks a test installed, or null.
+ * @returns {TestHooks | null} */
 export function testHooks() {
-  const h = /** @type {any} */ (globalThis).__gpumemviz;
+  const h = /** @type {HookedGlobal} */ (globalThis).__gpumemviz;
   return h && typeof h === "object" ? h : null;
 }
 

@@ -13,7 +13,33 @@ import {
 
 const MAX_ZOOM = 1e6;
 
-/** @param {string} tag @param {string} [cls] @param {string} [text] */
+/** @typedef {import("./decode.js").Row} Row */
+/** @typedef {import("./heatmap.js").Palette} Palette */
+
+/**
+ * The page's embedded data (report_html.py `report_data`).
+ * @typedef {{kind: string, message: string, device: number | null}} AdviceRow
+ * @typedef {{label: string, bytes: number, count: number}} Site
+ * @typedef {{device: number, address: number, total_size: number, allocated: number,
+ *   free: number, largest_free: number, stuck_free: number, pool: string, stream: number,
+ *   is_expandable: boolean}} Worst
+ * @typedef {{entries: number, series: [string, string], x: string, t: string | null,
+ *   oom_t: number[] | null, reserved: string, allocated: string, oom: number[]}} DeviceTimeline
+ *   base64 float64 columns: entry index `x`, time `t` in seconds (null: no recorded times)
+ * @typedef {{title: string, header: Record<string, unknown>,
+ *   devices: Record<string, Record<string, unknown>>, total: Record<string, unknown>,
+ *   worst: Worst[], advice: AdviceRow[], advice_rejected?: AdviceRow[],
+ *   oom: Record<string, number>, settings?: Record<string, unknown> | null,
+ *   sites: {live: Site[], trace: Site[], trace_device: number | null}, violations: string[],
+ *   timeline: Record<string, DeviceTimeline>, map: {layout: import("./heatmap.js").Layout,
+ *   content: import("./decode.js").FrameContent, buffers: string[]}}} ReportData
+ */
+
+/**
+ * @template {keyof HTMLElementTagNameMap} K
+ * @param {K} tag @param {string} [cls] @param {string} [text]
+ * @returns {HTMLElementTagNameMap[K]}
+ */
 function el(tag, cls, text) {
   const e = document.createElement(tag);
   if (cls) e.className = cls;
@@ -74,7 +100,7 @@ function fmt(v, kind) {
   return v.toLocaleString("en-US");
 }
 
-/** @param {any} data @param {HTMLElement} host */
+/** @param {ReportData} data @param {HTMLElement} host */
 function analysis(data, host) {
   const devs = Object.keys(data.devices).sort((a, b) => Number(a) - Number(b));
   const s = section(host, "Fragmentation");
@@ -95,7 +121,7 @@ function analysis(data, host) {
     s.append(el("h3", "", "Segments holding the most free memory that empty_cache() cannot return"));
     s.append(table(
       ["device", "segment", "pool", "size", "allocated", "free", "stuck free", "largest free"],
-      data.worst.map((/** @type {any} */ w) => [
+      data.worst.map((w) => [
         `cuda:${w.device}`, `0x${w.address.toString(16)}${w.is_expandable ? " exp" : ""}`,
         `${w.pool} · stream ${w.stream}`, formatSize(w.total_size), formatSize(w.allocated),
         formatSize(w.free), formatSize(w.stuck_free), formatSize(w.largest_free),
@@ -132,7 +158,7 @@ function analysis(data, host) {
   const st = section(host, "Top allocation sites");
   st.append(el("p", "gmv-muted",
     "Grouped by the first frame outside torch and the Python interpreter: the user's line."));
-  /** @param {any[]} sites @param {string} name */
+  /** @param {Site[]} sites @param {string} name */
   const siteTable = (sites, name) => table(["site", "bytes", "blocks"],
     sites.map((x) => [String(x.label), formatSize(x.bytes), x.count.toLocaleString("en-US")]), name);
   st.append(el("h3", "", "Live: allocated blocks in the snapshot"));
@@ -142,14 +168,15 @@ function analysis(data, host) {
     st.append(el("h3", "", `Over the recorded history (cuda:${data.sites.trace_device}): bytes requested`));
     st.append(siteTable(data.sites.trace, "sites-trace"));
   }
-  const keys = Object.keys(data.settings || {});
+  const settings = data.settings;
+  const keys = Object.keys(settings || {});
   const set = section(host, "Allocator settings");
-  if (data.settings === null || data.settings === undefined) {
+  if (settings === null || settings === undefined) {
     set.append(el("p", "gmv-muted",
       "Not recorded in this file (older torch): the analysis assumes PyTorch's defaults."));
   } else if (keys.length) {
     set.append(table(["setting", "value"],
-      keys.sort().map((k) => [k, JSON.stringify(data.settings[k])]), "settings"));
+      keys.sort().map((k) => [k, JSON.stringify(settings[k])]), "settings"));
   } else {
     set.append(el("p", "gmv-muted", "Recorded: PyTorch's defaults."));
   }
@@ -157,15 +184,15 @@ function analysis(data, host) {
 
 /**
  * The segment map: F's heatmap, its views answered from the embedded frame.
- * @param {any} data @param {HTMLElement} host @param {(row: any) => void} onPick
+ * @param {ReportData} data @param {HTMLElement} host @param {(row: Row) => void} onPick
  */
 function segmentMap(data, host, onPick) {
   const frame = decodeFrame(data.map.content, data.map.buffers.map(b64ToBytes));
-  /** @type {Map<string, any>} */
+  /** @type {Map<string, Row>} */
   const scaled = new Map();
   const rows = frame.rows; // row ids are 0..n-1, in order
   let seq = 0;
-  /** @param {any} row @param {number} cells */
+  /** @param {Row} row @param {number} cells */
   const atCells = (row, cells) => {
     if (row.cells.length === cells) return row;
     const key = `${row.row}:${cells}`;
@@ -202,7 +229,7 @@ function segmentMap(data, host, onPick) {
  * Zoom into one segment: its blocks across the full width; wheel zooms about the cursor,
  * drag pans, hover names the block.
  * @param {HTMLElement} host
- * @param {() => any} palette
+ * @param {() => Palette} palette
  */
 function segmentZoom(host, palette) {
   const box = el("div", "gmv-zoom");
@@ -212,13 +239,13 @@ function segmentZoom(host, palette) {
   for (const b of [minus, plus, reset]) b.type = "button";
   const range = el("span", "gmv-muted");
   bar.append(minus, plus, reset, range);
-  const canvas = /** @type {HTMLCanvasElement} */ (el("canvas", "gmv-zoom-canvas"));
+  const canvas = el("canvas", "gmv-zoom-canvas");
   const tip = el("div", "gmv-tip");
   tip.hidden = true;
   box.append(title, bar, canvas, tip);
   host.append(box);
   const ctx = /** @type {CanvasRenderingContext2D} */ (canvas.getContext("2d"));
-  /** @type {any} */
+  /** @type {Row | null} */
   let row = null;
   /** @type {[number, number]} */
   let view = [0, 1];
@@ -302,7 +329,7 @@ function segmentZoom(host, palette) {
   plus.addEventListener("click", () => zoom(2, 0.5));
   reset.addEventListener("click", () => { if (row) { view = [0, row.meta.total_size]; draw(); } });
   return {
-    /** @param {any} r */
+    /** @param {Row} r */
     show(r) {
       row = r;
       view = [0, r.meta.total_size];
@@ -320,7 +347,8 @@ function segmentZoom(host, palette) {
 /**
  * Reserved and allocated over the recorded history of one device: the panel's timeline
  * (timeline.js) fed once with every point, plus a hover naming the point under the cursor.
- * @param {HTMLElement} host @param {string} dev @param {any} t @param {() => any} palette
+ * @param {HTMLElement} host @param {string} dev @param {DeviceTimeline} t
+ * @param {() => Palette} palette
  */
 function timeline(host, dev, t, palette) {
   const box = el("div", "gmv-report-timeline");
@@ -356,7 +384,7 @@ function timeline(host, dev, t, palette) {
   const points = [];
   for (let i = 0; i < xs.length; i++) points.push([ts[i], alc[i], res[i], null, null, null]);
   chart.apply({ first: 0, reset: true, points,
-    marks: oomT.map((/** @type {number} */ x) => ({ t: x, label: "OOM", kind: "oom" })) });
+    marks: oomT.map((x) => ({ t: x, label: "OOM", kind: "oom" })) });
   const canvas = /** @type {HTMLCanvasElement} */ (box.querySelector("canvas"));
   canvas.addEventListener("mousemove", (ev) => {
     const rect = canvas.getBoundingClientRect();
@@ -373,13 +401,14 @@ function timeline(host, dev, t, palette) {
   });
   canvas.addEventListener("mouseleave", () => { tip.hidden = true; });
   return { draw() { chart.apply({ first: 0, reset: true, points,
-    marks: oomT.map((/** @type {number} */ x) => ({ t: x, label: "OOM", kind: "oom" })) }); } };
+    marks: oomT.map((x) => ({ t: x, label: "OOM", kind: "oom" })) }); } };
 }
 
 function main() {
   const node = document.getElementById("gmv-data");
   const host = document.getElementById("gmv-report");
   if (!node || !host) return;
+  /** @type {ReportData} the page's own data, written by report_html.py */
   const data = JSON.parse(node.textContent || "{}");
   host.replaceChildren();
   const root = el("div", "gmv-root");
@@ -394,7 +423,7 @@ function main() {
   });
   const mapBox = el("div", "gmv-mapbox");
   root.append(mapBox);
-  /** @type {any} */
+  /** @type {ReturnType<typeof segmentZoom> | null} */
   let zoomer = null;
   const { map, rows } = segmentMap(data, mapBox, (r) => zoomer && zoomer.show(r));
   root.dataset.rows = String(rows.length);

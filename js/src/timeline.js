@@ -6,6 +6,13 @@ export const FIELDS = ["t", "allocated", "reserved", "nvml_used", "non_pytorch",
 export const TL_H = 90;
 
 /**
+ * @typedef {{t: number, label: string, kind: string}} Mark a step or cell marker
+ *   (render/timeline.py)
+ * @typedef {{first: number, points: (number | null)[][], reset?: boolean, marks?: Mark[]}}
+ *   TimelineUpdate points from index `first` on (`reset`: instead of those held)
+ */
+
+/**
  * Where each point goes: x by time over the whole span, y by bytes (top = the largest byte
  * figure) and, for fragmentation, 0..1 over the same height.
  * @param {(number | null)[][]} points
@@ -65,7 +72,7 @@ export function createTimeline(host, opts) {
   host.append(wrap);
   /** @type {(number | null)[][]} */
   let points = [];
-  /** @type {{t: number, label: string, kind: string}[]} */
+  /** @type {Mark[]} */
   let marks = [];
   let next = 0;
   let raf = 0;
@@ -118,7 +125,7 @@ export function createTimeline(host, opts) {
   const schedule = () => { if (!raf) raf = requestAnimationFrame(draw); };
 
   return {
-    /** @param {{first: number, points: (number | null)[][], reset?: boolean, marks?: any[]}} msg */
+    /** @param {TimelineUpdate} msg */
     apply(msg) {
       if (msg.reset) {
         points = msg.points.slice();
@@ -135,7 +142,7 @@ export function createTimeline(host, opts) {
       next = msg.first + msg.points.length;
       schedule();
     },
-    /** @param {{t: number, label: string, kind: string}[]} more */
+    /** @param {Mark[]} more */
     addMarks(more) { marks.push(...more); schedule(); },
     get points() { return points; },
     get marks() { return marks; },

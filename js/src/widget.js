@@ -7,7 +7,23 @@ import { logEvent, registerView } from "./probe.js";
 
 let nextId = 0;
 
-/** @param {{model: any, el: HTMLElement}} ctx */
+/**
+ * The synced traits (widget/panel.py `MemoryPanel`).
+ * @typedef {{title: string, status: string, demo: boolean, header: Record<string, unknown>,
+ *   advice: {kind: string, message: string}[], oom: Record<string, unknown>,
+ *   controls: import("./controls.js").Controls, map_layout: import("./heatmap.js").Layout}} Traits
+ */
+/**
+ * A custom message from Python, told apart by `kind` (a message of another kind is ignored).
+ * @typedef {import("./decode.js").FrameContent & {kind: "frame"}} FrameMsg
+ * @typedef {import("./decode.js").BlocksContent & {kind: "blocks"}} BlocksMsg
+ * @typedef {import("./controls.js").Reply & {kind: "reply"}} ReplyMsg
+ * @typedef {import("./timeline.js").TimelineUpdate & {kind: "timeline", view?: string}} TimelineMsg
+ * @typedef {{kind: "marks", marks: import("./timeline.js").Mark[]}} MarksMsg
+ * @typedef {FrameMsg | BlocksMsg | ReplyMsg | TimelineMsg | MarksMsg} Msg
+ */
+
+/** @param {{model: import("@anywidget/types").AnyModel<Traits>, el: HTMLElement}} ctx */
 function render({ model, el }) {
   const id = `v${Date.now().toString(36)}-${nextId++}`;
   const root = document.createElement("div");
@@ -53,7 +69,7 @@ function render({ model, el }) {
     root.dataset.layout = String(layout.version || 0);
     map.setLayout(layout);
   };
-  /** @param {any} msg @param {DataView[]} buffers */
+  /** @param {Msg | null} msg @param {DataView[]} buffers */
   const onMsg = (msg, buffers) => {
     if (msg && msg.kind === "reply") {
       toolbar.reply(msg);
@@ -81,7 +97,7 @@ function render({ model, el }) {
       bytes: buffers.reduce((n, b) => n + b.byteLength, 0), ms: performance.now() - t0 });
   };
   // every model event this view listens to: the cleanup unsubscribes this same list
-  /** @type {[string, Function][]} */
+  /** @type {[string, (msg: Msg | null, buffers: DataView[]) => void][]} */
   const events = [
     ["change:header", onHeader], ["change:title", onHeader], ["change:status", onHeader],
     ["change:demo", onHeader], ["change:advice", onHeader], ["change:oom", onHeader],
