@@ -2,7 +2,9 @@
 
 Run from the repository root: ``.venv/bin/python tools/make_notebooks.py``. The notebooks are
 the committed artifact; this script keeps their cells reviewable as Python. Cell ids are fixed so
-that regenerating an unchanged notebook gives the same file.
+that regenerating an unchanged notebook gives the same file, and tests/notebook_outcomes.py reads
+each notebook's outcomes after the cells with those ids: the notebooks print and plot them, the
+checks live there.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ NB02 = [
     This notebook shows why, on gpumemviz's CPU model of PyTorch's caching allocator (no GPU
     needed), and then tries the usual fixes side by side: `expandable_segments:True`,
     activation checkpointing, a smaller batch (and `max_split_size_mb`, which the advice
-    suggests). Every claim below is checked by an `assert`, so a wrong result fails the notebook.
+    suggests). Each cell prints the numbers behind what it shows.
     """),
     code("""
     import time
@@ -92,11 +94,9 @@ NB02 = [
     print(oom.explanation)
 
     # It is fragmentation, not capacity: more than the request is free inside reserved
-    # segments, but no single free block is large enough.
-    assert oom.cause == "fragmentation"
-    assert oom.free_in_segments >= oom.request_size > oom.largest_free_block
-    # the panel got the OOM (its header shows the verdict)
-    assert panel.oom.get("cause") == "fragmentation", panel.oom
+    # segments, but no single free block is large enough (the explanation gives the numbers).
+    # The panel got the OOM too (its header shows the verdict):
+    print("the panel's verdict:", panel.oom.get("cause"))
     """),
     md("""
     ## The fragmentation report
@@ -112,28 +112,15 @@ NB02 = [
     print(f"external fragmentation: {report.external_fragmentation:.0%}")
     fit = report.can_fit(oom.request_size, device_free=oom.device_free)
     print(fit.verdict, "-", fit.explanation)
-
-    assert report.allocated + report.free + report.pending_free == report.reserved
-    assert report.free_trapped == report.free > oom.request_size
-    assert report.releasable == 0
-    assert report.largest_free < oom.request_size
-    assert fit.verdict == "out_of_memory"
     """),
     code("""
     advice = gpumemviz.advise(report)
     for a in advice:
         print(f"[{a.kind}] {a.message}")
-    kinds = [a.kind for a in advice]
-    assert kinds[0] == "expandable_segments", kinds
-    assert [a["kind"] for a in panel.advice][:1] == ["expandable_segments"]
+    print("the panel's advice starts with:", panel.advice[0]["kind"] if panel.advice else None)
     """),
     code("""
     fig = gpumemviz.figures.timeline(sampler, title="training until the OOM (demo data)")
-    traces = {t.name: t for t in fig.data}
-    times, reserved = sampler.history.series("reserved")
-    # the figure carries the history's own numbers (GiB)
-    assert max(traces["reserved"].y) * 2**30 == reserved.max()
-    assert len(traces["OOM"].x) == 1
     fig
     """),
     md("""
@@ -169,22 +156,21 @@ NB02 = [
     code("""
     by = {r["variant"]: r for r in rows}
     base = by["as is (batch 8)"]
-    assert not base["completed"] and base["free_in_segments_at_oom"] > oom.request_size
-    for name in list(by)[1:]:  # every fix completes
-        assert by[name]["completed"], name
-        assert by[name]["peak_reserved"] <= training.capacity
+    print(f"as is: {base['outcome']}, with {format_size(base['free_in_segments_at_oom'])} "
+          "free inside its segments")
+    fixed = [name for name in list(by)[1:] if by[name]["completed"]]
+    print(f"{len(fixed)} of {len(by) - 1} fixes complete within {format_size(training.capacity)}")
     # expandable segments: the same tensors, but reserved stays close to allocated
     cached = {k: r["peak_reserved"] - r["peak_allocated"] for k, r in by.items()}
-    assert cached["expandable_segments:True"] < cached["as is (batch 8)"]
+    for name in ("as is (batch 8)", "expandable_segments:True"):
+        print(f"{name}: reserved beyond allocated at the peak {format_size(cached[name])}")
     # checkpointing and a smaller batch need far less memory in the first place
-    assert by["activation checkpointing"]["peak_allocated"] < 0.5 * base["peak_allocated"]
-    assert by["batch 4"]["peak_allocated"] < base["peak_allocated"]
+    for name in ("activation checkpointing", "batch 4"):
+        share = by[name]["peak_allocated"] / base["peak_allocated"]
+        print(f"{name}: peak allocated {share:.0%} of the original's")
     """),
     code("""
     fig = gpumemviz.figures.workloads(outcomes, title="the same training loop, five ways")
-    bars = {t.name: t for t in fig.data}["peak reserved"]
-    assert list(bars.x) == list(outcomes)
-    assert [round(y * 2**30) for y in bars.y] == [o.peak_reserved for o in outcomes.values()]
     fig
     """),
     md("""
@@ -259,7 +245,8 @@ NB02 = [
                 env["PYTORCH_CUDA_ALLOC_CONF"] = w.config
             out = subprocess.run([sys.executable, "-c", PROGRAM, key, w.config], env=env,
                                  capture_output=True, text=True, timeout=300)
-            assert out.returncode == 0, out.stderr[-2000:]
+            if out.returncode != 0:
+                raise RuntimeError(out.stderr[-2000:])
             real[name] = json.loads(out.stdout.strip().splitlines()[-1])
             if "skipped" in real[name]:
                 print(f"{name:>26}: skipped ({real[name]['skipped']})")
@@ -268,8 +255,9 @@ NB02 = [
             print(f"{name:>26}: GPU {'completed' if real[name]['completed'] else 'OOM':9} "
                   f"peak reserved {format_size(real[name]['peak_reserved']):>10} | model "
                   f"{model['outcome']:>18}, {format_size(model['peak_reserved'])}")
-        for name, got in real.items():  # the model predicts what the GPU does
-            assert "skipped" in got or got["completed"] == by[name]["completed"], name
+        ran = [name for name, got in real.items() if "skipped" not in got]
+        agree = [name for name in ran if real[name]["completed"] == by[name]["completed"]]
+        print(f"the model predicted what the GPU did for {len(agree)} of {len(ran)} variants")
     """),
 ]
 
@@ -312,7 +300,8 @@ NB03 = [
 
 
     path = find("tests", "data", "standin", NAME)  # in the gpumemviz source checkout
-    assert path is not None, f"{NAME} not found: run this in a gpumemviz checkout, or set `path`"
+    if path is None:
+        raise FileNotFoundError(f"{NAME} not found: run this in a gpumemviz checkout or set `path`")
     print("snapshot:", path.name)
     """),
     md("## Inspect the final state"),
@@ -325,8 +314,6 @@ NB03 = [
           {d: len(t) for d, t in snap.traces.items()})
     for name in ("reserved", "allocated", "free", "free_trapped", "releasable", "largest_free"):
         print(f"{name:>13}: {format_size(getattr(report, name))}")
-    assert report.allocated + report.free + report.pending_free == report.reserved
-    assert report.reserved == int(snap.segments.total_size.sum())
     for a in gpumemviz.advise(report):
         print(f"[{a.kind}] {a.message}")
     """),
@@ -341,9 +328,8 @@ NB03 = [
     import numpy as np
 
     result = gpumemviz.replay(path)
-    print(result.summary())
     # with the recorded settings, the model makes every decision the real allocator made
-    assert result.allocs_matched == result.allocs > 0
+    print(result.summary())
     device = min(result.timelines)
     tl = result.timelines[device]
     peak = int(np.argmax(tl.reserved))
@@ -351,12 +337,6 @@ NB03 = [
     peak_report = gpumemviz.fragmentation(at_peak)
     print(f"entry {peak} of {len(tl)}: reserved {format_size(peak_report.reserved)}, "
           f"allocated {format_size(peak_report.allocated)}")
-    assert peak_report.reserved == tl.reserved[peak] == tl.reserved.max()
-    assert peak_report.allocated == tl.allocated[peak]
-    # the last entry is the recorded final state
-    assert gpumemviz.fragmentation(result.snapshot_at(len(tl) - 1, device)).reserved == sum(
-        int(s) for d, s in zip(snap.segments.device, snap.segments.total_size) if d == device
-    )
     """),
     md("""
     The same scrubbing drives the live panel: a `PlaybackSource` plays the trace back (here it is
@@ -371,13 +351,10 @@ NB03 = [
     panel.sampler.sample_once(segments=True)
     panel.sampler.stop()
     panel.flush()
-    assert panel.header["reserved"] == tl.reserved[peak], panel.header
     panel
     """),
     code("""
     fig = gpumemviz.figures.timeline(result, device=device, title="recorded memory, entry by entry")
-    traces = {t.name: t for t in fig.data}
-    assert round(max(traces["reserved"].y) * 2**30) == tl.reserved.max()
     fig
     """),
     md("## Export"),
@@ -393,9 +370,9 @@ NB03 = [
     peak_file = gpumemviz.save_snapshot(Snapshot.from_torch(at_peak), out / "at_peak.pickle")
     for p in (whole, as_json, peak_file):
         print(f"{p.name}: {format_size(p.stat().st_size)}")
-    assert gpumemviz.load_snapshot(whole).to_torch() == snap.to_torch()
-    assert gpumemviz.fragmentation(as_json).allocated == tl.allocated[peak]
-    assert gpumemviz.fragmentation(peak_file).reserved == tl.reserved[peak]
+    # each reads back with load_snapshot, or straight into fragmentation()
+    print("peak.json, read back:", format_size(gpumemviz.fragmentation(as_json).allocated),
+          "allocated")
     """),
     code("""
     # gpumemviz.export: a pickle with home directories and user names redacted (for sharing),
@@ -409,23 +386,20 @@ NB03 = [
     else:
         shared = export(snap, out / "shared.pickle", redact_paths=True)
         table = export(snap, out / "trace.csv")
-        print(f"{shared.name}: {format_size(shared.stat().st_size)}, "
-              f"{table.name}: {format_size(table.stat().st_size)}")
-        assert gpumemviz.load_snapshot(shared).n_blocks == snap.n_blocks
         with open(table) as f:
-            assert sum(1 for _ in f) - 1 == sum(len(t) for t in snap.traces.values())
+            n_rows = sum(1 for _ in f) - 1  # the first line is the header
+        print(f"{shared.name}: {format_size(shared.stat().st_size)}, "
+              f"{table.name}: {format_size(table.stat().st_size)} ({n_rows} trace entries)")
     """),
     code("""
-    # ---- HTML REPORT (issue 8, item 2) -------------------------------------------------------
-    # `gpumemviz.report` (a self-contained HTML file that opens offline) is being written by
-    # another engineer. Until it exists in your version, this cell says so and does nothing.
+    # gpumemviz.report: one self-contained HTML file that opens offline. Skipped where this
+    # version lacks it.
     report_fn = getattr(gpumemviz, "report", None)
     if report_fn is None:
-        print("gpumemviz.report is not in this version yet: HTML export skipped")
+        print("gpumemviz.report is not in this version: HTML export skipped")
     else:
         html = Path(report_fn(path, out / "report.html"))
         print("HTML report:", html, format_size(html.stat().st_size))
-        assert html.stat().st_size > 0
     """),
     md("""
     ## What if?
@@ -442,10 +416,7 @@ NB03 = [
     print(f"peak reserved: recorded {format_size(recorded_peak)}, "
           f"with expandable segments {format_size(predicted_peak)}")
     # nothing limits either run, so neither has to give cached memory back: the same peak
-    assert predicted_peak == recorded_peak
     fig = gpumemviz.figures.what_if(what_if, device=device)
-    names = {t.name for t in fig.data}
-    assert {"recorded reserved", "predicted reserved"} <= names
     fig
     """),
     md("""
@@ -480,7 +451,6 @@ NB03 = [
 
 
     need = {name: completes_from(got) for name, got in ooms.items()}
-    assert need["expandable"] < need["recorded settings"] < len(budgets)
     print("smallest budget that completes:",
           {name: format_size(int(budgets[i])) for name, i in need.items()})
     """),
@@ -495,11 +465,7 @@ NB03 = [
     print("budget", format_size(budget))
     print("  recorded settings: OOM at entry", as_recorded.devices[device].oom)
     print("  expandable:        OOM at entry", expandable.devices[device].oom)
-    assert as_recorded.devices[device].oom is not None
-    assert expandable.devices[device].oom is None
-    fig = gpumemviz.figures.what_if(as_recorded, device=device)
-    marked = "predicted OOM" in {t.name for t in fig.data}
-    assert marked == (as_recorded.devices[device].oom is not None)
+    fig = gpumemviz.figures.what_if(as_recorded, device=device)  # marks the predicted OOM
     fig
     """),
 ]
@@ -531,7 +497,7 @@ NB04 = [
     page_tokens = params["page_tokens"]
     print(f"KV cache per token: {format_size(per_token)}; page: {page_tokens} tokens "
           f"= {format_size(page_tokens * per_token)}")
-    assert contiguous.params["requests"] == params["requests"]
+    print(len(params["requests"]), "requests, the same for both caches")
     """),
     md("""
     ## Waste by construction
@@ -548,22 +514,14 @@ NB04 = [
     waste = {"contiguous": 1 - tokens / held_contiguous, "paged": 1 - tokens / held_paged}
     for k, v in waste.items():
         print(f"{k:>10}: {v:.1%} of KV memory reserved for tokens never made")
-    assert waste["paged"] < 0.05 < 0.2 < waste["contiguous"]
     """),
     md("## Serving all requests in 22 GiB"),
     code("""
     outcomes = {"contiguous": run(contiguous), "paged": run(paged)}
     for name, o in outcomes.items():
         print(f"{name:>10}: {o.summary()}")
-    assert not outcomes["contiguous"].completed
-    assert outcomes["paged"].completed
-    assert outcomes["paged"].peak_reserved <= paged.capacity
 
     fig = gpumemviz.figures.workloads(outcomes, title="KV cache: contiguous vs paged (22 GiB)")
-    bars = {t.name: t for t in fig.data}["peak reserved"]
-    assert list(bars.text) == [
-        f"OOM at operation {outcomes['contiguous'].oom_step}", "completed"
-    ]
     fig
     """),
     md("""
@@ -581,7 +539,7 @@ NB04 = [
         "contiguous": inference_server(paged=False, capacity=80 * GIB, name="contiguous"),
         "paged": inference_server(paged=True, capacity=80 * GIB, name="paged"),
     }
-    series = {}
+    series, ooms = {}, {}
     for name, w in roomy.items():
         source = SimulatedSource(w, autostart=False, loop=False)
         rows = []
@@ -593,7 +551,7 @@ NB04 = [
             if ran < 60:
                 break
         series[name] = rows
-        assert not source.ooms, name
+        ooms[name] = len(source.ooms)
 
     summary = {}
     for name, rows in series.items():
@@ -601,13 +559,8 @@ NB04 = [
         idle = sum(r[2] for r in rows) / len(rows)
         index = sum(r[4] for r in rows) / len(rows)
         summary[name] = {"peak": peak, "idle": idle, "index": index}
-        print(f"{name:>10}: peak reserved {format_size(peak)}, mean cached free "
-              f"{format_size(int(idle))}, mean fragmentation index {index:.2f}")
-    # the same requests served with less memory, and less of it idle in the cache
-    assert summary["paged"]["peak"] < summary["contiguous"]["peak"]
-    assert summary["paged"]["idle"] < summary["contiguous"]["idle"]
-    # ... although the paged cache's free memory is cut into more pieces
-    assert summary["paged"]["index"] > 0.5
+        print(f"{name:>10}: {ooms[name]} OOMs, peak reserved {format_size(peak)}, mean cached "
+              f"free {format_size(int(idle))}, mean fragmentation index {index:.2f}")
     """),
     code("""
     from plotly.subplots import make_subplots
@@ -621,8 +574,6 @@ NB04 = [
                             mode="lines", row=1, col=col)
     fig.update_layout(title="80 GiB: memory every 60 allocator steps (GiB)")
     fig.update_xaxes(title_text="allocator step")
-    assert len(fig.data) == 8
-    assert max(fig.data[0].y) * GIB == summary["contiguous"]["peak"]
     fig
     """),
     md("""
@@ -637,7 +588,6 @@ NB04 = [
     final = gpumemviz.fragmentation(run(roomy["contiguous"]).allocator.snapshot())
     print("contiguous, after serving everything:", format_size(final.reserved), "reserved,",
           format_size(final.free), "cached free")
-    assert final.allocated + final.free + final.pending_free == final.reserved
     """),
 ]
 
