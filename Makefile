@@ -35,9 +35,11 @@ system-deps:
 	  echo "installing Debian's chromium (needs root)"; \
 	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
 
+# mypy: strict over src/gpumemviz ([tool.mypy] in pyproject.toml), cached in .mypy_cache
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format src tests benchmarks
@@ -74,4 +76,4 @@ soak: $(STAMP)
 	PYTHONPATH=src $(PY) tools/soak.py --seconds $(SOAK_SECONDS)
 
 clean:
-	rm -rf $(VENV) build dist src/gpumemviz/static .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist src/gpumemviz/static .pytest_cache .ruff_cache .mypy_cache

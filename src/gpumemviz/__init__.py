@@ -7,7 +7,33 @@ feature that needs them is used.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    # What the lazy names below are, for type checkers (`__getattr__` hides them). A module that
+    # stands for its function (`gpumemviz.fragmentation`) is typed as the function.
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from gpumemviz import figures as figures
+    from gpumemviz.advice import Advice as Advice
+    from gpumemviz.advice import advise as advise
+    from gpumemviz.allocator.replay import replay as replay
+    from gpumemviz.capture import capture_oom as capture_oom
+    from gpumemviz.diff import diff as diff
+    from gpumemviz.export import export as export
+    from gpumemviz.fragmentation import FragmentationReport as FragmentationReport
+    from gpumemviz.fragmentation import fragmentation as fragmentation
+    from gpumemviz.frames import redact_paths as redact_paths
+    from gpumemviz.io import load_snapshot as load_snapshot
+    from gpumemviz.io import save_snapshot as save_snapshot
+    from gpumemviz.report_html import report as report
+    from gpumemviz.snapshot import Snapshot as Snapshot
+    from gpumemviz.snapshot import SnapshotError as SnapshotError
+    from gpumemviz.units import format_size as format_size
+    from gpumemviz.units import parse_size as parse_size
+    from gpumemviz.widget import MemoryPanel as MemoryPanel
+    from gpumemviz.widget import mark as mark
+    from gpumemviz.widget import monitor as monitor
 
 __version__ = "0.1.0"
 
@@ -38,7 +64,7 @@ _LAZY: dict[str, str] = {
 __all__ = sorted([*_LAZY, "__version__"])
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> Any:  # Any: typed by the TYPE_CHECKING imports above
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'gpumemviz' has no attribute {name!r}")
@@ -54,14 +80,14 @@ def __dir__() -> list[str]:
     return __all__
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     """``%load_ext gpumemviz``: registers the ``%gpumemviz`` magic (gpumemviz.magics)."""
     from gpumemviz.magics import load_ipython_extension as load
 
     load(ipython)
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
     """``%unload_ext gpumemviz``: closes the magic's panels and stops the samplers it started."""
     from gpumemviz.magics import unload_ipython_extension as unload
 

@@ -16,7 +16,7 @@ from typing import Any
 __all__ = ["make_module_callable"]
 
 
-def make_module_callable(module_name: str, function: Callable[..., Any]) -> None:
+def make_module_callable(module_name: str, function: Callable[..., Any]) -> None:  # any function
     """Make the imported module `module_name` call `function` when it is called.
 
     Parameters
@@ -34,6 +34,7 @@ def make_module_callable(module_name: str, function: Callable[..., Any]) -> None
     """
     module = sys.modules[module_name]
 
+    # Any: the function's own arguments and result, passed through
     def __call__(self: types.ModuleType, *args: Any, **kwargs: Any) -> Any:
         return function(*args, **kwargs)
 

@@ -10,14 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .allocator.config import AllocatorConfig, ConfigError
 from .allocator.rules import UNLIMITED
 from .fragmentation import FragmentationReport, MemoryFigures, fragmentation
+from .io import SnapshotLike
+from .snapshot import Snapshot
 from .units import format_size
+
+if TYPE_CHECKING:
+    from .snapshot.schema import JsonDict, TorchMapping
 
 __all__ = [
     "ADVICE_KINDS",
@@ -68,14 +73,14 @@ class Advice:
     def __str__(self) -> str:
         return self.message
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return {"kind": self.kind, "message": self.message, "evidence": dict(self.evidence)}
 
 
 def advise(
-    report: Any,
-    settings: Mapping[str, Any] | str | None = None,
-    stats: Mapping[str, Any] | None = None,
+    report: FragmentationReport | SnapshotLike,
+    settings: TorchMapping | str | None = None,
+    stats: TorchMapping | None = None,
     *,
     device_total: int | None = None,
     device: int | None = None,
@@ -155,7 +160,7 @@ def advise_each_device(
     return out
 
 
-def _config(report: FragmentationReport, settings: Mapping[str, Any] | str | None) -> Any:
+def _config(report: FragmentationReport, settings: TorchMapping | str | None) -> AllocatorConfig:
     """What is already on: the recorded settings, or the ones the caller names."""
     if settings is None:
         return report.config
@@ -170,7 +175,7 @@ def _config(report: FragmentationReport, settings: Mapping[str, Any] | str | Non
 
 
 def _expandable(
-    r: FragmentationReport, f: MemoryFigures, d: int, config: Any, name: str
+    r: FragmentationReport, f: MemoryFigures, d: int, config: AllocatorConfig, name: str
 ) -> tuple[int, Advice] | None:
     if config.expandable_segments or (r.expandable_mode and config is r.config):
         return None  # on already (recorded, or seen in the segments when nothing was recorded)
@@ -196,7 +201,7 @@ def _expandable(
 
 
 def _max_split(
-    r: FragmentationReport, f: MemoryFigures, d: int, config: Any, name: str
+    r: FragmentationReport, f: MemoryFigures, d: int, config: AllocatorConfig, name: str
 ) -> tuple[int, Advice] | None:
     if config.max_split_size != UNLIMITED or config.expandable_segments:
         return None
@@ -232,7 +237,7 @@ def _max_split(
     return trapped_big, Advice("max_split_size_mb", msg, evidence)
 
 
-def _retries(stats: Mapping[str, Any]) -> tuple[int, Advice] | None:
+def _retries(stats: TorchMapping) -> tuple[int, Advice] | None:
     def get(key: str) -> int:
         v = stats.get(key, 0) if hasattr(stats, "get") else 0
         return int(v or 0)
@@ -278,7 +283,7 @@ def _free_matters(f: MemoryFigures) -> bool:
     return f.free >= FREE_BYTES_MIN and f.free >= FREE_SHARE_MIN * max(f.reserved, 1)
 
 
-def oom_device_free(snapshot: Any) -> dict[int, int]:
+def oom_device_free(snapshot: Snapshot | TorchMapping) -> dict[int, int]:
     """Per device, the `device_free` of the last `oom` trace entry (what the driver had left).
 
     With the snapshot taken at the OOM, reserved + device_free is what PyTorch could use: pass

@@ -18,14 +18,17 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .advice import Advice
 from .allocator.config import AllocatorConfig, ConfigError
 from .allocator.replay import ReplayError, ReplayResult, replay
-from .io import as_snapshot
+from .io import SnapshotLike, as_snapshot
 from .snapshot import ACTIONS, Snapshot, SnapshotError
 from .units import format_size
+
+if TYPE_CHECKING:
+    from .snapshot.schema import JsonDict
 
 __all__ = [
     "CHECKED_KINDS",
@@ -106,7 +109,7 @@ class ReplayCheck:
             "replay_capacity": -1 if self.capacity is None else self.capacity,
         }
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return {
             "device": self.device,
             "setting": self.setting,
@@ -138,7 +141,7 @@ class Checked:
     check: ReplayCheck | None = None
     unchecked: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         """`Advice.to_dict()` plus `replay` (the check, or None) and `replay_skipped`."""
         out = self.advice.to_dict()
         out["replay"] = None if self.check is None else self.check.to_dict()
@@ -170,7 +173,7 @@ def setting_of(advice: Advice) -> str | None:
     return None
 
 
-def check_advice(snapshot: Any, advice: Iterable[Advice]) -> CheckedAdvice:
+def check_advice(snapshot: SnapshotLike, advice: Iterable[Advice]) -> CheckedAdvice:
     """Replay each setting advice on the snapshot's recorded trace; keep what is not worse.
 
     Parameters
@@ -255,14 +258,13 @@ def _with_setting(base: AllocatorConfig, setting: str) -> AllocatorConfig | str:
     except ConfigError as e:
         return f"{setting} is not a valid setting: {e}"
     key = setting.split(":", 1)[0]
-    if key == "max_split_size_mb":
-        if extra.max_split_size < base.large_segment_size:
-            return f"{setting} is below large_segment_size_mb, PyTorch would refuse it"
-        changed = {"max_split_size": extra.max_split_size}
-    else:
-        changed = {"expandable_segments": extra.expandable_segments}
+    if key == "max_split_size_mb" and extra.max_split_size < base.large_segment_size:
+        return f"{setting} is below large_segment_size_mb, PyTorch would refuse it"
     kept = [p for p in base.settings.split(",") if p.strip() and p.split(":")[0].strip() != key]
-    return replace(base, settings=",".join([*kept, setting]), **changed)
+    settings = ",".join([*kept, setting])
+    if key == "max_split_size_mb":
+        return replace(base, settings=settings, max_split_size=extra.max_split_size)
+    return replace(base, settings=settings, expandable_segments=extra.expandable_segments)
 
 
 def _replay(snap: Snapshot, config: AllocatorConfig) -> tuple[ReplayResult, float] | str:

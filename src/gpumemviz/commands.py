@@ -11,20 +11,46 @@ from __future__ import annotations
 import os
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, cast
 
 from gpumemviz.render.timeline import entry_at_time
 from gpumemviz.units import format_size, parse_size
 
-__all__ = ["CommandError", "file_url", "run_command"]
+if TYPE_CHECKING:
+    import numpy as np
+
+    from gpumemviz.fragmentation import FragmentationReport
+    from gpumemviz.sampler import Sampler
+    from gpumemviz.snapshot import Snapshot
+    from gpumemviz.snapshot.schema import JsonDict
+    from gpumemviz.sources.base import HistorySource, Source, TimeTravelSource
+
+__all__ = ["CommandError", "Panel", "file_url", "run_command"]
 
 
 class CommandError(RuntimeError):
     """A command that cannot be done now; the message says why (shown in the panel)."""
 
 
-def run_command(panel: Any, name: str, args: dict) -> dict:
+class Panel(Protocol):
+    """What the commands use of the panel (`gpumemviz.widget.MemoryPanel`, a layer above)."""
+
+    @property
+    def sampler(self) -> Sampler | None: ...
+    @property
+    def shown(self) -> Snapshot | None: ...
+    @property
+    def owns_sampler(self) -> bool: ...
+    def export(self, path: str | os.PathLike[str], *, redact_paths: bool = False) -> Path: ...
+    def fit_inputs(self) -> tuple[FragmentationReport | None, int | None, int]: ...
+    def replay_times(self) -> np.ndarray | None: ...
+    def devices(self) -> list[int]: ...
+    def follow_device(self, device: int, sampler: Sampler) -> None: ...
+
+
+def run_command(panel: Panel, name: str, args: JsonDict) -> JsonDict:
     """Carry out one command for ``panel``; returns ``{"text": ..., **figures}``.
 
     Raises
@@ -39,19 +65,19 @@ def run_command(panel: Any, name: str, args: dict) -> dict:
     return handler(panel, args)
 
 
-def _sampler(panel: Any) -> Any:
+def _sampler(panel: Panel) -> Sampler:
     if panel.sampler is None:
         raise CommandError("this panel shows a fixed snapshot: there is no live source")
     return panel.sampler
 
 
-def _needs(source: Any, capability: str, what: str) -> None:
+def _needs(source: Source, capability: str, what: str) -> None:
     if capability not in getattr(source, "capabilities", frozenset()):
         label = getattr(source, "label", type(source).__name__)
         raise CommandError(f"{label} cannot {what}")
 
 
-def _empty_cache(panel: Any, args: dict) -> dict:
+def _empty_cache(panel: Panel, args: JsonDict) -> JsonDict:
     sampler = _sampler(panel)
     _needs(sampler.source, "empty_cache", "empty the cache")
     released = {int(d): int(n) for d, n in sampler.source.empty_cache().items()}
@@ -60,7 +86,7 @@ def _empty_cache(panel: Any, args: dict) -> dict:
     return {"text": "empty_cache released " + ", ".join(parts), "released": released}
 
 
-def _export(panel: Any, args: dict) -> dict:
+def _export(panel: Panel, args: JsonDict) -> JsonDict:
     if panel.sampler is not None:
         _needs(panel.sampler.source, "export", "export a snapshot")
     elif panel.shown is None:
@@ -72,19 +98,19 @@ def _export(panel: Any, args: dict) -> dict:
     return {"text": f"wrote {path.name} ({size})", "path": str(path), "url": url}
 
 
-def _pause(panel: Any, args: dict) -> dict:
+def _pause(panel: Panel, args: JsonDict) -> JsonDict:
     _sampler(panel).pause()
     return {"text": "paused"}
 
 
-def _resume(panel: Any, args: dict) -> dict:
+def _resume(panel: Panel, args: JsonDict) -> JsonDict:
     _sampler(panel).resume()
     return {"text": "sampling again"}
 
 
-def _interval(panel: Any, args: dict) -> dict:
+def _interval(panel: Panel, args: JsonDict) -> JsonDict:
     try:
-        value = float(args.get("value"))
+        value = float(args.get("value"))  # type: ignore[arg-type]  # None: TypeError, caught
     except (TypeError, ValueError):
         raise CommandError(f"interval must be seconds, got {args.get('value')!r}") from None
     try:
@@ -94,7 +120,7 @@ def _interval(panel: Any, args: dict) -> dict:
     return {"text": f"reading every {value:g} s"}
 
 
-def _fit(panel: Any, args: dict) -> dict:
+def _fit(panel: Panel, args: JsonDict) -> JsonDict:
     text = str(args.get("value", "")).strip()
     try:
         nbytes = parse_size(text)
@@ -107,9 +133,9 @@ def _fit(panel: Any, args: dict) -> dict:
     return {"text": f"{format_size(nbytes)}: {answer}", "verdict": answer.verdict, "bytes": nbytes}
 
 
-def _seek(panel: Any, args: dict) -> dict:
+def _seek(panel: Panel, args: JsonDict) -> JsonDict:
     sampler = _sampler(panel)
-    source = sampler.source
+    source = cast("TimeTravelSource", sampler.source)
     _needs(source, "time_travel", "travel in time")
     try:
         if "time_us" in args:  # the time scale: the entry at or before that recorded time
@@ -118,7 +144,7 @@ def _seek(panel: Any, args: dict) -> dict:
                 raise CommandError("this trace has no recorded times (torch < 2.2): events only")
             index = entry_at_time(times, float(args["time_us"]))
         else:
-            index = int(args.get("index"))
+            index = int(args.get("index"))  # type: ignore[arg-type]  # None: TypeError, caught
         source.seek(index)
     except (TypeError, ValueError) as exc:
         raise CommandError(str(exc)) from None
@@ -126,22 +152,22 @@ def _seek(panel: Any, args: dict) -> dict:
     return {"text": f"entry {index + 1} of {source.n}", "index": index}
 
 
-def _play(panel: Any, args: dict) -> dict:
-    source = _sampler(panel).source
+def _play(panel: Panel, args: JsonDict) -> JsonDict:
+    source = cast("TimeTravelSource", _sampler(panel).source)
     _needs(source, "time_travel", "play a recording")
     source.play()
     return {"text": "playing"}
 
 
-def _record_history(panel: Any, args: dict) -> dict:
-    source = _sampler(panel).source
+def _record_history(panel: Panel, args: JsonDict) -> JsonDict:
+    source = cast("HistorySource", _sampler(panel).source)
     _needs(source, "record_history", "record allocation history")
     on = bool(args.get("on"))
     source.record_history(on, stacks="python")
     return {"text": "recording history (python stacks)" if on else "history recording off"}
 
 
-def _reset_peaks(panel: Any, args: dict) -> dict:
+def _reset_peaks(panel: Panel, args: JsonDict) -> JsonDict:
     source = _sampler(panel).source
     reset = getattr(source, "reset_peaks", None)
     if not callable(reset):
@@ -150,11 +176,11 @@ def _reset_peaks(panel: Any, args: dict) -> dict:
     return {"text": "peaks reset"}
 
 
-def _device(panel: Any, args: dict) -> dict:
+def _device(panel: Panel, args: JsonDict) -> JsonDict:
     from gpumemviz.live import shared
 
     try:
-        device = int(args.get("value"))
+        device = int(args.get("value"))  # type: ignore[arg-type]  # None: TypeError, caught
     except (TypeError, ValueError):
         raise CommandError(f"device must be an index, got {args.get('value')!r}") from None
     if device not in panel.devices():
@@ -169,7 +195,7 @@ def _device(panel: Any, args: dict) -> dict:
     return {"text": f"showing cuda:{device}", "device": device}
 
 
-_COMMANDS = {
+_COMMANDS: dict[str, Callable[[Panel, JsonDict], JsonDict]] = {
     "device": _device,
     "empty_cache": _empty_cache,
     "export": _export,

@@ -8,16 +8,19 @@ nothing those modules would not; it lines the two sides up.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ._callable import make_module_callable
-from .fragmentation import FIGURE_NAMES, fragmentation
-from .io import as_snapshot
+from .fragmentation import FIGURE_NAMES, MemoryFigures, fragmentation
+from .io import SnapshotLike, as_snapshot
 from .sites import N_TOP, live_sites
 from .snapshot import Snapshot
 from .units import format_size
+
+if TYPE_CHECKING:
+    from .snapshot.schema import JsonDict
 
 __all__ = [
     "FIGURES",
@@ -47,7 +50,7 @@ class FigureChange:
     def delta(self) -> int | float:
         return self.after - self.before
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return {"before": self.before, "after": self.after, "delta": self.delta}
 
     def text(self) -> str:
@@ -94,7 +97,7 @@ class SiteChange:
     def delta(self) -> int:
         return self.after - self.before
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return {
             "label": self.label,
             "filename": self.key[0],
@@ -126,7 +129,7 @@ class DeviceDiff:
                 return f
         raise KeyError(f"no figure {name!r}; figures: {', '.join(FIGURES)}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return {
             "present": self.present,
             "figures": {f.name: f.to_dict() for f in self.figures},
@@ -169,7 +172,7 @@ class SnapshotDiff:
             raise ValueError(f"no device {n} in either snapshot; devices: {sorted(self.devices)}")
         return self.devices[n]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         """JSON-ready: `{"total": {figure: {before, after, delta}}, "devices": {"0": {...}}}`."""
         return {
             "total": {f.name: f.to_dict() for f in self.total},
@@ -187,7 +190,7 @@ class SnapshotDiff:
         return self.text()
 
 
-def _figures(a: Any, b: Any) -> tuple[FigureChange, ...]:
+def _figures(a: MemoryFigures | _Zero, b: MemoryFigures | _Zero) -> tuple[FigureChange, ...]:
     return tuple(FigureChange(n, getattr(a, n), getattr(b, n)) for n in FIGURES)
 
 
@@ -243,7 +246,7 @@ def _site_changes(
     return tuple(grew), tuple(shrank)
 
 
-def diff(a: Any, b: Any, *, top: int | None = N_TOP) -> SnapshotDiff:
+def diff(a: SnapshotLike, b: SnapshotLike, *, top: int | None = N_TOP) -> SnapshotDiff:
     """Compare two snapshots device by device: figures, segments and allocation sites.
 
     Parameters

@@ -14,7 +14,7 @@ import io as _io
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, cast
 
 import numpy as np
 
@@ -22,8 +22,14 @@ from ._callable import make_module_callable
 from .allocator.replay.recording import Recording
 from .frames import redact_paths as _redact_paths
 from .io import as_snapshot, atomic_write, write_torch
-from .sample import STAT_FIGURES, Sample
+from .sample import STAT_FIGURES, HasHistory, HasSamples, Sample
 from .snapshot import ACTIONS, INACTIVE, Snapshot
+
+if TYPE_CHECKING:
+    from .io import SnapshotLike
+    from .snapshot.schema import TorchDict
+
+Cell = int | float | str  # a CSV cell ("" where a figure is missing)
 
 __all__ = [
     "FORMATS",
@@ -74,22 +80,27 @@ def _format_of(path: Path, format: str | None) -> str:
     return format
 
 
-def _samples_of(x: Any) -> list[Sample] | None:
+def _samples_of(x: object) -> list[Sample] | None:
     """The samples of a Sampler, a History, or a sequence of Sample; None for anything else."""
     history = getattr(x, "history", None)
     if history is not None and callable(getattr(history, "samples", None)):
         return list(history.samples())
-    if callable(getattr(x, "samples", None)):
-        return list(x.samples())
-    is_seq = isinstance(x, Sequence) and not isinstance(x, str | bytes)
-    if is_seq and x and all(isinstance(s, Sample) for s in x):
+    samples = getattr(x, "samples", None)
+    if callable(samples):
+        return list(samples())
+    if (
+        isinstance(x, Sequence)
+        and not isinstance(x, str | bytes)
+        and x
+        and all(isinstance(s, Sample) for s in x)
+    ):
         return list(x)
     return None
 
 
 def export(
-    snapshot: Any,
-    path: str | os.PathLike,
+    snapshot: SnapshotLike | HasHistory | HasSamples | Sequence[Sample],
+    path: str | os.PathLike[str],
     *,
     format: str | None = None,
     redact_paths: bool = False,
@@ -153,7 +164,7 @@ def export(
             raise ValueError(f"samples export only as CSV, not {fmt}")
         _write_csv(path, SAMPLE_COLUMNS, sample_rows(samples))
         return path
-    snap = as_snapshot(snapshot)
+    snap = as_snapshot(cast("SnapshotLike", snapshot))  # not samples: a snapshot
     if fmt == "csv":
         _write_csv(path, TRACE_COLUMNS, trace_rows(snap, device=device))
         return path
@@ -162,7 +173,7 @@ def export(
     return write_torch(snap.to_torch(), path, format=fmt)
 
 
-def _write_csv(path: Path, header: Sequence[str], columns: dict[str, list]) -> None:
+def _write_csv(path: Path, header: Sequence[str], columns: dict[str, list[Cell]]) -> None:
     def write(f: BinaryIO) -> None:
         text = _io.TextIOWrapper(f, encoding="utf-8", newline="")
         w = csv.writer(text, lineterminator="\n")
@@ -174,9 +185,9 @@ def _write_csv(path: Path, header: Sequence[str], columns: dict[str, list]) -> N
     atomic_write(path, write)
 
 
-def _cells(a: np.ndarray, missing: np.ndarray | None = None) -> list:
+def _cells(a: np.ndarray, missing: np.ndarray | None = None) -> list[Cell]:
     """Column values as Python ints, "" where `missing` (or where the value is -1)."""
-    vals = a.tolist()
+    vals: list[Cell] = a.tolist()
     mask = (a == -1) if missing is None else missing
     if mask.any():
         for i in np.flatnonzero(mask).tolist():
@@ -184,7 +195,7 @@ def _cells(a: np.ndarray, missing: np.ndarray | None = None) -> list:
     return vals
 
 
-def trace_rows(snapshot: Any, *, device: int | None = None) -> dict[str, list]:
+def trace_rows(snapshot: SnapshotLike, *, device: int | None = None) -> dict[str, list[Cell]]:
     """The trace as CSV columns (`TRACE_COLUMNS`), one row per entry, devices in order.
 
     `reserved` (mapped segment bytes) and `requested` (requested bytes of active blocks, what
@@ -207,9 +218,9 @@ def trace_rows(snapshot: Any, *, device: int | None = None) -> dict[str, list]:
         Column name to values ("" for missing cells).
     """
     snap: Snapshot = as_snapshot(snapshot)
-    cols: dict[str, list] = {c: [] for c in TRACE_COLUMNS}
+    cols: dict[str, list[Cell]] = {c: [] for c in TRACE_COLUMNS}
     devices = sorted(snap.traces) if device is None else [device]
-    torch_dict: dict | None = None
+    torch_dict: TorchDict | None = None
     for d in devices:
         trace = snap.traces.get(d)
         if trace is None or not len(trace):
@@ -231,6 +242,8 @@ def trace_rows(snapshot: Any, *, device: int | None = None) -> dict[str, list]:
         )
         if torch_dict is None:
             torch_dict = snap.to_torch()
+        allocated: Sequence[Cell]
+        segments: Sequence[Cell]
         try:
             tl = Recording.from_snapshot(torch_dict, d)
             allocated, segments = tl.allocated.tolist(), tl.segments.tolist()
@@ -266,16 +279,17 @@ def _running(
             sign[names.index(name)] = s
     delta = sign[action] * size
     after = np.cumsum(delta[::-1])[::-1]  # sum of deltas from entry i to the end
-    return final - after + delta  # minus the deltas of the entries after i
+    totals: np.ndarray = final - after + delta  # minus the deltas of the entries after i
+    return totals
 
 
-def sample_rows(samples: Sequence[Sample]) -> dict[str, list]:
+def sample_rows(samples: Sequence[Sample]) -> dict[str, list[Cell]]:
     """Sampler history as CSV columns (`SAMPLE_COLUMNS`), one row per sample, in order.
 
     Memory figures come from each sample's `stats` (torch's memory_stats), NVML figures from
     its `nvml`; a figure the sample lacks is "".
     """
-    cols: dict[str, list] = {c: [] for c in SAMPLE_COLUMNS}
+    cols: dict[str, list[Cell]] = {c: [] for c in SAMPLE_COLUMNS}
     for s in samples:
         cols["time"].append(repr(float(s.time)))
         cols["monotonic"].append(repr(float(s.monotonic)))

@@ -15,8 +15,9 @@ from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
-from .io import as_snapshot
+from .io import SnapshotLike, as_snapshot
 from .snapshot import Snapshot
+from .snapshot.schema import TorchDict, TorchList
 
 __all__ = [
     "NO_HISTORY",
@@ -83,7 +84,7 @@ def _keep(name: str, filename: str) -> bool:
     )
 
 
-def _fields(frame: Any) -> tuple[str, str]:
+def _fields(frame: object) -> tuple[str, str]:
     if not isinstance(frame, dict):
         return "", ""
     name, filename = frame.get("name", ""), frame.get("filename", "")
@@ -92,12 +93,12 @@ def _fields(frame: Any) -> tuple[str, str]:
     )
 
 
-def keep_frame(frame: dict) -> bool:
+def keep_frame(frame: TorchDict) -> bool:
     """False for the interpreter and dispatcher frames MemoryViz hides (`_frame_filter`)."""
     return _keep(*_fields(frame))
 
 
-def filter_frames(frames: Iterable[dict]) -> list[dict]:
+def filter_frames(frames: Iterable[TorchDict]) -> list[TorchDict]:
     """The frames MemoryViz shows, in the given order (the dicts themselves, not copies)."""
     return [f for f in frames if _keep(*_fields(f))]
 
@@ -120,18 +121,18 @@ def _is_torch(filename: str) -> bool:
     return _TORCH.search(filename) is not None or filename.startswith("torch/")
 
 
-def is_interpreter_frame(frame: dict) -> bool:
+def is_interpreter_frame(frame: TorchDict) -> bool:
     """Native code (C/C++, unsymbolised), the Python standard library, frozen modules, and the
     frames MemoryViz filters: everything that is neither torch's Python nor the user's."""
     return _is_interpreter(*_fields(frame))
 
 
-def is_torch_frame(frame: dict) -> bool:
+def is_torch_frame(frame: TorchDict) -> bool:
     """torch's own Python (torch/, functorch/, torchgen/) or inductor's generated kernels."""
     return _is_torch(_fields(frame)[1])
 
 
-def user_frame_index(frames: Sequence[dict]) -> int | None:
+def user_frame_index(frames: Sequence[TorchDict]) -> int | None:
     """Index of the first frame (innermost first) outside torch and the interpreter, or None.
 
     That frame is "the user's line": the code that asked for the memory. A third-party library
@@ -144,13 +145,13 @@ def user_frame_index(frames: Sequence[dict]) -> int | None:
     return None
 
 
-def user_frame(frames: Sequence[dict]) -> dict | None:
+def user_frame(frames: Sequence[TorchDict]) -> TorchDict | None:
     """The first frame outside torch and the interpreter (see `user_frame_index`), or None."""
     i = user_frame_index(frames)
     return None if i is None else frames[i]
 
 
-def format_frame(frame: dict, *, full_filename: bool = False) -> str:
+def format_frame(frame: TorchDict, *, full_filename: bool = False) -> str:
     """'model.py:39:forward', torch's `_frame_fmt` format.
 
     Parameters
@@ -191,7 +192,7 @@ def elide_repeats(lines: Sequence[str]) -> list[str]:
 
 
 def format_stack(
-    frames: Sequence[dict],
+    frames: Sequence[TorchDict],
     *,
     full_filename: bool = False,
     limit: int | None = None,
@@ -293,7 +294,7 @@ class Redactor:
         self._cache[s] = out
         return out
 
-    def redact(self, obj: Any) -> Any:
+    def redact(self, obj: Any) -> Any:  # Any: plain data of any shape, returned in kind
         """A copy of plain data with every string redacted (dict keys are kept).
 
         Containers with nothing to change are returned as they are, and a container shared
@@ -316,7 +317,7 @@ class Redactor:
 _CONTAINERS = (dict, list, tuple)
 
 
-def _unique_strings(obj: Any) -> dict[str, None]:
+def _unique_strings(obj: object) -> dict[str, None]:
     """Every distinct string value in plain data, in the order first met (an ordered set)."""
     out: dict[str, None] = {}
     if type(obj) is str:
@@ -326,7 +327,7 @@ def _unique_strings(obj: Any) -> dict[str, None]:
     return out
 
 
-def _collect(obj: Any, out: dict[str, None], seen: set[int]) -> None:
+def _collect(obj: Any, out: dict[str, None], seen: set[int]) -> None:  # Any: a dict, list or tuple
     if id(obj) in seen:  # shared containers (frames lists) are read once
         return
     seen.add(id(obj))
@@ -339,13 +340,14 @@ def _collect(obj: Any, out: dict[str, None], seen: set[int]) -> None:
 
 
 def _rebuild(obj: Any, changed: dict[str, str], memo: dict[int, Any]) -> Any:
+    # Any: a dict, list or tuple of plain data, rebuilt in kind
     """`obj` with the strings in `changed` replaced; untouched containers are returned as is."""
     key = id(obj)
     done = memo.get(key)
     if done is not None:
         return done
     is_dict = type(obj) is dict
-    new: Any = None
+    new: Any = None  # a dict or list copy of `obj`
     for k, v in obj.items() if is_dict else enumerate(obj):
         t = type(v)
         if t is str:
@@ -368,7 +370,7 @@ def _rebuild(obj: Any, changed: dict[str, str], memo: dict[int, Any]) -> Any:
     return out
 
 
-def find_user_names(obj: Any) -> list[str]:
+def find_user_names(obj: object) -> list[str]:
     """User names of the home directories found in any string of plain data, sorted."""
     r = Redactor()
     for s in _unique_strings(obj):
@@ -377,16 +379,17 @@ def find_user_names(obj: Any) -> list[str]:
     return list(r.names)
 
 
-def redact_torch(obj: dict | list, *, names: Iterable[str] = ()) -> dict | list:
+def redact_torch(obj: TorchDict | TorchList, *, names: Iterable[str] = ()) -> TorchDict | TorchList:
     """A torch snapshot dict (or segment list) with home directories and user names replaced.
 
     Covers segment, block (torch 2.0: inside `history`) and trace frames, annotations, and every
     other string; numbers, keys and structure are unchanged. See `Redactor` for the format.
     """
-    return Redactor(names).redact(obj)
+    redacted: TorchDict | TorchList = Redactor(names).redact(obj)
+    return redacted
 
 
-def redact_paths(snapshot: Any, *, names: Iterable[str] = ()) -> Snapshot:
+def redact_paths(snapshot: SnapshotLike, *, names: Iterable[str] = ()) -> Snapshot:
     """The snapshot with home directories and user names replaced by placeholders.
 
     Parameters

@@ -38,7 +38,8 @@ class History:
         self.max_bytes = int(max_bytes)
         self.keyframe_interval = float(keyframe_interval)
         self._lock = threading.Lock()
-        self._cells: collections.deque[list[Any]] = collections.deque()  # [sample, nbytes]
+        # cells are [sample, nbytes] lists, replaced in place when a sample loses its blocks
+        self._cells: collections.deque[list[Any]] = collections.deque()
         self._keyframes: collections.deque[list[Any]] = collections.deque()
         self._newest_seg: list[Any] | None = None
         self._last_keyframe = -math.inf
@@ -63,7 +64,7 @@ class History:
                 prev = self._newest_seg
                 if prev is not None and not prev[0].keyframe:
                     self._strip(prev, "older segment state dropped (the history keeps keyframes)")
-            cell = [sample, sample.nbytes]
+            cell: list[Any] = [sample, sample.nbytes]
             self._cells.append(cell)
             self._bytes += cell[1]
             if sample.segments is not None:
@@ -71,7 +72,8 @@ class History:
                 if sample.keyframe:
                     self._keyframes.append(cell)
             self._evict()
-            return cell[0]
+            stored: Sample = cell[0]  # as stored: eviction may have dropped its blocks
+            return stored
 
     def _strip(self, cell: list[Any], note: str) -> None:
         sample: Sample = cell[0]
@@ -154,16 +156,18 @@ class History:
         ``figure`` is a `MemoryStats` property ("allocated", "reserved", ...) or a raw stats key.
         Samples without stats are skipped. Times are ``time.time()`` seconds.
         """
-        times, values = [], []
+        times: list[float] = []
+        values: list[int] = []
         for s in self.samples():
             if s.stats is None:
                 continue
             if figure in s.stats:
                 v = s.stats[figure]
             else:
-                v = getattr(s.stats, figure, None)
-                if v is None:
+                got: int | None = getattr(s.stats, figure, None)
+                if got is None:
                     continue
+                v = got
             times.append(s.time)
             values.append(v)
         return np.asarray(times, dtype=np.float64), np.asarray(values, dtype=np.int64)

@@ -9,11 +9,11 @@ sampler passes to its source with the OOM handler. Each OOM is judged once, wher
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 from gpumemviz.fragmentation.oom import classify_event
 from gpumemviz.sample import check_device
 from gpumemviz.sampler import Sampler
+from gpumemviz.sources.base import Source
 from gpumemviz.sources.default import default_source
 
 __all__ = ["sampler_for", "shared"]
@@ -22,7 +22,7 @@ _SHARED: dict[int, Sampler] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def sampler_for(source: Any, interval: float = 0.5) -> Sampler:
+def sampler_for(source: Source, interval: float = 0.5) -> Sampler:
     """A sampler of its own for ``source`` (not started), with OOMs judged by `classify_event`.
 
     Parameters

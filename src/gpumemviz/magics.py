@@ -14,12 +14,20 @@ import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, NoReturn
 
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
 from gpumemviz.units import format_size
+
+if TYPE_CHECKING:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from gpumemviz.sample import Sample
+    from gpumemviz.sampler import Sampler
+    from gpumemviz.snapshot.schema import TorchDict
+    from gpumemviz.widget import MemoryPanel
 
 __all__ = ["GpumemvizMagics", "load_ipython_extension", "summary", "unload_ipython_extension"]
 
@@ -30,7 +38,7 @@ USAGE = (
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # argparse would exit the kernel
+    def error(self, message: str) -> NoReturn:  # argparse would exit the kernel
         raise UsageError(f"%gpumemviz: {message}; usage: {USAGE}")
 
 
@@ -71,10 +79,10 @@ def _parser() -> _Parser:
 class _Feed:
     """What the magic shows for one device: its sampler (made by the extension or not), panel."""
 
-    sampler: Any
+    sampler: Sampler
     owned: bool  # made by the extension (demo, replay): closed with it
-    key: tuple
-    panel: Any = None
+    key: tuple[str | int, ...]
+    panel: MemoryPanel | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -82,7 +90,7 @@ class _Feed:
 class GpumemvizMagics(Magics):
     """The ``%gpumemviz`` magic; `load_ipython_extension` registers one per shell."""
 
-    def __init__(self, shell: Any) -> None:
+    def __init__(self, shell: InteractiveShell) -> None:
         super().__init__(shell)
         self.feeds: dict[int, _Feed] = {}
         self.started: set[int] = set()  # devices whose shared sampler this extension started
@@ -92,7 +100,7 @@ class GpumemvizMagics(Magics):
 
     # ------------------------------------------------------------------------------------------
     @line_magic
-    def gpumemviz(self, line: str) -> Any:
+    def gpumemviz(self, line: str) -> MemoryPanel | None:
         """Show the live memory panel; ``stop``, ``status`` or ``export PATH`` act on it.
 
         ``%gpumemviz [--device N] [--interval S] [--demo WORKLOAD] [--replay FILE]``
@@ -116,17 +124,20 @@ class GpumemvizMagics(Magics):
             raise UsageError(f"%gpumemviz: unexpected {args.path!r}; usage: {USAGE}")
         device = self.last_device if args.device is None else args.device
         if args.command == "stop":
-            return self._stop(device)
+            self._stop(device)
+            return None
         if args.command == "status":
-            return self._status(device)
+            self._status(device)
+            return None
         if args.command == "export":
             if not args.path:
                 raise UsageError("%gpumemviz: export needs a PATH (export run.pickle)")
-            return self._export(device, args.path)
+            self._export(device, args.path)
+            return None
         return self._show(device, args)
 
     # ------------------------------------------------------------------------------------------
-    def _show(self, device: int, args: argparse.Namespace) -> Any:
+    def _show(self, device: int, args: argparse.Namespace) -> MemoryPanel | None:
         from gpumemviz.widget import MemoryPanel
 
         raw = None
@@ -155,7 +166,7 @@ class GpumemvizMagics(Magics):
             self.started.add(device)
         return panel
 
-    def _show_file(self, raw: dict, path: Path) -> Any:
+    def _show_file(self, raw: TorchDict, path: Path) -> MemoryPanel | None:
         """A snapshot without recorded history: its one state, no sampler."""
         from gpumemviz.sample import Sample
         from gpumemviz.snapshot import Snapshot
@@ -181,12 +192,12 @@ class GpumemvizMagics(Magics):
         panel.show_snapshot(snap)
         return panel
 
-    def _feed(self, device: int, args: argparse.Namespace, raw: dict | None = None) -> _Feed:
+    def _feed(self, device: int, args: argparse.Namespace, raw: TorchDict | None = None) -> _Feed:
         """The device's feed for these arguments: the one already running when they match.
         ``raw``: the ``--replay`` file's contents when the caller read them already."""
         if args.replay:
             path = Path(args.replay).expanduser().resolve()
-            key: tuple = ("replay", str(path))
+            key: tuple[str | int, ...] = ("replay", str(path))
         elif args.demo:
             key = ("demo", args.demo, device)
         else:
@@ -211,7 +222,7 @@ class GpumemvizMagics(Magics):
         self.feeds[dev] = feed
         return feed
 
-    def _by_key(self, key: tuple) -> _Feed | None:
+    def _by_key(self, key: tuple[str | int, ...]) -> _Feed | None:
         return next((f for f in self.feeds.values() if f.key == key), None)
 
     def _drop(self, feed: _Feed) -> None:
@@ -226,7 +237,7 @@ class GpumemvizMagics(Magics):
             return self.widgets
         return getattr(self.shell, "kernel", None) is not None
 
-    def _sampler(self, device: int) -> Any:
+    def _sampler(self, device: int) -> Sampler:
         """The sampler the magic shows for the device: its feed's, else the shared one."""
         feed = self.feeds.get(device)
         if feed is not None:
@@ -282,7 +293,7 @@ class GpumemvizMagics(Magics):
         print(f"gpumemviz: wrote {written} ({n} segments, {format_size(written.stat().st_size)})")
 
     # per-cell markers ---------------------------------------------------------------------------
-    def pre_run_cell(self, info: Any = None) -> None:
+    def pre_run_cell(self, info: object = None) -> None:
         """IPython hook: note each shown feed's allocated, reserved and peak as the cell starts."""
         self._cell_start = {
             d: (time.time(), _newest_stats(f.sampler, f.sampler.sample_once(segments=False)))
@@ -290,7 +301,7 @@ class GpumemvizMagics(Magics):
             if f.panel is not None
         }
 
-    def post_run_cell(self, result: Any = None) -> None:
+    def post_run_cell(self, result: object = None) -> None:
         """IPython hook: a marker per shown panel with the cell's deltas and its peak.
 
         The peak is the most allocated seen during the cell: torch's own peak counter when the
@@ -331,7 +342,7 @@ class GpumemvizMagics(Magics):
         self.started.clear()
 
 
-def _newest_stats(sampler: Any, sample: Any = None) -> tuple[int, int, int] | None:
+def _newest_stats(sampler: Sampler, sample: Sample | None = None) -> tuple[int, int, int] | None:
     """(allocated, reserved, peak allocated) of the sampler's newest stats, or None."""
     if sample is None or sample.stats is None:
         sample = next((s for s in reversed(sampler.history.samples()) if s.stats), None)
@@ -345,11 +356,11 @@ def _signed(n: int) -> str:
     return ("+" if n >= 0 else "-") + format_size(abs(n))
 
 
-def _label(sampler: Any) -> str:
+def _label(sampler: Sampler) -> str:
     return str(getattr(sampler.source, "label", type(sampler.source).__name__))
 
 
-def _demo_sampler(workload: str, device: int, interval: float | None) -> Any:
+def _demo_sampler(workload: str, device: int, interval: float | None) -> Sampler:
     from gpumemviz.allocator.workloads import WORKLOADS
     from gpumemviz.live import sampler_for
     from gpumemviz.sources.simulated import SimulatedSource
@@ -359,7 +370,7 @@ def _demo_sampler(workload: str, device: int, interval: float | None) -> Any:
     return sampler_for(SimulatedSource(workload, device=device), interval=interval or 0.5)
 
 
-def _load_file(path: Path) -> dict:
+def _load_file(path: Path) -> TorchDict:
     from gpumemviz.io import load_snapshot
 
     if not path.is_file():
@@ -370,11 +381,11 @@ def _load_file(path: Path) -> dict:
         raise UsageError(f"%gpumemviz: --replay {path.name}: {exc}") from None
 
 
-def _has_history(raw: dict) -> bool:
+def _has_history(raw: TorchDict) -> bool:
     return any(len(t) for t in raw.get("device_traces") or ())
 
 
-def _replay_sampler(raw: dict, path: Path, interval: float | None) -> Any:
+def _replay_sampler(raw: TorchDict, path: Path, interval: float | None) -> Sampler:
     """A sampler over a recorded trace, opened on its last entry (the state the file records)."""
     from gpumemviz.live import sampler_for
     from gpumemviz.sources.playback import PlaybackSource
@@ -388,7 +399,7 @@ def _replay_sampler(raw: dict, path: Path, interval: float | None) -> Any:
     return sampler_for(source, interval=interval or 0.5)
 
 
-def summary(sample: Any) -> str:
+def summary(sample: Sample) -> str:
     """A few lines of text for one `Sample`: what the panel's header shows.
 
     Parameters
@@ -455,7 +466,7 @@ def summary(sample: Any) -> str:
 _MAGICS: dict[int, GpumemvizMagics] = {}
 
 
-def load_ipython_extension(ipython: Any) -> None:
+def load_ipython_extension(ipython: InteractiveShell) -> None:
     """``%load_ext gpumemviz``: register ``%gpumemviz`` (loading twice keeps one instance)."""
     if id(ipython) in _MAGICS:
         return
@@ -466,7 +477,7 @@ def load_ipython_extension(ipython: Any) -> None:
     ipython.events.register("post_run_cell", magics.post_run_cell)
 
 
-def unload_ipython_extension(ipython: Any) -> None:
+def unload_ipython_extension(ipython: InteractiveShell) -> None:
     """``%unload_ext gpumemviz``: close the panels and stop the samplers the magic started."""
     magics = _MAGICS.pop(id(ipython), None)
     if magics is not None:

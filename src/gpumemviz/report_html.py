@@ -24,18 +24,18 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from . import advice as _advice
-from . import export as _export
-from . import fragmentation as _fragmentation
 from . import sites as _sites
 from .advice_check import Checked, CheckedAdvice, check_advice
 from .bundles import bundle_path
-from .fragmentation import FIGURE_NAMES
+from .export import trace_rows
+from .fragmentation import FIGURE_NAMES, MemoryFigures, SegmentSummary, fragmentation
 from .frames import Redactor
-from .io import as_snapshot, atomic_write
-from .render.rows import MAX_CELLS, build_rows, encode_cells
+from .io import SnapshotLike, as_snapshot, atomic_write
+from .render.rows import MAX_CELLS, RowTable, build_rows, encode_cells
 from .render.wire import header_numbers
 from .render.wire_frame import BLOCK_BYTES, ROW_OVERHEAD, pack_frame, row_meta
 from .snapshot import ACTIONS, Snapshot
+from .snapshot.schema import JsonDict
 
 __all__ = [
     "ANALYSIS_ALLOWANCE",
@@ -58,7 +58,7 @@ _B64 = 4 / 3
 
 
 def report(
-    snapshot: Any,
+    snapshot: SnapshotLike,
     path: str | Path,
     *,
     title: str | None = None,
@@ -118,7 +118,7 @@ def report(
 
 
 def render_html(
-    snapshot: Any,
+    snapshot: SnapshotLike,
     *,
     title: str | None = None,
     input_size: int | None = None,
@@ -158,7 +158,7 @@ def renderer_size() -> int:
 
 def report_data(
     snap: Snapshot, *, title: str = "", budget: int | None = None, replay_advice: bool = True
-) -> dict:
+) -> JsonDict:
     """Everything the page shows, as JSON-ready data (binary columns base64, little-endian).
 
     `budget` bounds the bytes of the map and timeline data (the analysis has its own fixed
@@ -166,7 +166,7 @@ def report_data(
     advice on the recorded trace (`advice_check`), as `gpumemviz inspect` does.
     """
     rows = build_rows(snap)
-    report_ = _fragmentation.fragmentation(snap)
+    report_ = fragmentation(snap)
     header = header_numbers(rows)
     ooms = _advice.oom_device_free(snap)
     found = _advice.advise_each_device(report_, ooms)  # as `gpumemviz inspect` advises
@@ -187,7 +187,7 @@ def report_data(
         if trace_dev is None
         else [s.to_dict() for s in _sites.trace_sites(snap, device=trace_dev)]
     )
-    out: dict[str, Any] = {
+    out: JsonDict = {
         "format": DATA_FORMAT,
         "title": title,
         "header": header,
@@ -213,7 +213,7 @@ def report_data(
     return out
 
 
-def _advice_row(a: _advice.Advice) -> dict:
+def _advice_row(a: _advice.Advice) -> JsonDict:
     """What the page shows of an advice (every per-device rule's evidence names its device)."""
     return {"kind": a.kind, "message": a.message, "device": a.evidence.get("device")}
 
@@ -227,7 +227,7 @@ def estimate_pickle_size(snap: Snapshot) -> int:
 # ---------------------------------------------------------------------------- parts
 
 
-def _map(rows: Any, room: int | None) -> dict:
+def _map(rows: RowTable, room: int | None) -> JsonDict:
     """The segment map as one frame of every row (the panel's wire format), sized to `room`."""
     n = rows.n_rows
     cells = MAX_CELLS
@@ -260,13 +260,13 @@ def _map(rows: Any, room: int | None) -> dict:
     }
 
 
-def _timelines(snap: Snapshot, room: int | None) -> dict:
+def _timelines(snap: Snapshot, room: int | None) -> JsonDict:
     """Per device with a trace: reserved and allocated after each entry, bucket peaks kept.
 
     `x` is the entry index of each point, `t` its time in seconds (the entry's time_us; None
     when the trace has no times), `oom` the entry indices of oom entries and `oom_t` their times.
     """
-    out: dict[str, Any] = {}
+    out: JsonDict = {}
     traced = [d for d, t in sorted(snap.traces.items()) if len(t)]
     if not traced:
         return out
@@ -274,7 +274,7 @@ def _timelines(snap: Snapshot, room: int | None) -> dict:
     if room is not None:  # 4 float64 columns per point, base64
         points = max(16, min(points, int(room / (len(traced) * 4 * 8 * _B64))))
     for d in traced:
-        cols = _export.trace_rows(snap, device=d)
+        cols = trace_rows(snap, device=d)
         reserved = np.asarray(cols["reserved"], np.float64)
         alloc_col = cols["allocated"]
         if alloc_col and alloc_col[0] != "":
@@ -312,16 +312,16 @@ def _peaks(n: int, points: int, *series: np.ndarray) -> tuple[np.ndarray, ...]:
     return (starts.astype(np.float64), *(np.maximum.reduceat(s, starts) for s in series))
 
 
-def _device_figures(f: Any) -> dict:
+def _device_figures(f: MemoryFigures) -> JsonDict:
     """The headline figures, plus `free_stuck`: free bytes empty_cache cannot return (it syncs
     pending frees first, so they count), what the map paints trapped; on expandable segments it
     includes sub-page slivers, which torch's inactive_split_bytes (free_trapped) excludes."""
     return {k: getattr(f, k) for k in (*FIGURE_NAMES, "free_stuck")}
 
 
-def _worst(w: Any) -> dict:
+def _worst(w: SegmentSummary) -> JsonDict:
     keys = ("device", "address", "total_size", "allocated", "free", "largest_free")
-    out = {k: getattr(w, k) for k in keys}
+    out: JsonDict = {k: getattr(w, k) for k in keys}
     out |= {"stuck_free": w.stuck_free, "pool": w.pool, "stream": w.stream}
     out["is_expandable"] = bool(w.is_expandable)
     return out
@@ -337,7 +337,7 @@ def _longest_trace(snap: Snapshot) -> int | None:
     return best if (snap.traces[best].action == ACTIONS.index("alloc")).any() else None
 
 
-def _plain(x: Any) -> Any:
+def _plain(x: object) -> Any:  # Any: JSON data of whatever shape the settings have
     """Settings as JSON data: dicts, lists, numbers, strings; anything else as its repr."""
     if isinstance(x, dict):
         return {str(k): _plain(v) for k, v in x.items()}
@@ -348,13 +348,13 @@ def _plain(x: Any) -> Any:
     return repr(x)
 
 
-def _source_name(snapshot: Any) -> str | None:
+def _source_name(snapshot: object) -> str | None:
     if isinstance(snapshot, (str, Path)):
         return Path(snapshot).name
     return None
 
 
-def _input_size(snapshot: Any) -> int | None:
+def _input_size(snapshot: object) -> int | None:
     if isinstance(snapshot, (str, Path)):
         try:
             return Path(snapshot).stat().st_size
@@ -372,7 +372,7 @@ def _b64(b: bytes) -> str:
 # ---------------------------------------------------------------------------- page
 
 
-def _json_for_script(data: Any) -> str:
+def _json_for_script(data: object) -> str:
     """JSON that is inert inside a <script> element: no `<`, `>`, `&` or line separators.
 
     Each becomes its \\u escape, which JSON.parse reads back as the same character, so a

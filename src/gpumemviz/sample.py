@@ -10,18 +10,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 if TYPE_CHECKING:  # the columnar snapshot; imported for types only (sample stays cheap)
     from gpumemviz.snapshot import Snapshot
+    from gpumemviz.snapshot.schema import TorchDict, TorchMapping
 
 __all__ = [
     "NOT_CLASSIFIED",
     "SEGMENTS_NOT_READ",
     "STAT_FIGURES",
     "DeviceInfo",
+    "HasHistory",
+    "HasSamples",
     "MemoryStats",
     "NvmlInfo",
     "OomEvent",
@@ -34,7 +37,7 @@ SEGMENTS_NOT_READ = "segment state not read this tick"
 """`Sample.segments_note` of a tick that read stats only (segments are read less often)."""
 
 
-def check_device(device: Any) -> int:
+def check_device(device: object) -> int:
     """A CUDA device index, checked: sources and samplers take only a non-negative int.
 
     Raises
@@ -90,10 +93,10 @@ class MemoryStats(Mapping[str, int]):
     """
 
     keys_: tuple[str, ...]
-    values: np.ndarray
+    values: np.ndarray  # type: ignore[assignment]  # the column shadows Mapping.values (a public field)
 
     @classmethod
-    def from_torch(cls, stats: Mapping[str, Any]) -> MemoryStats:
+    def from_torch(cls, stats: TorchMapping) -> MemoryStats:
         """Build from ``torch.cuda.memory_stats(device)`` (or the allocator model's dict).
 
         Raises
@@ -256,7 +259,7 @@ class OomEvent:
     free_in_segments: int = 0
     largest_free_block: int = 0
     outside_bytes: int = 0
-    snapshot: dict | None = field(default=None, repr=False)  # the full torch _snapshot() dict
+    snapshot: TorchDict | None = field(default=None, repr=False)  # the full torch _snapshot() dict
     snapshot_error: str | None = None
     device_total: int = 0  # the device's total memory (0 if unknown)
     stream: int | None = None  # the failed request's raw stream (the ``oom`` trace entry's)
@@ -326,7 +329,7 @@ class Sample:
             **fields,
         )
 
-    def replace(self, **changes: Any) -> Sample:
+    def replace(self, **changes: Any) -> Sample:  # Any: fields of their own types
         """A copy with some fields changed (the sampler adds seq, notes, cpu_time)."""
         return dataclasses.replace(self, **changes)
 
@@ -365,12 +368,25 @@ class Sample:
         return n
 
 
+class HasSamples(Protocol):
+    """What holds samples: a `gpumemviz.history.History`."""
+
+    def samples(self) -> list[Sample]: ...
+
+
+class HasHistory(Protocol):
+    """What has a history of samples: a `gpumemviz.sampler.Sampler`."""
+
+    @property
+    def history(self) -> HasSamples: ...
+
+
 def _text_bytes(texts: tuple[str, ...]) -> int:
     """A tuple of strings: the tuple, and each string's object and characters."""
     return 56 + sum(8 + 50 + len(t) for t in texts) if texts else 0
 
 
-def _array_bytes(obj: Any) -> int:
+def _array_bytes(obj: object) -> int:
     """Sum of numpy nbytes over an object's attributes (dataclass, slots or __dict__)."""
     if obj is None:
         return 0
@@ -392,7 +408,7 @@ def _array_bytes(obj: Any) -> int:
     return total
 
 
-def snapshot_nbytes(snapshot: Any) -> int:
+def snapshot_nbytes(snapshot: object) -> int:
     """Estimate the bytes a columnar Snapshot holds, from its numpy columns.
 
     Frames and other Python objects are not counted exactly; a floor of 40 bytes per block and

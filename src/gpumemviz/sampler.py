@@ -29,12 +29,12 @@ from typing import Any
 
 from gpumemviz.history import History
 from gpumemviz.sample import OomEvent, Sample
-from gpumemviz.sources.base import OomClassifier, short_error
+from gpumemviz.sources.base import OomClassifier, Source, short_error
 
 __all__ = ["Sampler"]
 
 MiB = 1 << 20
-Listener = Callable[[Sample], Any]
+Listener = Callable[[Sample], object]
 _MAX_SEGMENT_GAP_S = 300.0
 _EMA = 0.3  # weight of the newest read in the CPU cost averages
 
@@ -47,7 +47,7 @@ class _Read:
     def __init__(self) -> None:
         self.done = threading.Event()
         self.cancelled = False
-        self.result: Any = None
+        self.result: object = None  # what the source returned: checked to be a Sample
         self.error: BaseException | None = None
         self.cpu = 0.0
         self.started = time.monotonic()
@@ -96,7 +96,7 @@ class Sampler:
 
     def __init__(
         self,
-        source: Any,
+        source: Source,
         interval: float = 0.5,
         *,
         segment_interval: float = 2.0,
@@ -284,7 +284,7 @@ class Sampler:
             self._count_error(f"sampler: {short_error(exc)}")
             return Sample.failed(self._device(), self.last_error or "sampler error")
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, Any]:  # Any: counters, flags, shares and the last error
         """Counters and the schedule in force, for the panel's footer and tests."""
         return {
             "running": self.running,
@@ -371,7 +371,7 @@ class Sampler:
             self._publish(sample)
 
     def _segments_due(self, now: float) -> bool:
-        caps = getattr(self.source, "capabilities", frozenset())
+        caps: frozenset[str] = getattr(self.source, "capabilities", frozenset())
         return self.segments_wanted and "segments" in caps and now >= self._next_segment
 
     def _tick(self, *, force_segments: bool | None) -> Sample:

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from .frames import format_frame, user_frame
-from .io import as_snapshot
+from .io import SnapshotLike, as_snapshot
 from .snapshot import ACTIONS, ALLOCATED, Snapshot
+from .snapshot.schema import TorchDict
 
 __all__ = ["NO_STACK", "NO_USER_FRAME", "N_TOP", "Site", "live_sites", "trace_sites"]
 
@@ -37,12 +37,12 @@ class Site:
 
     key: tuple[str, int, str]
     label: str
-    frame: dict | None
+    frame: TorchDict | None
     bytes: int
     count: int
     indices: np.ndarray
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str | int | None]:
         """JSON-ready: label, filename, line, name, bytes, count."""
         filename, line, name = self.key
         return {
@@ -56,12 +56,12 @@ class Site:
 
 
 def _group(
-    frames_of: Sequence[list], rows: np.ndarray, nbytes: np.ndarray, top: int | None
+    frames_of: Sequence[list[TorchDict]], rows: np.ndarray, nbytes: np.ndarray, top: int | None
 ) -> list[Site]:
     """Group `rows` (with `nbytes` each) by the user frame of `frames_of[row]`."""
     by_list: dict[int, int] = {}  # id(frames list) -> group; frames lists are shared
-    keys: dict[tuple, int] = {}
-    info: list[tuple[tuple[str, int, str], str, dict | None]] = []
+    keys: dict[tuple[str, int, str], int] = {}
+    info: list[tuple[tuple[str, int, str], str, TorchDict | None]] = []
     group = np.empty(len(rows), np.int64)
     for j, r in enumerate(rows.tolist()):
         fr = frames_of[r]
@@ -101,7 +101,9 @@ def _group(
     ]
 
 
-def live_sites(snapshot: Any, *, device: int | None = None, top: int | None = N_TOP) -> list[Site]:
+def live_sites(
+    snapshot: SnapshotLike, *, device: int | None = None, top: int | None = N_TOP
+) -> list[Site]:
     """The allocated blocks grouped by allocation site, most bytes first.
 
     Parameters
@@ -128,7 +130,9 @@ def live_sites(snapshot: Any, *, device: int | None = None, top: int | None = N_
     return _group(snap.block_frames(), rows, b.size[rows], top)
 
 
-def trace_sites(snapshot: Any, *, device: int | None = None, top: int | None = N_TOP) -> list[Site]:
+def trace_sites(
+    snapshot: SnapshotLike, *, device: int | None = None, top: int | None = N_TOP
+) -> list[Site]:
     """The trace's `alloc` entries grouped by allocation site: bytes asked for over the trace.
 
     Parameters

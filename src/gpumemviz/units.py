@@ -43,7 +43,7 @@ def format_size(nbytes: int | float) -> str:
     return f"{sign}{n / 1073741824:.2f} GiB"
 
 
-def parse_size(text: str | int) -> int:
+def parse_size(text: str | int | float) -> int:
     """Parse "2GiB", "512MB", "1.5 GiB" or a plain byte count into bytes.
 
     Decimal units (KB, MB, GB) are powers of 1000 and binary units (KiB, MiB, GiB) powers of 1024,

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from . import stats as S
 from .blocks import BlockPool, ModelBlock, Reservation
+from .state import AllocatorState
 
 if TYPE_CHECKING:
-    from .model import CachingAllocator
+    from typing_extensions import Self
 
 __all__ = ["CloneMixin"]
 
@@ -36,10 +37,10 @@ _NOT_DEEPCOPIED = frozenset(
 )
 
 
-class CloneMixin:
+class CloneMixin(AllocatorState):
     """`copy.deepcopy` of a `CachingAllocator`."""
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> CachingAllocator:
+    def __deepcopy__(self, memo: dict[int, Any]) -> Self:  # Any: deepcopy's memo
         """An independent copy (blocks re-linked without recursion, so long chains are fine)."""
         new = object.__new__(type(self))
         memo[id(self)] = new
@@ -47,8 +48,8 @@ class CloneMixin:
         for pool in (self._small, self._large):
             for k in pool.blocks:
                 olds[id(k[3])] = k[3]
-            for k in pool.unmapped:
-                olds[id(k[2])] = k[2]
+            for u in pool.unmapped:
+                olds[id(u[2])] = u[2]
         for b in self._allocated.values():
             olds[id(b)] = b
         for b in self._pending.values():

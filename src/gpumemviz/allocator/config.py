@@ -19,9 +19,12 @@ import re
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .rules import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, MIB, N_ROUNDUP_INTERVALS, UNLIMITED
+
+if TYPE_CHECKING:
+    from ..snapshot.schema import TorchDict, TorchMapping
 
 __all__ = ["CUDA_KEYS", "GENERIC_KEYS", "AllocatorConfig", "ConfigError"]
 
@@ -240,7 +243,7 @@ class AllocatorConfig:
         if not isinstance(s, str):
             raise ConfigError(f"allocator settings must be a str, got {type(s).__name__}")
         cuda_build = reject_unknown
-        v: dict[str, Any] = {"settings": s}
+        v: dict[str, Any] = {"settings": s}  # Any: the fields, of their own types
         tok = _Tokens(s)
         n = len(tok)
         # large_segment_size_mb first: the minimum of the other sizes depends on it.
@@ -307,7 +310,7 @@ class AllocatorConfig:
         return replace(cls(), **v)
 
     @classmethod
-    def from_settings(cls, d: Mapping[str, Any] | None) -> AllocatorConfig:
+    def from_settings(cls, d: TorchMapping | None) -> AllocatorConfig:
         """Read a snapshot's `allocator_settings` dict (None or {} gives the defaults).
 
         The settings string is parsed first (it carries keys the dict lacks, such as
@@ -328,7 +331,7 @@ class AllocatorConfig:
         conf = cls._parse(
             d.get("PYTORCH_CUDA_ALLOC_CONF") or "", cuda_keys=True, reject_unknown=False
         )
-        v: dict[str, Any] = {}
+        v: dict[str, Any] = {}  # Any: the fields, of their own types
         mss = d.get("max_split_size")
         if isinstance(mss, int) and not isinstance(mss, bool):
             v["max_split_size"] = mss + (1 << 64) if mss < 0 else mss  # int64 back to size_t
@@ -355,7 +358,7 @@ class AllocatorConfig:
             v["roundup_power2_divisions"] = tuple(table)
         return replace(conf, **v)
 
-    def to_settings(self) -> dict[str, Any]:
+    def to_settings(self) -> TorchDict:
         """The `allocator_settings` dict torch 2.11 writes into a snapshot."""
         return {
             "PYTORCH_CUDA_ALLOC_CONF": self.settings,
@@ -374,7 +377,7 @@ class AllocatorConfig:
             "graph_capture_record_stream_reuse": self.graph_capture_record_stream_reuse,
         }
 
-    def changed(self) -> dict[str, Any]:
+    def changed(self) -> dict[str, Any]:  # Any: field values, of their own types
         """The fields that differ from the defaults (for messages and reports)."""
         base = AllocatorConfig()
         return {
@@ -388,7 +391,7 @@ _SHORT = reprlib.Repr()
 _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 40, 40
 
 
-def _short(x: Any) -> str:
+def _short(x: object) -> str:
     """A bounded one-line repr for messages about recorded values (never recurses deep)."""
     try:
         text = _SHORT.repr(x)
@@ -397,7 +400,7 @@ def _short(x: Any) -> str:
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
-def _division_key(k: Any) -> int:
+def _division_key(k: object) -> int:
     """A recorded roundup_power2_divisions key (an interval in MiB: int or digit string)."""
     if type(k) is int and k >= 0:
         return k
@@ -409,7 +412,7 @@ def _division_key(k: Any) -> int:
     )
 
 
-def _division_value(k: Any, val: Any) -> int:
+def _division_value(k: object, val: object) -> int:
     """A recorded divisions count: 0 (no rounding) or a power of two, as torch accepts."""
     if type(val) is int and 0 <= val < 1 << 64 and (val == 0 or _is_pow2(val)):
         return val
@@ -471,7 +474,7 @@ def _parse_divisions(tok: _Tokens, i: int, divisions: list[int]) -> int:
     return i
 
 
-def _parse_cuda(tok: _Tokens, v: dict[str, Any]) -> None:
+def _parse_cuda(tok: _Tokens, v: dict[str, Any]) -> None:  # Any: field values
     """`CUDAAllocatorConfig::parseArgs`: the second pass of a CUDA build."""
     n = len(tok)
     i = 0

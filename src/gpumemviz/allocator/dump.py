@@ -6,29 +6,33 @@ from the trace ring, allocator_settings. `SnapshotMixin` is mixed into `model.Ca
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..snapshot import ACTIONS
 from .blocks import ModelBlock
+from .state import AllocatorState
 from .trace import OOM, SNAPSHOT
+
+if TYPE_CHECKING:
+    from ..snapshot.schema import TorchDict
 
 __all__ = ["SnapshotMixin"]
 
 
-class SnapshotMixin:
+class SnapshotMixin(AllocatorState):
     """`snapshot()` of a `CachingAllocator`."""
 
-    def snapshot(self, *, include_traces: bool = True, record: bool = True) -> dict[str, Any]:
+    def snapshot(self, *, include_traces: bool = True, record: bool = True) -> TorchDict:
         """The torch 2.11 `_snapshot()` dict: segments, device_traces, allocator_settings, ...
 
         As in torch, a `snapshot` trace entry (size = total active bytes) is appended after the
         trace is read, so it shows up in the next snapshot; `record=False` skips it.
         """
         heads: list[ModelBlock] = []
-        for b in self._all_blocks():
-            if b.mapped and (b.prev is None or not b.prev.mapped):
-                heads.append(b)
-        heads.sort(key=lambda b: b.ptr)
+        for m in self._all_blocks():
+            if m.mapped and (m.prev is None or not m.prev.mapped):
+                heads.append(m)
+        heads.sort(key=lambda h: h.ptr)
         segments = []
         total_active = 0
         dev = self.device
@@ -78,11 +82,11 @@ class SnapshotMixin:
                     "blocks": blocks,
                 }
             )
-        traces: list[list[dict[str, Any]]] = [[] for _ in range(dev + 1)]
+        traces: list[list[TorchDict]] = [[] for _ in range(dev + 1)]
         if include_traces:
             out = traces[dev]
             for a, addr, size, s, t in self._trace:
-                e: dict[str, Any] = {"action": ACTIONS[a]}
+                e: TorchDict = {"action": ACTIONS[a]}
                 e["device_free" if a == OOM else "addr"] = addr
                 e["size"] = size
                 e["stream"] = s
@@ -101,7 +105,7 @@ class SnapshotMixin:
 
     def _all_blocks(self) -> list[ModelBlock]:
         """The mapped blocks: free ones from the pools, then allocated and pending ones."""
-        out = [k[3] for k in self._small.blocks]
+        out: list[ModelBlock] = [k[3] for k in self._small.blocks]
         out += [k[3] for k in self._large.blocks]
         out += self._allocated.values()
         out += self._pending.values()

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections import deque
 
 from .blocks import ModelBlock
+from .state import AllocatorState
 
 __all__ = ["StreamEventsMixin"]
 
 
-class StreamEventsMixin:
+class StreamEventsMixin(AllocatorState):
     """The stream-use events of a `CachingAllocator`."""
 
     def _free_deferred(self, b: ModelBlock) -> None:

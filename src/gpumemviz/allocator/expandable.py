@@ -13,12 +13,13 @@ from . import stats as S
 from .addresses import check_address
 from .blocks import BlockPool, ModelBlock, Reservation, link, try_merge
 from .rules import page_size, reservation_size
+from .state import AllocatorState
 from .trace import SEGMENT_MAP, SEGMENT_UNMAP
 
 __all__ = ["ExpandableMixin"]
 
 
-class ExpandableMixin:
+class ExpandableMixin(AllocatorState):
     """The expandable-segment paths of a `CachingAllocator`."""
 
     def _try_allocate_expandable(

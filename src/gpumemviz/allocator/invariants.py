@@ -8,11 +8,14 @@ aligned addresses) is an observation, not a guarantee, and is not checked; rule 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .config import AllocatorConfig, ConfigError
 from .rules import K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, MIB
 from .rules import round_size as _round_size
+
+if TYPE_CHECKING:
+    from ..snapshot.schema import TorchList, TorchMapping
 
 __all__ = ["check_invariants"]
 
@@ -22,7 +25,7 @@ _LIMIT = 50  # problems reported before giving up (a broken file would list thou
 _CACHE: dict[str, AllocatorConfig] = {}
 
 
-def _settings(snapshot: Mapping[str, Any]) -> AllocatorConfig:
+def _settings(snapshot: TorchMapping) -> AllocatorConfig:
     """The settings a snapshot was recorded with (parsed once per distinct settings dict)."""
     d = snapshot.get("allocator_settings")
     key = repr(d)
@@ -38,7 +41,7 @@ def _settings(snapshot: Mapping[str, Any]) -> AllocatorConfig:
     return cfg
 
 
-def _block_sizes(b: Mapping[str, Any]) -> tuple[int, int]:
+def _block_sizes(b: TorchMapping) -> tuple[int, int]:
     """(size, requested_size); legacy torch 2.0 blocks keep requested size in `history`."""
     if "frames" in b or "history" not in b:
         return b["size"], b.get("requested_size", b["size"])
@@ -46,7 +49,7 @@ def _block_sizes(b: Mapping[str, Any]) -> tuple[int, int]:
     return b["size"], hist[0].get("real_size", b["size"])
 
 
-def check_invariants(snapshot: Mapping[str, Any] | list) -> list[str]:
+def check_invariants(snapshot: TorchMapping | TorchList) -> list[str]:
     """Check a torch snapshot dict (or bare segment list) against the invariants; [] when sound.
 
     Checked: 1 block sizes add up to total/allocated/active sizes; 2 block addresses are
@@ -83,7 +86,7 @@ def check_invariants(snapshot: Mapping[str, Any] | list) -> list[str]:
         return [f"not a snapshot this checker can read: {type(e).__name__} {e}"]
 
 
-def _check(snapshot: Mapping[str, Any] | list) -> list[str]:
+def _check(snapshot: TorchMapping | TorchList) -> list[str]:
     """The checks of `check_invariants`; malformed input raises (caught by the caller)."""
     if isinstance(snapshot, list):
         snapshot = {"segments": snapshot}

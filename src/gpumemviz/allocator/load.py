@@ -8,7 +8,7 @@ pools, live allocations and pending frees; expandable runs are placed in reserva
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from . import stats as S
@@ -16,28 +16,31 @@ from .addresses import reservation_starts
 from .blocks import BlockPool, ModelBlock, Reservation, link
 from .config import AllocatorConfig
 from .rules import page_size, reservation_size
+from .state import AllocatorState
 
 if TYPE_CHECKING:
-    from .model import CachingAllocator
+    from typing_extensions import Self
+
+    from ..snapshot.schema import TorchMapping
 
 __all__ = ["LoadMixin"]
 
 
-class LoadMixin:
+class LoadMixin(AllocatorState):
     """`from_segments` and the state loading of a `CachingAllocator`."""
 
     @classmethod
     def from_segments(
         cls,
-        segments: Iterable[Mapping[str, Any]],
+        segments: Iterable[TorchMapping],
         capacity: int,
         config: str | AllocatorConfig = "",
         device: int = 0,
         device_total: int | None = None,
         *,
         reservations: Iterable[tuple[int, bool, int]] = (),
-        **kwargs: Any,
-    ) -> CachingAllocator:
+        **kwargs: Any,  # Any: the constructor's keyword options
+    ) -> Self:
         """A model whose state is the given torch-format segments (of `device`).
 
         Inactive blocks go back into their pools, `active_allocated` blocks become live
@@ -54,7 +57,7 @@ class LoadMixin:
         """
         self = cls(capacity, config, device, device_total, **kwargs)
         segs = [s for s in segments if s.get("device", device) == device]
-        exp_runs: dict[tuple[int, bool], list[Mapping[str, Any]]] = {}
+        exp_runs: dict[tuple[int, bool], list[TorchMapping]] = {}
         for seg in segs:
             pid = tuple(seg.get("segment_pool_id") or (0, 0))
             if pid != (0, 0):
@@ -91,9 +94,7 @@ class LoadMixin:
             st.cur[i] = st.peak[i] = st.alloc[i] = v
         return self
 
-    def _load_run(
-        self, seg: Mapping[str, Any], pool: BlockPool, es: Reservation | None
-    ) -> ModelBlock:
+    def _load_run(self, seg: TorchMapping, pool: BlockPool, es: Reservation | None) -> ModelBlock:
         """Chain the blocks of one segment dict (or mapped run) and file each where it belongs."""
         stream = seg["stream"]
         addr = seg["address"]
@@ -133,7 +134,7 @@ class LoadMixin:
         return head
 
     def _load_expandable(
-        self, stream: int, small: bool, runs: list[Mapping[str, Any]], bases: list[int]
+        self, stream: int, small: bool, runs: list[TorchMapping], bases: list[int]
     ) -> None:
         """Place sorted mapped `runs` in reservations: one at each known base of sorted `bases`
         (holding the runs within its address space), else one at the lowest run left."""

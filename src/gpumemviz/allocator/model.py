@@ -27,7 +27,7 @@ import operator
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from . import stats as S
 from .addresses import AddressProvider, DescendingAddresses, check_address
@@ -55,7 +55,7 @@ _RQ = 3 * S.REQUESTED_BYTES
 _OA = 3 * S.OVERSIZE_ALLOCATIONS
 
 
-def _as_size(size: Any) -> int:
+def _as_size(size: Any) -> int:  # Any: anything int-like; `operator.index` decides
     """An int-like size (numpy integers included); bool, float and the rest are refused."""
     if isinstance(size, bool):
         raise TypeError(f"malloc: size must be an int, got {size!r}")
@@ -525,7 +525,7 @@ class CachingAllocator(
 
     # ------------------------------------------------------------------ internals: OOM
 
-    def _oom(self, size: int, rsize: int, alloc_size: int, stream: int) -> None:
+    def _oom(self, size: int, rsize: int, alloc_size: int, stream: int) -> NoReturn:
         free = max(self.capacity - self._total, 0)
         st = self.stats
         if self._record:

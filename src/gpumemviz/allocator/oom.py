@@ -5,9 +5,12 @@ Apart from the model so that catching it (`gpumemviz.allocator.OutOfMemory`) loa
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..units import format_size
+
+if TYPE_CHECKING:
+    from ..snapshot.schema import JsonDict
 
 __all__ = ["OutOfMemory"]
 
@@ -57,11 +60,11 @@ class OutOfMemory(RuntimeError):
             "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
         )
 
-    def fields(self) -> dict[str, Any]:
+    def fields(self) -> JsonDict:
         """The numbers of the message, as a dict."""
         return {k: getattr(self, k) for k in _OOM_FIELDS}
 
-    def __reduce__(self):  # keep picklable despite keyword-only __init__
+    def __reduce__(self) -> tuple[Any, ...]:  # keep picklable despite keyword-only __init__
         return (_rebuild_oom, (self.fields(),))
 
 
@@ -78,5 +81,5 @@ _OOM_FIELDS = (
 )
 
 
-def _rebuild_oom(d: dict[str, Any]) -> OutOfMemory:
+def _rebuild_oom(d: JsonDict) -> OutOfMemory:
     return OutOfMemory(**d)

@@ -13,12 +13,13 @@ from bisect import bisect_left
 from . import stats as S
 from .blocks import BlockPool, ModelBlock
 from .rules import UNLIMITED
+from .state import AllocatorState
 from .trace import SEGMENT_FREE
 
 __all__ = ["ReleaseMixin"]
 
 
-class ReleaseMixin:
+class ReleaseMixin(AllocatorState):
     """The release and garbage-collection paths of a `CachingAllocator`."""
 
     def _release_block(self, b: ModelBlock) -> None:

@@ -7,8 +7,11 @@ snapshot dict: an independent oracle for the incremental bookkeeping.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..snapshot.schema import TorchMapping
 
 __all__ = ["ARRAYS", "POOLS", "DeviceStats", "walk_stats"]
 
@@ -102,8 +105,8 @@ class DeviceStats:
 
     # A block handed out: allocation, allocated_bytes, active, active_bytes and requested_bytes
     # go up. Generated below, one per pool (1 small, 2 large); the model calls them directly.
-    on_alloc_1: Any
-    on_alloc_2: Any
+    on_alloc_1: Callable[[int, int], None]  # (size, requested)
+    on_alloc_2: Callable[[int, int], None]
 
     def on_free_requested(self, p: int, size: int) -> None:
         """A user free: allocation and allocated_bytes go down."""
@@ -187,7 +190,7 @@ def _generate_on_alloc() -> None:
                 ]
                 if i % 3:  # an `all` entry's allocated is the sum of the pools'
                     lines.append(f"    alloc[{i}] += {amount}")
-        namespace: dict[str, Any] = {}
+        namespace: dict[str, Any] = {}  # exec's globals
         exec("\n".join(lines), namespace)  # fixed text built above from constants, no input
         fn = namespace[f"on_alloc_{pool}"]
         where = "the small pool" if pool == SMALL else "the large pool"
@@ -198,7 +201,7 @@ def _generate_on_alloc() -> None:
 _generate_on_alloc()
 
 
-def walk_stats(segments: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+def walk_stats(segments: Iterable[TorchMapping]) -> dict[str, int]:
     """The `X.pool.current` stats recomputed from torch-format segment dicts.
 
     Expandable segments count in reserved_bytes but not in `segment.*` nor `inactive_split*`

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ..snapshot import ACTIONS
+from .state import AllocatorState
 
 __all__ = [
     "ALLOC",
@@ -26,20 +27,16 @@ __all__ = [
     "TraceMixin",
 ]
 
+TraceRow = tuple[str, int, int, int, int]
+"""An entry read back (`trace_since`): (action name, addr, size, stream, time_us)."""
+
 # trace action codes: indices into snapshot.ACTIONS (the torch action names)
 ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE = 0, 1, 2, 3, 4
 SEGMENT_MAP, SEGMENT_UNMAP, SNAPSHOT, OOM = 5, 6, 7, 8
 
 
-class TraceMixin:
+class TraceMixin(AllocatorState):
     """The trace ring of a `CachingAllocator` (`device_traces` of its snapshots)."""
-
-    _trace: deque[tuple[int, int, int, int, int]]
-    _tappend: Callable[[tuple[int, int, int, int, int]], None] | None
-    _tick: Callable[[], int]
-    _trace_count: int
-    _default_clock: bool
-    _clock: Callable[[], int] | None
 
     def _init_trace(
         self, record_trace: bool, trace_max_entries: int | None, clock: Callable[[], int] | None
@@ -71,7 +68,7 @@ class TraceMixin:
             return self._trace[-1][4] if self._trace else 0
         return self._trace_count
 
-    def trace_since(self, i: int) -> list[tuple[str, int, int, int, int]]:
+    def trace_since(self, i: int) -> list[TraceRow]:
         """Entries emitted since `trace_len()` was `i`: (action, addr, size, stream, time_us).
 
         For an `oom` entry the addr field is device_free. Raises ValueError when the ring has

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -36,7 +36,13 @@ __all__ = [
 ]
 
 GIB = 1 << 30
-Op = tuple[str, int, int, int] | tuple[str, int] | tuple[str] | tuple[str, str]
+# ("malloc", id, size, stream), ("free", id), ("empty_cache",), ("mark", label)
+Op = (
+    tuple[Literal["malloc"], int, int, int]
+    | tuple[Literal["free"], int]
+    | tuple[Literal["empty_cache"]]
+    | tuple[Literal["mark"], str]
+)
 
 
 @dataclass(frozen=True)
@@ -99,7 +105,7 @@ class Workload:
     config: str
     description: str
     program: Callable[..., Iterator[Op]] = field(repr=False)
-    params: Mapping[str, Any] = field(default_factory=dict)
+    params: Mapping[str, Any] = field(default_factory=dict)  # Any: `program`'s keywords
     iterations: int | None = None
 
     def ops(self) -> Iterator[Op]:
@@ -299,7 +305,7 @@ def _server_program(
             yield ("malloc", new(), size, 0)
     yield ("malloc", new(), shape.vocab * shape.hidden * d, 0)
     queue = list(enumerate(requests))
-    active: dict[int, dict[str, Any]] = {}
+    active: dict[int, dict[str, Any]] = {}  # Any: a request's mixed fields
     step = 0
     while queue or active:
         while queue and len(active) < concurrency:
@@ -504,18 +510,17 @@ def run(workload: Workload, allocator: CachingAllocator | None = None) -> Outcom
     oom_step: int | None = None
     step = started = 0
     for op in workload.ops():
-        kind = op[0]
-        if kind == "malloc":
+        if op[0] == "malloc":
             try:
                 where[op[1]] = a.malloc(op[2], op[3])
             except OutOfMemory as err:
                 oom, oom_step = err, step
                 break
-        elif kind == "free":
+        elif op[0] == "free":
             a.free(where.pop(op[1]))
-        elif kind == "empty_cache":
+        elif op[0] == "empty_cache":
             a.empty_cache()
-        elif kind == "mark":
+        elif op[0] == "mark":
             marks.append((step, op[1]))
             started += str(op[1]).startswith(ITERATION_MARK)
             continue

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .. import __version__
 from .cmd_demo import add_demo
@@ -23,13 +23,16 @@ from .cmd_inspect import add_inspect
 from .cmd_report import add_report
 from .cmd_whatif import add_whatif
 
+if TYPE_CHECKING:
+    from .common import Subparsers
+
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
 #: Options taking a size, whose value may start with "-" (to be refused as not positive).
 _SIZE_OPTIONS = ("--capacity",)
 
 #: One function per subcommand: `add(subparsers)` registers it and sets `run`.
-SUBCOMMANDS: list[Callable[[Any], None]] = [
+SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
     add_inspect,
     add_whatif,
     add_diff,

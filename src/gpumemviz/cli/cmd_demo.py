@@ -6,9 +6,12 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .common import UsageError
+
+if TYPE_CHECKING:
+    from .common import Subparsers
 
 __all__ = ["DEMO_NOTEBOOK", "add_demo", "demo_command", "run_demo"]
 
@@ -17,7 +20,7 @@ DEMO_NOTEBOOK = Path("example_notebooks") / "01_quickstart.ipynb"
 _INSTALL_HINT = "pip install jupyterlab 'gpumemviz[widget]'"
 
 
-def add_demo(sub: Any) -> None:
+def add_demo(sub: Subparsers) -> None:
     p = sub.add_parser(
         "demo",
         help="open the quickstart notebook in JupyterLab (what `make demo` runs)",

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .common import Subparsers
 
 __all__ = ["add_diff", "run_diff"]
 
 
-def add_diff(sub: Any) -> None:
+def add_diff(sub: Subparsers) -> None:
     p = sub.add_parser(
         "diff",
         help="compare two snapshots: figures, segments, allocation sites",

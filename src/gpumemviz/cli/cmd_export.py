@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..units import format_size
 from .common import UsageError, add_sharing_args, check_output
 
+if TYPE_CHECKING:
+    from .common import Subparsers
+
 __all__ = ["add_export", "run_export"]
 
 
-def add_export(sub: Any) -> None:
+def add_export(sub: Subparsers) -> None:
     p = sub.add_parser(
         "export",
         help="write a snapshot as pickle (protocol 4), JSON or a CSV timeline",

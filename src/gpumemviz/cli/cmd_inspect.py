@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..advice import advise_each_device, oom_device_free
 from ..fragmentation import FragmentationReport, MemoryFigures, SegmentSummary, fragmentation
@@ -14,6 +14,8 @@ from .common import NOT_RECORDED, UsageError
 
 if TYPE_CHECKING:
     from ..advice_check import CheckedAdvice
+    from ..snapshot.schema import JsonDict
+    from .common import Subparsers
 
 __all__ = ["NO_REPLAY", "add_inspect", "run_inspect"]
 
@@ -21,7 +23,7 @@ __all__ = ["NO_REPLAY", "add_inspect", "run_inspect"]
 NO_REPLAY = "--no-replay"
 
 
-def add_inspect(sub: Any) -> None:
+def add_inspect(sub: Subparsers) -> None:
     p = sub.add_parser(
         "inspect",
         help="summarise a snapshot: memory, fragmentation, worst segments, advice",
@@ -72,13 +74,13 @@ def _json(
     checked: CheckedAdvice,
     oom_free: dict[int, int],
     only: int | None,
-) -> dict[str, Any]:
+) -> JsonDict:
     """`{"total": {...}, "devices": {"0": {...}}}` (with --device: total = that device).
 
     Each advice is `{kind, message, evidence, replay, replay_skipped}`; `rejected_advice` holds
     the setting advice the replay refuted, in the same shape."""
     full = report.to_dict()
-    out: dict[str, Any] = {
+    out: JsonDict = {
         "total": full["devices"][str(only)] if only is not None else full["total"],
         "devices": {str(d): full["devices"][str(d)] for d in devices},
         "settings": full["settings"],

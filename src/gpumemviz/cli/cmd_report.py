@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..units import format_size
 from .common import add_sharing_args, check_output
 
+if TYPE_CHECKING:
+    from .common import Subparsers
+
 __all__ = ["add_report", "run_report"]
 
 
-def add_report(sub: Any) -> None:
+def add_report(sub: Subparsers) -> None:
     p = sub.add_parser(
         "report",
         help="write a self-contained HTML report that opens offline",

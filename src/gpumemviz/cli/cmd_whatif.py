@@ -5,15 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..units import format_size, parse_size
 from .common import NOT_RECORDED, UsageError
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..allocator.replay import ReplayResult
+    from ..snapshot.schema import JsonDict
+    from .common import Subparsers
+
 __all__ = ["add_whatif", "run_whatif"]
 
 
-def add_whatif(sub: Any) -> None:
+def add_whatif(sub: Subparsers) -> None:
     p = sub.add_parser(
         "whatif",
         help="replay a recorded trace under other allocator settings or another capacity",
@@ -72,7 +79,7 @@ def run_whatif(args: argparse.Namespace) -> int:
     return 0
 
 
-def _whatif_device(result: Any, dev: int) -> dict[str, Any]:
+def _whatif_device(result: ReplayResult, dev: int) -> JsonDict:
     """Recorded vs predicted figures of one traced device (JSON-ready)."""
     run, tl = result.devices[dev], result.timelines[dev]
     start = tl.start.totals()[2]
@@ -96,8 +103,8 @@ def _whatif_device(result: Any, dev: int) -> dict[str, Any]:
 
 
 def _run_figures(
-    peak_reserved: int, peak_segments: int, segments: Any, start: int, oom_at: int | None
-) -> dict:
+    peak_reserved: int, peak_segments: int, segments: np.ndarray, start: int, oom_at: int | None
+) -> JsonDict:
     """One side of the comparison; `segments` is the count after each entry, `start` before."""
     return {
         "peak_reserved": peak_reserved,
@@ -109,7 +116,7 @@ def _run_figures(
 
 
 def _whatif_text(
-    result: Any, rows: dict[int, dict[str, Any]], name: str, recorded: bool
+    result: ReplayResult, rows: dict[int, JsonDict], name: str, recorded: bool
 ) -> list[str]:
     def conf(s: str) -> str:
         return f"PYTORCH_CUDA_ALLOC_CONF={s!r}" if s else "the default settings"

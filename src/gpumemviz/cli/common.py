@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    # what `ArgumentParser.add_subparsers()` returns (argparse's class; generic only in typeshed)
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
 __all__ = ["NOT_RECORDED", "UsageError", "add_sharing_args", "check_output"]
 

@@ -20,7 +20,7 @@ share).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpumemviz._callable import make_module_callable
 from gpumemviz.fragmentation.columns import from_snapshot, from_torch
@@ -35,6 +35,9 @@ from gpumemviz.fragmentation.report import (  # N_WORST: public before the split
     SegmentFigures,
     SegmentSummary,
 )
+
+if TYPE_CHECKING:
+    from gpumemviz.io import SnapshotLike
 
 __all__ = [
     "FIGURE_NAMES",
@@ -51,7 +54,7 @@ __all__ = [
 ]
 
 
-def fragmentation(snapshot: Any) -> FragmentationReport:
+def fragmentation(snapshot: SnapshotLike) -> FragmentationReport:
     """Measure the allocator's memory and its fragmentation in a snapshot.
 
     Parameters

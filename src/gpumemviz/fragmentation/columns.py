@@ -3,22 +3,21 @@ analysis needs, no Snapshot built) or a Snapshot's own columns, reduced the same
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from ..snapshot import ALLOCATED, INACTIVE, PENDING_FREE, read_torch
+from ..snapshot import ALLOCATED, INACTIVE, PENDING_FREE, Snapshot, read_torch
+from ..snapshot.schema import TorchDict, TorchList
 from .reduce import make_columns, parse_settings, reduce_columns
 from .report import FragmentationReport
 
 
-def from_torch(obj: dict | list) -> FragmentationReport:
+def from_torch(obj: TorchDict | TorchList) -> FragmentationReport:
     """A torch dict or bare segment list, read by the reader `Snapshot.from_torch` uses."""
     cols = read_torch(obj, full=False)
     return _report(cols.seg, cols.blk, cols.allocator_settings, cols.traced_devices())
 
 
-def from_snapshot(snap: Any) -> FragmentationReport:
+def from_snapshot(snap: Snapshot) -> FragmentationReport:
     sg, bl = snap.segments, snap.blocks
     seg = {k: getattr(sg, k) for k in _SEG_COLUMNS}
     seg["block_count"] = sg.block_count
@@ -32,7 +31,7 @@ _SEG_COLUMNS = ("device", "address", "total_size", "stream", "is_small", "is_exp
 def _report(
     seg: dict[str, np.ndarray],
     blk: dict[str, np.ndarray],
-    settings: Any,
+    settings: object,  # the recorded allocator_settings, read leniently (`parse_settings`)
     devices: tuple[int, ...],
 ) -> FragmentationReport:
     """Per-segment sums and the inactive and pending-free blocks (segment, offset, size), from
@@ -81,4 +80,5 @@ def _report(
 def _seg_sum(values: np.ndarray, start: np.ndarray, count: np.ndarray) -> np.ndarray:
     cs = np.zeros(len(values) + 1, dtype=np.int64)
     np.cumsum(values, out=cs[1:])
-    return cs[start + count] - cs[start]
+    out: np.ndarray = cs[start + count] - cs[start]
+    return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from ..units import format_size, parse_size
 from ._util import blocks_of, pool_name
 
 if TYPE_CHECKING:  # annotations only: the report calls `can_fit` and imports this module
+    from ..snapshot.schema import JsonDict
     from .report import FragmentationReport, SegmentFigures
 
 #: `FitAnswer.verdict` values, in the order the allocator tries them
@@ -62,7 +63,7 @@ class FitAnswer:
     def __str__(self) -> str:
         return self.explanation
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
@@ -82,7 +83,7 @@ def can_fit(
     pool = pool_name(small)
     c = r.per_segment
     where = f"stream {stream}'s {pool} pool" if stream else f"the {pool} pool"
-    base: dict[str, Any] = {
+    base: JsonDict = {
         "nbytes": req,
         "rounded": rounded,
         "device": device,
@@ -267,7 +268,7 @@ def _oversize_released(
     size = r._free_size[idx]
     rows = seg[idx]
     order = np.lexsort((c.address[rows] + r._free_offset[idx], size))  # the pool's order
-    sizes = size[order].tolist()
+    sizes: list[int] = size[order].tolist()
     # cudaFree takes whole segments: the allocator never splits an oversize block, so a cached
     # one is a whole non-expandable segment (a hand-made file may say otherwise: kept)
     whole = (r._free_offset[idx] == 0) & (size == c.total_size[rows]) & ~c.is_expandable[rows]

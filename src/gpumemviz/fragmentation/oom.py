@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..snapshot import SnapshotError
 from ..units import format_size
@@ -23,6 +23,7 @@ from .report import FragmentationReport
 
 if TYPE_CHECKING:  # the event type only; a source's OomEvent is judged, never built, here
     from ..sample import OomEvent
+    from ..snapshot.schema import JsonDict, TorchMapping
 
 __all__ = ["CAUSES", "OUTSIDE_SHARE", "classify_event", "classify_oom"]
 
@@ -31,7 +32,7 @@ CAUSES = ("capacity", "fragmentation", "outside", "unknown")
 
 
 def classify_oom(
-    segments: Iterable[Mapping[str, Any]],
+    segments: Iterable[TorchMapping],
     device: int,
     *,
     alloc_size: int,
@@ -39,8 +40,8 @@ def classify_oom(
     device_free: int,
     request_size: int | None = None,
     stream: int | None = None,
-    settings: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    settings: TorchMapping | None = None,
+) -> JsonDict:
     """Why an allocation failed: capacity, fragmentation, memory outside PyTorch, or unknown.
 
     Judged on the segment state taken inside the OOM observer, that is after the allocator
@@ -102,7 +103,7 @@ def classify_oom(
         if request_size
         else f"the {format_size(need)} segment torch tried (request size unknown without history)"
     )
-    facts: dict[str, Any] = {
+    facts: JsonDict = {
         "reserved": 0,
         "allocated": 0,
         "free_in_segments": 0,
@@ -199,7 +200,7 @@ def classify_event(event: OomEvent) -> OomEvent:
     """
     snapshot = event.snapshot
     if snapshot is None:
-        facts: dict[str, Any] = {
+        facts: JsonDict = {
             "cause": "unknown",
             "explanation": f"no snapshot at the OOM: {event.snapshot_error}",
         }
@@ -217,7 +218,7 @@ def classify_event(event: OomEvent) -> OomEvent:
     return dataclasses.replace(event, **facts)
 
 
-def _report(segments: Iterable[Mapping[str, Any]], settings: Any) -> FragmentationReport:
+def _report(segments: Iterable[TorchMapping], settings: object) -> FragmentationReport:
     """The fragmentation report of the segments; hand-made ones without addresses get some."""
     segs = segments if isinstance(segments, list) else list(segments)
     if any(isinstance(seg, Mapping) and "address" not in seg for seg in segs):
@@ -308,5 +309,5 @@ def _succeeds(basis: str, detail: str) -> str:
     )
 
 
-def _verdict(cause: str, explanation: str, facts: dict[str, Any]) -> dict[str, Any]:
+def _verdict(cause: str, explanation: str, facts: JsonDict) -> JsonDict:
     return {"cause": cause, "explanation": explanation, **facts}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from .report import (
     SegmentFigures,
     SegmentSummary,
 )
+
+if TYPE_CHECKING:
+    from ..snapshot.schema import JsonDict, TorchMapping
 
 #: The rows of `_Columns.sums`, one value per segment: each integer figure of a device is the
 #: sum of one row over the device's segments.
@@ -67,7 +70,8 @@ class _Columns:
     pend_size: np.ndarray
 
     def row(self, name: str) -> np.ndarray:
-        return self.sums[_ROW[name]]
+        row: np.ndarray = self.sums[_ROW[name]]
+        return row
 
 
 _ROW = {name: i for i, name in enumerate(SUM_ROWS)}
@@ -150,7 +154,7 @@ def make_columns(
     )
 
 
-def parse_settings(settings: Any) -> tuple[AllocatorConfig, bool]:
+def parse_settings(settings: object) -> tuple[AllocatorConfig, bool]:
     """The recorded allocator settings, read leniently: a malformed settings string falls back
     to the dict, and a malformed roundup_power2_divisions in it to torch's default rounding
     (files from strangers must still be analysed; the raw settings stay in the report).
@@ -174,7 +178,7 @@ def parse_settings(settings: Any) -> tuple[AllocatorConfig, bool]:
     return config, config.expandable_segments
 
 
-def _parse_leniently(settings: Mapping[str, Any]) -> AllocatorConfig:
+def _parse_leniently(settings: TorchMapping) -> AllocatorConfig:
     """The settings; where they do not parse, without the string, then also without the
     divisions (the one dict value AllocatorConfig checks), then torch's defaults."""
     for dropped in ((), ("PYTORCH_CUDA_ALLOC_CONF",), _STRING_AND_DIVISIONS):
@@ -238,7 +242,7 @@ def _free_sq(seg: np.ndarray, starts: np.ndarray, size: np.ndarray, n: int) -> n
 
 def reduce_columns(
     cols: _Columns,
-    settings: Any,
+    settings: object,
     devices: tuple[int, ...],
     parsed: tuple[AllocatorConfig, bool] | None = None,
 ) -> FragmentationReport:
@@ -314,7 +318,7 @@ def _whole_pages(runs: list[tuple[int, int]], page: int) -> int:
     return out
 
 
-def _figures(c: SegmentFigures, cols: _Columns, device: int | None) -> dict[str, Any]:
+def _figures(c: SegmentFigures, cols: _Columns, device: int | None) -> JsonDict:
     """The figures of one device's segments (None: all), as MemoryFigures keyword arguments."""
     if device is None:
         rows = None
@@ -440,7 +444,8 @@ def _largest_by_pool(
         return out
     idx = np.flatnonzero(has_free) if rows is None else rows[has_free]
     keys = (c.device[idx], c.stream[idx], c.pool_id[idx, 0], c.pool_id[idx, 1], c.is_small[idx])
-    best: dict[tuple, int] = {}  # plain tuples first: one PoolKey per pool, not per segment
+    # plain tuples first: one PoolKey per pool, not per segment
+    best: dict[tuple[int, int, int, int, bool], int] = {}
     rows_keys = zip(*(k.tolist() for k in keys), strict=True)
     for key, v in zip(rows_keys, c.largest_free[idx].tolist(), strict=True):
         if v > best.get(key, -1):

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..allocator.config import AllocatorConfig
 from ..allocator.rules import UNLIMITED
 from .fit import FitAnswer, can_fit
+
+if TYPE_CHECKING:
+    from ..snapshot.schema import JsonDict, TorchMapping
 
 #: How many segments `worst_segments` keeps per device (the CLI prints them all).
 N_WORST = 5
@@ -49,7 +52,7 @@ class PoolKey:
     pool: str  # "small" | "large"
     pool_id: tuple[int, int] = (0, 0)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return {
             "device": self.device,
             "stream": self.stream,
@@ -81,7 +84,7 @@ class SegmentSummary:
     def external_fragmentation(self) -> float:
         return 0.0 if self.free == 0 else 1.0 - self.largest_free / self.free
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["external_fragmentation"] = self.external_fragmentation
         return d
@@ -138,9 +141,9 @@ class MemoryFigures:
     worst_segments: tuple[SegmentSummary, ...] = ()
     violations: tuple[ConservationViolation, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         """Plain JSON-ready values (the `--json` shape of `gpumemviz inspect`)."""
-        d: dict[str, Any] = {}
+        d: JsonDict = {}
         for f in fields(self):
             if f.name in ("device", "largest_free_by_pool", "worst_segments", "violations"):
                 continue
@@ -180,7 +183,8 @@ class SegmentFigures:
     def stuck_free(self) -> np.ndarray:
         """Free bytes left after empty_cache (which completes pending frees first): free +
         pending_free - releasable (trapped blocks, or slivers of expandable pages)."""
-        return np.maximum(self.free + self.pending_free - self.releasable, 0)
+        stuck: np.ndarray = np.maximum(self.free + self.pending_free - self.releasable, 0)
+        return stuck
 
     @property
     def external_fragmentation(self) -> np.ndarray:
@@ -204,7 +208,7 @@ class FragmentationReport:
     total: MemoryFigures
     devices: Mapping[int, MemoryFigures]
     per_segment: SegmentFigures
-    allocator_settings: Mapping[str, Any] | None
+    allocator_settings: TorchMapping | None
     config: AllocatorConfig
     expandable_mode: bool
     # inactive blocks, for can_fit: segment row, offset in the segment, size
@@ -215,7 +219,7 @@ class FragmentationReport:
     _pend_offset: np.ndarray = field(repr=False)
     _pend_size: np.ndarray = field(repr=False)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # Any: the total's figure of that name
         if name in _FIGURE_NAMES:
             return getattr(self.total, name)
         raise AttributeError(f"'FragmentationReport' object has no attribute {name!r}")
@@ -232,7 +236,7 @@ class FragmentationReport:
             have = ", ".join(str(d) for d in self.devices) or "none"
             raise ValueError(f"no device {device} in this snapshot (devices: {have})") from None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         """`{"total": {...}, "devices": {"0": {...}}}`: plain ints, floats, lists and strings."""
         return {
             "total": self.total.to_dict(),

@@ -12,12 +12,13 @@ from __future__ import annotations
 from ..snapshot import validate
 from .atomic import atomic_write
 from .limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, check_plain
-from .snapshot_files import as_snapshot, load_snapshot, save_snapshot, write_torch
+from .snapshot_files import SnapshotLike, as_snapshot, load_snapshot, save_snapshot, write_torch
 from .unpickle import loads_restricted, scan_pickle
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_DEPTH",
+    "SnapshotLike",
     "as_snapshot",
     "atomic_write",
     "check_plain",

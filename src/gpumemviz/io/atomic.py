@@ -24,7 +24,7 @@ def _write_error(e: OSError, path: Path, where: str = "") -> OSError:
     return err
 
 
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], None]) -> None:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], None]) -> None:
     """Call `write(f)` on a temp file beside `path`, fsync it, then rename it over `path`.
 
     An exception (from `write` or the OS) leaves the old file as it was and no temp file; the

@@ -24,7 +24,7 @@ _SAMPLE = 4096  # items looked at to decide whether a level is mostly shared ref
 _KEY_TYPES = frozenset({str, int, float, bool, type(None), bytes})
 
 
-def check_plain(obj: Any, *, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
+def check_plain(obj: Any, *, max_depth: int = DEFAULT_MAX_DEPTH) -> None:  # Any: unpickled
     """Raise `SnapshotError` if `obj` holds anything but plain types or nests too deep.
 
     Walks level by level with C-level passes, never recursing, and visits each container once
@@ -35,7 +35,9 @@ def check_plain(obj: Any, *, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
         raise SnapshotError(f"a value of type {type(obj).__name__} (only plain data allowed)")
     if type(obj) not in _CONTAINERS:
         return  # a lone scalar: plain (`Snapshot.from_torch` says it is not a snapshot)
-    level, kinds = [obj], [type(obj)]
+    # the walk's items are unpickled values of any type: `type()` checks each
+    level: list[Any] = [obj]
+    kinds = [type(obj)]
     depth = 0
     while level:
         depth += 1
@@ -70,7 +72,7 @@ def check_plain(obj: Any, *, max_depth: int = DEFAULT_MAX_DEPTH) -> None:
             level, kinds = [], []
 
 
-def _unique(objs: list) -> list:
+def _unique(objs: list[Any]) -> list[Any]:  # Any: unpickled values
     """`objs` without repeats (by identity), in C: pickles share frames lists heavily."""
     if len(objs) < 2:
         return objs

@@ -14,12 +14,13 @@ from typing import Any, BinaryIO
 from ..snapshot import Snapshot, SnapshotError, validate
 from ..snapshot.gc_pause import no_gc
 from ..snapshot.messages import type_phrase
+from ..snapshot.schema import TorchDict, TorchList
 from .atomic import atomic_write
 from .limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, check_plain, check_size
 from .unpickle import loads_restricted
 
 
-def _loads_json(data: bytes, max_bytes: int, max_depth: int) -> Any:
+def _loads_json(data: bytes, max_bytes: int, max_depth: int) -> Any:  # Any: JSON of any shape
     check_size(len(data), max_bytes, "JSON")
     try:
         text = data.decode("utf-8")
@@ -38,7 +39,7 @@ def _loads_json(data: bytes, max_bytes: int, max_depth: int) -> Any:
     return obj
 
 
-def _decode(data: bytes, max_bytes: int, max_depth: int) -> Any:
+def _decode(data: bytes, max_bytes: int, max_depth: int) -> Any:  # Any: plain data, unchecked
     """Pickle or JSON, told apart by content: a file's name says nothing reliable."""
     head = data[:64].lstrip()
     if not head:
@@ -69,8 +70,13 @@ def _read(path: Path, max_bytes: int) -> bytes:
         raise SnapshotError(f"cannot read {path}: permission denied") from None
 
 
+SnapshotLike = Snapshot | TorchDict | TorchList | str | os.PathLike[str] | bytes
+"""What the public functions take for a snapshot (`as_snapshot`): a `Snapshot`, a torch dict or
+segment list, a file path, or a file's bytes."""
+
+
 def load_snapshot(
-    src: str | os.PathLike | bytes | dict | list | Snapshot,
+    src: SnapshotLike,
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_depth: int = DEFAULT_MAX_DEPTH,
@@ -126,7 +132,7 @@ def load_snapshot(
     return snap
 
 
-def as_snapshot(x: Any) -> Snapshot:
+def as_snapshot(x: SnapshotLike) -> Snapshot:
     """The coercion every public function uses: Snapshot, torch dict/list, path or bytes.
 
     Dicts and lists are only converted (fast; `validate` is left to `load_snapshot`), paths
@@ -144,7 +150,7 @@ def as_snapshot(x: Any) -> Snapshot:
     return load_snapshot(x)
 
 
-def save_snapshot(snapshot: Any, path: str | os.PathLike) -> Path:
+def save_snapshot(snapshot: SnapshotLike, path: str | os.PathLike[str]) -> Path:
     """Write a snapshot atomically: pickle protocol 4, or JSON when the name ends in ``.json``.
 
     Protocol 4 because MemoryViz.js's own unpickler reads protocols 2-4 only ("Unhandled version
@@ -176,7 +182,9 @@ def save_snapshot(snapshot: Any, path: str | os.PathLike) -> Path:
     return write_torch(as_snapshot(snapshot).to_torch(), path, format=fmt)
 
 
-def write_torch(data: dict | list, path: str | os.PathLike, *, format: str = "pickle") -> Path:
+def write_torch(
+    data: TorchDict | TorchList, path: str | os.PathLike[str], *, format: str = "pickle"
+) -> Path:
     """Write plain snapshot data (a torch dict) atomically as protocol-4 pickle or JSON.
 
     The writer behind `save_snapshot` and `gpumemviz.export`, for data already in torch's
@@ -197,7 +205,7 @@ def write_torch(data: dict | list, path: str | os.PathLike, *, format: str = "pi
         The path written.
     """
     if format == "json":
-        writer: Callable[[Any, BinaryIO], None] = _write_json
+        writer: Callable[[object, BinaryIO], None] = _write_json
     elif format == "pickle":
         writer = _write_pickle
     else:
@@ -207,11 +215,11 @@ def write_torch(data: dict | list, path: str | os.PathLike, *, format: str = "pi
     return path
 
 
-def _write_pickle(data: Any, f: BinaryIO) -> None:
+def _write_pickle(data: object, f: BinaryIO) -> None:
     pickle.dump(data, f, protocol=4)
 
 
-def _write_json(data: Any, f: BinaryIO) -> None:
+def _write_json(data: object, f: BinaryIO) -> None:
     try:
         text = json.dumps(data, separators=(",", ":"), allow_nan=True)
     except TypeError as e:

@@ -23,13 +23,13 @@ from .limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, check_plain, check_siz
 class _RestrictedUnpickler(pickle.Unpickler):
     """The C unpickler, with every global refused: only plain data can be built."""
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> Any:  # pickle.Unpickler's signature
         raise SnapshotError(
             f"refused global {one_line(module)}.{one_line(name)}: snapshot files hold only "
             "plain data (this file may be malicious)"
         )
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: Any) -> Any:  # pickle.Unpickler's signature
         raise SnapshotError("refused persistent id: snapshot files hold only plain data")
 
 
@@ -53,13 +53,13 @@ class _WholeInput:
     def readline(self) -> bytes:
         return self.read()
 
-    def readinto(self, buf: Any) -> int:
+    def readinto(self, buf: Any) -> int:  # Any: a writable buffer
         return 0
 
 
 def loads_restricted(
     data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES, max_depth: int = DEFAULT_MAX_DEPTH
-) -> Any:
+) -> Any:  # Any: plain data of any shape
     """Unpickle plain data (dict, list, tuple, str, int, float, bool, None, bytes) only.
 
     Any global (a class, a function such as ``posix.system``) is refused before it is looked

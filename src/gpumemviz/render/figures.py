@@ -5,15 +5,28 @@ the figures a user gets back in Python. The data comes from the inputs' own arra
 never shows a number its input does not hold. Inputs are read by duck typing (render/ sits above
 the allocator in the layer table and does not import it): a Sampler or its History, Samples, a
 `gpumemviz.replay` result, or `allocator.workloads.run` outcomes.
+
+What is read of each input is named, for the type checker, by the protocols of
+render/figure_inputs.py. The module stays whole (about 510 lines): its three figures share the
+data readers and the plotly helpers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import cast
 
 import numpy as np
 
+from gpumemviz.render.figure_inputs import (
+    Floats,
+    Outcome,
+    Plotly,
+    ReplayRun,
+    Row,
+    Series,
+    TimelineInput,
+)
 from gpumemviz.sample import Sample
 from gpumemviz.units import format_size
 
@@ -46,7 +59,7 @@ LABELS = {
 }
 
 
-def _plotly() -> Any:
+def _plotly() -> tuple[Plotly, Plotly]:
     try:
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
@@ -86,7 +99,7 @@ def _decimate(x: np.ndarray, y: np.ndarray, max_points: int) -> tuple[np.ndarray
     return x[keep], y[keep]
 
 
-def _samples(data: Any) -> list[Sample] | None:
+def _samples(data: object) -> list[Sample] | None:
     """The Samples behind a Sampler, a History or an iterable of Samples; None otherwise."""
     history = getattr(data, "history", None)
     if history is not None and hasattr(history, "samples"):
@@ -111,7 +124,7 @@ def _pick_device(devices: Iterable[int], device: int | None, what: str) -> int:
     return device
 
 
-def timeline_series(data: Any, *, device: int | None = None) -> dict[str, Any]:
+def timeline_series(data: TimelineInput, *, device: int | None = None) -> Series:
     """The arrays `timeline` draws: ``x``, ``x_title`` and float64 columns (NaN = not known).
 
     Columns: ``allocated``, ``reserved``, ``nvml_used``, ``non_pytorch`` (the last two only
@@ -150,7 +163,7 @@ def timeline_series(data: Any, *, device: int | None = None) -> dict[str, Any]:
         return {
             "x": np.arange(n, dtype=np.float64),
             "x_title": "allocator step",
-            "allocated": np.asarray(data.allocated, np.float64),
+            "allocated": np.asarray(cast("Outcome", data).allocated, np.float64),
             "reserved": np.asarray(data.reserved, np.float64),
             "oom": np.asarray(oom, np.float64),
             "capacity": int(data.capacity),
@@ -161,13 +174,14 @@ def timeline_series(data: Any, *, device: int | None = None) -> dict[str, Any]:
     )
 
 
-def _series_from_samples(samples: list[Sample], device: int | None) -> dict[str, Any]:
+def _series_from_samples(samples: list[Sample], device: int | None) -> Series:
     devices = {s.device for s in samples}
     if len(devices) > 1 or device is not None:
         dev = _pick_device(devices, device, "history")
         samples = [s for s in samples if s.device == dev]
     t0 = samples[0].time if samples else 0.0
     rows = [s for s in samples if s.stats is not None]
+    stats = [s.stats for s in rows if s.stats is not None]
     nan = float("nan")
 
     def nv(s: Sample, name: str) -> float:
@@ -185,8 +199,8 @@ def _series_from_samples(samples: list[Sample], device: int | None) -> dict[str,
     return {
         "x": np.asarray([s.time - t0 for s in rows], np.float64),
         "x_title": "seconds",
-        "allocated": np.asarray([s.stats.allocated for s in rows], np.float64),
-        "reserved": np.asarray([s.stats.reserved for s in rows], np.float64),
+        "allocated": np.asarray([st.allocated for st in stats], np.float64),
+        "reserved": np.asarray([st.reserved for st in stats], np.float64),
         "nvml_used": np.asarray([nv(s, "used") for s in rows], np.float64),
         "non_pytorch": np.asarray([nv(s, "non_pytorch") for s in rows], np.float64),
         "oom": np.asarray([s.time - t0 for s in samples if s.oom is not None], np.float64),
@@ -194,7 +208,7 @@ def _series_from_samples(samples: list[Sample], device: int | None) -> dict[str,
     }
 
 
-def _items(outcomes: Mapping[str, Any] | Iterable[Any]) -> list[tuple[str, Any]]:
+def _items(outcomes: Mapping[str, Outcome] | Iterable[Outcome]) -> list[tuple[str, Outcome]]:
     """(name, outcome) pairs; names default to each workload's name."""
     if isinstance(outcomes, Mapping):
         items = [(str(k), v) for k, v in outcomes.items()]
@@ -205,7 +219,7 @@ def _items(outcomes: Mapping[str, Any] | Iterable[Any]) -> list[tuple[str, Any]]
     return items
 
 
-def outcome_rows(outcomes: Mapping[str, Any] | Iterable[Any]) -> list[dict[str, Any]]:
+def outcome_rows(outcomes: Mapping[str, Outcome] | Iterable[Outcome]) -> list[Row]:
     """One row per workload outcome: the table `workloads` draws, as plain values.
 
     Keys: ``variant``, ``config``, ``outcome`` ("completed" or "OOM at operation N"), ``completed``,
@@ -220,7 +234,7 @@ def outcome_rows(outcomes: Mapping[str, Any] | Iterable[Any]) -> list[dict[str, 
     return _rows(_items(outcomes))
 
 
-def _rows(items: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+def _rows(items: list[tuple[str, Outcome]]) -> list[Row]:
     rows = []
     for name, o in items:
         completed = bool(o.completed)
@@ -248,8 +262,12 @@ def _gib(v: np.ndarray) -> np.ndarray:
 
 
 def timeline(
-    data: Any, *, device: int | None = None, title: str | None = None, max_points: int = MAX_POINTS
-) -> Any:
+    data: TimelineInput,
+    *,
+    device: int | None = None,
+    title: str | None = None,
+    max_points: int = MAX_POINTS,
+) -> Plotly:  # a plotly Figure
     """Allocated, reserved, NVML used and non-PyTorch memory over time (GiB), OOMs marked.
 
     Parameters
@@ -307,14 +325,14 @@ def timeline(
     return fig
 
 
-def _crosses(go: Any, x: Any, y: Any, name: str, color: str, size: int = 12) -> Any:
+def _crosses(go: Plotly, x: Floats, y: Floats, name: str, color: str, size: int = 12) -> Plotly:
     """The OOM marker every figure uses: crosses at (x, y)."""
     return go.Scatter(
         x=x, y=y, name=name, mode="markers", marker={"symbol": "x", "size": size, "color": color}
     )
 
 
-def _mark_ooms(go: Any, fig: Any, x: np.ndarray, reserved: np.ndarray, at: np.ndarray) -> None:
+def _mark_ooms(go: Plotly, fig: Plotly, x: np.ndarray, reserved: np.ndarray, at: Floats) -> None:
     """Red crosses at each OOM, at the reserved figure there (the last one before it)."""
     if not len(at):
         return
@@ -326,12 +344,12 @@ def _mark_ooms(go: Any, fig: Any, x: np.ndarray, reserved: np.ndarray, at: np.nd
 
 
 def what_if(
-    result: Any,
+    result: ReplayRun,
     *,
     device: int | None = None,
     title: str | None = None,
     max_points: int = MAX_POINTS,
-) -> Any:
+) -> Plotly:  # a plotly Figure
     """Recorded vs predicted reserved bytes and segments over trace entries, OOMs marked.
 
     Parameters
@@ -413,11 +431,11 @@ def what_if(
 
 
 def workloads(
-    outcomes: Mapping[str, Any] | Iterable[Any],
+    outcomes: Mapping[str, Outcome] | Iterable[Outcome],
     *,
     title: str | None = None,
     max_points: int = MAX_POINTS,
-) -> Any:
+) -> Plotly:  # a plotly Figure
     """Workload variants side by side: peak reserved / allocated and outcome; reserved over steps.
 
     Parameters

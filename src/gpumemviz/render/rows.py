@@ -67,7 +67,7 @@ class Group:
     first: int
     count: int
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, int | str]:
         return {
             "device": self.device,
             "pool": self.pool,
@@ -405,7 +405,8 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
         return np.zeros(0, np.int64)
     ends = np.cumsum(counts)
     offsets = np.repeat(np.asarray(starts, np.int64) - (ends - counts), counts)
-    return np.arange(n, dtype=np.int64) + offsets
+    out: np.ndarray = np.arange(n, dtype=np.int64) + offsets
+    return out
 
 
 def _groups(device: np.ndarray, small: np.ndarray, stream: np.ndarray) -> tuple[Group, ...]:

@@ -6,11 +6,15 @@ formatted stack on the list's identity costs one format per call site, not per b
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
 from gpumemviz.frames import filter_frames, format_frame, user_frame_index
+
+if TYPE_CHECKING:
+    from gpumemviz.snapshot import Snapshot
+    from gpumemviz.snapshot.schema import TorchDict, TorchList
 
 __all__ = ["HEAD_LINES", "MAX_LINES", "Stacks", "stack_lines"]
 
@@ -18,7 +22,14 @@ MAX_LINES = 12  # frames shown per stack, innermost first
 HEAD_LINES = 3  # innermost frames kept when the user's frame lies deeper than MAX_LINES
 
 
-def stack_lines(frames: list) -> tuple[list[str], int | None]:
+class Hover(TypedDict):
+    """One block's stack as the hover shows it: its lines, and which is the user's."""
+
+    lines: list[str]
+    user: int | None
+
+
+def stack_lines(frames: list[TorchDict]) -> tuple[list[str], int | None]:
     """The lines a hover shows for one stack, and the index of the user's line among them.
 
     Interpreter frames are dropped (`frames.filter_frames`). When the first frame outside torch
@@ -59,13 +70,13 @@ class Stacks:
     {'lines': ['linear.py:1:forward', 'train.py:9:step'], 'user': 1}
     """
 
-    def __init__(self, snap: Any) -> None:
+    def __init__(self, snap: Snapshot) -> None:
         self._snap = snap
-        self._frames: list | None = None
+        self._frames: TorchList | None = None  # each block's frames, as the file has them
         self._start = np.asarray(snap.segments.block_start, np.int64)
-        self._cache: dict[int, tuple[list, dict | None]] = {}
+        self._cache: dict[int, tuple[list[TorchDict], Hover | None]] = {}
 
-    def for_block(self, segment: int, j: int) -> dict | None:
+    def for_block(self, segment: int, j: int) -> Hover | None:
         """``{"lines": [...], "user": index or None}`` for block ``j`` of ``segment``; None
         when the block has no recorded stack (or only interpreter frames)."""
         if self._frames is None:
@@ -76,7 +87,7 @@ class Stacks:
         hit = self._cache.get(id(frames))
         if hit is None or hit[0] is not frames:
             lines, user = stack_lines(frames)
-            stack = {"lines": lines, "user": user} if lines else None
+            stack: Hover | None = {"lines": lines, "user": user} if lines else None
             hit = (frames, stack)  # the list is kept alive, so its id stays unique
             self._cache[id(frames)] = hit
         return hit[1]

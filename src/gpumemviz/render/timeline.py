@@ -10,9 +10,12 @@ import collections
 import itertools
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from gpumemviz.sample import Sample
 
 __all__ = [
     "FIELDS",
@@ -26,6 +29,8 @@ __all__ = [
 
 FIELDS = ("t", "allocated", "reserved", "nvml_used", "non_pytorch", "fragmentation")
 MAX_POINTS = 4000
+Point = list[float | None]  # the FIELDS, in order (a list: it travels as JSON)
+Mark = dict[str, float | str]  # {t, label, kind}
 
 
 class TimelineData:
@@ -45,8 +50,8 @@ class TimelineData:
     """
 
     def __init__(self, max_points: int = MAX_POINTS) -> None:
-        self._points: collections.deque[list] = collections.deque(maxlen=max_points)
-        self._marks: collections.deque[dict] = collections.deque(maxlen=500)
+        self._points: collections.deque[Point] = collections.deque(maxlen=max_points)
+        self._marks: collections.deque[Mark] = collections.deque(maxlen=500)
         self._count = 0  # points ever appended
         self._lock = threading.Lock()
 
@@ -55,7 +60,7 @@ class TimelineData:
         return self._count
 
     @staticmethod
-    def point(sample: Any, fragmentation: float | None = None) -> list | None:
+    def point(sample: Sample, fragmentation: float | None = None) -> Point | None:
         """The sample's point, not appended (the widget compares it with its last one first);
         None for a sample without stats."""
         stats = getattr(sample, "stats", None)
@@ -71,25 +76,25 @@ class TimelineData:
             None if fragmentation is None else round(float(fragmentation), 4),
         ]
 
-    def append(self, point: list) -> None:
+    def append(self, point: Point) -> None:
         with self._lock:
             self._points.append(point)
             self._count += 1
 
-    def add_sample(self, sample: Any, fragmentation: float | None = None) -> list | None:
+    def add_sample(self, sample: Sample, fragmentation: float | None = None) -> Point | None:
         """Append the sample's figures; None (nothing appended) for a sample without stats."""
         point = self.point(sample, fragmentation)
         if point is not None:
             self.append(point)
         return point
 
-    def add_mark(self, t: float, label: str, kind: str = "mark") -> dict:
-        mark = {"t": float(t), "label": str(label), "kind": str(kind)}
+    def add_mark(self, t: float, label: str, kind: str = "mark") -> Mark:
+        mark: Mark = {"t": float(t), "label": str(label), "kind": str(kind)}
         with self._lock:
             self._marks.append(mark)
         return mark
 
-    def reset(self, points: list[list], marks: list[dict]) -> None:
+    def reset(self, points: list[Point], marks: list[Mark]) -> None:
         """Hold exactly these points (numbered from 0) and markers: a recorded run's own
         timeline replaces the sampled one."""
         with self._lock:
@@ -99,28 +104,29 @@ class TimelineData:
             self._marks.clear()
             self._marks.extend(marks)
 
-    def since(self, n: int) -> tuple[int, list[list]]:
+    def since(self, n: int) -> tuple[int, list[Point]]:
         """``(first, points)``: the points numbered ``n`` and after that are still held."""
         with self._lock:
             first = self._count - len(self._points)
             start = max(int(n), first)
             return start, list(self._points)[start - first :]
 
-    def marks(self) -> list[dict]:
+    def marks(self) -> list[Mark]:
         with self._lock:
             return list(self._marks)
 
-    def points_between(self, t0: float, t1: float) -> list[list]:
+    def points_between(self, t0: float, t1: float) -> list[Point]:
         with self._lock:
-            return [p for p in self._points if t0 <= p[0] <= t1]
+            # a point's t is never None (the one figure always known)
+            return [p for p in self._points if p[0] is not None and t0 <= p[0] <= t1]
 
 
 def recorded_points(
-    trace: Sequence[dict],
-    allocated: Sequence[int],
-    reserved: Sequence[int],
+    trace: Sequence[object],
+    allocated: Sequence[int] | np.ndarray,
+    reserved: Sequence[int] | np.ndarray,
     max_points: int = MAX_POINTS,
-) -> list[list]:
+) -> list[Point]:
     """Timeline points of a recorded trace, one per entry: t from the entry's ``time_us`` (in
     seconds; the entry index when the trace has no times), the replayed allocated and reserved.
 
@@ -150,7 +156,7 @@ def recorded_points(
     return [[float(t[i]), int(alloc[i]), int(res[i]), None, None, None] for i in keep.tolist()]
 
 
-def annotation_marks(annotations: Sequence[Any] | None, device: int) -> list[dict]:
+def annotation_marks(annotations: Sequence[object] | None, device: int) -> list[Mark]:
     """Markers from a snapshot's ``external_annotations`` (``record_function`` scopes recorded
     with the history) for one device: a labelled mark where a scope starts, a plain line where
     it ends. Entries without a time are skipped.
@@ -160,7 +166,7 @@ def annotation_marks(annotations: Sequence[Any] | None, device: int) -> list[dic
     ...                   {"stage": "START", "name": "other", "device": 1, "time_us": 1}], 0)
     [{'t': 5.0, 'label': 'step', 'kind': 'annotation'}, {'t': 6.0, 'label': 'step', 'kind': 'cell'}]
     """
-    out = []
+    out: list[Mark] = []
     for a in annotations or ():
         if not isinstance(a, dict) or a.get("device", device) != device:
             continue
@@ -178,7 +184,7 @@ def annotation_marks(annotations: Sequence[Any] | None, device: int) -> list[dic
     return out
 
 
-def trace_times(trace: Sequence[Any]) -> np.ndarray | None:
+def trace_times(trace: Sequence[object]) -> np.ndarray | None:
     """Each trace entry's recorded ``time_us`` (torch >= 2.2), made non-decreasing so a time
     maps to one entry; None when the trace carries no times (older torch: events only).
 

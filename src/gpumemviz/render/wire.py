@@ -9,11 +9,11 @@ so Python always knows what the browser holds. No threads, no locks, no I/O here
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpumemviz.render.rows import MAX_CELLS, RowTable, encode_cells
+from gpumemviz.render.rows import MAX_CELLS, Group, RowTable, encode_cells
 from gpumemviz.render.wire_frame import (
     BLOCK_BYTES,
     ROW_OVERHEAD,
@@ -23,6 +23,10 @@ from gpumemviz.render.wire_frame import (
     row_digest,
     row_meta,
 )
+
+if TYPE_CHECKING:
+    from gpumemviz.render.stacks import Stacks
+    from gpumemviz.snapshot.schema import JsonDict
 
 __all__ = [
     "EXACT_MAX_BLOCKS",
@@ -75,9 +79,9 @@ class Wire:
 
     def __init__(self) -> None:
         self.rows: RowTable | None = None
-        self.stacks: Any = None
+        self.stacks: Stacks | None = None
         self.layout_version = 0
-        self._layout_key: tuple | None = None
+        self._layout_key: tuple[int, tuple[Group, ...]] | None = None
         self._views: dict[str, _View] = {}
         self._seq = 0
 
@@ -85,7 +89,7 @@ class Wire:
     def views(self) -> tuple[str, ...]:
         return tuple(self._views)
 
-    def layout(self) -> dict:
+    def layout(self) -> JsonDict:
         """The synced layout trait: row count and groups, versioned."""
         rows = self.rows
         return {
@@ -94,7 +98,7 @@ class Wire:
             "groups": [g.to_dict() for g in rows.groups] if rows is not None else [],
         }
 
-    def set_rows(self, rows: RowTable, stacks: Any = None) -> bool:
+    def set_rows(self, rows: RowTable, stacks: Stacks | None = None) -> bool:
         """Take new rows (and the stacks of their snapshot's blocks, for the hover); True when
         the layout (row count or groups) changed."""
         self.rows = rows
@@ -195,7 +199,7 @@ class Wire:
         extra_ids = np.array([r for r in extra if 0 <= r < n], np.int64)
         per_row = ROW_OVERHEAD + v.cells
         frames: list[Frame] = []
-        pending = self._changed(v, must_ids)
+        pending: tuple[np.ndarray, ...] = self._changed(v, must_ids)
         # rows in view first, as many frames as they need; prefetch only fills what is left
         cap = max(1, (limit - _CONTENT_ALLOWANCE) // per_row)
         while len(pending[0]):
@@ -228,7 +232,7 @@ class Wire:
                 keep.append(j)
         return ids[keep], cells[keep], meta[keep]
 
-    def _pack(self, name: str, v: _View, chunk: tuple, room: int) -> Frame:
+    def _pack(self, name: str, v: _View, chunk: tuple[np.ndarray, ...], room: int) -> Frame:
         self._seq += 1
         assert self.rows is not None
         ids, cells, meta = chunk
@@ -245,7 +249,7 @@ class Wire:
         )
 
 
-def header_numbers(rows: RowTable) -> dict:
+def header_numbers(rows: RowTable) -> dict[str, int | float]:
     """Header numbers computed from the rows (bytes): they obey allocated + pending + free =
     reserved by construction."""
     t = rows.totals()

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from gpumemviz.render.rows import KIND_NAMES, RowTable
+
+if TYPE_CHECKING:
+    from gpumemviz.render.stacks import Hover, Stacks
+    from gpumemviz.snapshot.schema import JsonDict
 
 __all__ = [
     "FRAME_FORMAT",
@@ -47,7 +51,7 @@ ROW_OVERHEAD = 4 + len(META_FIELDS) * 8 + 4  # row id + meta + hover index
 class Frame:
     """One message: JSON content plus its binary buffers."""
 
-    content: dict
+    content: JsonDict
     buffers: list[bytes]
 
     @property
@@ -91,10 +95,10 @@ class _StackTable:
 
     def __init__(self, room: int) -> None:
         self.room = room
-        self.stacks: list[dict] = []
+        self.stacks: list[Hover] = []
         self._index: dict[int, int] = {}
 
-    def index(self, stack: Any) -> int:
+    def index(self, stack: Hover) -> int:
         """The stack's index, adding it while the budget lasts; -1 once it does not fit."""
         k = self._index.get(id(stack))
         if k is None:
@@ -117,7 +121,7 @@ def pack_frame(
     view: str,
     layout: int,
     hover_budget: int,
-    stacks: Any = None,
+    stacks: Stacks | None = None,
     exact_limit: int | None = None,
 ) -> Frame:
     """Pack rows into one frame; exact blocks ride along for rows with fewer blocks than cells.
@@ -168,10 +172,10 @@ def pack_frame(
     table = _StackTable(min(STACK_BUDGET, max(0, hover_budget - used)))
     if stacks is not None and len(stack_of):
         for j, r in enumerate(ids):
-            for b in range(int(counts[j])):
-                stack = stacks.for_block(int(rows.segment[r]), b)
+            for k in range(int(counts[j])):
+                stack = stacks.for_block(int(rows.segment[r]), k)
                 if stack is not None:
-                    stack_of[int(index[j]) + b] = table.index(stack)
+                    stack_of[int(index[j]) + k] = table.index(stack)
     content = {
         "kind": "frame",
         "format": FRAME_FORMAT,
@@ -204,7 +208,7 @@ def pack_blocks(
     view: str,
     layout: int,
     limit: int,
-    stacks: Any = None,
+    stacks: Stacks | None = None,
 ) -> Frame:
     """The exact blocks of one row that overlap bytes ``[lo, hi)`` of its segment, at most
     ``limit`` of them from the first: the zoom of a segment too big to send whole.
@@ -246,12 +250,12 @@ def pack_blocks(
     return Frame(content, buffers)
 
 
-def frame_nbytes(content: dict, buffers: list[bytes]) -> int:
+def frame_nbytes(content: JsonDict, buffers: list[bytes]) -> int:
     """Bytes on the wire, roughly: the buffers plus the JSON content."""
     return sum(len(b) for b in buffers) + len(json.dumps(content))
 
 
-def decode_frame(content: dict, buffers: list) -> dict:
+def decode_frame(content: JsonDict, buffers: list[bytes]) -> dict[str, Any]:  # Any: arrays, lists
     """Read a frame back into numpy arrays (the Python twin of js/src/decode.js).
 
     Returns
@@ -273,7 +277,7 @@ def decode_frame(content: dict, buffers: list) -> dict:
     states = np.frombuffer(bufs[5], np.uint8)
     stack_of = np.frombuffer(bufs[6], "<i4") if len(bufs) > 6 else np.full(len(states), -1)
     table = content.get("stacks") or []
-    per_row: list[dict | None] = []
+    per_row: list[dict[str, Any] | None] = []  # arrays, and the stacks list
     for j in range(k):
         lo, hi = int(index[j]), int(index[j + 1])
         if hi == lo and meta[j, META_FIELDS.index("n_blocks")] > 0:

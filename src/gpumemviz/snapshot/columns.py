@@ -5,6 +5,7 @@ read-only arrays, row indices, and a column's values (or some rows of it) as a P
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,8 @@ def readonly(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def int_column(values: list, what: str, where: Any) -> np.ndarray:
+# Any: values read from a file, checked here
+def int_column(values: list[Any], what: str, where: Callable[[int], str]) -> np.ndarray:
     """Turn a list of Python ints into int64; name the first row that is not a 64-bit integer.
 
     `array("q")` decides what an integer is, here and in the fast reader alike: ints (bools
@@ -42,17 +44,19 @@ def int_column(values: list, what: str, where: Any) -> np.ndarray:
         raise  # pragma: no cover  (a list that fails as a whole fails in one of its rows)
 
 
-def as_int64(v: Any) -> int | None:
+def as_int64(v: Any) -> int | None:  # any value: `array("q")` decides
     """`v` as a 64-bit integer the way `array("q")` reads it, or None."""
     try:
-        return array("q", (v,))[0]
+        value: int = array("q", (v,))[0]
+        return value
     except (TypeError, OverflowError, ValueError):
         return None
 
 
-def take(col: np.ndarray, idx: np.ndarray | None) -> list:
-    return (col if idx is None else col[idx]).tolist()
+def take(col: np.ndarray, idx: np.ndarray | None) -> list[Any]:  # Any: the dtype's scalars
+    values: list[Any] = (col if idx is None else col[idx]).tolist()
+    return values
 
 
-def taker(col: np.ndarray):
+def taker(col: np.ndarray) -> Callable[[np.ndarray | None], list[Any]]:
     return lambda idx: take(col, idx)

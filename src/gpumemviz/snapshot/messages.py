@@ -7,10 +7,9 @@ runs long, spans lines or fails on a value whose repr fails.
 from __future__ import annotations
 
 import reprlib
-from typing import Any
 
 
-def type_phrase(x: Any) -> str:
+def type_phrase(x: object) -> str:
     """'a list', 'an int': how error messages name a value's type."""
     name = type(x).__name__
     return f"an {name}" if name[:1] in "aeiou" else f"a {name}"
@@ -25,7 +24,7 @@ _SHORT = reprlib.Repr()
 _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 80, 80
 
 
-def short_repr(x: Any) -> str:
+def short_repr(x: object) -> str:
     """A bounded, one-line repr for error messages: never recurses deep, never runs long."""
     try:
         return one_line(_SHORT.repr(x))

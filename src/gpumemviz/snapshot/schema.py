@@ -7,13 +7,24 @@ which the rows `Snapshot.from_columns` builds follow.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 # What `from_columns` accepts for a column: a numpy array, or any sequence numpy converts.
 IntColumn = Sequence[int] | np.ndarray
 BoolColumn = Sequence[bool] | np.ndarray
+
+# A dict as torch writes it (the snapshot, a segment, a block, a trace entry, a frame, the
+# allocator settings, memory_stats): its values are whatever that torch version put there, and
+# unknown keys are kept and passed on, so they stay Any; every reader checks the values it takes.
+TorchDict = dict[str, Any]
+TorchMapping = Mapping[str, Any]  # the same, read only
+TorchList = list[Any]  # a list as torch writes it (segments, blocks, a trace, frames), as given
+# A dict bound for JSON (the panel's messages and replies, report data): plain values of any
+# JSON type, nested.
+JsonDict = dict[str, Any]
 
 
 class SnapshotError(ValueError):

@@ -13,7 +13,7 @@ import numpy as np
 
 from .columns import readonly
 from .gc_pause import no_gc
-from .schema import BLOCK_KEYS, SEG_KEYS, TRACE_KEYS
+from .schema import BLOCK_KEYS, SEG_KEYS, TRACE_KEYS, TorchDict, TorchMapping
 
 
 @dataclass(frozen=True)
@@ -26,22 +26,22 @@ class RowShape:
 
     layouts: tuple[tuple[str, ...], ...]
     code: np.ndarray | None  # None: every row has layouts[0]
-    extra: Mapping[int, Mapping[str, Any]]
-    override: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    extra: Mapping[int, TorchMapping]
+    override: Mapping[int, TorchMapping] = field(default_factory=dict)
 
     @staticmethod
     def uniform(keys: tuple[str, ...]) -> RowShape:
         return RowShape((keys,), None, {})
 
     @staticmethod
-    def of(rows: Sequence[dict], known: tuple[str, ...]) -> RowShape:
+    def of(rows: Sequence[TorchDict], known: tuple[str, ...]) -> RowShape:
         """Record each row's key tuple; keep the values of keys outside `known`."""
         index: dict[tuple[str, ...], int] = {}
         codes = [index.setdefault(k, len(index)) for k in map(tuple, rows)]
         layouts = tuple(index)
         known_set = frozenset(known)
         odd = {c for c, keys in enumerate(layouts) if not known_set.issuperset(keys)}
-        extra: dict[int, dict[str, Any]] = {}
+        extra: dict[int, TorchDict] = {}
         if odd:
             for i, c in enumerate(codes):
                 if c in odd:
@@ -58,15 +58,16 @@ class RowShape:
             return np.full(n, bool(with_key))
         return np.isin(self.code, with_key)
 
-    def build(self, n: int, values: Mapping[str, Any]) -> list[dict]:
+    # Any: each key's column, a list or a callable of the row indices (`Trace._values`)
+    def build(self, n: int, values: Mapping[str, Any]) -> list[TorchDict]:
         """Rebuild the row dicts; `values[key]` is a list (or a callable of the row indices)."""
         out: list[Any] = [None] * n
-        groups = [(0, None)] if self.code is None else []
+        groups: list[tuple[int, np.ndarray | None]] = [(0, None)] if self.code is None else []
         if self.code is not None:
             for c in range(len(self.layouts)):
-                idx = np.flatnonzero(self.code == c)
-                if idx.size:
-                    groups.append((c, idx))
+                members = np.flatnonzero(self.code == c)
+                if members.size:
+                    groups.append((c, members))
         with no_gc():
             for c, idx in groups:
                 keys = self.layouts[c]
@@ -96,7 +97,8 @@ _KNOWN_KEYS = frozenset(SEG_KEYS + BLOCK_KEYS + TRACE_KEYS)
 
 
 @functools.lru_cache(maxsize=64)
-def _row_builder(keys: tuple[str, ...]) -> Callable[[list[list]], list[dict]]:
+# Any: the columns' values, whatever the rows hold
+def _row_builder(keys: tuple[str, ...]) -> Callable[[list[list[Any]]], list[TorchDict]]:
     """A function turning columns into row dicts for one key layout.
 
     A dict display is ~2x faster than dict(zip(...)) on 10^6 rows, so layouts made only of our
@@ -108,4 +110,6 @@ def _row_builder(keys: tuple[str, ...]) -> Callable[[list[list]], list[dict]]:
     names = [f"v{i}" for i in range(len(keys))]
     display = ", ".join(f"{k!r}: {v}" for k, v in zip(keys, names, strict=True))
     src = f"lambda cols: [{{{display}}} for ({', '.join(names)},) in zip(*cols)]"
-    return eval(src, {"__builtins__": {"zip": zip}})  # keys checked above: our constants only
+    build: Callable[[list[list[Any]]], list[TorchDict]]
+    build = eval(src, {"__builtins__": {"zip": zip}})  # keys checked above: our constants only
+    return build

@@ -30,13 +30,16 @@ from .schema import (
     BoolColumn,
     IntColumn,
     SnapshotError,
+    TorchDict,
+    TorchList,
+    TorchMapping,
 )
 from .shapes import RowShape
 from .tables import Block, BlockTable, Segment, SegmentTable, Trace
 from .torch_reader import read_torch
 
 
-def _legacy_frames(extra: Mapping[str, Any] | None) -> list | None:
+def _legacy_frames(extra: TorchMapping | None) -> TorchList | None:
     """The frames of a torch 2.0 block: its `history[0]` (as `_memory_viz._block_extra_legacy`
     reads it), None without one."""
     history = extra.get("history") if extra else None
@@ -46,7 +49,7 @@ def _legacy_frames(extra: Mapping[str, Any] | None) -> list | None:
     return None
 
 
-def _empty_lists(n: int):
+def _empty_lists(n: int) -> Callable[[np.ndarray | None], list[TorchList]]:
     """A fresh [] per row: rows built by `from_columns` have no frames, and must not share one."""
     return lambda idx: [[] for _ in range(n if idx is None else len(idx))]
 
@@ -63,14 +66,14 @@ class Snapshot:
     segments: SegmentTable
     blocks: BlockTable
     traces: Mapping[int, Trace]
-    allocator_settings: dict | None = None
-    external_annotations: list | None = None
-    _seg_frames: list | None = field(default=None, repr=False)
+    allocator_settings: TorchDict | None = None
+    external_annotations: TorchList | None = None  # torch's items, as given
+    _seg_frames: TorchList | None = field(default=None, repr=False)
     _seg_shape: RowShape = field(default=RowShape.uniform(SEG_KEYS), repr=False)
-    _blk_frames: list | None = field(default=None, repr=False)
+    _blk_frames: TorchList | None = field(default=None, repr=False)
     _blk_shape: RowShape = field(default=RowShape.uniform(BLOCK_KEYS), repr=False)
     _top_keys: tuple[str, ...] = field(default=TOP_KEYS, repr=False)
-    _top_extra: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    _top_extra: TorchMapping = field(default_factory=dict, repr=False)
 
     # -- sizes and views ------------------------------------------------------------------------
 
@@ -114,7 +117,7 @@ class Snapshot:
             frames=tuple(frames or ()),
         )
 
-    def block_frames(self) -> list:
+    def block_frames(self) -> TorchList:
         """Each block's allocation stack, in table order: the file's frames list (shared, not
         copied), a torch 2.0 block's `history[0]` frames, or `[]` when none was recorded.
 
@@ -130,7 +133,7 @@ class Snapshot:
                     out[i] = legacy
         return out
 
-    def map_objects(self, fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Snapshot:
+    def map_objects(self, fn: Callable[[TorchDict], TorchDict]) -> Snapshot:
         """A snapshot whose Python objects (everything that is not a numpy column) went
         through `fn`; the columns are shared.
 
@@ -142,7 +145,7 @@ class Snapshot:
         ``external_annotations`` and ``top_extra``. This is how path redaction rewrites every
         string of a 10^6-block snapshot without building its dicts.
         """
-        payload: dict[str, Any] = {
+        payload: TorchDict = {
             "seg_frames": self._seg_frames,
             "blk_frames": self._blk_frames,
             "seg_extra": dict(self._seg_shape.extra),
@@ -211,7 +214,7 @@ class Snapshot:
     # -- torch dicts ----------------------------------------------------------------------------
 
     @classmethod
-    def from_torch(cls, obj: dict | list) -> Snapshot:
+    def from_torch(cls, obj: TorchDict | TorchList) -> Snapshot:
         """Read a torch snapshot: the `_snapshot()` dict of any generation, or a segment list.
 
         Checks only what building the columns needs; `validate` checks the rest.
@@ -254,13 +257,13 @@ class Snapshot:
                 top_extra=cols.top_extra,
             )
 
-    def to_torch(self) -> dict:
+    def to_torch(self) -> TorchDict:
         """The torch dict: `from_torch(d).to_torch() == d` for dicts; a bare list gains
         `device_traces` (one empty list per device) so PyTorch's tools accept it."""
         with no_gc():
             return self._to_torch()
 
-    def _to_torch(self) -> dict:
+    def _to_torch(self) -> TorchDict:
         seg_lists = self._block_dicts()
         seg_rows = self._segment_dicts(seg_lists)
         n_dev = max(self.traces, default=-1) + 1
@@ -280,11 +283,11 @@ class Snapshot:
         }
         return {k: known[k] if k in known else self._top_extra[k] for k in keys}
 
-    def _block_dicts(self) -> list[list[dict]]:
+    def _block_dicts(self) -> list[list[TorchDict]]:
         b = self.blocks
         n = len(b)
         frames = self._blk_frames
-        vals: dict[str, Any] = {
+        vals: dict[str, Any] = {  # Any: `RowShape.build`'s columns
             "address": taker(b.address),
             "size": taker(b.size),
             "requested_size": taker(b.requested_size),
@@ -296,11 +299,11 @@ class Snapshot:
         counts = self.segments.block_count.tolist()
         return [rows[a : a + c] for a, c in zip(starts, counts, strict=True)]
 
-    def _segment_dicts(self, block_lists: list[list[dict]]) -> list[dict]:
+    def _segment_dicts(self, block_lists: list[list[TorchDict]]) -> list[TorchDict]:
         s = self.segments
         n = len(s)
         frames = self._seg_frames
-        vals: dict[str, Any] = {k: taker(getattr(s, k)) for k in SEG_INT_KEYS}
+        vals: dict[str, Any] = {k: taker(getattr(s, k)) for k in SEG_INT_KEYS}  # build's columns
         vals["segment_type"] = lambda idx: [
             "small" if x else "large" for x in take(s.is_small, idx)
         ]
@@ -327,11 +330,11 @@ class Snapshot:
         state: IntColumn,
         is_expandable: BoolColumn | None = None,
         pool_id: Sequence[tuple[int, int]] | np.ndarray | None = None,
-        segment_frames: list | None = None,
-        block_frames: list | None = None,
+        segment_frames: TorchList | None = None,
+        block_frames: TorchList | None = None,
         traces: Mapping[int, Trace] | None = None,
-        allocator_settings: dict | None = None,
-        external_annotations: list | None = None,
+        allocator_settings: TorchDict | None = None,
+        external_annotations: TorchList | None = None,
     ) -> Snapshot:
         """Build from columns without any dict walk (the allocator model's fast path).
 
@@ -432,15 +435,15 @@ def _assemble(
     blk: dict[str, np.ndarray],
     blk_address: np.ndarray | tuple[np.ndarray, np.ndarray] | None,
     traces: dict[int, Trace],
-    allocator_settings: dict | None,
-    external_annotations: list | None,
-    seg_frames: list | None,
-    blk_frames: list | None,
+    allocator_settings: TorchDict | None,
+    external_annotations: TorchList | None,
+    seg_frames: TorchList | None,
+    blk_frames: TorchList | None,
     seg_shape: RowShape,
     blk_shape: RowShape,
     seg_sums: Mapping[str, np.ndarray | None] | None,
     top_keys: tuple[str, ...],
-    top_extra: Mapping[str, Any],
+    top_extra: TorchMapping,
 ) -> Snapshot:
     """Derive block_start, segment index, computed addresses and sums; freeze everything."""
     count = seg["block_count"]
@@ -465,9 +468,9 @@ def _assemble(
     sums = {}
     cs = np.zeros(m + 1, np.int64)
     for name in ("allocated_size", "active_size", "requested_size"):
-        given = None if seg_sums is None else seg_sums.get(name)
-        if given is not None:  # the file's own: `validate` compares them with the blocks
-            sums[name] = given
+        own = None if seg_sums is None else seg_sums.get(name)
+        if own is not None:  # the file's own: `validate` compares them with the blocks
+            sums[name] = own
             continue
         counted = state == ALLOCATED if name == "allocated_size" else state != INACTIVE
         w = blk["requested_size"] if name == "requested_size" else size
@@ -509,7 +512,7 @@ def _assemble(
     )
 
 
-def _trace_columns(raw: list | None) -> dict[int, Trace]:
+def _trace_columns(raw: TorchList | None) -> dict[int, Trace]:
     if raw is None:
         return {}
     return {d: Trace.from_entries(t, f"device_traces[{d}]") for d, t in enumerate(raw)}

@@ -13,7 +13,7 @@ import numpy as np
 
 from .columns import int_column, readonly, row_index, take, taker
 from .messages import short_repr, type_phrase
-from .schema import ACTIONS, TRACE_KEYS, IntColumn, SnapshotError
+from .schema import ACTIONS, TRACE_KEYS, IntColumn, SnapshotError, TorchDict, TorchList
 from .shapes import RowShape
 
 
@@ -62,7 +62,7 @@ class Block:
     size: int
     requested_size: int
     state: str
-    frames: tuple[dict, ...]
+    frames: tuple[TorchDict, ...]
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Segment:
     segment_type: str
     pool_id: tuple[int, int]
     is_expandable: bool
-    frames: tuple[dict, ...]
+    frames: tuple[TorchDict, ...]
     blocks: tuple[Block, ...]
 
     @property
@@ -104,7 +104,7 @@ class Trace:
     time_us: np.ndarray
     device_free: np.ndarray
     action_names: tuple[str, ...] = ACTIONS
-    _objects: Mapping[str, list | None] = field(default_factory=dict, repr=False)
+    _objects: Mapping[str, TorchList | None] = field(default_factory=dict, repr=False)
     _shape: RowShape = field(default=RowShape.uniform(TRACE_KEYS[:5]), repr=False)
 
     def __len__(self) -> int:
@@ -117,7 +117,7 @@ class Trace:
         return cls(readonly(np.zeros(0, np.uint8)), z, z, z, z, z)
 
     @classmethod
-    def from_entries(cls, entries: Sequence[dict], where: str = "trace") -> Trace:
+    def from_entries(cls, entries: Sequence[TorchDict], where: str = "trace") -> Trace:
         """Build from torch's list of trace-entry dicts (any generation; unknown keys kept)."""
         if not isinstance(entries, list | tuple):
             raise SnapshotError(f"{where} is {type_phrase(entries)}, not a list")
@@ -169,7 +169,7 @@ class Trace:
         stream: IntColumn,
         time_us: IntColumn | None = None,
         device_free: IntColumn | None = None,
-        frames: list | None = None,
+        frames: TorchList | None = None,
     ) -> Trace:
         """Build from columns (the allocator model's fast path); `action` indexes `ACTIONS`.
 
@@ -181,7 +181,7 @@ class Trace:
         if act.size and act.max() >= len(ACTIONS):
             raise SnapshotError(f"trace: action code {int(act.max())} is not in ACTIONS")
 
-        def col(v: Any) -> np.ndarray:
+        def col(v: Any) -> np.ndarray:  # Any: an IntColumn, or None
             a = np.full(n, -1, np.int64) if v is None else np.asarray(v, np.int64).copy()
             if a.shape != (n,):
                 raise SnapshotError(f"trace: column of length {len(a)}, expected {n}")
@@ -200,10 +200,21 @@ class Trace:
         else:
             shape = RowShape.uniform(layouts[0])
         objects = {"frames": list(frames) if frames is not None else None}
-        columns = [col(v) for v in (addr, size, stream, time_us, device_free)]
-        return cls(readonly(act.copy()), *columns, _objects=objects, _shape=shape)
+        addrs, sizes, streams, times, frees = (
+            col(v) for v in (addr, size, stream, time_us, device_free)
+        )
+        return cls(
+            readonly(act.copy()),
+            addrs,
+            sizes,
+            streams,
+            times,
+            frees,
+            _objects=objects,
+            _shape=shape,
+        )
 
-    def _values(self) -> dict[str, Any]:
+    def _values(self) -> dict[str, Any]:  # Any: lists, or callables of row indices
         names = self.action_names
         vals: dict[str, Any] = {
             "action": lambda idx: [names[c] for c in take(self.action, idx)],
@@ -215,18 +226,18 @@ class Trace:
                 vals[k] = v
         return vals
 
-    def frames(self) -> list:
+    def frames(self) -> TorchList:
         """Each entry's stack (shared, not copied); `[]` where the entry has no `frames` key."""
         f = self._objects.get("frames")
         if f is None:
             return [[]] * len(self)
         return [x if x is not None else [] for x in f]
 
-    def entries(self) -> list[dict]:
+    def entries(self) -> list[TorchDict]:
         """The torch list of entry dicts (frames and strings shared, not copied)."""
         return self._shape.build(len(self), self._values())
 
-    def entry(self, i: int) -> dict:
+    def entry(self, i: int) -> TorchDict:
         """Entry `i` as torch writes it."""
         i = row_index(i, len(self), "trace entry", "entries")
         c = 0 if self._shape.code is None else int(self._shape.code[i])

@@ -22,7 +22,17 @@ import numpy as np
 from .columns import as_int64, int_column
 from .gc_pause import no_gc
 from .messages import short_repr, type_phrase
-from .schema import BLOCK_KEYS, SEG_INT_KEYS, SEG_KEYS, STATE_NAMES, TOP_KEYS, SnapshotError
+from .schema import (
+    BLOCK_KEYS,
+    SEG_INT_KEYS,
+    SEG_KEYS,
+    STATE_NAMES,
+    TOP_KEYS,
+    SnapshotError,
+    TorchDict,
+    TorchList,
+    TorchMapping,
+)
 from .shapes import RowShape
 
 _STATE_CODE = {name: code for code, name in enumerate(STATE_NAMES)}
@@ -47,15 +57,15 @@ class TorchColumns:
 
     seg: dict[str, np.ndarray]
     blk: dict[str, np.ndarray]
-    allocator_settings: dict | None
-    external_annotations: list | None
-    device_traces: list | None  # as given: `Snapshot.from_torch` reads the entries
+    allocator_settings: TorchDict | None
+    external_annotations: TorchList | None  # torch's items, unread here
+    device_traces: TorchList | None  # as given: `Snapshot.from_torch` reads the entries
     top_keys: tuple[str, ...]
-    top_extra: Mapping[str, Any]
+    top_extra: TorchMapping
     seg_sums: Mapping[str, np.ndarray | None] = field(default_factory=dict)
     blk_address: np.ndarray | tuple[np.ndarray, np.ndarray] | None = None
-    seg_frames: list | None = None
-    blk_frames: list | None = None
+    seg_frames: TorchList | None = None  # each row's frames as given
+    blk_frames: TorchList | None = None
     seg_shape: RowShape = field(default=RowShape.uniform(SEG_KEYS))
     blk_shape: RowShape = field(default=RowShape.uniform(BLOCK_KEYS))
 
@@ -65,7 +75,7 @@ class TorchColumns:
         return tuple(d for d, t in enumerate(traces) if t)
 
 
-def read_torch(obj: Any, *, full: bool = True) -> TorchColumns:
+def read_torch(obj: object, *, full: bool = True) -> TorchColumns:
     """Read a torch snapshot into columns: the one walk over its segments and blocks.
 
     Both `Snapshot.from_torch` (`full`) and `fragmentation(dict)` (not `full`: only the keys
@@ -95,7 +105,7 @@ def read_torch(obj: Any, *, full: bool = True) -> TorchColumns:
         return TorchColumns(**top, **cols)
 
 
-def _read_top(obj: Any) -> dict[str, Any]:
+def _read_top(obj: object) -> dict[str, Any]:  # Any: TorchColumns' fields
     """The top level: the segment list and what surrounds it."""
     if type(obj) is list:
         return {
@@ -136,7 +146,7 @@ def _read_top(obj: Any) -> dict[str, Any]:
     }
 
 
-def _seg_where(segs: list, i: int) -> str:
+def _seg_where(segs: TorchList, i: int) -> str:
     s = segs[i]
     if type(s) is dict:
         dev, addr = s.get("device", "?"), s.get("address")
@@ -175,7 +185,7 @@ _ZEROS = np.zeros(2 * _CHUNK, np.int64)
 _ZEROS.flags.writeable = False
 
 
-def _ints(values: list) -> np.ndarray:
+def _ints(values: TorchList) -> np.ndarray:
     """`values` as int64 if each is an int (or bool: what `array("q")` takes), else TypeError
     or OverflowError. The int sum says they are in one C pass (a float makes it a float);
     `np.fromiter` then converts them about twice as fast as `array("q")`."""
@@ -184,13 +194,14 @@ def _ints(values: list) -> np.ndarray:
     return np.fromiter(values, np.int64, len(values))
 
 
-def _ints_or_zeros(values: list) -> np.ndarray:
+def _ints_or_zeros(values: TorchList) -> np.ndarray:
     if not any(values) and type(sum(values)) is int:  # all 0 (or False): nothing to convert
         return _ZEROS[: len(values)]
     return _ints(values)
 
 
-def _read_plain(segs: list, full: bool) -> dict[str, Any] | None:
+# Any (here and in `_read_careful`): TorchColumns' fields, of their own types
+def _read_plain(segs: TorchList, full: bool) -> dict[str, Any] | None:
     """The common case, fast: every segment and every block an exact dict with the first one's
     keys (`full`; known keys only) or with the keys the analysis reads, every value of its type.
 
@@ -225,14 +236,14 @@ def _read_plain(segs: list, full: bool) -> dict[str, Any] | None:
     seg_ints = [(k, itemgetter(k), _ints_or_zeros if k in _RARE else _ints) for k in read_seg
                 if k in _SEG_INTS]  # fmt: skip
     blk_ints = [(k, itemgetter(k)) for k in read_blk if k in _BLOCK_INTS]
-    parts: dict[str, list] = {k: [] for k in (*has, "block_count")}  # segment columns
-    bparts: dict[str, list] = {k: [] for k in read_blk}  # block columns
+    parts: dict[str, TorchList] = {k: [] for k in (*has, "block_count")}  # segment columns
+    bparts: dict[str, TorchList] = {k: [] for k in read_blk}  # block columns
     get_blocks, get_type, get_pool, get_exp, get_frames, get_state = map(
         itemgetter,
         ("blocks", "segment_type", "segment_pool_id", "is_expandable", "frames", "state"),
     )
-    seg_frames: list = []
-    blk_frames: list = []
+    seg_frames: TorchList = []
+    blk_frames: TorchList = []
     state_code, small_code = _STATE_CODE.__getitem__, _SMALL_CODE.__getitem__
     keep_frames, check_frames = "frames" in read_blk and full, "frames" in read_blk and not full
     chain = itertools.chain.from_iterable
@@ -252,8 +263,10 @@ def _read_plain(segs: list, full: bool) -> dict[str, Any] | None:
         if "segment_type" in has:
             parts["segment_type"].append(bytes(map(small_code, map(get_type, chunk))))
         if "is_expandable" in has:
-            flags = list(map(get_exp, chunk))
-            parts["is_expandable"].append(bytes(map(bool, flags)) if any(flags) else bytes(k))
+            expandable = list(map(get_exp, chunk))
+            parts["is_expandable"].append(
+                bytes(map(bool, expandable)) if any(expandable) else bytes(k)
+            )
         if "segment_pool_id" in has:
             ids = list(map(get_pool, chunk))
             if set(map(type, ids)) - _PAIR_TYPES or set(map(len, ids)) != _TWO:
@@ -278,7 +291,7 @@ def _read_plain(segs: list, full: bool) -> dict[str, Any] | None:
 
     n = len(segs)
 
-    def ints(key: str, rows: int, parts: dict[str, list] = parts) -> np.ndarray:
+    def ints(key: str, rows: int, parts: dict[str, TorchList] = parts) -> np.ndarray:
         return np.concatenate(parts[key]) if key in parts else np.zeros(rows, np.int64)
 
     def flags(key: str) -> np.ndarray:
@@ -316,12 +329,12 @@ def _read_plain(segs: list, full: bool) -> dict[str, Any] | None:
     return out
 
 
-def _read_careful(segs: list, full: bool) -> dict[str, Any]:
+def _read_careful(segs: TorchList, full: bool) -> dict[str, Any]:
     """Any generation of torch dict, optional keys absent: the same columns as `_read_plain`,
     or a SnapshotError naming the first problem and where it is."""
     if set(map(type, segs)) - _DICT:
-        i = next(i for i, s in enumerate(segs) if type(s) is not dict)
-        raise SnapshotError(f"segment {i} is {type_phrase(segs[i])}, not a dict")
+        bad = next(i for i, s in enumerate(segs) if type(s) is not dict)
+        raise SnapshotError(f"segment {bad} is {type_phrase(segs[bad])}, not a dict")
     n = len(segs)
     for k in ("address", "total_size", "blocks"):
         i = next((i for i, s in enumerate(segs) if k not in s), None)
@@ -375,7 +388,7 @@ def _read_careful(segs: list, full: bool) -> dict[str, Any]:
     return out
 
 
-def _pool_column(segs: list, seg_at: Callable[[int], str]) -> np.ndarray:
+def _pool_column(segs: TorchList, seg_at: Callable[[int], str]) -> np.ndarray:
     """(n, 2) int64: each segment's segment_pool_id, a tuple or list of two ints ((0, 0) absent)."""
     ids = [s.get("segment_pool_id", (0, 0)) for s in segs]
     try:
@@ -398,8 +411,8 @@ def _pool_column(segs: list, seg_at: Callable[[int], str]) -> np.ndarray:
 
 
 def _blocks_careful(
-    blocks: list, count: np.ndarray, segs: list
-) -> tuple[dict[str, np.ndarray], dict[int, dict[str, Any]], Callable[[int], str]]:
+    blocks: TorchList, count: np.ndarray, segs: TorchList
+) -> tuple[dict[str, np.ndarray], dict[int, TorchDict], Callable[[int], str]]:
     """Size, requested_size and state of blocks of any generation; also the rows whose own
     requested_size the column does not hold, and how messages name a block."""
     m = len(blocks)
@@ -411,8 +424,8 @@ def _blocks_careful(
         return f"{_seg_where(segs, s)}: block {j - int(start[s])}"
 
     if set(map(type, blocks)) - _DICT:
-        j = next(j for j, b in enumerate(blocks) if type(b) is not dict)
-        raise SnapshotError(f"{at(j)} is {type_phrase(blocks[j])}, not a dict")
+        bad = next(j for j, b in enumerate(blocks) if type(b) is not dict)
+        raise SnapshotError(f"{at(bad)} is {type_phrase(blocks[bad])}, not a dict")
     for k in ("size", "state"):
         j = next((j for j, b in enumerate(blocks) if k not in b), None)
         if j is not None:
@@ -428,7 +441,7 @@ def _blocks_careful(
     return {"size": size, "requested_size": requested, "state": state}, override, at
 
 
-def _state_code(state: Any) -> int | None:
+def _state_code(state: Any) -> int | None:  # Any: a value from the file, hashable or not
     try:
         return _STATE_CODE[state]
     except (KeyError, TypeError):
@@ -436,8 +449,8 @@ def _state_code(state: Any) -> int | None:
 
 
 def _blocks_full(
-    blocks: list, at: Callable[[int], str], override: dict[int, dict[str, Any]]
-) -> dict[str, Any]:
+    blocks: TorchList, at: Callable[[int], str], override: dict[int, TorchDict]
+) -> dict[str, Any]:  # Any: TorchColumns' fields
     """What a Snapshot keeps of blocks beyond the analysis: addresses, frames, key layouts."""
     m = len(blocks)
     shape = RowShape.of(blocks, BLOCK_KEYS)
@@ -455,8 +468,8 @@ def _blocks_full(
 
 
 def _requested_column(
-    blocks: list, size: np.ndarray, at: Callable[[int], str]
-) -> tuple[np.ndarray, dict[int, dict[str, Any]]]:
+    blocks: TorchList, size: np.ndarray, at: Callable[[int], str]
+) -> tuple[np.ndarray, dict[int, TorchDict]]:
     """What torch accounts each block for (`_memory_viz._block_extra`): requested_size; for a
     torch 2.0 block (no frames) its history[0] real_size, else its requested_size, else its size.
 
@@ -465,7 +478,7 @@ def _requested_column(
     """
     missing = object()
     req = [b.get("requested_size", missing) for b in blocks]
-    override: dict[int, dict[str, Any]] = {}
+    override: dict[int, TorchDict] = {}
     for j, b in enumerate(blocks):
         if "frames" in b or not b.get("history"):
             continue
@@ -481,7 +494,7 @@ def _requested_column(
     return int_column(req, "requested_size", at), override
 
 
-def _real_size(history: Any) -> int | None:
+def _real_size(history: Any) -> int | None:  # Any: whatever the file holds
     """history[0]["real_size"] of a torch 2.0 block, or None where that is not an integer."""
     if type(history) not in _PAIR_TYPES or not history or type(history[0]) is not dict:
         return None

@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from .messages import short_repr, type_phrase
-from .schema import ALLOCATED, INACTIVE, SnapshotError
+from .schema import ALLOCATED, INACTIVE, SnapshotError, TorchDict
 from .snapshot import Snapshot
 
 
-def _check_settings(settings: dict | None) -> None:
+def _check_settings(settings: TorchDict | None) -> None:
     """The allocator_settings shape the analyses rely on (roundup_power2_divisions)."""
     rd = (settings or {}).get("roundup_power2_divisions")
     if rd is None:

@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from gpumemviz.sample import OomEvent, Sample
 
+if TYPE_CHECKING:
+    from gpumemviz.allocator.replay.recording import Recording
+    from gpumemviz.snapshot.schema import TorchDict
+
 __all__ = [
     "CAPABILITIES",
+    "HistorySource",
     "OomClassifier",
     "OomHandler",
     "Source",
     "SourceCommandError",
+    "TimeTravelSource",
     "UnavailableSource",
     "short_error",
 ]
@@ -50,10 +56,15 @@ class Source(Protocol):
     - ``oom_sample(event) -> Sample``: turn an `OomEvent` into a sample with its segment state.
     """
 
-    label: str
-    device: int
-    demo: bool
-    capabilities: frozenset[str]
+    # read-only: a source may hold them as attributes or compute them (properties)
+    @property
+    def label(self) -> str: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def demo(self) -> bool: ...
+    @property
+    def capabilities(self) -> frozenset[str]: ...
 
     def sample(self, *, segments: bool = True) -> Sample:
         """Read stats (always) and segment state (when ``segments``); never raises."""
@@ -63,13 +74,47 @@ class Source(Protocol):
         """Release cached memory; returns bytes released per device."""
         ...
 
-    def export(self) -> dict:
+    def export(self) -> TorchDict:
         """The full torch snapshot dict (memory_viz compatible)."""
         ...
 
     def close(self) -> None:
         """Stop background work and drop hooks; the source is unusable afterwards."""
         ...
+
+
+class TimeTravelSource(Source, Protocol):
+    """A source with the ``time_travel`` capability: a recorded run, scrubbed entry by entry
+    (`gpumemviz.sources.playback.PlaybackSource`)."""
+
+    @property
+    def n(self) -> int:
+        """Trace entries in the recording."""
+        ...
+
+    @property
+    def position(self) -> int:
+        """The entry shown now (-1: the state before the first)."""
+        ...
+
+    @property
+    def raw(self) -> TorchDict:
+        """The recorded torch snapshot dict."""
+        ...
+
+    @property
+    def recording(self) -> Recording:
+        """The recorded history, applied forwards."""
+        ...
+
+    def seek(self, index: int) -> None: ...
+    def play(self, speed: float | None = None) -> None: ...
+
+
+class HistorySource(Source, Protocol):
+    """A source with the ``record_history`` capability (`TorchCudaSource`)."""
+
+    def record_history(self, enabled: bool = True, *, stacks: str = "python") -> None: ...
 
 
 def short_error(exc: BaseException) -> str:
@@ -107,14 +152,14 @@ class UnavailableSource:
     def empty_cache(self) -> dict[int, int]:
         raise SourceCommandError(f"cannot empty the cache: {self.reason}")
 
-    def export(self) -> dict:
+    def export(self) -> TorchDict:
         raise SourceCommandError(f"nothing to export: {self.reason}")
 
     def close(self) -> None:
         return None
 
 
-OomHandler = Callable[[OomEvent], Any]
+OomHandler = Callable[[OomEvent], object]
 """Called with each OOM event, in the user's allocating thread: it must only queue the event."""
 
 OomClassifier = Callable[[OomEvent], OomEvent]

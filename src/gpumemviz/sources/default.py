@@ -37,8 +37,10 @@ def default_source(device: int = 0) -> Source:
     try:
         import torch
     except ImportError:
-        torch = None
-    if torch is not None and torch.cuda.is_available():
+        cuda = False
+    else:
+        cuda = torch.cuda.is_available()
+    if cuda:
         from gpumemviz.sources.torch_cuda import TorchCudaSource
 
         return TorchCudaSource(device)

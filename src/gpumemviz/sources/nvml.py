@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 from gpumemviz.sample import NvmlInfo
 from gpumemviz.sources.base import short_error
@@ -19,7 +19,15 @@ from gpumemviz.sources.base import short_error
 __all__ = ["NvmlReader", "normalize_uuid"]
 
 _INIT_LOCK = threading.Lock()
-_INIT_STATE: dict[str, Any] = {"ok": False, "error": None, "tried_at": None}
+
+
+class _InitState(TypedDict):
+    ok: bool
+    error: str | None
+    tried_at: float | None
+
+
+_INIT_STATE: _InitState = {"ok": False, "error": None, "tried_at": None}
 _RETRY_S = 60.0  # a failed nvmlInit is retried at most this often (a driver may appear)
 
 
@@ -40,7 +48,7 @@ def normalize_uuid(uuid: object) -> str | None:
     return text or None
 
 
-def _pynvml() -> Any:
+def _pynvml() -> Any:  # Any: pynvml ships no types
     import pynvml  # nvidia-ml-py; lazily, so `import gpumemviz` stays light
 
     return pynvml
@@ -74,10 +82,10 @@ def _ensure_init() -> str | None:
 def _reset_for_tests() -> None:
     """Forget the init result (tests swap a stand-in driver in and out)."""
     with _INIT_LOCK:
-        _INIT_STATE.update(ok=False, error=None, tried_at=None)
+        _INIT_STATE.update({"ok": False, "error": None, "tried_at": None})
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
 
 
@@ -95,10 +103,10 @@ class NvmlReader:
     def __init__(self, device: int, uuid: str | None = None) -> None:
         self.device = device
         self.uuid = normalize_uuid(uuid)
-        self._handle: Any = None
+        self._handle: Any = None  # Any: pynvml's handle (pynvml ships no types)
         self._matched_by: str | None = None
 
-    def _find_handle(self, nv: Any) -> tuple[Any, str]:
+    def _find_handle(self, nv: Any) -> tuple[Any, str]:  # Any: pynvml and its handle
         if self.uuid:
             for prefix in ("GPU-", "MIG-"):
                 try:
@@ -125,7 +133,7 @@ class NvmlReader:
         return nv.nvmlDeviceGetHandleByUUID(entry), "uuid from CUDA_VISIBLE_DEVICES"
 
     @staticmethod
-    def _all_handles(nv: Any) -> list[Any]:
+    def _all_handles(nv: Any) -> list[Any]:  # Any: pynvml and its handles
         handles = []
         for i in range(nv.nvmlDeviceGetCount()):
             h = nv.nvmlDeviceGetHandleByIndex(i)

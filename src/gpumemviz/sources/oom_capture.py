@@ -10,23 +10,27 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 from gpumemviz.io import write_torch
 from gpumemviz.sample import OomEvent
 from gpumemviz.sources.base import OomClassifier, short_error
 from gpumemviz.sources.oom_observer import add_handler, ensure_observer, remove_handler
 
+if TYPE_CHECKING:
+    from gpumemviz.snapshot.schema import TorchDict
+
 __all__ = ["OomCapture"]
 
 
-def _torch() -> Any:
+def _torch() -> Any:  # Any: torch is read by duck typing, across versions
     import torch  # lazily: `import gpumemviz` never imports torch
 
     return torch
 
 
-def _write_pickle(obj: Any, path: Path) -> None:
+def _write_pickle(obj: TorchDict, path: Path) -> None:
     """Protocol 4 (memory_viz rejects 5), atomically and fsynced (`io.write_torch`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     write_torch(obj, path)
@@ -81,7 +85,12 @@ class OomCapture:
         self.attached = ensure_observer(defer=True)
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         remove_handler(self._on_oom)
         if self.written is None and exc is not None and _is_oom_error(exc):
             # The observer did not run (old torch, or attach failed): the state is still the

@@ -14,25 +14,39 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from gpumemviz.sample import OomEvent
 from gpumemviz.sources.base import OomClassifier, OomHandler, short_error
 from gpumemviz.sources.oom import oom_request_size, oom_stream
+
+if TYPE_CHECKING:
+    from gpumemviz.snapshot.schema import JsonDict, TorchDict
 
 __all__ = ["add_handler", "ensure_observer", "oom_observer_status", "remove_handler"]
 
 _REPEAT_WINDOW_S = 1.0  # observer calls this close together are one failure (cuDNN retries)
 
 
-def _torch() -> Any:
+def _torch() -> Any:  # Any: torch is read by duck typing, across versions
     import torch  # lazily: `import gpumemviz` never imports torch
 
     return torch
 
 
+class _ObserverState(TypedDict):
+    attached: bool
+    queued: bool
+    handlers: tuple[tuple[OomHandler, OomClassifier | None], ...]
+    last: dict[int, float]
+    dropped: int
+    errors: int
+    last_error: str | None
+    totals: dict[int, int]
+
+
 _OOM_LOCK = threading.Lock()
-_OOM: dict[str, Any] = {
+_OOM: _ObserverState = {
     "attached": False,  # the observer is attached to torch (there is no detach)
     "queued": False,  # attach is queued to run when CUDA initialises
     "handlers": (),  # tuple of (OomHandler, OomClassifier | None): copy-on-write, read unlocked
@@ -74,7 +88,7 @@ def _trampoline(device: int, alloc_size: int, device_limit: int, device_free: in
         _OOM["last_error"] = short_error(exc)
 
 
-def _device_total(torch: Any, device: int, fallback: int) -> int:
+def _device_total(torch: Any, device: int, fallback: int) -> int:  # Any: torch, duck typed
     totals = _OOM["totals"]
     if device not in totals:
         try:
@@ -88,7 +102,7 @@ def _build_event(device: int, alloc_size: int, device_limit: int, device_free: i
     """The failure's raw facts: the snapshot, the sizes, the device total, the `oom` entry's
     request and stream (the verdict is the classifier's)."""
     torch = _torch()
-    snapshot: dict | None = None
+    snapshot: TorchDict | None = None
     snap_error = None
     try:
         snapshot = torch.cuda.memory._snapshot()
@@ -161,7 +175,7 @@ def remove_handler(handler: OomHandler) -> None:
         _OOM["handlers"] = tuple((h, c) for h, c in _OOM["handlers"] if h != handler)
 
 
-def oom_observer_status() -> dict[str, Any]:
+def oom_observer_status() -> JsonDict:
     """Process-wide observer facts for the panel and tests (a copy)."""
     with _OOM_LOCK:
         return {k: (dict(v) if isinstance(v, dict) else v) for k, v in _OOM.items()}
@@ -170,6 +184,14 @@ def oom_observer_status() -> dict[str, Any]:
 def _reset_observer_for_tests() -> None:
     with _OOM_LOCK:
         _OOM.update(
-            attached=False, queued=False, handlers=(), last={}, dropped=0, errors=0, totals={}
+            {
+                "attached": False,
+                "queued": False,
+                "handlers": (),
+                "last": {},
+                "dropped": 0,
+                "errors": 0,
+                "totals": {},
+            }
         )
         _OOM["last_error"] = None

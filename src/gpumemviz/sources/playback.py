@@ -11,16 +11,20 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpumemviz.allocator.replay.recording import Recording
 from gpumemviz.sample import SEGMENTS_NOT_READ, DeviceInfo, MemoryStats, Sample
 from gpumemviz.sources.base import SourceCommandError, short_error
 
+if TYPE_CHECKING:
+    from gpumemviz.io import SnapshotLike
+    from gpumemviz.snapshot.schema import TorchDict
+
 __all__ = ["PlaybackSource"]
 
 
-def _as_dict(snapshot: Any) -> dict:
+def _as_dict(snapshot: SnapshotLike) -> TorchDict:
     """The torch dict, from a dict, a Snapshot, a path or bytes (restricted loader)."""
     if isinstance(snapshot, dict):
         return snapshot
@@ -31,7 +35,8 @@ def _as_dict(snapshot: Any) -> dict:
         )
     to_torch = getattr(snapshot, "to_torch", None)
     if callable(to_torch):
-        return to_torch()
+        data: TorchDict = to_torch()
+        return data
     if isinstance(snapshot, (str, bytes, os.PathLike)):
         from gpumemviz.io import load_snapshot
 
@@ -76,7 +81,7 @@ class PlaybackSource:
 
     def __init__(
         self,
-        snapshot: Any,
+        snapshot: SnapshotLike,
         *,
         device: int | None = None,
         speed: float | None = None,
@@ -197,7 +202,7 @@ class PlaybackSource:
     def empty_cache(self) -> dict[int, int]:
         raise SourceCommandError("a replay shows a recorded run: there is no cache to empty")
 
-    def export(self) -> dict:
+    def export(self) -> TorchDict:
         """The recorded snapshot, as given."""
         return self.raw
 

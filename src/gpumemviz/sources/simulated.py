@@ -18,6 +18,7 @@ from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.allocator.workloads import WORKLOADS, Workload
 from gpumemviz.sample import SEGMENTS_NOT_READ, DeviceInfo, MemoryStats, NvmlInfo, OomEvent, Sample
+from gpumemviz.snapshot.schema import TorchDict
 from gpumemviz.sources.base import OomClassifier, OomHandler, short_error
 from gpumemviz.sources.oom import oom_stream
 
@@ -124,20 +125,19 @@ class SimulatedSource:
                 if op is None:
                     self._done = True
                     break
-                kind = op[0]
-                if kind == "mark":
+                if op[0] == "mark":
                     self.last_mark = str(op[1])
                     continue
                 ran += 1
-                if kind == "malloc":
+                if op[0] == "malloc":
                     try:
                         self._where[op[1]] = self._model.malloc(op[2], op[3])
                     except OutOfMemory as err:
                         self._done = True
                         event = self._oom_event(err)
-                elif kind == "free":
+                elif op[0] == "free":
                     self._model.free(self._where.pop(op[1]))
-                elif kind == "empty_cache":
+                elif op[0] == "empty_cache":
                     self._model.empty_cache()
         if event is not None:  # outside the lock, like torch's observer
             self._deliver(event)
@@ -279,7 +279,7 @@ class SimulatedSource:
         with self._lock:
             self._model.reset_peak_stats()
 
-    def export(self) -> dict:
+    def export(self) -> TorchDict:
         """The model's full snapshot (torch 2.11 format, with its recorded history)."""
         with self._lock:
             return self._model.snapshot(record=False)

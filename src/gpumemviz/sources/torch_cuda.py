@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpumemviz.sample import (
     SEGMENTS_NOT_READ,
@@ -36,6 +36,10 @@ from gpumemviz.sources.base import OomClassifier, OomHandler, SourceCommandError
 from gpumemviz.sources.nvml import NvmlReader, normalize_uuid
 from gpumemviz.sources.oom_observer import add_handler, ensure_observer, remove_handler
 
+if TYPE_CHECKING:
+    from gpumemviz.snapshot import Snapshot
+    from gpumemviz.snapshot.schema import TorchDict
+
 __all__ = ["TorchCudaSource"]
 
 WAITING = "waiting for CUDA: gpumemviz does not initialise it; the panel starts when your code does"
@@ -48,20 +52,20 @@ _SNAPSHOT_DUTY = 0.01  # at most 1 % of wall time in fallback segment reads
 _RECORDING_GAP_S = 10.0  # gap between segment reads while the user records history
 
 
-def _torch() -> Any:
+def _torch() -> Any:  # Any: torch is read by duck typing, across versions
     import torch  # lazily: `import gpumemviz` never imports torch
 
     return torch
 
 
-def _accepts(func: Any, name: str) -> bool:
+def _accepts(func: Any, name: str) -> bool:  # Any: a torch function, duck typed
     try:
         return name in inspect.signature(func).parameters
     except (TypeError, ValueError):
         return False
 
 
-def _history_enabled(torch: Any) -> bool | None:
+def _history_enabled(torch: Any) -> bool | None:  # Any: torch, duck typed (`_torch`)
     fn = getattr(torch._C, "_cuda_isHistoryEnabled", None)
     if fn is None:
         return None
@@ -152,14 +156,17 @@ class TorchCudaSource:
                 name=str(getattr(props, "name", "")),
                 total_memory=int(getattr(props, "total_memory", 0)),
                 uuid=normalize_uuid(getattr(props, "uuid", None)),
-                capability=(int(major), int(minor)) if major is not None else None,
+                capability=(
+                    (int(major), int(minor)) if major is not None and minor is not None else None
+                ),
                 backend=backend,
                 allocator_settings=settings,
                 torch_version=str(getattr(torch, "__version__", "")),
             )
         return self._info
 
-    def _segments(self, torch: Any) -> tuple[Any, str | None]:
+    # Any: torch, duck typed (`_torch`); the result is a Snapshot or None
+    def _segments(self, torch: Any) -> tuple[Snapshot | None, str | None]:
         """This device's segment state as a Snapshot, or None and why."""
         from gpumemviz.snapshot import Snapshot
 
@@ -184,7 +191,7 @@ class TorchCudaSource:
     def sample(self, *, segments: bool = True) -> Sample:
         """Read stats, and segment state when ``segments``; never raises."""
         t, mono = time.time(), time.monotonic()
-        base: dict[str, Any] = {
+        base: dict[str, Any] = {  # Any: Sample's fields, of their own types
             "time": t,
             "monotonic": mono,
             "device": self.device,
@@ -245,7 +252,12 @@ class TorchCudaSource:
         dev_total = dev_free = None
         if nvml_info is None or not nvml_info.available:
             dev_free, dev_total = self._mem_get_info(cuda, stats)
-            if dev_total is not None and nvml_info is not None and reserved is not None:
+            if (
+                dev_total is not None
+                and dev_free is not None
+                and nvml_info is not None
+                and reserved is not None
+            ):
                 # NVML is missing: the driver's own count still tells what PyTorch does not hold.
                 nvml_info = NvmlInfo(
                     available=False,
@@ -266,6 +278,7 @@ class TorchCudaSource:
             **base,
         )
 
+    # Any: torch.cuda, duck typed
     def _mem_get_info(self, cuda: Any, stats: MemoryStats | None) -> tuple[int | None, int | None]:
         """cudaMemGetInfo, only on a device this process already uses (it creates a context)."""
         if stats is None or (stats.peak_reserved == 0 and stats.get("num_device_alloc", 0) == 0):
@@ -362,12 +375,13 @@ class TorchCudaSource:
             raise SourceCommandError("cannot reset peaks: " + WAITING)
         torch.cuda.reset_peak_memory_stats(self.device)
 
-    def export(self) -> dict:
+    def export(self) -> TorchDict:
         """The full ``torch.cuda.memory._snapshot()`` dict (all devices, recorded history)."""
         torch = _torch()
         if not torch.cuda.is_available() or not torch.cuda.is_initialized():
             raise SourceCommandError("nothing to export: " + WAITING)
-        return torch.cuda.memory._snapshot()
+        snapshot: TorchDict = torch.cuda.memory._snapshot()
+        return snapshot
 
     def record_history(
         self,
@@ -392,7 +406,7 @@ class TorchCudaSource:
             record(enabled=None)
             self._we_record = False
             return
-        kwargs: dict[str, Any] = {
+        kwargs: dict[str, Any] = {  # Any: torch's keyword arguments
             "enabled": "all",
             "context": context,
             "stacks": stacks,

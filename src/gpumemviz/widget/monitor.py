@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpumemviz.widget.panel import MemoryPanel, live_panels
+
+if TYPE_CHECKING:
+    from gpumemviz.sources.base import Source
 
 __all__ = ["mark", "monitor"]
 
@@ -24,7 +27,7 @@ def mark(label: str) -> None:
 
 
 def monitor(
-    device: int = 0, interval: float = 0.5, source: Any = None, *, subshell: bool = True
+    device: int = 0, interval: float = 0.5, source: Source | None = None, *, subshell: bool = True
 ) -> MemoryPanel:
     """A live panel of one device's caching allocator, updated in the background.
 

@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 import anywidget
 import numpy as np
@@ -41,10 +41,29 @@ from gpumemviz.widget.writer import Writer
 
 if TYPE_CHECKING:
     from gpumemviz.fragmentation import FragmentationReport
+    from gpumemviz.io import SnapshotLike
+    from gpumemviz.render.timeline import Point
+    from gpumemviz.render.wire_frame import Frame
+    from gpumemviz.sample import MemoryStats, OomEvent, Sample
+    from gpumemviz.sampler import Sampler
+    from gpumemviz.snapshot.schema import JsonDict, TorchDict
+    from gpumemviz.sources.base import Source, TimeTravelSource
+
+    # what waits for the writer thread: a snapshot to show, or the newest sample
+    _Item = tuple[Literal["snapshot"], Snapshot] | tuple[Literal["sample"], Sample]
+
+    class _AdviceArgs(TypedDict):
+        """`MemoryPanel._advise`'s arguments, kept for the throttle's trailing edge."""
+
+        settings: str | None
+        stats: MemoryStats | None
+        total: int | None
+        device: int | None
+
 
 __all__ = ["MemoryPanel", "live_panels"]
 
-_PANELS: weakref.WeakSet = weakref.WeakSet()  # live panels, for gpumemviz.mark
+_PANELS: weakref.WeakSet[MemoryPanel] = weakref.WeakSet()  # live panels, for gpumemviz.mark
 
 
 def live_panels() -> list[MemoryPanel]:
@@ -83,7 +102,7 @@ class MemoryPanel(anywidget.AnyWidget):
     """Device name or file name."""
     demo = traitlets.Bool(False).tag(sync=True)
     """True when the data comes from a simulated source (shows the "demo data" badge)."""
-    advice = traitlets.List().tag(sync=True)
+    advice: traitlets.List[dict[str, str]] = traitlets.List().tag(sync=True)
     """gpumemviz.advice for what is shown: [{kind, message}], most bytes at stake first."""
     oom = traitlets.Dict().tag(sync=True)
     """The last captured OOM: {cause, explanation, alloc_size, device_free, time}; {} if none."""
@@ -93,38 +112,45 @@ class MemoryPanel(anywidget.AnyWidget):
     ADVICE_EVERY_S = 1.0  # advice re-reads the whole snapshot: at most once a second
 
     def __init__(
-        self, *, device: int | None = None, title: str = "", subshell: bool = True, **kwargs: Any
+        self,
+        *,
+        device: int | None = None,
+        title: str = "",
+        subshell: bool = True,
+        **kwargs: Any,  # Any: anywidget's own trait values, passed on
     ) -> None:
         super().__init__(title=title, **kwargs)
         self._device = device
         self._wire = Wire()
         self._writer = Writer(f"gpumemviz-panel-{self.model_id[:8]}")
-        self._latest: Any = None
+        self._latest: _Item | None = None
         self._latest_lock = threading.Lock()
         self.wire_stats: dict[str, int] = {"frames": 0, "bytes": 0, "last_bytes": 0, "max_bytes": 0}
-        self.sampler: Any = None
+        self.sampler: Sampler | None = None
         self.shown: Snapshot | None = None  # the segment state drawn last
         self._shown_report: FragmentationReport | None = None  # its analysis ("would N fit?")
         self._shown_device: int | None = None
         self._device_free: int | None = None
-        self.command_log: list[dict[str, Any]] = []  # handled commands, newest last
+        self.command_log: list[JsonDict] = []  # handled commands, newest last
         self.timeline = TimelineData()
         self._recorded = False  # the timeline holds a replayed run's own series (not samples)
-        self._times_of: tuple[Any, np.ndarray | None] | None = None  # (source, its trace times)
-        self._last_point: list | None = None
+        self._times_of: tuple[Source, np.ndarray | None] | None = None  # (source, its times)
+        self._last_point: Point | None = None
         self._owns_sampler = False
         self._advice_at = -float("inf")
-        self._advice_due: tuple[FragmentationReport, dict[str, Any]] | None = None
+        self._advice_due: tuple[FragmentationReport, _AdviceArgs] | None = None
         self._advice_timer: threading.Timer | None = None
         self.on_msg(self._on_browser_msg)
         # the kernel subshell that handles this panel's browser messages (None: the main shell)
-        self.subshell = route_to_subshell(self.comm) if subshell else route_to_main(self.comm)
+        self.subshell: str | None = route_to_subshell(self.comm) if subshell else None
+        if not subshell:
+            route_to_main(self.comm)
         self.controls = self._controls()
         _PANELS.add(self)
 
     @classmethod
     def from_snapshot(
-        cls, snapshot: Any, *, device: int | None = None, title: str = ""
+        cls, snapshot: SnapshotLike, *, device: int | None = None, title: str = ""
     ) -> MemoryPanel:
         """A panel showing one snapshot (a Snapshot, a torch snapshot dict, or a file path).
 
@@ -140,16 +166,16 @@ class MemoryPanel(anywidget.AnyWidget):
         panel.show_snapshot(snapshot)
         return panel
 
-    def show_snapshot(self, snapshot: Any) -> None:
+    def show_snapshot(self, snapshot: SnapshotLike) -> None:
         """Show a snapshot; returns at once (the writer thread draws it)."""
         snap = _as_snapshot(snapshot)
         self._offer(("snapshot", snap))
 
-    def push_sample(self, sample: Any) -> None:
+    def push_sample(self, sample: Sample) -> None:
         """Sampler listener: show a Sample. Only the newest waiting sample is drawn."""
         self._offer(("sample", sample))
 
-    def attach(self, sampler: Any, *, owned: bool = False) -> None:
+    def attach(self, sampler: Sampler, *, owned: bool = False) -> None:
         """Follow a `gpumemviz.sampler.Sampler`: show its newest state now, then every sample.
 
         The panel only listens; an ``owned`` sampler (made for this panel alone) is also
@@ -178,7 +204,8 @@ class MemoryPanel(anywidget.AnyWidget):
                 self._last_point = None
                 self.send({"kind": "timeline", "first": 0, "points": [], "reset": True})
             return
-        raw, device, replayed = source.raw, int(source.device), source.recording
+        played = cast("TimeTravelSource", source)
+        raw, device, replayed = played.raw, int(played.device), played.recording
         traces = raw.get("device_traces") or []
         trace = traces[device] if device < len(traces) else []
         points = recorded_points(trace, replayed.allocated, replayed.reserved)
@@ -203,7 +230,7 @@ class MemoryPanel(anywidget.AnyWidget):
             pass
         return [self._device if self._device is not None else 0]
 
-    def follow_device(self, device: int, sampler: Any) -> None:
+    def follow_device(self, device: int, sampler: Sampler) -> None:
         """Show another device: follow its (shared) sampler from now on."""
         self._device = device
         self.attach(sampler)
@@ -242,14 +269,15 @@ class MemoryPanel(anywidget.AnyWidget):
         writer = getattr(self, "_writer", None)  # absent when __init__ failed half-way
         if writer is not None:
             writer.stop()
-        if getattr(self, "subshell", None):
-            delete_subshell(self.subshell)
+        sid = getattr(self, "subshell", None)
+        if sid:
+            delete_subshell(sid)
             self.subshell = None
         super().close()
 
     # -- everything below runs on the writer thread, except the two entry points
 
-    def _offer(self, item: tuple[str, Any]) -> None:
+    def _offer(self, item: _Item) -> None:
         with self._latest_lock:
             old = self._latest
             queued = old is not None
@@ -266,18 +294,17 @@ class MemoryPanel(anywidget.AnyWidget):
             item, self._latest = self._latest, None
         if item is None:
             return
-        what, value = item
-        if what == "snapshot":
-            report = self._show(value, {}, status="snapshot")
+        if item[0] == "snapshot":
+            report = self._show(item[1], {}, status="snapshot")
             self._advise(
                 report, settings=None, stats=None, total=None, device=self._device, force=True
             )
         else:
-            self._apply_sample(value)
-            self._add_point(value)  # after the header: the point carries its fragmentation
+            self._apply_sample(item[1])
+            self._add_point(item[1])  # after the header: the point carries its fragmentation
 
-    def _apply_sample(self, sample: Any) -> None:
-        extra: dict[str, Any] = {}
+    def _apply_sample(self, sample: Sample) -> None:
+        extra: JsonDict = {}
         stats = getattr(sample, "stats", None)
         if stats is not None:
             extra |= {"num_alloc_retries": stats.num_alloc_retries, "num_ooms": stats.num_ooms}
@@ -321,7 +348,7 @@ class MemoryPanel(anywidget.AnyWidget):
             force=oom is not None,
         )
 
-    def _add_point(self, sample: Any) -> None:
+    def _add_point(self, sample: Sample) -> None:
         """Extend the timeline when a figure moved (equal samples add nothing, send nothing)."""
         if self._recorded:
             return
@@ -346,7 +373,7 @@ class MemoryPanel(anywidget.AnyWidget):
         report: FragmentationReport,
         *,
         settings: str | None,
-        stats: Any,
+        stats: MemoryStats | None,
         total: int | None,
         device: int | None,
         force: bool = False,
@@ -359,7 +386,12 @@ class MemoryPanel(anywidget.AnyWidget):
         now = time.monotonic()
         wait = self._advice_at + self.ADVICE_EVERY_S - now
         if not force and wait > 0:
-            args = {"settings": settings, "stats": stats, "total": total, "device": device}
+            args: _AdviceArgs = {
+                "settings": settings,
+                "stats": stats,
+                "total": total,
+                "device": device,
+            }
             self._advice_due = (report, args)
             if self._advice_timer is None:
                 self._advice_timer = threading.Timer(wait, self._writer.submit, (self._advise_due,))
@@ -384,7 +416,7 @@ class MemoryPanel(anywidget.AnyWidget):
             self._advise(due[0], **due[1], force=True)
 
     def _show(
-        self, snap: Snapshot, extra: dict[str, Any], status: str, device: int | None = None
+        self, snap: Snapshot, extra: JsonDict, status: str, device: int | None = None
     ) -> FragmentationReport:
         """Draw a snapshot; returns its fragmentation report (the advice reads it too)."""
         from gpumemviz.fragmentation import fragmentation
@@ -431,7 +463,7 @@ class MemoryPanel(anywidget.AnyWidget):
             if "export" not in getattr(source, "capabilities", frozenset()):
                 label = getattr(source, "label", type(source).__name__)
                 raise ValueError(f"{label} cannot export a snapshot")
-            data: Any = source.export()
+            data: TorchDict | Snapshot = source.export()
         elif self.shown is not None:
             data = self.shown
         else:
@@ -443,11 +475,13 @@ class MemoryPanel(anywidget.AnyWidget):
         drawn), the device's free bytes (NVML, when known) and the device shown."""
         snap, device = self.shown, self._shown_device
         if device is None:
-            devices = np.unique(snap.segments.device) if snap is not None else []
+            devices: np.ndarray | list[int] = (
+                np.unique(snap.segments.device) if snap is not None else []
+            )
             device = int(devices[0]) if len(devices) else 0
         return self._shown_report, self._device_free, device
 
-    def command(self, name: str, **args: Any) -> dict:
+    def command(self, name: str, **args: Any) -> JsonDict:  # Any: the browser's JSON values
         """Run a button's command now, on this thread (what a click does); returns the reply."""
         from gpumemviz.commands import CommandError, run_command
 
@@ -465,11 +499,12 @@ class MemoryPanel(anywidget.AnyWidget):
         self._writer.submit(self._refresh_controls)  # paused, interval, replay position
         return entry
 
-    def _controls(self) -> dict:
+    def _controls(self) -> JsonDict:
         sampler = self.sampler
         source = sampler.source if sampler is not None else None
-        replay = None
+        replay: JsonDict | None = None
         if source is not None and "time_travel" in getattr(source, "capabilities", ()):
+            source = cast("TimeTravelSource", source)
             pos = int(source.position)
             replay = {"n": int(source.n), "position": pos, "times": False}
             times = self.replay_times()
@@ -511,13 +546,14 @@ class MemoryPanel(anywidget.AnyWidget):
     def _refresh_controls(self) -> None:
         self.controls = self._controls()
 
-    def _on_browser_msg(self, _widget: Any, content: dict, _buffers: list) -> None:
+    def _on_browser_msg(self, _widget: object, content: JsonDict, _buffers: list[bytes]) -> None:
         kind = content.get("kind") if isinstance(content, dict) else None
         if kind == "command":
             # done here, on the thread the kernel gave this message (a subshell while a cell
             # runs); only the reply and the traits go through the writer thread
             cid = str(content.get("id", ""))
-            args = content.get("args") if isinstance(content.get("args"), dict) else {}
+            given = content.get("args")
+            args = given if isinstance(given, dict) else {}
             entry = self.command(str(content.get("name", "")), **args)
             reply = {"kind": "reply", "id": cid, **_plain(entry)}
 
@@ -525,9 +561,9 @@ class MemoryPanel(anywidget.AnyWidget):
             return
         if kind == "view":
             view = str(content.get("view", ""))
-            args = (int(content.get("first", 0)), int(content.get("count", 1)))
+            span = (int(content.get("first", 0)), int(content.get("count", 1)))
             cells = int(content.get("cells", 1024))
-            self._writer.submit(lambda: self._send_frames(self._wire.set_view(view, *args, cells)))
+            self._writer.submit(lambda: self._send_frames(self._wire.set_view(view, *span, cells)))
         elif kind == "blocks":  # the zoom wants one row's exact blocks (its frame had cells)
             view, row = str(content.get("view", "")), int(content.get("row", -1))
             lo, hi = content.get("lo"), content.get("hi")
@@ -557,7 +593,7 @@ class MemoryPanel(anywidget.AnyWidget):
             view = str(content.get("view", ""))
             self._writer.submit(lambda: self._wire.drop_view(view))
 
-    def _send_frames(self, frames: list) -> None:
+    def _send_frames(self, frames: list[Frame]) -> None:
         for f in frames:
             self.send(f.content, f.buffers)
             n = f.nbytes
@@ -568,7 +604,7 @@ class MemoryPanel(anywidget.AnyWidget):
             s["max_bytes"] = max(s["max_bytes"], n)
 
 
-def _plain(entry: dict) -> dict:
+def _plain(entry: JsonDict) -> JsonDict:
     """JSON-safe copy of a command's reply (dict keys as strings)."""
     out = {}
     for k, v in entry.items():
@@ -587,7 +623,7 @@ def _report_numbers(report: FragmentationReport, device: int | None) -> dict[str
     return {"free_stuck": figs.free_stuck, "free_releasable": figs.releasable}
 
 
-def _oom_dict(event: Any) -> dict:
+def _oom_dict(event: OomEvent) -> JsonDict:
     """The OOM verdict the header shows: plain values only (they travel as JSON)."""
     return {
         "cause": str(event.cause),
@@ -598,7 +634,7 @@ def _oom_dict(event: Any) -> dict:
     }
 
 
-def _as_snapshot(obj: Any) -> Snapshot:
+def _as_snapshot(obj: SnapshotLike) -> Snapshot:
     from gpumemviz.io import as_snapshot
 
     return as_snapshot(obj)

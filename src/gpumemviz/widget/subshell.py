@@ -8,12 +8,15 @@ kernel's control channel) or at the main shell.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpumemviz.snapshot.schema import JsonDict
 
 __all__ = ["control_request", "delete_subshell", "route_to_main", "route_to_subshell"]
 
 
-def control_request(msg_type: str, content: dict) -> dict | None:
+def control_request(msg_type: str, content: JsonDict) -> JsonDict | None:
     """One request on our own kernel's control channel (which a running cell does not block)."""
     from ipykernel.connect import get_connection_file
     from jupyter_client import BlockingKernelClient
@@ -23,12 +26,13 @@ def control_request(msg_type: str, content: dict) -> dict | None:
     client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
     try:
         client.control_channel.send(client.session.msg(msg_type, content))
-        return client.control_channel.get_msg(timeout=5)["content"]
+        reply: JsonDict | None = client.control_channel.get_msg(timeout=5)["content"]
+        return reply
     finally:
         client.stop_channels()
 
 
-def route_to_subshell(comm: Any) -> str | None:
+def route_to_subshell(comm: Any) -> str | None:  # Any: the kernel's comm, by duck typing
     """Handle the panel's browser messages on a kernel subshell, so scrolling (and later the
     buttons) works while a cell runs (JupyterLab sends comms over subshells, JEP 91:
     https://jupyter.org/enhancement-proposals/kernel-subshells).
@@ -48,7 +52,7 @@ def route_to_subshell(comm: Any) -> str | None:
         if comm is None or not hasattr(comm, "_reply_subshell_for"):
             return None
         reply = control_request("create_subshell_request", {})
-        sid = reply.get("subshell_id") if reply else None
+        sid: str | None = reply.get("subshell_id") if reply else None
         if not sid:
             return None
         comm._reply_subshell_for = lambda _data, _default: sid
@@ -57,7 +61,7 @@ def route_to_subshell(comm: Any) -> str | None:
         return None
 
 
-def route_to_main(comm: Any) -> None:
+def route_to_main(comm: Any) -> None:  # Any: the kernel's comm
     """Handle the panel's browser messages on the main shell: a click then waits for the running
     cell to finish (the "queued" path; what frontends without comms over subshells do). Without
     the ipykernel 7.4 hook, JupyterLab's own routing stays in force."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..._callable import make_module_callable
 from ...units import parse_size
@@ -31,13 +31,17 @@ from .layout import LayoutError
 from .recording import Recording
 from .result import DeviceReplay, ReplayError, ReplayResult
 
+if TYPE_CHECKING:
+    from ...io import SnapshotLike
+    from ...snapshot.schema import TorchMapping
+
 __all__ = ["DeviceReplay", "ReplayError", "ReplayResult", "replay"]
 
 
 # --------------------------------------------------------------------------- the public entry
 
 
-def _as_dict(snapshot: Any) -> Mapping[str, Any]:
+def _as_dict(snapshot: SnapshotLike | TorchMapping) -> TorchMapping:
     if isinstance(snapshot, Mapping):
         if "segments" not in snapshot:
             raise ReplayError("snapshot dict has no 'segments' key")
@@ -46,7 +50,8 @@ def _as_dict(snapshot: Any) -> Mapping[str, Any]:
         return {"segments": snapshot, "device_traces": []}
     to_torch = getattr(snapshot, "to_torch", None)
     if callable(to_torch):
-        return to_torch()
+        data: TorchMapping = to_torch()
+        return data
     try:
         from ...io import load_snapshot
     except ImportError:  # pragma: no cover - io is part of the package
@@ -56,7 +61,7 @@ def _as_dict(snapshot: Any) -> Mapping[str, Any]:
     return load_snapshot(snapshot).to_torch()
 
 
-def _refuse_private_pools(snap: Mapping[str, Any], device: int) -> None:
+def _refuse_private_pools(snap: TorchMapping, device: int) -> None:
     """Private pools (CUDA graphs, MemPool) are not modelled, and the recorded history keeps no
     pool: a segment of one would silently join the default pools, so refuse it by name."""
     for seg in snap.get("segments") or ():
@@ -99,7 +104,7 @@ def _as_config(config: str | AllocatorConfig | None, recorded: AllocatorConfig) 
     raise TypeError(f"config must be a str or AllocatorConfig, got {type(config).__name__}")
 
 
-def _as_capacity(value: Any, what: str = "capacity") -> int | None:
+def _as_capacity(value: object, what: str = "capacity") -> int | None:
     """Bytes from an int or a size string ("24GiB"), refusing zero and negatives."""
     if value is None:
         return None
@@ -123,7 +128,7 @@ def _same_rules(a: AllocatorConfig, b: AllocatorConfig) -> bool:
 
 
 def replay(
-    snapshot: Any,
+    snapshot: SnapshotLike | TorchMapping,
     config: str | AllocatorConfig | None = None,
     capacity: int | str | Mapping[int, int | str] | None = None,
 ) -> ReplayResult:
@@ -176,10 +181,11 @@ def replay(
     """
     from .drive import drive  # the model loads here, not with the package
 
+    caps: dict[int, int | None] | int | None
     if isinstance(capacity, Mapping):
-        capacity = {d: _as_capacity(c, f"capacity of device {d}") for d, c in capacity.items()}
+        caps = {d: _as_capacity(c, f"capacity of device {d}") for d, c in capacity.items()}
     else:
-        capacity = _as_capacity(capacity)
+        caps = _as_capacity(capacity)
     snap = _as_dict(snapshot)
     recorded_cfg = AllocatorConfig.from_settings(snap.get("allocator_settings"))
     cfg = _as_config(config, recorded_cfg)
@@ -207,7 +213,7 @@ def replay(
             rec.allocs_matched_per_decision = per.allocs_matched
         _source(rec, "unknown" if inferred is None else "oom entry", oom_at)
         recorded[dev] = rec
-        cap = capacity.get(dev) if isinstance(capacity, Mapping) else capacity
+        cap = caps.get(dev) if isinstance(caps, dict) else caps
         source = "user"
         if cap is None:
             cap = inferred

@@ -13,8 +13,8 @@ each story it tries for a release run or a cut copies all of that state and roll
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,11 +23,15 @@ from ..config import AllocatorConfig
 from ..model import CachingAllocator
 from ..oom import OutOfMemory
 from ..rules import is_small, page_size, reservation_size
+from ..trace import TraceRow
 from .layout import INACTIVE, Layout, LayoutError
-from .placement import INVENTED_TOP, Provider, Reservations, Runs
+from .placement import INVENTED_TOP, Provider, ProviderState, Reservations, Runs
 from .reconstruct import SEGMENT_ACTIONS, Step
 from .recording import Recording
 from .result import DeviceReplay, ReplayError
+
+if TYPE_CHECKING:
+    from ...snapshot.schema import TorchDict, TorchMapping
 
 __all__ = ["Driver"]
 
@@ -37,7 +41,7 @@ _DELTA = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unm
 _UNKNOWN_TOTAL = 1 << 40  # device_total when nothing recorded says it (sizes the expandable VA)
 
 
-def _layout_key(segments: Sequence[Mapping[str, Any]]) -> list[tuple]:
+def _layout_key(segments: Sequence[TorchMapping]) -> list[tuple[Any, ...]]:  # dict values
     return sorted(
         (
             s["address"],
@@ -127,7 +131,7 @@ class Driver:
         self._load(self._start().to_segments(recording.device), -1)
 
     # -- state ------------------------------------------------------------------------------
-    def _load(self, segments: list[dict[str, Any]], point: int) -> None:
+    def _load(self, segments: list[TorchDict], point: int) -> None:
         """A fresh model holding `segments`, the recorded state after trace entry `point`, with
         the reservations the trace proves; blocks alive there keep their recorded address.
 
@@ -170,7 +174,7 @@ class Driver:
             raise ReplayError(f"device {self.tl.device}: {err}") from None
         self.runs = Runs(segments)
         # allocation id -> model address
-        self.where = {
+        self.where: dict[int, int] = {
             self.rename(b["address"]): b["address"]
             for s in segments
             for b in s["blocks"]
@@ -283,7 +287,7 @@ class Driver:
             raise ReplayError(f"trace event {i}: free of an allocation the replay never saw")
         return a
 
-    def _own(self, mark: int, run: Sequence[int] = (), allocated: int = 0) -> list[tuple]:
+    def _own(self, mark: int, run: Sequence[int] = (), allocated: int = 0) -> list[TraceRow]:
         """The model's entries since `mark`; fills the figures at the recorded `run` entries.
 
         The entries of `run` are what the model did inside one call, so after the k-th of them
@@ -314,7 +318,7 @@ class Driver:
         return entries
 
     # -- scoring ----------------------------------------------------------------------------
-    def _score(self, i: int, own: Sequence[tuple], rec: Sequence[int]) -> bool:
+    def _score(self, i: int, own: Sequence[TraceRow], rec: Sequence[int]) -> bool:
         """Compare the model's segment entries with the recorded run; True when equal."""
         mine = [(e[0], e[1], e[2]) for e in own if e[0] in SEGMENT_ACTIONS]
         theirs = [(self.steps[j][0], self.steps[j][1], self.steps[j][2]) for j in rec]
@@ -355,14 +359,16 @@ class Driver:
         if not self._score(run[-1], own, run) and self.resync:
             self._resynchronise(run[-1])
 
-    def _checkpoint(self) -> tuple[Any, ...]:
+    def _checkpoint(self) -> tuple[CachingAllocator, Runs, dict[int, int], ProviderState]:
         """Everything a trial malloc may change, copied (the provider itself is shared)."""
         provider = self.provider
         return copy.deepcopy(
             (self.model, self.runs, self.deferred, provider.state()), {id(provider): provider}
         )
 
-    def _rollback(self, saved: tuple[Any, ...]) -> None:
+    def _rollback(
+        self, saved: tuple[CachingAllocator, Runs, dict[int, int], ProviderState]
+    ) -> None:
         """Back to `saved` (which stays intact for another rollback)."""
         provider = self.provider
         self.model, self.runs, self.deferred, state = copy.deepcopy(saved, {id(provider): provider})
@@ -464,6 +470,7 @@ class Driver:
                 self._resynchronise(i)
                 return
             else:
+                assert got is not None  # not oomed: `_try` returned an address
                 self.choices[i] = got
                 self.where[self.rename(addr)] = got
                 if self.what_if:
@@ -509,11 +516,11 @@ class Driver:
         self._complete(leading)
         return self._try(size, stream)
 
-    def _same_entries(self, own: Sequence[tuple], run: Sequence[int]) -> bool:
+    def _same_entries(self, own: Sequence[TraceRow], run: Sequence[int]) -> bool:
         mine = [(e[0], e[1], e[2]) for e in own if e[0] in SEGMENT_ACTIONS]
         return mine == [(self.steps[j][0], self.steps[j][1], self.steps[j][2]) for j in run]
 
-    def _same_releases(self, own: Sequence[tuple], rels: Sequence[int]) -> bool:
+    def _same_releases(self, own: Sequence[TraceRow], rels: Sequence[int]) -> bool:
         mine = [(e[0], e[1], e[2]) for e in own if e[0] in _RELEASES]
         return mine == [(self.steps[j][0], self.steps[j][1], self.steps[j][2]) for j in rels]
 

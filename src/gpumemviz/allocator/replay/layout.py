@@ -8,8 +8,11 @@ needed, to know how large a block an alloc carved (`rules.should_split`).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpumemviz.snapshot.schema import TorchDict, TorchList, TorchMapping
 
 __all__ = ["ALLOCATED", "INACTIVE", "PENDING_FREE", "STATE_NAMES", "Layout", "LayoutError", "Seg"]
 
@@ -41,7 +44,7 @@ class Seg:
         self.small = small
         self.expandable = expandable
         self.blocks = blocks
-        self.cached: dict[str, Any] | None = None  # its torch dict, while unchanged
+        self.cached: TorchDict | None = None  # its torch dict, while unchanged
 
     @property
     def address(self) -> int:
@@ -77,7 +80,7 @@ class Layout:
 
     # -- construction and export --------------------------------------------------------------
     @classmethod
-    def from_segments(cls, segments: Iterable[Mapping[str, Any]]) -> Layout:
+    def from_segments(cls, segments: Iterable[TorchMapping]) -> Layout:
         """Build from torch-format segment dicts (block addresses computed when absent)."""
         lay = cls()
         for s in segments:
@@ -105,8 +108,8 @@ class Layout:
         device: int = 0,
         *,
         shared: bool = False,
-        frames: Callable[[int], list[Any]] | None = None,
-    ) -> list[dict[str, Any]]:
+        frames: Callable[[int], TorchList] | None = None,
+    ) -> list[TorchDict]:
         """Torch 2.11 segment dicts in address order (what `torch.cuda.memory_snapshot` gives).
 
         With `shared`, a segment unchanged since an earlier call returns the same dict as then
@@ -172,7 +175,9 @@ class Layout:
         self.owned.add(mine)
         return mine
 
-    def key(self, requested: bool = True) -> list[tuple]:
+    def key(
+        self, requested: bool = True
+    ) -> list[tuple[int, int, bool, bool, list[tuple[int, ...]]]]:
         """A comparable summary: (base, stream, small, expandable, blocks) per segment.
 
         Blocks are (address, size, state[, requested_size]); legacy files (torch 2.0) do not

@@ -10,18 +10,26 @@ from __future__ import annotations
 
 import bisect
 import copy
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..addresses import DescendingAddresses, reservation_starts
 from ..model import CachingAllocator
 from ..rules import page_size, reservation_size
+from ..trace import TraceRow
 from .reconstruct import Step
 from .recording import Recording
 
-__all__ = ["INVENTED_TOP", "Provider", "Reservations", "Runs"]
+if TYPE_CHECKING:
+    from ...snapshot.schema import TorchMapping
+
+__all__ = ["INVENTED_TOP", "Provider", "ProviderState", "Reservations", "Runs"]
 
 INVENTED_TOP = 1 << 60  # invented addresses live far above any real one
+
+
+# `Provider.state()`: starts, ends, reserved, mapped runs, synced
+ProviderState = tuple[list[int], list[int], set[int], "Runs", int]
 
 
 class Provider:
@@ -56,7 +64,7 @@ class Provider:
     def load(
         self,
         model: CachingAllocator,
-        segments: Sequence[Mapping[str, Any]],
+        segments: Sequence[TorchMapping],
         bases: Sequence[tuple[int, bool, int]] = (),
     ) -> None:
         """Start over from a model loaded with `segments` and reservation `bases` (holding its
@@ -93,7 +101,7 @@ class Provider:
         page = page_size(small, self.model.config.large_segment_size)
         return reservation_size(self.model.device_total, page)
 
-    def sync(self, entries: Sequence[tuple] | None = None) -> None:
+    def sync(self, entries: Sequence[TraceRow] | None = None) -> None:
         """Read the model's entries since the last look (or take them: `entries` must be
         exactly those): released segments, mapped runs, and reservations whose last page went
         (torch then releases the address space)."""
@@ -180,7 +188,7 @@ class Provider:
             del self.starts[i], self.ends[i]
             self.reserved.discard(addr)
 
-    def state(self) -> tuple[Any, ...]:
+    def state(self) -> ProviderState:
         return (
             self.starts[:],
             self.ends[:],
@@ -189,7 +197,7 @@ class Provider:
             self.synced,
         )
 
-    def restore(self, state: tuple[Any, ...], model: CachingAllocator) -> None:
+    def restore(self, state: ProviderState, model: CachingAllocator) -> None:
         self.starts, self.ends, self.reserved, self.mapped, self.synced = state
         self.model = model
 
@@ -197,7 +205,7 @@ class Provider:
 class Runs:
     """Count of segments as snapshots show them (expandable: one per mapped run)."""
 
-    def __init__(self, segments: Sequence[Mapping[str, Any]]):
+    def __init__(self, segments: Sequence[TorchMapping]):
         self.plain = 0
         self.starts: list[int] = []
         self.ends: list[int] = []
@@ -241,7 +249,7 @@ class Runs:
             return True
         return i + 1 < len(self.starts) and self.starts[i + 1] < hi
 
-    def apply(self, entries: Sequence[tuple]) -> None:
+    def apply(self, entries: Sequence[TraceRow]) -> None:
         for e in entries:
             a = e[0]
             if a == "segment_alloc":
@@ -322,7 +330,7 @@ class Reservations:
 
     def _find(
         self,
-        live: list[list[Any]],
+        live: list[list[Any]],  # the records of `_reservations` (mixed fields)
         stream: int,
         small: bool,
         addr: int,

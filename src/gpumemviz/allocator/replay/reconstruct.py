@@ -10,12 +10,15 @@ boundary hint.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..config import AllocatorConfig
 from ..rules import K_SMALL_SIZE, is_small, page_size, round_size
 from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
+
+if TYPE_CHECKING:
+    from ...snapshot.schema import TorchDict, TorchMapping
 
 __all__ = [
     "ALLOC_ACTIONS",
@@ -43,7 +46,7 @@ class Rules:
         self.max_split_size = self.config.max_split_size
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, Any] | None) -> Rules:
+    def from_settings(cls, settings: TorchMapping | None) -> Rules:
         """From a snapshot's ``allocator_settings`` (None: torch's defaults)."""
         return cls(AllocatorConfig.from_settings(settings))
 
@@ -51,7 +54,7 @@ class Rules:
         return round_size(size, self.divisions)
 
 
-def steps_of(trace: Sequence[Mapping[str, Any]]) -> list[Step]:
+def steps_of(trace: Sequence[TorchMapping]) -> list[Step]:
     """Trace dicts as compact tuples, the form every walk over a trace uses.
 
     Parameters
@@ -195,12 +198,12 @@ def reconstruct_layout(final: Layout, steps: Sequence[Step], rules: Rules) -> La
 
 
 def reconstruct(
-    segments: Sequence[Mapping[str, Any]],
-    trace: Sequence[Mapping[str, Any]],
+    segments: Sequence[TorchMapping],
+    trace: Sequence[TorchMapping],
     *,
     device: int = 0,
-    settings: Mapping[str, Any] | None = None,
-) -> list[dict[str, Any]]:
+    settings: TorchMapping | None = None,
+) -> list[TorchDict]:
     """Segments of `device` at the start of its trace, in torch's snapshot format.
 
     Parameters

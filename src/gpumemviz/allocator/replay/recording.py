@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,6 +16,9 @@ from ...snapshot.gc_pause import no_gc
 from ..rules import is_small, page_size, should_split
 from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
 from .reconstruct import Rules, Step, reconstruct_layout, steps_of
+
+if TYPE_CHECKING:
+    from ...snapshot.schema import TorchDict, TorchList, TorchMapping
 
 __all__ = ["Recording", "apply_step"]
 
@@ -90,7 +93,7 @@ def apply_step(lay: Layout, steps: Sequence[Step], i: int, rules: Rules) -> int:
     return 0
 
 
-def _device_settings(snapshot: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def _device_settings(snapshot: TorchMapping) -> TorchMapping | None:
     return snapshot.get("allocator_settings") if isinstance(snapshot, Mapping) else None
 
 
@@ -108,7 +111,7 @@ class Recording:
         rules: Rules,
         *,
         device: int = 0,
-        settings: Mapping[str, Any] | None = None,
+        settings: TorchMapping | None = None,
         every: int = 128,
     ):
         self.device = device
@@ -140,14 +143,19 @@ class Recording:
             self.allocated[i] = allocated
             self.segments[i] = len(lay.segs)
         self.final = lay
-        self._trace: list[dict[str, Any]] | None = None
+        self._trace: list[TorchDict] | None = None
         # allocation stacks: per address, the alloc entries there (indices, frames) and the
         # stacks of blocks alive before the trace; the layout itself carries none
         self._allocs: dict[int, tuple[list[int], list[list[Any]]]] = {}
-        self._start_frames: dict[int, list[Any]] = {}
+        self._start_frames: dict[int, TorchList] = {}
 
     @classmethod
-    def from_snapshot(cls, snapshot: Mapping[str, Any], device: int = 0, **kw: Any) -> Recording:
+    def from_snapshot(
+        cls,
+        snapshot: TorchMapping,
+        device: int = 0,
+        **kw: Any,  # Any: `__init__`'s options
+    ) -> Recording:
         """Reconstruct the start of `device`'s trace and replay it forwards.
 
         Parameters
@@ -196,9 +204,7 @@ class Recording:
             )
         return tl
 
-    def _keep_frames(
-        self, segments: Iterable[Mapping[str, Any]], trace: Sequence[Mapping[str, Any]]
-    ) -> None:
+    def _keep_frames(self, segments: Iterable[TorchMapping], trace: Sequence[TorchMapping]) -> None:
         """Record where each block's stack comes from: its trace `alloc` entry, except that a
         block alive at the end (or since before the trace) takes the file's stack at its
         address, which is what torch stored for it."""
@@ -221,13 +227,13 @@ class Recording:
                         self._start_frames[here] = frames
                 addr += int(b["size"])
 
-    def frames_after(self, event_index: int) -> Callable[[int], list[Any]]:
+    def frames_after(self, event_index: int) -> Callable[[int], TorchList]:
         """``frames(address)``: the stack of the active block there after `event_index`.
 
         What `snapshot_at` hands to `Layout.to_segments` (usable with `layout_at` too).
         """
 
-        def frames(addr: int) -> list[Any]:
+        def frames(addr: int) -> TorchList:
             got = self._allocs.get(addr)
             if got is not None:
                 j = bisect.bisect_right(got[0], event_index) - 1
@@ -253,7 +259,7 @@ class Recording:
             apply_step(lay, self.steps, i, self.rules)
         return lay
 
-    def snapshot_at(self, event_index: int) -> dict[str, Any]:
+    def snapshot_at(self, event_index: int) -> TorchDict:
         """The torch snapshot dict of this device after trace entry `event_index`.
 
         ``device_traces`` holds the entries up to and including `event_index`. Each active
@@ -265,14 +271,14 @@ class Recording:
             lay = self.layout_at(event_index)
             frames = self.frames_after(event_index)
             segments = lay.to_segments(self.device, shared=True, frames=frames)
-        traces: list[list[dict[str, Any]]] = [[] for _ in range(self.device + 1)]
+        traces: list[list[TorchDict]] = [[] for _ in range(self.device + 1)]
         traces[self.device] = self._entries()[: event_index + 1]
-        out: dict[str, Any] = {"segments": segments, "device_traces": traces}
+        out: TorchDict = {"segments": segments, "device_traces": traces}
         if self.settings is not None:
             out["allocator_settings"] = dict(self.settings)
         return out
 
-    def _entries(self) -> list[dict[str, Any]]:
+    def _entries(self) -> list[TorchDict]:
         """The trace as torch dicts (the recorded ones when built from a snapshot)."""
         if self._trace is None:
             self._trace = [

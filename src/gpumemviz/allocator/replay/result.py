@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...units import format_size
 from ..config import AllocatorConfig
 from .recording import Recording
+
+if TYPE_CHECKING:
+    from ...snapshot.schema import TorchDict
 
 __all__ = ["DeviceReplay", "ReplayError", "ReplayResult"]
 
@@ -51,7 +54,7 @@ class DeviceReplay:
     allocated: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     segments: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     mismatches: list[tuple[int, str, str]] = field(default_factory=list)  # first few
-    final_segments: list[dict[str, Any]] = field(default_factory=list)
+    final_segments: list[TorchDict] = field(default_factory=list)
 
     @property
     def exact(self) -> bool:
@@ -109,7 +112,7 @@ class ReplayResult:
     def capacity_known(self) -> bool:
         return all(d.capacity_known for d in self.devices.values())
 
-    def snapshot_at(self, event_index: int, device: int | None = None) -> dict[str, Any]:
+    def snapshot_at(self, event_index: int, device: int | None = None) -> TorchDict:
         """The recorded segments of `device` after trace entry `event_index` (-1: the start)."""
         if device is None:
             if not self.timelines:
