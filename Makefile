@@ -37,13 +37,13 @@ system-deps:
 
 # mypy: strict over src/gpumemviz ([tool.mypy] in pyproject.toml), cached in .mypy_cache
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks tools
+	$(VENV)/bin/ruff format --check src tests benchmarks tools
 	$(VENV)/bin/mypy
 
 fmt: $(STAMP)
-	$(VENV)/bin/ruff format src tests benchmarks
-	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks tools
+	$(VENV)/bin/ruff check --fix src tests benchmarks tools
 
 test: lint system-deps js
 	@$(JS_TOOLS)
