@@ -64,7 +64,27 @@ NEAR_CAPACITY = 0.9
 
 @dataclass(frozen=True)
 class Advice:
-    """One suggestion: its `kind` (see `ADVICE_KINDS`), a sentence, and the numbers behind it."""
+    """One suggestion: its `kind` (see `ADVICE_KINDS`), a sentence, and the numbers behind it.
+
+    ``str()`` is the message. Frozen; `advise` makes them, and
+    `gpumemviz.advice_check.check_advice` returns checked copies.
+
+    Attributes
+    ----------
+    kind : str
+        One of `ADVICE_KINDS`: "expandable_segments", "max_split_size_mb",
+        "no_empty_cache_in_loop", "smaller_batch_or_checkpointing".
+    message : str
+        What to do and why, for a person.
+    evidence : {str: int or float}
+        The figures the rule read (bytes, counts, ratios).
+
+    Examples
+    --------
+    >>> a = Advice("expandable_segments", "Set expandable_segments:True.", {"free": 1 << 30})
+    >>> str(a), a.evidence["free"]
+    ('Set expandable_segments:True.', 1073741824)
+    """
 
     kind: str
     message: str
@@ -74,6 +94,18 @@ class Advice:
         return self.message
 
     def to_dict(self) -> JsonDict:
+        """Plain JSON values, as ``gpumemviz inspect --json`` writes each advice.
+
+        Returns
+        -------
+        dict
+            ``{"kind", "message", "evidence"}``.
+
+        Examples
+        --------
+        >>> Advice("max_split_size_mb", "Try max_split_size_mb:512.").to_dict()
+        {'kind': 'max_split_size_mb', 'message': 'Try max_split_size_mb:512.', 'evidence': {}}
+        """
         return {"kind": self.kind, "message": self.message, "evidence": dict(self.evidence)}
 
 
@@ -106,6 +138,12 @@ def advise(
     -------
     list of Advice
         Most bytes at stake first; empty when nothing is worth changing.
+
+    Notes
+    -----
+    A setting already on (named in `settings`, or recorded) is never suggested. The
+    "no_empty_cache_in_loop" rule needs `stats`, "smaller_batch_or_checkpointing" needs
+    `device_total`. The thresholds are this module's constants.
 
     Examples
     --------

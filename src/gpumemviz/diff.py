@@ -113,7 +113,9 @@ class SiteChange:
 
 @dataclass(frozen=True)
 class DeviceDiff:
-    """One device: `present` is "both", "a" (only in A) or "b" (only in B)."""
+    """One device: `present` is "both", "a" (only in A) or "b" (only in B); a missing side
+    reads as zeros. `figures` holds one `FigureChange` per name in `FIGURES`; the sites are
+    the live sites (`sites.live_sites`), at most `diff`'s `top` each."""
 
     device: int
     present: str
@@ -161,7 +163,11 @@ class DeviceDiff:
 
 @dataclass(frozen=True)
 class SnapshotDiff:
-    """The result of `diff(a, b)`: `total` figures and one `DeviceDiff` per device."""
+    """The result of `diff(a, b)`: `total` figures and one `DeviceDiff` per device.
+
+    `to_dict()` is what ``gpumemviz diff --json`` prints; `text()` (and ``str()``) the
+    readable form it prints without ``--json``.
+    """
 
     total: tuple[FigureChange, ...]
     devices: dict[int, DeviceDiff]

@@ -128,6 +128,16 @@ def export(
     Path
         The path written.
 
+    Raises
+    ------
+    ValueError
+        An unknown `format`; a ``.html`` path (use `gpumemviz.report`); samples to anything
+        but CSV.
+    SnapshotError
+        A snapshot that cannot be read.
+    OSError
+        The file cannot be written (``cannot write PATH: reason``; the old file is kept).
+
     Notes
     -----
     pickle is protocol 4 (MemoryViz rejects 5), with the full trace, and a bare segment list

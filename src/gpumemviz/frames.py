@@ -402,7 +402,11 @@ def redact_paths(snapshot: SnapshotLike, *, names: Iterable[str] = ()) -> Snapsh
     Returns
     -------
     Snapshot
-        Equal to the input except for the redacted strings.
+        Equal to the input except for the redacted strings: every string of segment, block
+        (torch 2.0 ``history`` too) and trace frames, annotations, compile_context and
+        user_metadata; keys, numbers and structure untouched, unchanged containers reused,
+        shared lists still shared. Built through `Snapshot.map_objects` (no per-block dicts),
+        it equals ``redact_torch(snapshot.to_torch())``, tested on every real file.
 
     Examples
     --------

@@ -105,6 +105,14 @@ class GpumemvizMagics(Magics):
 
         ``%gpumemviz [--device N] [--interval S] [--demo WORKLOAD] [--replay FILE]``
         ``[stop | status | export PATH]``
+
+        One feed per device: the shared sampler, or the extension's own on
+        ``SimulatedSource(WORKLOAD)`` or ``PlaybackSource(FILE)`` (opened paused on the last
+        entry: the state the file records; a file without recorded history shows its one
+        state, no sampler). Re-running reuses the feed and replaces the magic's panel. Without a
+        widget front end (a terminal IPython) it prints `summary` of one read. ``export``
+        writes the source's ``export()`` with `gpumemviz.io.save_snapshot` (pickle protocol
+        4). Bad arguments raise IPython's ``UsageError``, one line.
         """
         try:
             words = shlex.split(line)

@@ -91,6 +91,13 @@ def report(
     Path
         The file written.
 
+    Raises
+    ------
+    SnapshotError
+        A snapshot that cannot be read: raised before anything is written.
+    OSError
+        The file cannot be written (the old file is kept).
+
     Examples
     --------
     >>> from gpumemviz.allocator.model import CachingAllocator

@@ -28,8 +28,23 @@ _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 def format_size(nbytes: int | float) -> str:
     """Format like PyTorch's OOM message (`format_size` in CUDACachingAllocator.cpp).
 
+    Parameters
+    ----------
+    nbytes : int or float
+        A byte count; negative counts keep their sign.
+
+    Returns
+    -------
+    str
+        "N bytes" up to 1024, else KiB, MiB or GiB with two decimals (ties round to even, as
+        the panel's ``rows.js formatSize`` does).
+
+    Examples
+    --------
     >>> format_size(1536), format_size(20 * 2**20), format_size(3 * 2**30)
     ('1.50 KiB', '20.00 MiB', '3.00 GiB')
+    >>> format_size(1024), format_size(-2048)
+    ('1024 bytes', '-2.00 KiB')
     """
     n = float(nbytes)
     sign = "-" if n < 0 else ""
@@ -49,8 +64,30 @@ def parse_size(text: str | int | float) -> int:
     Decimal units (KB, MB, GB) are powers of 1000 and binary units (KiB, MiB, GiB) powers of 1024,
     so "512MB" means what the user wrote.
 
-    >>> parse_size("2GiB"), parse_size("512MB"), parse_size("4096")
-    (2147483648, 512000000, 4096)
+    Parameters
+    ----------
+    text : str, int or float
+        "2GiB", "512MB", "1.5 GiB", "123" (bytes), or a number of bytes. Units: B, K/KB, M/MB,
+        G/GB, T/TB (powers of 1000), KiB, MiB, GiB, TiB (powers of 1024), any case.
+
+    Returns
+    -------
+    int
+        The size in bytes.
+
+    Raises
+    ------
+    ValueError
+        Naming the input: not a size, negative, or not a whole number of bytes.
+
+    Examples
+    --------
+    >>> parse_size("2GiB"), parse_size("512MB"), parse_size("1.5 KiB"), parse_size(4096)
+    (2147483648, 512000000, 1536, 4096)
+    >>> parse_size("2 parsecs")
+    Traceback (most recent call last):
+    ...
+    ValueError: not a size: '2 parsecs' (try 2GiB, 512MB or a number of bytes)
     """
     if isinstance(text, bool):
         raise ValueError(f"not a size: {text!r}")

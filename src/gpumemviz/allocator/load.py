@@ -52,7 +52,8 @@ class LoadMixin(AllocatorState):
         base)``; the runs of that stream and pool from `base` to the end of its address space
         go in a reservation starting there (unmapped below the lowest run), and one with no
         run in it is held entirely unmapped. Stats start at the walk of the state (peak =
-        current). Segments of private pools are refused.
+        current). Segments of private pools, overlapping reservations and a run crossing its
+        reservation's end raise ValueError.
         Extra keyword arguments go to the constructor.
         """
         self = cls(capacity, config, device, device_total, **kwargs)

@@ -89,9 +89,11 @@ class CachingAllocator(
         Total device memory (expandable address-space size, fraction caps, OOM message);
         defaults to `capacity`.
     address_provider : callable, optional
-        `(kind, size, stream) -> int` giving the base address of each new segment
-        (kind "segment") or expandable reservation (kind "expandable").
-        Default: `addresses.default_address_provider()`.
+        `(kind, size, stream) -> int` giving the base address of each new segment (kind
+        "segment": called once per segment_alloc, after the capacity checks pass) or expandable
+        reservation (kind "expandable": called where torch calls cuMemAddressReserve, before
+        its first map is tried). Default: `addresses.default_address_provider()`
+        (`DescendingAddresses`: 2 MiB aligned, descending, never reused).
     record_trace : bool
         Keep the trace ring (`device_traces` of the snapshot).
     trace_max_entries : int, optional
@@ -164,9 +166,11 @@ class CachingAllocator(
     # ------------------------------------------------------------------ public API
 
     def malloc(self, size: int, stream: int = 0) -> int:
-        """Allocate `size` bytes on `stream`; returns the block address (0 for size 0).
+        """Allocate `size` bytes on `stream`; returns the block address (0 for size 0, like
+        torch's nullptr).
 
-        Raises `OutOfMemory` (after the release-and-retry path) when it cannot.
+        `size` is int-like (numpy integers included; bool and float raise TypeError). Raises
+        `OutOfMemory` (after the release-and-retry path) when it cannot.
         """
         if type(size) is not int:
             size = _as_size(size)

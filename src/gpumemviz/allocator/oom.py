@@ -20,6 +20,7 @@ class OutOfMemory(RuntimeError):
 
     Attributes: device, size (the request), rounded_size, alloc_size ("Tried to allocate"),
     capacity (device total), free (device free), allocated, reserved, allowed (cap or None).
+    ``str()`` is PyTorch's message.
     """
 
     def __init__(

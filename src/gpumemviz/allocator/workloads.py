@@ -109,7 +109,8 @@ class Workload:
     iterations: int | None = None
 
     def ops(self) -> Iterator[Op]:
-        """The steps, freshly generated (deterministic: the same every time)."""
+        """The steps, freshly generated (deterministic: the same every time): ``("malloc", id,
+        size, stream)``, ``("free", id)``, ``("empty_cache",)`` and ``("mark", label)``."""
         return self.program(**self.params)
 
     def with_config(self, config: str) -> Workload:
@@ -422,8 +423,9 @@ class Outcome:
 
     ``steps`` counts allocator operations (malloc, free, empty_cache; marks are not counted)
     and ``oom_step`` is the operation that ran out; ``reserved``, ``allocated`` and
-    ``segments`` hold the figures after each operation; ``marks`` are (operation, label)
-    pairs. A training workload also says ``iterations`` (planned) and
+    ``segments`` (numpy) hold the figures after each operation (``segments`` is torch's
+    ``segment.all.current``: expandable memory is not counted); ``marks`` are (operation,
+    label) pairs. A training workload also says ``iterations`` (planned) and
     ``iterations_completed``; both are None for workloads without training iterations.
     """
 
@@ -568,4 +570,7 @@ def _catalogue() -> dict[str, Workload]:
     }
 
 
+# The catalogue the demo, the magic's --demo and the notebooks name: training,
+# training_expandable, training_checkpointed, training_small_batch, inference_contiguous,
+# inference_paged.
 WORKLOADS: dict[str, Workload] = _catalogue()

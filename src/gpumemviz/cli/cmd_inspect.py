@@ -44,6 +44,11 @@ def add_inspect(sub: Subparsers) -> None:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
+    """The figures, worst segments and advice of FILE (one device with --device).
+
+    Advice goes through `advice_check.check_advice` unless ``--no-replay``; the text lists the
+    refuted advice after "checked and rejected", the JSON shape is `_json`'s.
+    """
     from ..advice_check import Checked, CheckedAdvice, check_advice  # loads the replay
     from ..io import load_snapshot  # the loader is only needed once a file is named
 

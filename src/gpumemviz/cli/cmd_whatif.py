@@ -46,6 +46,14 @@ def add_whatif(sub: Subparsers) -> None:
 
 
 def run_whatif(args: argparse.Namespace) -> int:
+    """`allocator.replay.replay(FILE, --conf, --capacity)`; without --conf the recorded settings.
+
+    Per traced device, recorded vs predicted peak reserved, peak segments, final segments (at
+    the OOM where the run stops there) and the OOM. ``--json`` prints ``{"config",
+    "recorded_config", "what_if", "capacity_known", "devices": {"0": {"events", "capacity"
+    (None when unknown), "capacity_known", "what_if", "recorded": {...}, "predicted":
+    {...}}}}``; the text says "capacity unknown" when it is.
+    """
     from ..allocator.config import AllocatorConfig
     from ..allocator.replay import replay
     from ..io import load_snapshot

@@ -74,6 +74,15 @@ def fragmentation(snapshot: SnapshotLike) -> FragmentationReport:
         When a segment or block lacks what the analysis reads, or holds a value it cannot read
         (one line, saying where: the message `Snapshot.from_torch` gives).
 
+    Notes
+    -----
+    ``fragmentation(d)`` equals ``fragmentation(Snapshot.from_torch(d))`` (report, per-segment
+    columns, can_fit) or raises the same `SnapshotError`: tested on every recorded file, on
+    hand-made edge cases and generated odd dicts (tests/test_torch_reader.py), and fuzzed
+    (tools/fuzz.py, dict target). The one difference: the analysis does not read block
+    addresses, the segments' own allocated/active/requested sums or trace entries, so only
+    `Snapshot.from_torch` refuses a bad value there.
+
     Examples
     --------
     >>> seg = {"device": 0, "address": 0, "total_size": 2 * 2**20, "stream": 0,

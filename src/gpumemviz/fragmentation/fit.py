@@ -40,10 +40,8 @@ VERDICTS = (
 class FitAnswer:
     """Whether a request of `nbytes` would succeed now, and why, by the allocator's rules.
 
-    verdict: "cached" (fits in block `block_address`), "new_segment" (needs `new_bytes` from the
-    device, which has room), "flush_and_retry" (fits only after the allocator's own sync, cache
-    flush and retry), "out_of_memory", or "room_unknown" (needs `new_bytes` and no device_free
-    was given).
+    `verdict` is one of `VERDICTS`, each explained under `FragmentationReport.can_fit`;
+    `explanation` (also ``str()``) is one sentence; `to_dict()` gives plain values.
     """
 
     verdict: str
@@ -64,6 +62,7 @@ class FitAnswer:
         return self.explanation
 
     def to_dict(self) -> JsonDict:
+        """The fields as a dict of plain values."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 

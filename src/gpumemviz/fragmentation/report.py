@@ -113,7 +113,24 @@ class MemoryFigures:
     """The figures of one device, or of all devices together (`device` is None).
 
     Every byte of `reserved` is exactly one of allocated, pending_free or free (when the
-    conservation law holds). `internal_waste` and `requested` split `allocated`.
+    conservation law holds). `internal_waste` and `requested` split `allocated`. Bytes unless
+    the field's comment says otherwise. Notes on some fields:
+
+    - `requested`: torch 2.0 blocks give ``history[0].real_size`` (as MemoryViz's
+      ``_block_extra_legacy``); stale requested sizes of inactive blocks are never read. This
+      is segsum's ``total_allocated``, not torch's ``requested_bytes`` stat (which also counts
+      pending frees).
+    - `free_trapped` equals torch's ``inactive_split_bytes`` over those segments, except that
+      a segment holding only pending frees and free blocks counts there and not here.
+    - `free_stuck` includes expandable slivers; the panel and the HTML report paint it as
+      trapped.
+    - `releasable`: segments with no allocated block (pending frees included: empty_cache
+      syncs events first), plus the whole free pages of expandable runs (2 MiB small,
+      large_segment_size large).
+    - `external_fragmentation` is 0.0 when `free` is 0.
+    - `largest_free_by_pool`: {`PoolKey`: bytes}; `worst_segments`: at most `N_WORST`, most
+      stuck free bytes first; `violations`: segments where allocated + free + pending !=
+      total_size (reported, never raised).
     """
 
     device: int | None
@@ -158,7 +175,11 @@ class MemoryFigures:
 
 @dataclass(frozen=True, eq=False)
 class SegmentFigures:
-    """Per-segment figures as numpy columns, one row per segment in snapshot order."""
+    """Per-segment figures as numpy columns, one row per segment in snapshot order.
+
+    Properties `stuck_free` (what empty_cache leaves free in each segment) and
+    `external_fragmentation` are derived columns.
+    """
 
     device: np.ndarray  # i64
     address: np.ndarray  # i64
@@ -188,6 +209,7 @@ class SegmentFigures:
 
     @property
     def external_fragmentation(self) -> np.ndarray:
+        """1 - largest_free / free per segment (0.0 where free is 0)."""
         with np.errstate(divide="ignore", invalid="ignore"):
             frac = 1.0 - self.largest_free / self.free
         return np.where(self.free > 0, frac, 0.0)
@@ -202,7 +224,35 @@ class FragmentationReport:
     """What `fragmentation()` returns: figures per device and in total, per-segment columns.
 
     The total figures are also readable directly: `report.largest_free` is
-    `report.total.largest_free`.
+    `report.total.largest_free` (every `MemoryFigures` field but `device`).
+
+    Attributes
+    ----------
+    total : MemoryFigures
+        All devices together (its `device` is None).
+    devices : {int: MemoryFigures}
+        Devices holding a segment or a trace entry, as `Snapshot.devices`.
+    per_segment : SegmentFigures
+        Numpy columns, one row per segment in snapshot order.
+    allocator_settings : dict or None
+        The snapshot's recorded settings, as given.
+    config : AllocatorConfig
+        Parsed from them (PyTorch's defaults when none were recorded).
+    expandable_mode : bool
+        Recorded ``expandable_segments``, else inferred from expandable segments.
+
+    Examples
+    --------
+    >>> from gpumemviz import fragmentation
+    >>> seg = {"device": 0, "address": 0, "total_size": 2 << 20, "stream": 0,
+    ...        "segment_type": "small", "blocks": [
+    ...     {"size": 512, "requested_size": 100, "state": "active_allocated"},
+    ...     {"size": (2 << 20) - 512, "requested_size": 0, "state": "inactive"}]}
+    >>> r = fragmentation([seg])
+    >>> r.free == r.total.free == r.device(0).free, list(r.devices), len(r.per_segment)
+    (True, [0], 1)
+    >>> r.worst_segments[0].stuck_free, r.expandable_mode, r.violations
+    (2096640, False, ())
     """
 
     total: MemoryFigures
@@ -226,10 +276,34 @@ class FragmentationReport:
 
     @property
     def violations(self) -> tuple[ConservationViolation, ...]:
+        """Segments whose blocks do not add up to total_size (all devices; never raised)."""
         return self.total.violations
 
     def device(self, device: int) -> MemoryFigures:
-        """The figures of one device; ValueError naming the devices present if it is absent."""
+        """The figures of one device.
+
+        Parameters
+        ----------
+        device : int
+            A device index.
+
+        Returns
+        -------
+        MemoryFigures
+
+        Raises
+        ------
+        ValueError
+            Naming the devices present, when `device` holds no segment or trace entry.
+
+        Examples
+        --------
+        >>> from gpumemviz import fragmentation
+        >>> fragmentation([]).device(0)
+        Traceback (most recent call last):
+        ...
+        ValueError: no device 0 in this snapshot (devices: none)
+        """
         try:
             return self.devices[device]
         except (KeyError, TypeError):
@@ -237,7 +311,22 @@ class FragmentationReport:
             raise ValueError(f"no device {device} in this snapshot (devices: {have})") from None
 
     def to_dict(self) -> JsonDict:
-        """`{"total": {...}, "devices": {"0": {...}}}`: plain ints, floats, lists and strings."""
+        """The report as plain JSON values: the ``gpumemviz inspect --json`` shape.
+
+        Returns
+        -------
+        dict
+            ``{"total": {...}, "devices": {"0": {...}}, "settings": {"recorded",
+            "expandable_segments", "max_split_size", "roundup_power2_divisions"}}``; each
+            figures dict is `MemoryFigures.to_dict()`. Plain ints, floats, lists and strings.
+
+        Examples
+        --------
+        >>> from gpumemviz import fragmentation
+        >>> d = fragmentation([]).to_dict()
+        >>> d["total"]["reserved"], d["devices"], d["settings"]["max_split_size"]
+        (0, {}, None)
+        """
         return {
             "total": self.total.to_dict(),
             "devices": {str(d): f.to_dict() for d, f in self.devices.items()},
@@ -275,7 +364,38 @@ class FragmentationReport:
         Returns
         -------
         FitAnswer
-            `verdict` is one of `VERDICTS`; `explanation` is one sentence.
+            `verdict` is one of `VERDICTS` (Notes); `explanation` is one sentence.
+
+        Raises
+        ------
+        ValueError
+            When `device` is not in the snapshot, or a size is not one `parse_size` reads.
+
+        Notes
+        -----
+        The verdicts, in the order the allocator tries them (docs/allocator.md, The malloc
+        path):
+
+        - "cached": fits in the cached block at `block_address` (best fit, the oversize rules
+          on that one candidate, the expandable-size walk).
+        - "new_segment": needs `new_bytes` from the device, which has room (the allocation
+          size, or in expandable mode the pages `find_expandable_block`/`map_block` would map);
+          with max_split_size set, possibly after `release_available_cached_blocks` returned
+          cached oversize segments of the pool (which counts no retry).
+        - "garbage_collect": fits once ``garbage_collection_threshold``'s collection frees the
+          unused large segments it is sure to free (no retry).
+        - "flush_and_retry": `releasable` + device_free covers the bytes needed after the
+          allocator's sync, flush and retry (in expandable mode the flush also unmaps the whole
+          free pages of the tail it grows).
+        - "out_of_memory".
+        - "room_unknown": needs new memory and no `device_free` was given (`fits` is None).
+
+        A recorded ``per_process_memory_fraction`` caps reserved + allocation size at fraction
+        x (device_free + reserved) at every step. Only the default pool is searched; pending
+        frees are not reused (their events may not have completed). Checked against
+        `CachingAllocator.from_segments` on every real file and on random states (expandable
+        with pending frees; fraction caps with and without GC; max_split_size states where
+        oversize segments go back first).
 
         Examples
         --------

@@ -7,7 +7,7 @@ the allocator in the layer table and does not import it): a Sampler or its Histo
 `gpumemviz.replay` result, or `allocator.workloads.run` outcomes.
 
 What is read of each input is named, for the type checker, by the protocols of
-render/figure_inputs.py. The module stays whole (about 510 lines): its three figures share the
+render/figure_inputs.py. The module stays whole (about 580 lines): its three figures share the
 data readers and the plotly helpers.
 """
 
@@ -138,6 +138,24 @@ def timeline_series(data: TimelineInput, *, device: int | None = None) -> Series
         or an `allocator.workloads.run` outcome (after every allocator step).
     device : int, optional
         Which device (default: the lowest present).
+
+    Returns
+    -------
+    dict
+        ``x`` (seconds, trace entries or allocator steps), ``x_title`` naming it, the columns
+        above in bytes, ``oom`` and ``capacity``.
+
+    Raises
+    ------
+    TypeError
+        For any other input.
+
+    Examples
+    --------
+    >>> from gpumemviz.allocator.workloads import inference_server, run
+    >>> s = timeline_series(run(inference_server(paged=True, n_requests=2)))
+    >>> s["x_title"], len(s["x"]) == len(s["reserved"]), s["oom"].tolist()
+    ('allocator step', True, [])
     """
     samples = _samples(data)
     if samples is not None:
@@ -230,6 +248,18 @@ def outcome_rows(outcomes: Mapping[str, Outcome] | Iterable[Outcome]) -> list[Ro
     ----------
     outcomes : {name: Outcome} or iterable of Outcome
         Results of `gpumemviz.allocator.workloads.run`; names default to each workload's name.
+
+    Returns
+    -------
+    list of dict
+        One per outcome, in the given order.
+
+    Examples
+    --------
+    >>> from gpumemviz.allocator.workloads import inference_server, run
+    >>> [row] = outcome_rows({"paged": run(inference_server(paged=True, n_requests=2))})
+    >>> row["variant"], row["outcome"], row["free_in_segments_at_oom"]
+    ('paged', 'completed', None)
     """
     return _rows(_items(outcomes))
 
@@ -284,6 +314,15 @@ def timeline(
     Returns
     -------
     plotly.graph_objects.Figure
+        Lines in GiB (bytes / 2**30), OOMs as red crosses at the reserved figure, the
+        capacity as a dashed line where known.
+
+    Raises
+    ------
+    ImportError
+        Without plotly ("pip install plotly"); plotly is imported on first use.
+    TypeError
+        For an input `timeline_series` does not read.
 
     Examples
     --------
@@ -368,7 +407,23 @@ def what_if(
     plotly.graph_objects.Figure
         Two rows sharing the x axis: reserved (GiB) and segments. Traces are named
         "recorded reserved", "predicted reserved", "recorded segments", "predicted segments",
-        and "recorded OOM" / "predicted OOM" where there is one.
+        and "recorded OOM" / "predicted OOM" where there is one; a capacity line where it is
+        known, else the title says "capacity unknown".
+
+    Raises
+    ------
+    TypeError
+        When `result` is not a replay result.
+
+    Examples
+    --------
+    >>> from gpumemviz.allocator.model import CachingAllocator
+    >>> from gpumemviz import replay
+    >>> a = CachingAllocator(1 << 30)
+    >>> a.free(a.malloc(3 << 20))
+    >>> fig = what_if(replay(a.snapshot(), config="expandable_segments:True"))
+    >>> [t.name for t in fig.data]
+    ['recorded reserved', 'predicted reserved', 'recorded segments', 'predicted segments']
     """
     go, make_subplots = _plotly()
     if not (hasattr(result, "figures") and hasattr(result, "devices")):
@@ -452,6 +507,13 @@ def workloads(
         Left: bars "peak reserved" and "peak allocated" per variant (GiB), the outcome as bar
         text, OOM variants' reserved bars in the OOM colour, the capacity as a dashed line.
         Right: reserved over allocator steps, one line per variant, OOMs as crosses.
+
+    Examples
+    --------
+    >>> from gpumemviz.allocator.workloads import inference_server, run
+    >>> fig = workloads({"paged": run(inference_server(paged=True, n_requests=2))})
+    >>> [t.name for t in fig.data]
+    ['peak reserved', 'peak allocated', 'paged reserved']
     """
     go, make_subplots = _plotly()
     items = _items(outcomes)

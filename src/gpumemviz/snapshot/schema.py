@@ -28,7 +28,29 @@ JsonDict = dict[str, Any]
 
 
 class SnapshotError(ValueError):
-    """A snapshot that cannot be read or is inconsistent; the message says what and where."""
+    """A snapshot that cannot be read or is inconsistent; the message says what and where.
+
+    A `ValueError`. The message is always one line: every value from the file in it goes
+    through the helpers of ``snapshot/messages.py`` (bounded repr, unprintables escaped), and a
+    segment is named by `Snapshot.where` ("segment 3 (device 0, 0x7f5d00000000): block 7 has
+    no size"). Every reader raises it: `Snapshot.from_torch`, `validate`,
+    `gpumemviz.load_snapshot` and the analyses that take a torch dict.
+
+    Parameters
+    ----------
+    message : str
+        The one-line message.
+
+    Examples
+    --------
+    >>> from gpumemviz import Snapshot
+    >>> try:
+    ...     Snapshot.from_torch([{"device": 0, "address": 0, "total_size": 512,
+    ...                           "blocks": [{"state": "inactive"}]}])
+    ... except SnapshotError as e:
+    ...     print(e)
+    segment 0 (device 0, 0x0): block 0 has no size
+    """
 
 
 INACTIVE, ALLOCATED, PENDING_FREE = 0, 1, 2

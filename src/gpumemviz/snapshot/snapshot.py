@@ -3,7 +3,7 @@
 Rows stay in the file's order, so `Snapshot.from_torch(d).to_torch() == d` for every modern
 file: each row remembers its key set (its "layout", `RowShape`) and any key we do not know, and
 frames lists are referenced, never copied. Building columns never creates one Python object per
-block, so a 10^6-block file stays cheap. The module stays whole (about 500 lines): its
+block, so a 10^6-block file stays cheap. The module stays whole (about 650 lines): its
 constructors, views and torch round trip all work on the one frozen value's private fields.
 """
 
@@ -60,7 +60,35 @@ class Snapshot:
 
     Build one with `Snapshot.from_torch(dict_or_list)`, `Snapshot.from_columns(...)` or
     `gpumemviz.load_snapshot(path)`; `to_torch()` gives the dict back. Frames lists, settings and
-    annotations are shared with the source dict, not copied: treat them as read-only.
+    annotations are shared with the source dict, not copied: treat them as read-only. The value
+    is frozen and its numpy columns are read-only.
+
+    Attributes
+    ----------
+    segments : SegmentTable
+        Segment columns, one row per segment in file order (devices in order, addresses
+        ascending inside a device).
+    blocks : BlockTable
+        Block columns, segment by segment in address order.
+    traces : {int: Trace}
+        One per ``device_traces`` list, keyed by device index (devices whose trace is empty
+        are present too); ``{}`` for a bare segment list.
+    allocator_settings : dict or None
+        The file's ``allocator_settings``, as given.
+    external_annotations : list or None
+        The file's ``external_annotations``, as given.
+
+    Examples
+    --------
+    >>> snap = Snapshot.from_torch({"segments": [{"device": 0, "address": 4096,
+    ...     "total_size": 2097152, "stream": 0, "segment_type": "small", "blocks": [
+    ...         {"size": 512, "state": "active_allocated", "requested_size": 100},
+    ...         {"size": 2096640, "state": "inactive", "requested_size": 0}]}],
+    ...     "device_traces": [[], []]})
+    >>> snap
+    <Snapshot devices=[0] segments=1 blocks=2 trace_entries=0 reserved=2.00 MiB>
+    >>> snap.segments.total_size.tolist(), snap.blocks.state.tolist(), sorted(snap.traces)
+    ([2097152], [1, 0], [0, 1])
     """
 
     segments: SegmentTable
@@ -79,10 +107,12 @@ class Snapshot:
 
     @property
     def n_segments(self) -> int:
+        """Number of segment rows (``len(self.segments)``)."""
         return len(self.segments)
 
     @property
     def n_blocks(self) -> int:
+        """Number of block rows (``len(self.blocks)``)."""
         return len(self.blocks)
 
     @property
@@ -101,7 +131,31 @@ class Snapshot:
         )
 
     def block(self, i: int) -> Block:
-        """Block `i` (in table order) as a frozen value."""
+        """Block `i` (in table order) as a frozen value, for humans.
+
+        Parameters
+        ----------
+        i : int
+            Row in `blocks`; negative counts from the end.
+
+        Returns
+        -------
+        Block
+            Its frames as a tuple (a torch 2.0 block's come from its ``history[0]``).
+
+        Raises
+        ------
+        IndexError
+            When `i` is out of range.
+
+        Examples
+        --------
+        >>> snap = Snapshot.from_torch([{"address": 4096, "total_size": 1024, "blocks": [
+        ...     {"size": 1024, "state": "active_allocated", "requested_size": 1000}]}])
+        >>> b = snap.block(0)
+        >>> b.address, b.size, b.requested_size, b.state
+        (4096, 1024, 1000, 'active_allocated')
+        """
         i = row_index(i, self.n_blocks, "block", "blocks")
         b = self.blocks
         frames = self._blk_frames[i] if self._blk_frames is not None else None
@@ -122,6 +176,21 @@ class Snapshot:
         copied), a torch 2.0 block's `history[0]` frames, or `[]` when none was recorded.
 
         One list for all blocks, so stack analysis (sites, hover) costs no per-block objects.
+        `Trace.frames()` is the same per trace entry.
+
+        Returns
+        -------
+        list of list
+            One frames list per block (treat as read-only).
+
+        Examples
+        --------
+        >>> frame = {"filename": "train.py", "line": 3, "name": "step"}
+        >>> snap = Snapshot.from_torch([{"address": 0, "total_size": 1024, "blocks": [
+        ...     {"size": 512, "state": "active_allocated", "frames": [frame]},
+        ...     {"size": 512, "state": "inactive"}]}])
+        >>> snap.block_frames()
+        [[{'filename': 'train.py', 'line': 3, 'name': 'step'}], []]
         """
         n = self.n_blocks
         base = self._blk_frames
@@ -144,6 +213,23 @@ class Snapshot:
         "extra": {entry: {key: value}}, "action_names": [str]}}), ``allocator_settings``,
         ``external_annotations`` and ``top_extra``. This is how path redaction rewrites every
         string of a 10^6-block snapshot without building its dicts.
+
+        Parameters
+        ----------
+        fn : callable
+            Takes the dict above and returns one of the same shape (it may return new values
+            for any of the keys; unchanged ones stay shared).
+
+        Returns
+        -------
+        Snapshot
+            The same columns (shared) with `fn`'s objects.
+
+        Examples
+        --------
+        >>> snap = Snapshot.from_torch({"segments": [], "allocator_settings": {"a": 1}})
+        >>> snap.map_objects(lambda d: {**d, "allocator_settings": {"a": 2}}).allocator_settings
+        {'a': 2}
         """
         payload: TorchDict = {
             "seg_frames": self._seg_frames,
@@ -185,7 +271,31 @@ class Snapshot:
         )
 
     def segment(self, i: int) -> Segment:
-        """Segment `i` (in file order) with its blocks, as a frozen value."""
+        """Segment `i` (in file order) with its blocks, as a frozen value, for humans.
+
+        Parameters
+        ----------
+        i : int
+            Row in `segments`; negative counts from the end.
+
+        Returns
+        -------
+        Segment
+            With ``.blocks`` (a tuple of `Block`) and ``.end`` (one past the last byte).
+
+        Raises
+        ------
+        IndexError
+            When `i` is out of range.
+
+        Examples
+        --------
+        >>> snap = Snapshot.from_torch([{"address": 4096, "total_size": 1024, "blocks": [
+        ...     {"size": 1024, "state": "inactive"}]}])
+        >>> seg = snap.segment(-1)
+        >>> seg.segment_type, seg.end, [b.state for b in seg.blocks]
+        ('large', 5120, ['inactive'])
+        """
         i = row_index(i, self.n_segments, "segment", "segments")
         s = self.segments
         start, count = int(s.block_start[i]), int(s.block_count[i])
@@ -207,7 +317,25 @@ class Snapshot:
         )
 
     def where(self, seg: int) -> str:
-        """'segment 3 (device 0, 0x7f5d00000000)': how messages name a segment."""
+        """'segment 3 (device 0, 0x7f5d00000000)': how messages name a segment.
+
+        Every `SnapshotError` about a segment starts with this.
+
+        Parameters
+        ----------
+        seg : int
+            Row in `segments`.
+
+        Returns
+        -------
+        str
+
+        Examples
+        --------
+        >>> Snapshot.from_torch([{"device": 1, "address": 0x7F5D00000000, "total_size": 512,
+        ...     "blocks": [{"size": 512, "state": "inactive"}]}]).where(0)
+        'segment 0 (device 1, 0x7f5d00000000)'
+        """
         s = self.segments
         return f"segment {seg} (device {int(s.device[seg])}, {int(s.address[seg]):#x})"
 
@@ -217,7 +345,11 @@ class Snapshot:
     def from_torch(cls, obj: TorchDict | TorchList) -> Snapshot:
         """Read a torch snapshot: the `_snapshot()` dict of any generation, or a segment list.
 
-        Checks only what building the columns needs; `validate` checks the rest.
+        Checks only what building the columns needs (types, required keys, states);
+        `validate` checks the rest. ``Snapshot.from_torch(d).to_torch() == d`` for every dict,
+        the torch 2.0 legacy file included: each row keeps its key set, unknown keys are kept,
+        and ``segment_pool_id`` comes back a tuple even from JSON lists. Frames lists, settings
+        and annotations are shared, not copied.
 
         Parameters
         ----------
@@ -228,6 +360,11 @@ class Snapshot:
         Returns
         -------
         Snapshot
+
+        Raises
+        ------
+        SnapshotError
+            One line naming what is wrong and where.
 
         Examples
         --------
@@ -259,7 +396,24 @@ class Snapshot:
 
     def to_torch(self) -> TorchDict:
         """The torch dict: `from_torch(d).to_torch() == d` for dicts; a bare list gains
-        `device_traces` (one empty list per device) so PyTorch's tools accept it."""
+        `device_traces` (one empty list per device up to the highest) so PyTorch's tools
+        accept it.
+
+        Returns
+        -------
+        dict
+            ``{"segments", "device_traces", ...}`` in torch's key order; frames lists, settings
+            and annotations are the snapshot's own (shared, not copied).
+
+        Examples
+        --------
+        >>> d = {"segments": [], "device_traces": [[]], "custom": 1}
+        >>> Snapshot.from_torch(d).to_torch() == d
+        True
+        >>> Snapshot.from_torch([{"device": 1, "address": 0, "total_size": 512,
+        ...     "blocks": [{"size": 512, "state": "inactive"}]}]).to_torch()["device_traces"]
+        [[], []]
+        """
         with no_gc():
             return self._to_torch()
 

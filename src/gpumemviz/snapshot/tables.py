@@ -19,7 +19,24 @@ from .shapes import RowShape
 
 @dataclass(frozen=True, eq=False)
 class SegmentTable:
-    """One row per segment (an expandable segment: one row per mapped run), in file order."""
+    """One row per segment (an expandable segment: one row per mapped run), in file order:
+    devices in order, addresses ascending inside a device. Every column is a read-only numpy
+    array of length n_segments.
+
+    Attributes
+    ----------
+    device, address, total_size, stream : int64
+    allocated_size, active_size, requested_size : int64
+        The file's values (derived from the blocks where the file lacks them); `validate`
+        checks them against the blocks.
+    is_small, is_expandable : bool
+        ``segment_type == "small"``; an expandable segment.
+    pool_id : int64, shape (n, 2)
+        ``segment_pool_id``; (0, 0) is the default pool.
+    block_start, block_count : int64
+        The segment's blocks are rows ``[block_start, block_start + block_count)`` of the
+        `BlockTable`.
+    """
 
     device: np.ndarray
     address: np.ndarray
@@ -40,7 +57,17 @@ class SegmentTable:
 
 @dataclass(frozen=True, eq=False)
 class BlockTable:
-    """One row per block, segment by segment, in address order inside a segment."""
+    """One row per block, segment by segment, in address order inside a segment. Every column
+    is a read-only numpy array of length n_blocks.
+
+    Attributes
+    ----------
+    segment, address, size, requested_size : int64
+        `segment` indexes the `SegmentTable`. Legacy (torch 2.0) blocks have no address in the
+        file: the column holds the segment address plus the sizes before, as torch computes it.
+    state : uint8
+        `INACTIVE` 0, `ALLOCATED` 1, `PENDING_FREE` 2 (indexes `STATE_NAMES`).
+    """
 
     segment: np.ndarray
     address: np.ndarray
@@ -94,7 +121,24 @@ class Trace:
     """One device's trace: numpy columns plus the entries' frames and strings, kept as given.
 
     `action` indexes `action_names`, whose first entries are `ACTIONS`; unknown actions follow.
-    `addr`, `size`, `stream`, `time_us` and `device_free` are -1 where an entry lacks the key.
+    `addr`, `size`, `stream`, `time_us` and `device_free` are -1 where an entry lacks the key:
+    `addr` of oom entries, `device_free` of all others, `time_us` before torch 2.2. ``len()``
+    is the number of entries; `entry(i)` and `entries()` give torch's dicts back.
+
+    Attributes
+    ----------
+    action : uint8
+    addr, size, stream, time_us, device_free : int64
+    action_names : tuple of str
+
+    Examples
+    --------
+    >>> t = Trace.from_entries([{"action": "alloc", "addr": 4096, "size": 512, "stream": 0},
+    ...                         {"action": "oom", "device_free": 0, "size": 1 << 30, "stream": 0}])
+    >>> len(t), [t.action_names[a] for a in t.action], t.addr.tolist(), t.device_free.tolist()
+    (2, ['alloc', 'oom'], [4096, -1], [-1, 0])
+    >>> t.entry(1)
+    {'action': 'oom', 'device_free': 0, 'size': 1073741824, 'stream': 0}
     """
 
     action: np.ndarray

@@ -38,9 +38,21 @@ def _check_settings(settings: TorchDict | None) -> None:
 def validate(snapshot: Snapshot) -> None:
     """Check that a snapshot is self-consistent; raise `SnapshotError` at the first problem.
 
-    Vectorised over the columns: block sizes sum to total_size, blocks are contiguous from
-    the segment address, allocated/active/requested sums match the blocks, sizes are not
-    negative, and segments of a device do not overlap.
+    Vectorised over the columns: block and segment sizes are positive, block sizes sum to
+    total_size, blocks are contiguous from the segment address, allocated/active/requested
+    sums match the blocks, and segments of a device do not overlap. ``allocator_settings
+    ["roundup_power2_divisions"]``, when present, must be a dict of interval keys (int or digit
+    string) to 0 or a power of two: the shape `AllocatorConfig.from_settings` reads. The
+    allocator's own rules (512-byte multiples and such) are not checked: that is analysis.
+
+    Parameters
+    ----------
+    snapshot : Snapshot
+
+    Raises
+    ------
+    SnapshotError
+        One line naming the first problem and where it is (`Snapshot.where`).
 
     Examples
     --------

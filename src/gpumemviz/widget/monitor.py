@@ -20,6 +20,15 @@ def mark(label: str) -> None:
     ----------
     label : str
         Shown at the marker (as text).
+
+    Examples
+    --------
+    >>> import gpumemviz
+    >>> panel = gpumemviz.MemoryPanel.from_snapshot([])
+    >>> gpumemviz.mark("epoch 3")
+    >>> [m["label"] for m in panel.timeline.marks()]
+    ['epoch 3']
+    >>> panel.close()
     """
     t = time.time()
     for panel in live_panels():

@@ -6,9 +6,9 @@ cell, the sampler's listener, the browser's messages) only enqueue. The front en
 bundle itself (`_esm` and `_css` are paths from gpumemviz.bundles), so anywidget's hot reload
 (``ANYWIDGET_HMR=1``) follows a rebuild during development.
 
-The module stays whole (about 600 lines): it is the one class whose methods all read and write
-the same traits, wire and writer queue; the pieces it uses (writer thread, kernel subshells,
-bundle location) live in their own modules.
+The module stays whole (under 800 lines, a third of them docstrings): it is the one class
+whose methods all read and write the same traits, wire and writer queue; the pieces it uses
+(writer thread, kernel subshells, bundle location) live in their own modules.
 """
 
 from __future__ import annotations
@@ -73,6 +73,21 @@ def live_panels() -> list[MemoryPanel]:
 
 class MemoryPanel(anywidget.AnyWidget):
     """The live segment map: one row per reserved segment, coloured by block state.
+
+    Shows a snapshot (`from_snapshot`, `show_snapshot`) or follows a sampler (`attach`, as
+    `gpumemviz.monitor` does). Its writer thread draws (`flush` waits); errors go to `errors`.
+
+    Parameters
+    ----------
+    device : int, optional
+        Only this device's segments (default: the sample's device; a snapshot's all).
+    title : str
+        Shown in the header (a sample's device name replaces it).
+    subshell : bool
+        Clicks on a kernel subshell of the panel's own, so they act while a cell runs
+        (ipykernel 7.4+); False: on the main shell, after the running cell.
+    **kwargs
+        Trait values, passed to anywidget.
 
     Examples
     --------
@@ -161,18 +176,47 @@ class MemoryPanel(anywidget.AnyWidget):
             Show only this device's segments (default: all devices).
         title : str
             Shown in the header.
+
+        Returns
+        -------
+        MemoryPanel
+
+        Examples
+        --------
+        >>> panel = MemoryPanel.from_snapshot([], title="empty")
+        >>> panel.flush(), panel.title, panel.map_layout["n_rows"]
+        (True, 'empty', 0)
+        >>> panel.close()
         """
         panel = cls(device=device, title=title)
         panel.show_snapshot(snapshot)
         return panel
 
     def show_snapshot(self, snapshot: SnapshotLike) -> None:
-        """Show a snapshot; returns at once (the writer thread draws it)."""
+        """Show a snapshot; returns at once (the writer thread draws it).
+
+        Parameters
+        ----------
+        snapshot : Snapshot, torch dict or list, path or bytes
+            Anything `gpumemviz.io.as_snapshot` accepts; read here, so a bad one raises here.
+
+        Examples
+        --------
+        >>> seg = {"device": 0, "address": 0, "total_size": 512, "stream": 0,
+        ...        "blocks": [{"size": 512, "state": "inactive"}]}
+        >>> panel = MemoryPanel()
+        >>> panel.show_snapshot([seg]); panel.flush()
+        True
+        >>> panel.map_layout["n_rows"], panel.header["free"]
+        (1, 512)
+        >>> panel.close()
+        """
         snap = _as_snapshot(snapshot)
         self._offer(("snapshot", snap))
 
     def push_sample(self, sample: Sample) -> None:
-        """Sampler listener: show a Sample. Only the newest waiting sample is drawn."""
+        """Sampler listener: show a Sample. Only the newest waiting sample is drawn (an OOM on
+        a sample it replaces is carried over). `attach` registers it; no example."""
         self._offer(("sample", sample))
 
     def attach(self, sampler: Sampler, *, owned: bool = False) -> None:
@@ -180,6 +224,27 @@ class MemoryPanel(anywidget.AnyWidget):
 
         The panel only listens; an ``owned`` sampler (made for this panel alone) is also
         stopped when the panel closes. A shared one keeps running for its other panels.
+        A source with ``time_travel`` (a replayed file) replaces the timeline with the
+        recorded run and its annotations.
+
+        Parameters
+        ----------
+        sampler : Sampler
+        owned : bool
+            Stop the sampler when the panel detaches or closes.
+
+        Examples
+        --------
+        >>> from gpumemviz.live import sampler_for
+        >>> from gpumemviz.sources.simulated import SimulatedSource
+        >>> sampler = sampler_for(SimulatedSource(autostart=False))
+        >>> panel = MemoryPanel()
+        >>> panel.attach(sampler, owned=True)
+        >>> _ = sampler.sample_once(); panel.flush()
+        True
+        >>> panel.status, panel.controls["live"]
+        ('simulated: training (demo data)', True)
+        >>> panel.close()
         """
         self.detach()
         self.sampler = sampler
@@ -219,7 +284,8 @@ class MemoryPanel(anywidget.AnyWidget):
         return self._owns_sampler
 
     def devices(self) -> list[int]:
-        """Devices the switcher offers: CUDA's when torch already runs it, else the one shown."""
+        """Devices the switcher offers: CUDA's when torch already runs it, else the one shown
+        (the ``controls`` trait carries them; no example)."""
         import sys
 
         torch = sys.modules.get("torch")
@@ -231,12 +297,24 @@ class MemoryPanel(anywidget.AnyWidget):
         return [self._device if self._device is not None else 0]
 
     def follow_device(self, device: int, sampler: Sampler) -> None:
-        """Show another device: follow its (shared) sampler from now on."""
+        """Show another device: follow its (shared) sampler from now on (the "device"
+        command; no example)."""
         self._device = device
         self.attach(sampler)
 
     def detach(self) -> None:
-        """Stop following the sampler (closing the panel does this too)."""
+        """Stop following the sampler (closing the panel does this too); an owned one stops.
+
+        Examples
+        --------
+        >>> from gpumemviz.live import sampler_for
+        >>> from gpumemviz.sources.simulated import SimulatedSource
+        >>> panel = MemoryPanel()
+        >>> panel.attach(sampler_for(SimulatedSource(autostart=False)))
+        >>> panel.detach(); panel.sampler is None
+        True
+        >>> panel.close()
+        """
         sampler, self.sampler = self.sampler, None
         if sampler is not None:
             sampler.remove_listener(self.push_sample)
@@ -245,7 +323,25 @@ class MemoryPanel(anywidget.AnyWidget):
             self._writer.submit(self._refresh_controls)
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until everything handed to the panel so far is drawn and sent (tests, export)."""
+        """Wait until everything handed to the panel so far is drawn and sent (tests, export).
+
+        Parameters
+        ----------
+        timeout : float
+            Seconds to wait at most.
+
+        Returns
+        -------
+        bool
+            False when the writer did not finish in time.
+
+        Examples
+        --------
+        >>> panel = MemoryPanel.from_snapshot([])
+        >>> panel.flush(timeout=5), panel.errors
+        (True, ())
+        >>> panel.close()
+        """
         return self._writer.wait(timeout)
 
     @property
@@ -259,7 +355,16 @@ class MemoryPanel(anywidget.AnyWidget):
         return tuple(self._writer.errors)
 
     def close(self) -> None:
-        """Stop the writer thread and close the widget."""
+        """Stop listening (an owned sampler stops), stop the writer thread, drop the panel's
+        subshell and close the widget.
+
+        Examples
+        --------
+        >>> panel = MemoryPanel.from_snapshot([])
+        >>> panel.close()
+        >>> panel in live_panels()
+        False
+        """
         _PANELS.discard(self)
         if getattr(self, "sampler", None) is not None:
             self.detach()
@@ -364,7 +469,23 @@ class MemoryPanel(anywidget.AnyWidget):
         self.send({"kind": "timeline", "first": self.timeline.count - 1, "points": [point]})
 
     def add_marker(self, label: str, kind: str = "mark", t: float | None = None) -> None:
-        """A marker on the timeline (``gpumemviz.mark`` puts one on every live panel)."""
+        """A marker on the timeline (``gpumemviz.mark`` puts one on every live panel).
+
+        Parameters
+        ----------
+        label : str
+        kind : {"mark", "cell", "oom"}
+        t : float, optional
+            ``time.time()`` seconds (default: now).
+
+        Examples
+        --------
+        >>> panel = MemoryPanel.from_snapshot([])
+        >>> panel.add_marker("epoch 1", t=5.0)
+        >>> panel.timeline.marks()
+        [{'t': 5.0, 'label': 'epoch 1', 'kind': 'mark'}]
+        >>> panel.close()
+        """
         m = self.timeline.add_mark(time.time() if t is None else t, label, kind)
         self._writer.submit(lambda: self.send({"kind": "marks", "marks": [m]}))
 
@@ -455,6 +576,15 @@ class MemoryPanel(anywidget.AnyWidget):
         ------
         ValueError
             When the panel shows nothing yet, or its source cannot export.
+
+        Examples
+        --------
+        >>> import pathlib, tempfile
+        >>> panel = MemoryPanel.from_snapshot([]); _ = panel.flush()
+        >>> with tempfile.TemporaryDirectory() as d:
+        ...     panel.export(pathlib.Path(d) / "shown.json").read_text()
+        '{"segments":[],"device_traces":[]}'
+        >>> panel.close()
         """
         from gpumemviz.export import export
 
@@ -472,7 +602,8 @@ class MemoryPanel(anywidget.AnyWidget):
 
     def fit_inputs(self) -> tuple[FragmentationReport | None, int | None, int]:
         """What "would N fit?" reads: the report of the snapshot shown (computed when it was
-        drawn), the device's free bytes (NVML, when known) and the device shown."""
+        drawn), the device's free bytes (NVML, when known) and the device shown (the "fit"
+        command; no example)."""
         snap, device = self.shown, self._shown_device
         if device is None:
             devices: np.ndarray | list[int] = (
@@ -482,7 +613,30 @@ class MemoryPanel(anywidget.AnyWidget):
         return self._shown_report, self._device_free, device
 
     def command(self, name: str, **args: Any) -> JsonDict:  # Any: the browser's JSON values
-        """Run a button's command now, on this thread (what a click does); returns the reply."""
+        """Run a button's command now, on this thread (what a click does); returns the reply.
+
+        Parameters
+        ----------
+        name : str
+            empty_cache, export, pause, resume, interval, fit, seek, play, record_history,
+            reset_peaks or device (`gpumemviz.commands`).
+        **args
+            The command's arguments as the browser sends them (``value``, ``index``, ...).
+
+        Returns
+        -------
+        dict
+            ``{name, thread, ms, ok, text, ...}``: the reply the browser gets; a failure is
+            ``ok`` False with a one-line ``text``, never an exception.
+
+        Examples
+        --------
+        >>> panel = MemoryPanel.from_snapshot([])
+        >>> reply = panel.command("pause")
+        >>> reply["ok"], reply["text"]
+        (False, 'this panel shows a fixed snapshot: there is no live source')
+        >>> panel.close()
+        """
         from gpumemviz.commands import CommandError, run_command
 
         t0 = time.perf_counter()
@@ -529,7 +683,8 @@ class MemoryPanel(anywidget.AnyWidget):
 
     def replay_times(self) -> np.ndarray | None:
         """The replayed trace's entry times (`trace_times`), or None: not a replay, or a trace
-        recorded without ``time_us`` (events only)."""
+        recorded without ``time_us`` (events only). The "seek" command and the replay
+        controls read it; no example."""
         source = getattr(self.sampler, "source", None)
         raw = getattr(source, "raw", None)
         if source is None or not isinstance(raw, dict):

@@ -165,6 +165,9 @@ def replay(
     ReplayError
         When the snapshot has no trace, its trace does not fit its segments, or a traced
         device holds a segment of a private pool (CUDA graphs, MemPool).
+    ValueError
+        A zero or negative capacity ("capacity must be positive, got ..."), or a size string
+        `parse_size` refuses; TypeError for a capacity of another type.
 
     Examples
     --------

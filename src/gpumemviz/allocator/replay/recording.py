@@ -100,8 +100,12 @@ def _device_settings(snapshot: TorchMapping) -> TorchMapping | None:
 class Recording:
     """One device's recorded layouts after every trace entry, with checkpoints for fast jumps.
 
-    Build it with `Recording.from_snapshot`. Index ``i`` means "after trace entry i"; ``-1`` is
-    the reconstructed state at the start of the trace.
+    Build it with `Recording.from_snapshot` (it reconstructs the start, replays forwards at the
+    recorded addresses and checks that it ends on the recorded final segments). Index ``i``
+    means "after trace entry i"; ``-1`` is the reconstructed state at the start of the trace.
+    ``len()`` is the number of entries; `reserved`, `allocated` and `segments` are numpy
+    arrays of the recorded figures after each entry; `start` and `final` are the first and
+    last `Layout`; `layout_at`, `snapshot_at` and `frames_after` jump to any entry.
     """
 
     def __init__(

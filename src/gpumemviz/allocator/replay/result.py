@@ -24,7 +24,13 @@ class ReplayError(ValueError):
 
 @dataclass
 class DeviceReplay:
-    """One device's replay: decision scores, and the model's figures after every trace entry."""
+    """One device's replay: decision scores, and the model's figures after every trace entry.
+
+    The counts are commented field by field below. `reserved`, `allocated` and `segments` are
+    numpy arrays with the model's figures after each trace entry (a what-if stops at its
+    OOM); `mismatches` holds the first 20 misses as ``(trace index, kind, detail)``;
+    `final_segments` the model's segments at the end (torch dicts).
+    """
 
     device: int
     config: str
@@ -53,7 +59,7 @@ class DeviceReplay:
     reserved: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     allocated: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     segments: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    mismatches: list[tuple[int, str, str]] = field(default_factory=list)  # first few
+    mismatches: list[tuple[int, str, str]] = field(default_factory=list)  # the first 20
     final_segments: list[TorchDict] = field(default_factory=list)
 
     @property
@@ -71,7 +77,39 @@ class DeviceReplay:
 
 @dataclass
 class ReplayResult:
-    """What `replay` found, per device and summed; `timelines` scrub the recorded history."""
+    """What `replay` found, per device and summed; `timelines` scrub the recorded history.
+
+    Attributes
+    ----------
+    config, recorded_config : str
+        The settings replayed, and the recorded ones ("" with `settings_recorded` False:
+        PyTorch's defaults assumed, not seen).
+    what_if : bool
+        Whether any device ran under other settings or another capacity than recorded.
+    devices : {int: DeviceReplay}
+        The run asked for, per traced device.
+    recorded : {int: DeviceReplay}
+        The same trace under the recorded settings (the run `what_if` compares with).
+    timelines : {int: Recording}
+        The recorded history per device (name kept: public), what `snapshot_at` reads.
+    settings_recorded : bool
+        False when the file has no ``allocator_settings``.
+
+    The properties `allocs`, `allocs_matched`, `allocs_matched_per_decision`, `peak_reserved`,
+    `oom` and `capacity_known` sum (or combine) the devices' own.
+
+    Examples
+    --------
+    >>> from gpumemviz.allocator.model import CachingAllocator
+    >>> from gpumemviz.allocator.replay import replay
+    >>> a = CachingAllocator(1 << 30)
+    >>> a.free(a.malloc(3 << 20))
+    >>> r = replay(a.snapshot(), config="expandable_segments:True")
+    >>> r.what_if, r.config, r.recorded_config, r.capacity_known, sorted(r.devices)
+    (True, 'expandable_segments:True', '', False, [0])
+    >>> r.peak_segments(0, "recording"), len(r.snapshot_at(0)["segments"])
+    (1, 1)
+    """
 
     config: str
     recorded_config: str
@@ -85,14 +123,17 @@ class ReplayResult:
 
     @property
     def allocs(self) -> int:
+        """``alloc`` entries replayed, over all devices."""
         return sum(d.allocs for d in self.devices.values())
 
     @property
     def allocs_matched(self) -> int:
+        """Allocs at the recorded address with the model on its own state throughout."""
         return sum(d.allocs_matched for d in self.devices.values())
 
     @property
     def allocs_matched_per_decision(self) -> int:
+        """Allocs at the recorded address, re-synchronised to the recording after a miss."""
         return sum(d.allocs_matched_per_decision for d in self.devices.values())
 
     @property
@@ -110,10 +151,15 @@ class ReplayResult:
 
     @property
     def capacity_known(self) -> bool:
+        """Whether every device's capacity was given or inferred from an ``oom`` entry."""
         return all(d.capacity_known for d in self.devices.values())
 
     def snapshot_at(self, event_index: int, device: int | None = None) -> TorchDict:
-        """The recorded segments of `device` after trace entry `event_index` (-1: the start)."""
+        """The recorded segments of `device` after trace entry `event_index` (-1: the start).
+
+        `device` defaults to the lowest traced one; see `Recording.snapshot_at`. Raises
+        `ReplayError` for a device without a trace.
+        """
         if device is None:
             if not self.timelines:
                 raise ReplayError("this snapshot has no traced device to scrub")
