@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpumemviz.render.timeline import entry_at_time
+from gpumemviz.snapshot.messages import short_repr
 from gpumemviz.units import format_size, parse_size
 
 __all__ = ["CommandError", "file_url", "run_command"]
@@ -35,7 +36,7 @@ def run_command(panel: Any, name: str, args: dict) -> dict:
     """
     handler = _COMMANDS.get(name)
     if handler is None:
-        raise CommandError(f"unknown command {name!r}")
+        raise CommandError(f"unknown command {short_repr(name)}")
     return handler(panel, args)
 
 
@@ -86,7 +87,9 @@ def _interval(panel: Any, args: dict) -> dict:
     try:
         value = float(args.get("value"))
     except (TypeError, ValueError):
-        raise CommandError(f"interval must be seconds, got {args.get('value')!r}") from None
+        raise CommandError(
+            f"interval must be seconds, got {short_repr(args.get('value'))}"
+        ) from None
     try:
         _sampler(panel).set_interval(value)
     except ValueError as exc:
@@ -156,7 +159,9 @@ def _device(panel: Any, args: dict) -> dict:
     try:
         device = int(args.get("value"))
     except (TypeError, ValueError):
-        raise CommandError(f"device must be an index, got {args.get('value')!r}") from None
+        raise CommandError(
+            f"device must be an index, got {short_repr(args.get('value'))}"
+        ) from None
     if device not in panel.devices():
         raise CommandError(f"no device {device} here (devices: {panel.devices()})")
     if panel.sampler is None or panel.owns_sampler:

@@ -113,7 +113,9 @@ class GpumemvizMagics(Magics):
         if args.demo and args.replay:
             raise UsageError("%gpumemviz: --demo and --replay exclude each other")
         if args.path is not None and args.command != "export":
-            raise UsageError(f"%gpumemviz: unexpected {args.path!r}; usage: {USAGE}")
+            from gpumemviz.snapshot.messages import short_repr  # numpy: only when needed
+
+            raise UsageError(f"%gpumemviz: unexpected {short_repr(args.path)}; usage: {USAGE}")
         device = self.last_device if args.device is None else args.device
         if args.command == "stop":
             return self._stop(device)
@@ -352,10 +354,13 @@ def _label(sampler: Any) -> str:
 def _demo_sampler(workload: str, device: int, interval: float | None) -> Any:
     from gpumemviz.allocator.workloads import WORKLOADS
     from gpumemviz.live import sampler_for
+    from gpumemviz.snapshot.messages import short_repr
     from gpumemviz.sources.simulated import SimulatedSource
 
     if workload not in WORKLOADS:
-        raise UsageError(f"%gpumemviz: unknown workload {workload!r}; known: {sorted(WORKLOADS)}")
+        raise UsageError(
+            f"%gpumemviz: unknown workload {short_repr(workload)}; known: {sorted(WORKLOADS)}"
+        )
     return sampler_for(SimulatedSource(workload, device=device), interval=interval or 0.5)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from ..units import format_size
 from .common import UsageError, add_sharing_args, check_output
+from .output import say
 
 __all__ = ["add_export", "run_export"]
 
@@ -41,5 +42,5 @@ def run_export(args: argparse.Namespace) -> int:
     path = export(
         snap, args.output, format=args.format, redact_paths=args.redact_paths, device=args.device
     )
-    print(f"wrote {path} ({format_size(path.stat().st_size)})")
+    say(f"wrote {path} ({format_size(path.stat().st_size)})")
     return 0

@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 
 from ..snapshot import ALLOCATED, INACTIVE, PENDING_FREE, read_torch
-from .reduce import make_columns, parse_settings, reduce_columns
+from .reduce import make_columns, reduce_columns
 from .report import FragmentationReport
+from .settings import parse_settings
 
 
 def from_torch(obj: dict | list) -> FragmentationReport:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from gpumemviz.render.rows import KIND_NAMES, RowTable
+from gpumemviz.snapshot.messages import short_repr
 
 __all__ = [
     "FRAME_FORMAT",
@@ -262,7 +263,9 @@ def decode_frame(content: dict, buffers: list) -> dict:
         each block's `{lines, user}` or None), or None.
     """
     if content.get("kind") != "frame" or content.get("format") != FRAME_FORMAT:
-        raise ValueError(f"not a gpumemviz frame of format {FRAME_FORMAT}: {content.get('kind')!r}")
+        raise ValueError(
+            f"not a gpumemviz frame of format {FRAME_FORMAT}: {short_repr(content.get('kind'))}"
+        )
     k, n_cells = int(content["rows"]), int(content["cells"])
     bufs = [bytes(b) for b in buffers]
     ids = np.frombuffer(bufs[0], "<u4").astype(np.int64)

@@ -11,6 +11,8 @@ import bisect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from ...snapshot.messages import short_repr
+
 __all__ = ["ALLOCATED", "INACTIVE", "PENDING_FREE", "STATE_NAMES", "Layout", "LayoutError", "Seg"]
 
 INACTIVE, ALLOCATED, PENDING_FREE = 0, 1, 2
@@ -87,7 +89,9 @@ class Layout:
                 size = int(b["size"])
                 state = _STATE_CODE.get(b["state"])
                 if state is None:
-                    raise LayoutError(f"segment {base:#x}: unknown block state {b['state']!r}")
+                    raise LayoutError(
+                        f"segment {base:#x}: unknown block state {short_repr(b['state'])}"
+                    )
                 req = 0
                 if state != INACTIVE:  # torch 2.0 keeps it in the block's history
                     hist = b.get("history") or [{}]
