@@ -186,7 +186,7 @@ def test_advice_runs_and_a_setting_check_says_why_it_cannot_replay(which, path, 
     (c,) = checked.shown
     assert c.check is None and checked.rejected == []
     if which == "slime":  # traced: the replay refuses the private pool
-        assert c.unchecked == f"the trace cannot be replayed: {_private_refusal(raw, dev)!r}"
+        assert c.unchecked == f"the trace cannot be replayed: {_private_refusal(raw, dev)}"
     else:
         assert c.unchecked == f"no recorded trace for device {dev}"
 

@@ -25,6 +25,7 @@ from .allocator.config import AllocatorConfig, ConfigError
 from .allocator.replay import ReplayError, ReplayResult, replay
 from .io import SnapshotLike, as_snapshot
 from .snapshot import ACTIONS, Snapshot, SnapshotError
+from .snapshot.messages import error_line
 from .units import format_size
 
 if TYPE_CHECKING:
@@ -273,7 +274,7 @@ def _replay(snap: Snapshot, config: AllocatorConfig) -> tuple[ReplayResult, floa
     try:
         result = replay(snap, config=config)
     except (ReplayError, SnapshotError, ValueError) as e:
-        return f"the trace cannot be replayed: {str(e).splitlines()[0] if str(e) else e!r}"
+        return f"the trace cannot be replayed: {error_line(e)}"
     return result, time.perf_counter() - t
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
 
 from gpumemviz.render.timeline import entry_at_time
+from gpumemviz.snapshot.messages import short_repr
 from gpumemviz.units import format_size, parse_size
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ def run_command(panel: Panel, name: str, args: JsonDict) -> JsonDict:
     """
     handler = _COMMANDS.get(name)
     if handler is None:
-        raise CommandError(f"unknown command {name!r}")
+        raise CommandError(f"unknown command {short_repr(name)}")
     return handler(panel, args)
 
 
@@ -112,7 +113,9 @@ def _interval(panel: Panel, args: JsonDict) -> JsonDict:
     try:
         value = float(args.get("value"))  # type: ignore[arg-type]  # None: TypeError, caught
     except (TypeError, ValueError):
-        raise CommandError(f"interval must be seconds, got {args.get('value')!r}") from None
+        raise CommandError(
+            f"interval must be seconds, got {short_repr(args.get('value'))}"
+        ) from None
     try:
         _sampler(panel).set_interval(value)
     except ValueError as exc:
@@ -182,7 +185,9 @@ def _device(panel: Panel, args: JsonDict) -> JsonDict:
     try:
         device = int(args.get("value"))  # type: ignore[arg-type]  # None: TypeError, caught
     except (TypeError, ValueError):
-        raise CommandError(f"device must be an index, got {args.get('value')!r}") from None
+        raise CommandError(
+            f"device must be an index, got {short_repr(args.get('value'))}"
+        ) from None
     if device not in panel.devices():
         raise CommandError(f"no device {device} here (devices: {panel.devices()})")
     if panel.sampler is None or panel.owns_sampler:

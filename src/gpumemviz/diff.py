@@ -15,8 +15,9 @@ import numpy as np
 from ._callable import make_module_callable
 from .fragmentation import FIGURE_NAMES, MemoryFigures, fragmentation
 from .io import SnapshotLike, as_snapshot
-from .sites import N_TOP, live_sites
+from .sites import N_TOP, UNKNOWN_LINE, live_sites
 from .snapshot import Snapshot
+from .snapshot.messages import one_line, short_repr
 from .units import format_size
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ class SiteChange:
         return {
             "label": self.label,
             "filename": self.key[0],
-            "line": self.key[1],
+            "line": None if self.key[1] == UNKNOWN_LINE else self.key[1],
             "name": self.key[2],
             "before": self.before,
             "after": self.after,
@@ -129,7 +130,7 @@ class DeviceDiff:
         for f in self.figures:
             if f.name == name:
                 return f
-        raise KeyError(f"no figure {name!r}; figures: {', '.join(FIGURES)}")
+        raise KeyError(f"no figure {short_repr(name)}; figures: {', '.join(FIGURES)}")
 
     def to_dict(self) -> JsonDict:
         return {
@@ -155,7 +156,7 @@ class DeviceDiff:
                 for r in rows:
                     delta = ("+" if r.delta >= 0 else "") + format_size(r.delta)
                     lines.append(
-                        f"    {delta:>13}  {r.label}"
+                        f"    {delta:>13}  {one_line(r.label)}"
                         f"  ({format_size(r.before)} -> {format_size(r.after)})"
                     )
         return "\n".join(lines)

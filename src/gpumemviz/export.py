@@ -24,6 +24,7 @@ from .frames import redact_paths as _redact_paths
 from .io import as_snapshot, atomic_write, write_torch
 from .sample import STAT_FIGURES, HasHistory, HasSamples, Sample
 from .snapshot import ACTIONS, INACTIVE, Snapshot
+from .snapshot.messages import short_repr
 
 if TYPE_CHECKING:
     from .io import SnapshotLike
@@ -76,7 +77,9 @@ def _format_of(path: Path, format: str | None) -> str:
             raise ValueError("HTML export needs the report renderer: use `gpumemviz report`")
         return _SUFFIXES.get(suffix, "pickle")
     if format not in FORMATS:
-        raise ValueError(f"unknown export format {format!r}: expected one of {', '.join(FORMATS)}")
+        raise ValueError(
+            f"unknown export format {short_repr(format)}: expected one of {', '.join(FORMATS)}"
+        )
     return format
 
 

@@ -23,12 +23,14 @@ __all__ = [
     "NO_HISTORY",
     "OMIT_FILENAMES",
     "OMIT_FUNCTIONS",
+    "UNKNOWN",
     "Redactor",
     "elide_repeats",
     "filter_frames",
     "find_user_names",
     "format_frame",
     "format_stack",
+    "frame_fields",
     "is_interpreter_frame",
     "is_torch_frame",
     "keep_frame",
@@ -84,13 +86,37 @@ def _keep(name: str, filename: str) -> bool:
     )
 
 
-def _fields(frame: object) -> tuple[str, str]:
-    if not isinstance(frame, dict):
-        return "", ""
-    name, filename = frame.get("name", ""), frame.get("filename", "")
-    return (name if isinstance(name, str) else str(name)), (
-        filename if isinstance(filename, str) else str(filename)
+UNKNOWN = "?"
+"""How a malformed frame field reads: a name or filename that is not a string, a line that is
+not an int. Files from strangers hold such frames; they are shown as unknown, never fatal."""
+
+
+def frame_fields(frame: object) -> tuple[str, int | None, str]:
+    """A frame's ``(filename, line, name)`` as torch writes them; a field of another type is
+    unknown: `UNKNOWN` for the texts, None for the line (a missing field reads "" or 0, and a
+    frame that is not a dict as all missing).
+
+    Examples
+    --------
+    >>> frame_fields({"filename": "m.py", "line": 3, "name": "f"})
+    ('m.py', 3, 'f')
+    >>> frame_fields({"filename": ["m.py"], "line": float("nan"), "name": None})
+    ('?', None, '?')
+    """
+    if type(frame) is not dict:
+        return "", 0, ""
+    filename, line, name = frame.get("filename", ""), frame.get("line", 0), frame.get("name", "")
+    return (
+        filename if type(filename) is str else UNKNOWN,
+        line if type(line) is int else None,
+        name if type(name) is str else UNKNOWN,
     )
+
+
+def _fields(frame: object) -> tuple[str, str]:
+    """(name, filename): what the frame filters read."""
+    filename, _, name = frame_fields(frame)
+    return name, filename
 
 
 def keep_frame(frame: TorchDict) -> bool:
@@ -167,11 +193,10 @@ def format_frame(frame: TorchDict, *, full_filename: bool = False) -> str:
     >>> format_frame({"filename": "/home/a/model.py", "line": 39, "name": "forward"})
     'model.py:39:forward'
     """
-    name, filename = _fields(frame)
+    filename, line, name = frame_fields(frame)
     if not full_filename:
         filename = re.split(r"[\\/]", filename)[-1]
-    line = frame.get("line", 0) if isinstance(frame, dict) else 0
-    return f"{filename}:{line}:{name}"
+    return f"{filename}:{UNKNOWN if line is None else line}:{name}"
 
 
 NO_HISTORY = "<block was allocated before _record_history was enabled>"  # MemoryViz's words

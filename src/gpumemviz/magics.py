@@ -3,7 +3,9 @@
 The magic is a thin shell over `gpumemviz.widget.monitor`'s parts: one sampler per device (the
 shared one, or the extension's own for ``--demo`` and ``--replay``), one panel per device for the
 magic (re-running the cell replaces the panel and reuses the sampler), and in a terminal IPython,
-where no widget can show, a text summary of one read instead.
+where no widget can show, a text summary of one read instead. It stays whole (about 500 lines):
+the argument parsing, the feeds, the cell hooks and the terminal summary all serve the one
+`%gpumemviz` command and share the extension's state of which feeds and panels it opened.
 """
 
 from __future__ import annotations
@@ -129,7 +131,9 @@ class GpumemvizMagics(Magics):
         if args.demo and args.replay:
             raise UsageError("%gpumemviz: --demo and --replay exclude each other")
         if args.path is not None and args.command != "export":
-            raise UsageError(f"%gpumemviz: unexpected {args.path!r}; usage: {USAGE}")
+            from gpumemviz.snapshot.messages import short_repr  # numpy: only when needed
+
+            raise UsageError(f"%gpumemviz: unexpected {short_repr(args.path)}; usage: {USAGE}")
         device = self.last_device if args.device is None else args.device
         if args.command == "stop":
             self._stop(device)
@@ -371,10 +375,13 @@ def _label(sampler: Sampler) -> str:
 def _demo_sampler(workload: str, device: int, interval: float | None) -> Sampler:
     from gpumemviz.allocator.workloads import WORKLOADS
     from gpumemviz.live import sampler_for
+    from gpumemviz.snapshot.messages import short_repr
     from gpumemviz.sources.simulated import SimulatedSource
 
     if workload not in WORKLOADS:
-        raise UsageError(f"%gpumemviz: unknown workload {workload!r}; known: {sorted(WORKLOADS)}")
+        raise UsageError(
+            f"%gpumemviz: unknown workload {short_repr(workload)}; known: {sorted(WORKLOADS)}"
+        )
     return sampler_for(SimulatedSource(workload, device=device), interval=interval or 0.5)
 
 

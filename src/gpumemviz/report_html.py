@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import base64
 import html
+import itertools
 import json
+import math
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -31,10 +33,12 @@ from .export import trace_rows
 from .fragmentation import FIGURE_NAMES, MemoryFigures, SegmentSummary, fragmentation
 from .frames import Redactor
 from .io import SnapshotLike, as_snapshot, atomic_write
+from .io.json_text import json_ready
 from .render.rows import MAX_CELLS, RowTable, build_rows, encode_cells
 from .render.wire import header_numbers
 from .render.wire_frame import BLOCK_BYTES, ROW_OVERHEAD, pack_frame, row_meta
 from .snapshot import ACTIONS, Snapshot
+from .snapshot.messages import one_line, short_repr
 from .snapshot.schema import JsonDict
 
 __all__ = [
@@ -139,7 +143,7 @@ def render_html(
     snap = as_snapshot(snapshot)
     if input_size is None:
         input_size = estimate_pickle_size(snap)
-    page_title = title or name or "memory snapshot"
+    page_title = one_line(title or name or "memory snapshot")
     if redact_paths:
         redactor = Redactor()
         snap = snap.map_objects(redactor.redact)
@@ -344,15 +348,30 @@ def _longest_trace(snap: Snapshot) -> int | None:
     return best if (snap.traces[best].action == ACTIONS.index("alloc")).any() else None
 
 
-def _plain(x: object) -> Any:  # Any: JSON data of whatever shape the settings have
-    """Settings as JSON data: dicts, lists, numbers, strings; anything else as its repr."""
-    if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    if x is None or isinstance(x, (bool, int, float, str)):
+def _plain(x: object, depth: int = 2) -> Any:  # Any: JSON data of whatever shape the settings have
+    """Settings as JSON data, bounded: what torch records (a dict of scalars and one dict of
+    numbers) as it is, up to `_SETTINGS_ITEMS` items per dict or list; anything deeper, odder or
+    longer as a short repr (`messages.short_repr`: a file may share one list with itself
+    30 levels deep); a float JSON cannot hold (NaN) as its repr too."""
+    if type(x) is dict and depth > 0:
+        out = {
+            k if type(k) is str else short_repr(k): _plain(v, depth - 1)
+            for k, v in itertools.islice(x.items(), _SETTINGS_ITEMS)
+        }
+        if len(x) > _SETTINGS_ITEMS:
+            out["…"] = f"{len(x) - _SETTINGS_ITEMS} more"
+        return out
+    if isinstance(x, list | tuple) and depth > 0:
+        return [_plain(v, depth - 1) for v in itertools.islice(x, _SETTINGS_ITEMS)]
+    if x is None or type(x) in (bool, str) or (type(x) is int and x.bit_length() <= 64):
+        return x if type(x) is not str or len(x) <= _SETTINGS_TEXT else short_repr(x)
+    if type(x) is float and math.isfinite(x):
         return x
-    return repr(x)
+    return short_repr(x)
+
+
+_SETTINGS_ITEMS = 64
+_SETTINGS_TEXT = 2000
 
 
 def _source_name(snapshot: object) -> str | None:
@@ -385,10 +404,13 @@ def _json_for_script(data: object) -> str:
     Each becomes its \\u escape, which JSON.parse reads back as the same character, so a
     frame named ``</script><script>alert(1)</script>`` stays a string.
     """
+    data = json_ready(data)  # no NaN or infinity: JSON.parse refuses them
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     for ch, esc in _SCRIPT_ESCAPES:
         text = text.replace(ch, esc)
-    return text
+    # lone surrogates (a non-UTF-8 file name's bytes) cannot be UTF-8: as \u escapes, JSON.parse
+    # reads them back as the same code units
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 _SCRIPT_ESCAPES = (

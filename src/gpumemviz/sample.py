@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from gpumemviz.snapshot.messages import short_repr
+
 if TYPE_CHECKING:  # the columnar snapshot; imported for types only (sample stays cheap)
     from gpumemviz.snapshot import Snapshot
     from gpumemviz.snapshot.schema import TorchDict, TorchMapping
@@ -46,7 +48,7 @@ def check_device(device: object) -> int:
         Naming the value, for a bool, a non-int or a negative int.
     """
     if isinstance(device, bool) or not isinstance(device, int) or device < 0:
-        raise ValueError(f"device must be a non-negative int, got {device!r}")
+        raise ValueError(f"device must be a non-negative int, got {short_repr(device)}")
     return device
 
 
@@ -111,7 +113,9 @@ class MemoryStats(Mapping[str, int]):
         for k in keys:
             v = stats[k]
             if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)):
-                raise ValueError(f"memory stats entry {k!r}: expected a number, got {v!r}")
+                raise ValueError(
+                    f"memory stats entry {short_repr(k)}: expected a number, got {short_repr(v)}"
+                )
             vals.append(v)
         dtype = np.int64 if all(isinstance(v, int) for v in vals) else np.float64
         arr = np.asarray(vals, dtype=dtype) if vals else np.zeros(0, np.int64)

@@ -13,24 +13,34 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .frames import format_frame, user_frame
+from .frames import format_frame, frame_fields, user_frame
 from .io import SnapshotLike, as_snapshot
 from .snapshot import ACTIONS, ALLOCATED, Snapshot
 from .snapshot.schema import TorchDict
 
-__all__ = ["NO_STACK", "NO_USER_FRAME", "N_TOP", "Site", "live_sites", "trace_sites"]
+__all__ = [
+    "NO_STACK",
+    "NO_USER_FRAME",
+    "N_TOP",
+    "UNKNOWN_LINE",
+    "Site",
+    "live_sites",
+    "trace_sites",
+]
 
 N_TOP = 10
 NO_STACK = "(no stack recorded)"
 NO_USER_FRAME = "(no frame outside torch)"  # e.g. the autograd engine's own thread
+UNKNOWN_LINE = -1  # a site's key line where the frame's line is not an int (`frames.UNKNOWN`)
 
 
 @dataclass(frozen=True, eq=False)
 class Site:
     """One allocation site and what it accounts for.
 
-    `key` is `(filename, line, name)` of the user's frame, or `(label, 0, "")` for the two
-    catch-alls (`NO_STACK`, `NO_USER_FRAME`). `indices` are the blocks (live sites: indices
+    `key` is `(filename, line, name)` of the user's frame (`frames.frame_fields`; a line that
+    is not an int is `UNKNOWN_LINE`), or `(label, 0, "")` for the two catch-alls (`NO_STACK`,
+    `NO_USER_FRAME`). `indices` are the blocks (live sites: indices
     into `Snapshot.blocks`) or trace entries (trace sites: indices into that device's trace)
     that make up `bytes`.
     """
@@ -43,12 +53,12 @@ class Site:
     indices: np.ndarray
 
     def to_dict(self) -> dict[str, str | int | None]:
-        """JSON-ready: label, filename, line, name, bytes, count."""
+        """JSON-ready: label, filename, line, name, bytes, count (line None where unknown)."""
         filename, line, name = self.key
         return {
             "label": self.label,
             "filename": filename if self.frame is not None else None,
-            "line": line if self.frame is not None else None,
+            "line": line if self.frame is not None and line != UNKNOWN_LINE else None,
             "name": name if self.frame is not None else None,
             "bytes": self.bytes,
             "count": self.count,
@@ -69,7 +79,8 @@ def _group(
         if g is None:
             f = user_frame(fr) if fr else None
             if f is not None:
-                key = (str(f.get("filename", "")), int(f.get("line", 0)), str(f.get("name", "")))
+                filename, line, name = frame_fields(f)
+                key = (filename, UNKNOWN_LINE if line is None else line, name)
                 label = format_frame(f)
             else:
                 label = NO_USER_FRAME if fr else NO_STACK

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from ..snapshot.messages import short_repr
+
 __all__ = [
     "AddressProvider",
     "DescendingAddresses",
@@ -81,5 +83,5 @@ def check_address(ptr: int, size: int) -> None:
     """Refuse what an address provider returned unless it is a positive multiple of 512."""
     if isinstance(ptr, bool) or not isinstance(ptr, int) or ptr <= 0 or ptr % 512:
         raise ValueError(
-            f"address_provider returned {ptr!r}: need a positive int, a multiple of 512"
+            f"address_provider returned {short_repr(ptr)}: need a positive int, a multiple of 512"
         )

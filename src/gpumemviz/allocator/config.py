@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 import re
-import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
+from ..snapshot.messages import short_repr
 from .rules import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, MIB, N_ROUNDUP_INTERVALS, UNLIMITED
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ class _Tokens:
         if i >= len(self.t):
             raise ConfigError(
                 f"{_INDEX_MSG} (a key without ':value', a trailing ',' or an unclosed '[' "
-                f"in allocator settings {self.s!r})"
+                f"in allocator settings {short_repr(self.s)})"
             )
         return self.t[i]
 
@@ -114,17 +114,21 @@ class _Tokens:
         tok = self[i]
         m = _UINT_RE.match(tok)
         if not m:
-            raise ConfigError(f"stoull: {tok!r} is not an unsigned integer (in {self.s!r})")
+            raise ConfigError(
+                f"stoull: {short_repr(tok)} is not an unsigned integer (in {short_repr(self.s)})"
+            )
         v = int(m.group())
         if abs(v) > UNLIMITED:
-            raise ConfigError(f"stoull: {tok!r} is out of range (in {self.s!r})")
+            raise ConfigError(
+                f"stoull: {short_repr(tok)} is out of range (in {short_repr(self.s)})"
+            )
         return v & UNLIMITED  # strtoull negates in unsigned arithmetic: -1 is SIZE_MAX
 
     def double(self, i: int) -> float:
         tok = self[i]
         m = _FLOAT_RE.match(tok)
         if not m:
-            raise ConfigError(f"stod: {tok!r} is not a number (in {self.s!r})")
+            raise ConfigError(f"stod: {short_repr(tok)} is not a number (in {short_repr(self.s)})")
         text = m.group()
         low = text.lower().lstrip("+-")
         if low.startswith("nan"):
@@ -141,7 +145,7 @@ class _Tokens:
             mantissa[2:] if low.startswith("0x") else mantissa,
         )
         if (math.isinf(v) and not low.startswith("inf")) or (v == 0 and nonzero):
-            raise ConfigError(f"stod: {tok!r} is out of range (in {self.s!r})")
+            raise ConfigError(f"stod: {short_repr(tok)} is out of range (in {short_repr(self.s)})")
         return v
 
     def boolean(self, i: int) -> bool:
@@ -165,7 +169,7 @@ class _Tokens:
         if i >= len(self.t):
             raise ConfigError(
                 "Expected closing bracket ']' in ConfigTokenizer but reached end of config "
-                f"(in {self.s!r})"
+                f"(in {short_repr(self.s)})"
             )
         return i
 
@@ -332,11 +336,12 @@ class AllocatorConfig:
             d.get("PYTORCH_CUDA_ALLOC_CONF") or "", cuda_keys=True, reject_unknown=False
         )
         v: dict[str, Any] = {}  # Any: the fields, of their own types
+        # values a file could not have had from torch (beyond an int64, NaN) are not read
         mss = d.get("max_split_size")
-        if isinstance(mss, int) and not isinstance(mss, bool):
+        if type(mss) is int and -(1 << 63) <= mss < 1 << 63:
             v["max_split_size"] = mss + (1 << 64) if mss < 0 else mss  # int64 back to size_t
         gc = d.get("garbage_collection_threshold")
-        if isinstance(gc, (int, float)) and not isinstance(gc, bool):
+        if isinstance(gc, int | float) and not isinstance(gc, bool) and math.isfinite(gc):
             v["garbage_collection_threshold"] = float(gc)
         for key in (
             "expandable_segments",
@@ -346,8 +351,9 @@ class AllocatorConfig:
         ):
             if isinstance(d.get(key), bool):
                 v[key] = d[key]
-        if isinstance(d.get("pinned_num_register_threads"), int):
-            v["pinned_num_register_threads"] = d["pinned_num_register_threads"]
+        threads = d.get("pinned_num_register_threads")
+        if type(threads) is int and 0 <= threads < 1 << 63:
+            v["pinned_num_register_threads"] = threads
         rd = d.get("roundup_power2_divisions")
         if isinstance(rd, Mapping) and rd:
             table = list(conf.roundup_power2_divisions)
@@ -387,19 +393,6 @@ class AllocatorConfig:
         }
 
 
-_SHORT = reprlib.Repr()
-_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 40, 40
-
-
-def _short(x: object) -> str:
-    """A bounded one-line repr for messages about recorded values (never recurses deep)."""
-    try:
-        text = _SHORT.repr(x)
-    except Exception:  # a value whose repr fails must not hide the real error
-        return f"<{type(x).__name__}>"
-    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
-
-
 def _division_key(k: object) -> int:
     """A recorded roundup_power2_divisions key (an interval in MiB: int or digit string)."""
     if type(k) is int and k >= 0:
@@ -407,7 +400,7 @@ def _division_key(k: object) -> int:
     if type(k) is str and k.isascii() and k.isdigit():
         return int(k)
     raise ConfigError(
-        f"allocator_settings: roundup_power2_divisions key {_short(k)} is not an interval "
+        f"allocator_settings: roundup_power2_divisions key {short_repr(k)} is not an interval "
         "(a non-negative integer)"
     )
 
@@ -417,7 +410,7 @@ def _division_value(k: object, val: object) -> int:
     if type(val) is int and 0 <= val < 1 << 64 and (val == 0 or _is_pow2(val)):
         return val
     raise ConfigError(
-        f"allocator_settings: roundup_power2_divisions[{_short(k)}] is {_short(val)}, "
+        f"allocator_settings: roundup_power2_divisions[{short_repr(k)}] is {short_repr(val)}, "
         "not 0 or a power of 2"
     )
 

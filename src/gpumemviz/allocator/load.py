@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from ..snapshot.messages import short_repr
 from . import stats as S
 from .addresses import reservation_starts
 from .blocks import BlockPool, ModelBlock, Reservation, link
@@ -122,7 +123,9 @@ class LoadMixin(AllocatorState):
             elif state == "inactive":
                 pool.insert(b)
             else:
-                raise ValueError(f"from_segments: block at {addr:#x} has unknown state {state!r}")
+                raise ValueError(
+                    f"from_segments: block at {addr:#x} has unknown state {short_repr(state)}"
+                )
             head = head or b
             prev = b
             addr += b.size

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from ..snapshot.messages import short_repr
 from . import stats as S
 from .addresses import AddressProvider, DescendingAddresses, check_address
 from .blocks import BlockPool, ModelBlock, try_merge
@@ -58,7 +59,7 @@ _OA = 3 * S.OVERSIZE_ALLOCATIONS
 def _as_size(size: Any) -> int:  # Any: anything int-like; `operator.index` decides
     """An int-like size (numpy integers included); bool, float and the rest are refused."""
     if isinstance(size, bool):
-        raise TypeError(f"malloc: size must be an int, got {size!r}")
+        raise TypeError(f"malloc: size must be an int, got {short_repr(size)}")
     try:
         return operator.index(size)
     except TypeError:
@@ -124,9 +125,13 @@ class CachingAllocator(
         clock: Callable[[], int] | None = None,
     ) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
-            raise ValueError(f"capacity must be a non-negative int of bytes, got {capacity!r}")
+            raise ValueError(
+                f"capacity must be a non-negative int of bytes, got {short_repr(capacity)}"
+            )
         if device_total is not None and (not isinstance(device_total, int) or device_total < 0):
-            raise ValueError(f"device_total must be a non-negative int, got {device_total!r}")
+            raise ValueError(
+                f"device_total must be a non-negative int, got {short_repr(device_total)}"
+            )
         if isinstance(config, AllocatorConfig):
             self.config = config
         elif config is None or isinstance(config, str):
@@ -177,7 +182,7 @@ class CachingAllocator(
         if size <= 0:
             if size == 0:
                 return 0  # torch hands out a null pointer and records nothing
-            raise ValueError(f"malloc: size must be a non-negative int, got {size!r}")
+            raise ValueError(f"malloc: size must be a non-negative int, got {short_repr(size)}")
         if self._events:
             self._process_events()
         if size < K_MIN_BLOCK_SIZE:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..snapshot.messages import short_repr
 from .model import CachingAllocator
 from .oom import OutOfMemory
 
@@ -527,7 +528,7 @@ def run(workload: Workload, allocator: CachingAllocator | None = None) -> Outcom
             started += str(op[1]).startswith(ITERATION_MARK)
             continue
         else:
-            raise ValueError(f"workload {workload.name!r}: unknown step {op!r}")
+            raise ValueError(f"workload {short_repr(workload.name)}: unknown step {short_repr(op)}")
         reserved.append(a.reserved)
         allocated.append(a.allocated)
         segments.append(a.n_segments)

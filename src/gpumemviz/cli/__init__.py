@@ -16,12 +16,14 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from .. import __version__
+from ..snapshot.messages import error_line
 from .cmd_demo import add_demo
 from .cmd_diff import add_diff
 from .cmd_export import add_export
 from .cmd_inspect import add_inspect
 from .cmd_report import add_report
 from .cmd_whatif import add_whatif
+from .output import EscapingParser
 
 if TYPE_CHECKING:
     from .common import Subparsers
@@ -43,7 +45,9 @@ SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    # typed as the base class: its subparsers are EscapingParsers too (argparse makes them
+    # of the parser's own class), and the subcommands' add_* functions take the base type
+    parser: argparse.ArgumentParser = EscapingParser(
         prog="gpumemviz",
         description="See PyTorch CUDA caching-allocator memory and its fragmentation.",
     )
@@ -78,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except (ValueError, OSError) as e:  # UsageError, SnapshotError, bad sizes, unwritable
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__  # output: one line, 2
+        msg = error_line(e)  # one bounded line, safe for the terminal; exit status 2
         print(f"gpumemviz {args.command}: error: {msg}", file=sys.stderr)
         return 2
 

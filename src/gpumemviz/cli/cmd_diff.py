@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .common import Subparsers
+
+from .output import say, say_json
 
 __all__ = ["add_diff", "run_diff"]
 
@@ -31,5 +32,8 @@ def run_diff(args: argparse.Namespace) -> int:
     from ..io import load_snapshot
 
     result = diff(load_snapshot(args.a), load_snapshot(args.b))
-    print(json.dumps(result.to_dict(), indent=2) if args.json else result.text())
+    if args.json:
+        say_json(result.to_dict())
+    else:
+        say(result.text())
     return 0

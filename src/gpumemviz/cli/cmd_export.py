@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..units import format_size
 from .common import UsageError, add_sharing_args, check_output
+from .output import say
 
 if TYPE_CHECKING:
     from .common import Subparsers
@@ -44,5 +45,5 @@ def run_export(args: argparse.Namespace) -> int:
     path = export(
         snap, args.output, format=args.format, redact_paths=args.redact_paths, device=args.device
     )
-    print(f"wrote {path} ({format_size(path.stat().st_size)})")
+    say(f"wrote {path} ({format_size(path.stat().st_size)})")
     return 0

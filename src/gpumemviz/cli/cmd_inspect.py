@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,6 +10,7 @@ from ..advice import advise_each_device, oom_device_free
 from ..fragmentation import FragmentationReport, MemoryFigures, SegmentSummary, fragmentation
 from ..units import format_size
 from .common import NOT_RECORDED, UsageError
+from .output import quoted, say, say_json
 
 if TYPE_CHECKING:
     from ..advice_check import CheckedAdvice
@@ -67,9 +67,9 @@ def run_inspect(args: argparse.Namespace) -> int:
     else:
         checked = check_advice(snap, advice)
     if args.json:
-        print(json.dumps(_json(report, devices, checked, oom_free, args.device), indent=2))
+        say_json(_json(report, devices, checked, oom_free, args.device))
     else:
-        print("\n".join(_text(report, devices, checked, oom_free, str(args.file))))
+        say("\n".join(_text(report, devices, checked, oom_free, str(args.file))))
     return 0
 
 
@@ -105,9 +105,9 @@ def _text(
 ) -> list[str]:
     t = report.total
     conf = (report.allocator_settings or {}).get("PYTORCH_CUDA_ALLOC_CONF")
-    settings = (
-        NOT_RECORDED if report.allocator_settings is None else (repr(conf) if conf else "defaults")
-    )
+    settings = quoted(conf) if conf else "defaults"
+    if report.allocator_settings is None:
+        settings = NOT_RECORDED
     lines = [
         f"{name}: {len(report.devices)} device(s), {t.segments} segments, {t.blocks} blocks; "
         f"allocator settings: {settings}"

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..units import format_size
 from .common import add_sharing_args, check_output
+from .output import say
 
 if TYPE_CHECKING:
     from .common import Subparsers
@@ -38,5 +39,5 @@ def run_report(args: argparse.Namespace) -> int:
     path = report(
         args.file, args.output, redact_paths=args.redact_paths, replay_advice=not args.no_replay
     )
-    print(f"wrote {path} ({format_size(path.stat().st_size)})")
+    say(f"wrote {path} ({format_size(path.stat().st_size)})")
     return 0

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..snapshot.messages import short_repr
 from ..units import format_size, parse_size
 from .common import NOT_RECORDED, UsageError
+from .output import quoted, say, say_json
 
 if TYPE_CHECKING:
     import numpy as np
@@ -59,16 +60,16 @@ def run_whatif(args: argparse.Namespace) -> int:
     from ..io import load_snapshot
 
     if args.capacity is not None and args.capacity.strip().startswith("-"):
-        raise UsageError(f"--capacity must be positive, got {args.capacity!r}")
+        raise UsageError(f"--capacity must be positive, got {short_repr(args.capacity)}")
     capacity = parse_size(args.capacity) if args.capacity is not None else None
     if capacity is not None and capacity <= 0:
-        raise UsageError(f"--capacity must be positive, got {args.capacity!r}")
+        raise UsageError(f"--capacity must be positive, got {short_repr(args.capacity)}")
     conf = None
     if args.conf is not None:
         try:
             conf = AllocatorConfig.parse(args.conf)
         except ValueError as e:
-            raise UsageError(f"--conf {args.conf!r}: {e}") from None
+            raise UsageError(f"--conf {short_repr(args.conf)}: {e}") from None
     snap = load_snapshot(args.file)
     result = replay(snap, config=conf, capacity=capacity)
     rows = {dev: _whatif_device(result, dev) for dev in sorted(result.devices)}
@@ -80,10 +81,10 @@ def run_whatif(args: argparse.Namespace) -> int:
             "capacity_known": result.capacity_known,
             "devices": {str(d): r for d, r in rows.items()},
         }
-        print(json.dumps(out, indent=2))
+        say_json(out)
     else:
         recorded = snap.allocator_settings is not None
-        print("\n".join(_whatif_text(result, rows, str(args.file), recorded)))
+        say("\n".join(_whatif_text(result, rows, str(args.file), recorded)))
     return 0
 
 
@@ -127,7 +128,7 @@ def _whatif_text(
     result: ReplayResult, rows: dict[int, JsonDict], name: str, recorded: bool
 ) -> list[str]:
     def conf(s: str) -> str:
-        return f"PYTORCH_CUDA_ALLOC_CONF={s!r}" if s else "the default settings"
+        return f"PYTORCH_CUDA_ALLOC_CONF={quoted(s)}" if s else "the default settings"
 
     was = conf(result.recorded_config) if recorded else NOT_RECORDED
     lines = [f"{name}: what if {conf(result.config)} (recorded: {was})"]

@@ -7,8 +7,9 @@ import numpy as np
 
 from ..snapshot import ALLOCATED, INACTIVE, PENDING_FREE, Snapshot, read_torch
 from ..snapshot.schema import TorchDict, TorchList
-from .reduce import make_columns, parse_settings, reduce_columns
+from .reduce import make_columns, reduce_columns
 from .report import FragmentationReport
+from .settings import parse_settings
 
 
 def from_torch(obj: TorchDict | TorchList) -> FragmentationReport:

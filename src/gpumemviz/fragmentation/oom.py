@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from ..snapshot import SnapshotError
+from ..snapshot.messages import error_line
 from ..units import format_size
 from .columns import from_torch
 from .fit import FitAnswer
@@ -113,8 +114,8 @@ def classify_oom(
     try:
         report = _report(segments, settings)
     except (SnapshotError, ValueError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return _verdict("unknown", f"the segments at the OOM could not be read: {first}", facts)
+        why = error_line(e)
+        return _verdict("unknown", f"the segments at the OOM could not be read: {why}", facts)
     figures = report.devices.get(device)
     if figures is not None:
         facts.update(

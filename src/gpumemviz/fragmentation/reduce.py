@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..allocator.config import AllocatorConfig, ConfigError
+from ..allocator.config import AllocatorConfig
 from ..allocator.rules import page_size
 from ._util import blocks_of, pool_name
 from .report import (
@@ -21,9 +21,10 @@ from .report import (
     SegmentFigures,
     SegmentSummary,
 )
+from .settings import parse_settings
 
 if TYPE_CHECKING:
-    from ..snapshot.schema import JsonDict, TorchMapping
+    from ..snapshot.schema import JsonDict
 
 #: The rows of `_Columns.sums`, one value per segment: each integer figure of a device is the
 #: sum of one row over the device's segments.
@@ -152,50 +153,6 @@ def make_columns(
         pend_offset=pend_offset,
         pend_size=pend_size,
     )
-
-
-def parse_settings(settings: object) -> tuple[AllocatorConfig, bool]:
-    """The recorded allocator settings, read leniently: a malformed settings string falls back
-    to the dict, and a malformed roundup_power2_divisions in it to torch's default rounding
-    (files from strangers must still be analysed; the raw settings stay in the report).
-
-    Parsed configs are remembered by the settings' repr (a sampler analyses the same settings
-    twice a second, and parsing costs more than analysing a small snapshot).
-    """
-    if not isinstance(settings, Mapping):
-        return _DEFAULT_CONFIG, False
-    try:
-        key: str | None = repr(settings)
-    except RecursionError:  # absurdly nested values: parse without remembering
-        key = None
-    config = _CONFIGS.get(key) if key is not None else None
-    if config is None:
-        config = _parse_leniently(settings)
-        if key is not None:
-            if len(_CONFIGS) >= 64:
-                _CONFIGS.clear()
-            _CONFIGS[key] = config
-    return config, config.expandable_segments
-
-
-def _parse_leniently(settings: TorchMapping) -> AllocatorConfig:
-    """The settings; where they do not parse, without the string, then also without the
-    divisions (the one dict value AllocatorConfig checks), then torch's defaults."""
-    for dropped in ((), ("PYTORCH_CUDA_ALLOC_CONF",), _STRING_AND_DIVISIONS):
-        try:
-            return AllocatorConfig.from_settings(
-                {k: v for k, v in settings.items() if k not in dropped}
-            )
-        except ConfigError:
-            continue
-    return _DEFAULT_CONFIG
-
-
-_STRING_AND_DIVISIONS = ("PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions")
-
-
-_DEFAULT_CONFIG = AllocatorConfig()
-_CONFIGS: dict[str, AllocatorConfig] = {}
 
 
 # --------------------------------------------------------------------------------------------

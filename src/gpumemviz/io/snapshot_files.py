@@ -13,9 +13,11 @@ from typing import Any, BinaryIO
 
 from ..snapshot import Snapshot, SnapshotError, validate
 from ..snapshot.gc_pause import no_gc
-from ..snapshot.messages import type_phrase
+from ..snapshot.messages import short_repr, type_phrase
 from ..snapshot.schema import TorchDict, TorchList
 from .atomic import atomic_write
+from .json_text import check_json_size
+from .json_text import dumps as json_dumps
 from .limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, check_plain, check_size
 from .unpickle import loads_restricted
 
@@ -53,7 +55,9 @@ def _decode(data: bytes, max_bytes: int, max_depth: int) -> Any:  # Any: plain d
         # often looks like a memo bomb ("error" holds LONG_BINPUT "ror..."), so say what it is.
         if data[:1] == b"\x80" or not str(e).startswith(("truncated or corrupt", "corrupt")):
             raise
-        raise SnapshotError(f"not a pickle or JSON snapshot (starts with {data[:16]!r})") from None
+        raise SnapshotError(
+            f"not a pickle or JSON snapshot (starts with {short_repr(data[:16])})"
+        ) from None
 
 
 def _read(path: Path, max_bytes: int) -> bytes:
@@ -209,7 +213,7 @@ def write_torch(
     elif format == "pickle":
         writer = _write_pickle
     else:
-        raise ValueError(f"unknown format {format!r}: expected 'pickle' or 'json'")
+        raise ValueError(f"unknown format {short_repr(format)}: expected 'pickle' or 'json'")
     path = Path(path)
     atomic_write(path, lambda f: writer(data, f))
     return path
@@ -220,8 +224,9 @@ def _write_pickle(data: object, f: BinaryIO) -> None:
 
 
 def _write_json(data: object, f: BinaryIO) -> None:
+    check_json_size(data)  # shared frames expand in JSON: refuse gigabytes before writing
     try:
-        text = json.dumps(data, separators=(",", ":"), allow_nan=True)
-    except TypeError as e:
+        text = json_dumps(data, compact=True)  # NaN and infinity as null
+    except (TypeError, ValueError) as e:
         raise SnapshotError(f"cannot write JSON: {e} (save as .pickle instead)") from None
     f.write(text.encode("utf-8"))

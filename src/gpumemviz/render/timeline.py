@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -16,6 +17,8 @@ import numpy as np
 
 if TYPE_CHECKING:
     from gpumemviz.sample import Sample
+
+from gpumemviz.frames import UNKNOWN
 
 __all__ = [
     "FIELDS",
@@ -138,8 +141,8 @@ def recorded_points(
     n = min(len(trace), len(allocated), len(reserved))
     if n == 0:
         return []
-    times = [e.get("time_us") if isinstance(e, dict) else None for e in trace[:n]]
-    timed = all(isinstance(t, (int, float)) and not isinstance(t, bool) for t in times)
+    times = [_time_us(e.get("time_us")) if isinstance(e, dict) else None for e in trace[:n]]
+    timed = None not in times
     t = np.array(times, np.float64) / 1e6 if timed else np.arange(n, dtype=np.float64)
     alloc = np.asarray(allocated[:n], np.int64)
     res = np.asarray(reserved[:n], np.int64)
@@ -167,21 +170,34 @@ def annotation_marks(annotations: Sequence[object] | None, device: int) -> list[
     [{'t': 5.0, 'label': 'step', 'kind': 'annotation'}, {'t': 6.0, 'label': 'step', 'kind': 'cell'}]
     """
     out: list[Mark] = []
-    for a in annotations or ():
+    if not isinstance(annotations, list | tuple):  # malformed: no markers
+        return out
+    for a in annotations:
         if not isinstance(a, dict) or a.get("device", device) != device:
             continue
-        t = a.get("time_us")
-        if not isinstance(t, (int, float)) or isinstance(t, bool):
+        t = _time_us(a.get("time_us"))
+        if t is None:
             continue
-        start = str(a.get("stage", "START")).upper() != "END"
+        stage, name = a.get("stage", "START"), a.get("name", "")
+        start = not (type(stage) is str and stage.upper() == "END")
         out.append(
             {
                 "t": t / 1e6,
-                "label": str(a.get("name", ""))[:80],
+                "label": (name if type(name) is str else UNKNOWN)[:80],
                 "kind": "annotation" if start else "cell",
             }
         )
     return out
+
+
+def _time_us(t: object) -> int | float | None:
+    """A recorded ``time_us``, or None where it is not a number within an int64 (a field from
+    a file may hold anything: a bool, NaN, an int beyond any clock)."""
+    if type(t) is int and -(1 << 63) <= t < 1 << 63:
+        return t
+    if type(t) is float and math.isfinite(t) and abs(t) < 2.0**63:
+        return t
+    return None
 
 
 def trace_times(trace: Sequence[object]) -> np.ndarray | None:
@@ -195,11 +211,11 @@ def trace_times(trace: Sequence[object]) -> np.ndarray | None:
     >>> trace_times([{"action": "alloc"}]) is None
     True
     """
-    raw = [e.get("time_us") if isinstance(e, dict) else None for e in trace]
-    if not raw or not any(isinstance(t, (int, float)) and t > 0 for t in raw):
+    raw = [_time_us(e.get("time_us")) if isinstance(e, dict) else None for e in trace]
+    times = [int(t) if t is not None and t > 0 else 0 for t in raw]
+    if not any(times):
         return None
-    t = np.array([t if isinstance(t, (int, float)) and t > 0 else 0 for t in raw], np.int64)
-    return np.maximum.accumulate(t)
+    return np.maximum.accumulate(np.array(times, np.int64))
 
 
 def entry_at_time(times: np.ndarray, time_us: float) -> int:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpumemviz.render.rows import KIND_NAMES, RowTable
+from gpumemviz.snapshot.messages import short_repr
 
 if TYPE_CHECKING:
     from gpumemviz.render.stacks import Hover, Stacks
@@ -266,7 +267,9 @@ def decode_frame(content: JsonDict, buffers: list[bytes]) -> dict[str, Any]:  # 
         each block's `{lines, user}` or None), or None.
     """
     if content.get("kind") != "frame" or content.get("format") != FRAME_FORMAT:
-        raise ValueError(f"not a gpumemviz frame of format {FRAME_FORMAT}: {content.get('kind')!r}")
+        raise ValueError(
+            f"not a gpumemviz frame of format {FRAME_FORMAT}: {short_repr(content.get('kind'))}"
+        )
     k, n_cells = int(content["rows"]), int(content["cells"])
     bufs = [bytes(b) for b in buffers]
     ids = np.frombuffer(bufs[0], "<u4").astype(np.int64)

@@ -49,6 +49,14 @@ def _legacy_frames(extra: TorchMapping | None) -> TorchList | None:
     return None
 
 
+_STACKS = frozenset({list, tuple})
+
+
+def _stack(frames: object) -> tuple[TorchDict, ...]:
+    """A row's frames as a tuple; () when none were recorded or they are not a list."""
+    return tuple(frames) if isinstance(frames, list | tuple) else ()
+
+
 def _empty_lists(n: int) -> Callable[[np.ndarray | None], list[TorchList]]:
     """A fresh [] per row: rows built by `from_columns` have no frames, and must not share one."""
     return lambda idx: [[] for _ in range(n if idx is None else len(idx))]
@@ -168,12 +176,13 @@ class Snapshot:
             size=int(b.size[i]),
             requested_size=int(b.requested_size[i]),
             state=STATE_NAMES[int(b.state[i])],
-            frames=tuple(frames or ()),
+            frames=_stack(frames),
         )
 
     def block_frames(self) -> TorchList:
         """Each block's allocation stack, in table order: the file's frames list (shared, not
-        copied), a torch 2.0 block's `history[0]` frames, or `[]` when none was recorded.
+        copied), a torch 2.0 block's `history[0]` frames, or `[]` when none was recorded (or
+        what the file holds there is not a list).
 
         One list for all blocks, so stack analysis (sites, hover) costs no per-block objects.
         `Trace.frames()` is the same per trace entry.
@@ -194,7 +203,7 @@ class Snapshot:
         """
         n = self.n_blocks
         base = self._blk_frames
-        out = [[]] * n if base is None else [f if f is not None else [] for f in base]
+        out = [[]] * n if base is None else [f if type(f) in _STACKS else [] for f in base]
         for i, extra in self._blk_shape.extra.items():
             if base is None or base[i] is None:
                 legacy = _legacy_frames(extra)
@@ -312,7 +321,7 @@ class Snapshot:
             segment_type="small" if s.is_small[i] else "large",
             pool_id=(int(s.pool_id[i, 0]), int(s.pool_id[i, 1])),
             is_expandable=bool(s.is_expandable[i]),
-            frames=tuple(frames or ()),
+            frames=_stack(frames),
             blocks=tuple(self.block(j) for j in range(start, start + count)),
         )
 

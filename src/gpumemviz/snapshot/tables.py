@@ -271,11 +271,12 @@ class Trace:
         return vals
 
     def frames(self) -> TorchList:
-        """Each entry's stack (shared, not copied); `[]` where the entry has no `frames` key."""
+        """Each entry's stack (shared, not copied); `[]` where the entry has no `frames` key or
+        its `frames` is not a list (a malformed stack reads as none recorded)."""
         f = self._objects.get("frames")
         if f is None:
             return [[]] * len(self)
-        return [x if x is not None else [] for x in f]
+        return [x if type(x) is list or type(x) is tuple else [] for x in f]
 
     def entries(self) -> list[TorchDict]:
         """The torch list of entry dicts (frames and strings shared, not copied)."""

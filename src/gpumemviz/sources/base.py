@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from gpumemviz.sample import OomEvent, Sample
+from gpumemviz.snapshot.messages import error_line
 
 if TYPE_CHECKING:
     from gpumemviz.allocator.replay.recording import Recording
@@ -119,9 +120,8 @@ class HistorySource(Source, Protocol):
 
 def short_error(exc: BaseException) -> str:
     """One line naming the exception: what the panel shows and the sample stores."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    name = type(exc).__name__
-    return f"{name}: {text}" if text else name
+    text, name = error_line(exc), type(exc).__name__  # bounded, whatever the exception holds
+    return name if text == name else f"{name}: {text}"
 
 
 class UnavailableSource:

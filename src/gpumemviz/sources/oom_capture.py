@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpumemviz.io import write_torch
 from gpumemviz.sample import OomEvent
+from gpumemviz.snapshot.messages import short_repr
 from gpumemviz.sources.base import OomClassifier, short_error
 from gpumemviz.sources.oom_observer import add_handler, ensure_observer, remove_handler
 
@@ -59,7 +60,7 @@ class OomCapture:
             text = text.format(rank=rank, pid=os.getpid())
         except (KeyError, IndexError, ValueError) as exc:
             raise ValueError(
-                f"capture_oom path {text!r}: only {{rank}} and {{pid}} may be used"
+                f"capture_oom path {short_repr(text)}: only {{rank}} and {{pid}} may be used"
             ) from exc
         self.path = Path(text)
         self.classify = classify

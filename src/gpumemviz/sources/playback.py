@@ -182,7 +182,8 @@ class PlaybackSource:
         if 0 <= i < len(self._trace) and self._trace[i].get("time_us"):
             stamp = time.strftime("%H:%M:%S", time.gmtime(self._trace[i]["time_us"] / 1e6))
             note += f" ({self._trace[i].get('action')}, recorded at {stamp} UTC)"
-        settings = self.raw.get("allocator_settings") or {}
+        settings = self.raw.get("allocator_settings")
+        conf = settings.get("PYTORCH_CUDA_ALLOC_CONF", "") if isinstance(settings, dict) else ""
         return Sample(
             time=t,
             monotonic=mono,
@@ -193,7 +194,7 @@ class PlaybackSource:
             device_info=DeviceInfo(
                 index=self.device,
                 name="recorded trace",
-                allocator_settings=str(settings.get("PYTORCH_CUDA_ALLOC_CONF", "")),
+                allocator_settings=conf if type(conf) is str else "",  # else malformed
             ),
             segments_note=None if segments else SEGMENTS_NOT_READ,
             notes=(note,),

@@ -18,6 +18,7 @@ from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.allocator.workloads import WORKLOADS, Workload
 from gpumemviz.sample import SEGMENTS_NOT_READ, DeviceInfo, MemoryStats, NvmlInfo, OomEvent, Sample
+from gpumemviz.snapshot.messages import short_repr
 from gpumemviz.snapshot.schema import TorchDict
 from gpumemviz.sources.base import OomClassifier, OomHandler, short_error
 from gpumemviz.sources.oom import oom_stream
@@ -74,12 +75,16 @@ class SimulatedSource:
     ) -> None:
         if isinstance(workload, str):
             if workload not in WORKLOADS:
-                raise ValueError(f"unknown workload {workload!r}; known: {sorted(WORKLOADS)}")
+                raise ValueError(
+                    f"unknown workload {short_repr(workload)}; known: {sorted(WORKLOADS)}"
+                )
             workload = WORKLOADS[workload]
         if not isinstance(workload, Workload):
             raise TypeError(f"workload must be a Workload or a name, got {type(workload).__name__}")
         if not steps_per_second > 0:
-            raise ValueError(f"steps_per_second must be positive, got {steps_per_second!r}")
+            raise ValueError(
+                f"steps_per_second must be positive, got {short_repr(steps_per_second)}"
+            )
         self.workload = workload
         self.device = device
         self.label = f"simulated: {workload.name} (demo data)"

@@ -32,6 +32,7 @@ from gpumemviz.sample import (
     Sample,
     check_device,
 )
+from gpumemviz.snapshot.messages import short_repr
 from gpumemviz.sources.base import OomClassifier, OomHandler, SourceCommandError, short_error
 from gpumemviz.sources.nvml import NvmlReader, normalize_uuid
 from gpumemviz.sources.oom_observer import add_handler, ensure_observer, remove_handler
@@ -397,7 +398,7 @@ class TorchCudaSource:
         ring. ``stacks="all"`` adds C++ frames; dumps then take minutes on big jobs.
         """
         if stacks not in {"python", "all"}:
-            raise ValueError(f"stacks must be 'python' or 'all', got {stacks!r}")
+            raise ValueError(f"stacks must be 'python' or 'all', got {short_repr(stacks)}")
         torch = _torch()
         if not torch.cuda.is_available() or not torch.cuda.is_initialized():
             raise SourceCommandError("cannot record history: " + WAITING)

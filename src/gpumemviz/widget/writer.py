@@ -11,6 +11,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpumemviz.sources.base import short_error
+
 __all__ = ["Writer"]
 
 
@@ -62,7 +64,7 @@ class Writer:
                     return
                 job()
             except Exception as exc:  # the panel must never raise into user code
-                self.errors.append(f"{type(exc).__name__}: {exc}")
+                self.errors.append(short_error(exc))  # bounded: exc may hold a file's value
                 del self.errors[:-20]
             finally:
                 self._queue.task_done()

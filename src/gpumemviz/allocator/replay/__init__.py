@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..._callable import make_module_callable
+from ...snapshot.messages import short_repr
 from ...units import parse_size
 from ..config import AllocatorConfig
 from .layout import LayoutError
@@ -111,15 +112,15 @@ def _as_capacity(value: object, what: str = "capacity") -> int | None:
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         value = int(value)
     elif not isinstance(value, str | float):
-        raise TypeError(f"{what} must be bytes or a size string, got {value!r}")
+        raise TypeError(f"{what} must be bytes or a size string, got {short_repr(value)}")
     if str(value).strip().startswith("-"):
-        raise ValueError(f"{what} must be positive, got {value!r}")
+        raise ValueError(f"{what} must be positive, got {short_repr(value)}")
     try:
         size = parse_size(value)
     except ValueError as err:
         raise ValueError(f"{what}: {err}") from None
     if size <= 0:
-        raise ValueError(f"{what} must be positive, got {value!r}")
+        raise ValueError(f"{what} must be positive, got {short_repr(value)}")
     return size
 
 

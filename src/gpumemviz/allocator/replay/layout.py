@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpumemviz.snapshot.schema import TorchDict, TorchList, TorchMapping
+    from ...snapshot.schema import TorchDict, TorchList, TorchMapping
+
+from ...snapshot.messages import short_repr
 
 __all__ = ["ALLOCATED", "INACTIVE", "PENDING_FREE", "STATE_NAMES", "Layout", "LayoutError", "Seg"]
 
@@ -90,7 +92,9 @@ class Layout:
                 size = int(b["size"])
                 state = _STATE_CODE.get(b["state"])
                 if state is None:
-                    raise LayoutError(f"segment {base:#x}: unknown block state {b['state']!r}")
+                    raise LayoutError(
+                        f"segment {base:#x}: unknown block state {short_repr(b['state'])}"
+                    )
                 req = 0
                 if state != INACTIVE:  # torch 2.0 keeps it in the block's history
                     hist = b.get("history") or [{}]

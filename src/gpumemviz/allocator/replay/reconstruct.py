@@ -13,6 +13,7 @@ import bisect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ...snapshot.messages import short_repr
 from ..config import AllocatorConfig
 from ..rules import K_SMALL_SIZE, is_small, page_size, round_size
 from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
@@ -84,7 +85,7 @@ def steps_of(trace: Sequence[TorchMapping]) -> list[Step]:
             addr = e["device_free"] if action == "oom" else e.get("addr", 0)
             out.append((action, int(addr), int(e.get("size", 0)), int(e.get("stream", 0))))
         except (KeyError, TypeError, ValueError) as err:
-            raise LayoutError(f"trace entry {i}: malformed ({err!r})") from None
+            raise LayoutError(f"trace entry {i}: malformed ({short_repr(err)})") from None
     return out
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...snapshot.messages import short_repr
 from ...units import format_size
 from ..config import AllocatorConfig
 from .recording import Recording
@@ -201,7 +202,7 @@ class ReplayResult:
         elif run in ("predicted", "replayed"):
             segments = (self.devices if run == "predicted" else self.recorded)[device].segments
         else:
-            raise ValueError(f"run must be predicted, replayed or recording, not {run!r}")
+            raise ValueError(f"run must be predicted, replayed or recording, not {short_repr(run)}")
         return max(int(segments.max(initial=0)), tl.start.totals()[2])
 
     def summary(self) -> str:
