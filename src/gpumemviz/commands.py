@@ -14,6 +14,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from gpumemviz.io import claim_new_file
 from gpumemviz.render.timeline import entry_at_time
 from gpumemviz.units import format_size, parse_size
 
@@ -65,8 +66,14 @@ def _export(panel: Any, args: dict) -> dict:
         _needs(panel.sampler.source, "export", "export a snapshot")
     elif panel.shown is None:
         raise CommandError("nothing shown yet: nothing to export")
-    name = time.strftime("gpumemviz-snapshot-%Y%m%d-%H%M%S.pickle")
-    path = panel.export(Path.cwd() / name)  # the same file as MemoryPanel.export
+    # a name nobody has (to the millisecond, then a counter; created exclusively), so two
+    # panels exporting at once never write one file, nor over a file already there
+    path = claim_new_file(Path.cwd(), "gpumemviz-snapshot", ".pickle", when=time.time())
+    try:
+        path = panel.export(path, force=True)  # the same file as MemoryPanel.export; ours
+    except BaseException:
+        path.unlink(missing_ok=True)  # the empty file claimed for it
+        raise
     url = file_url(path)
     size = format_size(path.stat().st_size)
     return {"text": f"wrote {path.name} ({size})", "path": str(path), "url": url}

@@ -19,13 +19,14 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
+from gpumemviz.sample import check_interval
 from gpumemviz.units import format_size
 
 __all__ = ["GpumemvizMagics", "load_ipython_extension", "summary", "unload_ipython_extension"]
 
 USAGE = (
     "%gpumemviz [--device N] [--interval S] [--demo WORKLOAD] [--replay FILE] "
-    "[stop | status | export PATH]"
+    "[stop | status | export [--force] PATH]"
 )
 
 
@@ -64,6 +65,9 @@ def _parser() -> _Parser:
         help="stop sampling, print the sampler's status, or export PATH (a torch pickle)",
     )
     p.add_argument("path", nargs="?", help="where export writes")
+    p.add_argument(
+        "--force", action="store_true", help="export: replace PATH even when it is read-only"
+    )
     return p
 
 
@@ -96,24 +100,29 @@ class GpumemvizMagics(Magics):
         """Show the live memory panel; ``stop``, ``status`` or ``export PATH`` act on it.
 
         ``%gpumemviz [--device N] [--interval S] [--demo WORKLOAD] [--replay FILE]``
-        ``[stop | status | export PATH]``
+        ``[stop | status | export [--force] PATH]``
         """
         try:
             words = shlex.split(line)
         except ValueError as exc:
             raise UsageError(f"%gpumemviz: {exc}; usage: {USAGE}") from None
-        args = _parser().parse_args(words)
+        args = _parser().parse_intermixed_args(words)  # export --force PATH, too
         if args.help:
             print(_parser().format_help(), end="")
             return None
         if args.device is not None and args.device < 0:
             raise UsageError(f"%gpumemviz: --device must be >= 0, got {args.device}")
-        if args.interval is not None and not args.interval > 0:
-            raise UsageError(f"%gpumemviz: --interval must be > 0 seconds, got {args.interval}")
+        if args.interval is not None:
+            try:
+                check_interval(args.interval, "--interval")
+            except ValueError as exc:  # inf and nan parse as floats: one line, no traceback
+                raise UsageError(f"%gpumemviz: {exc}") from None
         if args.demo and args.replay:
             raise UsageError("%gpumemviz: --demo and --replay exclude each other")
         if args.path is not None and args.command != "export":
             raise UsageError(f"%gpumemviz: unexpected {args.path!r}; usage: {USAGE}")
+        if args.force and args.command != "export":
+            raise UsageError(f"%gpumemviz: --force is for export; usage: {USAGE}")
         device = self.last_device if args.device is None else args.device
         if args.command == "stop":
             return self._stop(device)
@@ -122,7 +131,7 @@ class GpumemvizMagics(Magics):
         if args.command == "export":
             if not args.path:
                 raise UsageError("%gpumemviz: export needs a PATH (export run.pickle)")
-            return self._export(device, args.path)
+            return self._export(device, args.path, force=args.force)
         return self._show(device, args)
 
     # ------------------------------------------------------------------------------------------
@@ -262,7 +271,7 @@ class GpumemvizMagics(Magics):
             lines.append(summary(latest))
         print("\n".join(lines))
 
-    def _export(self, device: int, path: str) -> None:
+    def _export(self, device: int, path: str, *, force: bool = False) -> None:
         from gpumemviz.io import save_snapshot
 
         source = self._sampler(device).source
@@ -278,7 +287,10 @@ class GpumemvizMagics(Magics):
                 "recorded history (no CUDA memory in use here, and no %gpumemviz --demo or "
                 "--replay shown); nothing written"
             )
-        written = save_snapshot(raw, Path(path).expanduser())
+        try:
+            written = save_snapshot(raw, Path(path).expanduser(), force=force)
+        except OSError as exc:  # read-only, a device, a missing folder: one line
+            raise UsageError(f"%gpumemviz export: {exc}") from None
         print(f"gpumemviz: wrote {written} ({n} segments, {format_size(written.stat().st_size)})")
 
     # per-cell markers ---------------------------------------------------------------------------

@@ -144,7 +144,7 @@ def as_snapshot(x: Any) -> Snapshot:
     return load_snapshot(x)
 
 
-def save_snapshot(snapshot: Any, path: str | os.PathLike) -> Path:
+def save_snapshot(snapshot: Any, path: str | os.PathLike, *, force: bool = False) -> Path:
     """Write a snapshot atomically: pickle protocol 4, or JSON when the name ends in ``.json``.
 
     Protocol 4 because MemoryViz.js's own unpickler reads protocols 2-4 only ("Unhandled version
@@ -156,7 +156,10 @@ def save_snapshot(snapshot: Any, path: str | os.PathLike) -> Path:
     snapshot : Snapshot, torch dict or list, path or bytes
         Anything `as_snapshot` accepts.
     path : str or PathLike
-        Where to write.
+        Where to write; ``"-"`` is standard output, a symlink is written through (see
+        `gpumemviz.io.atomic_write`).
+    force : bool
+        Replace a read-only file (refused otherwise).
 
     Returns
     -------
@@ -173,10 +176,12 @@ def save_snapshot(snapshot: Any, path: str | os.PathLike) -> Path:
     """
     path = Path(path)
     fmt = "json" if path.suffix.lower() == ".json" else "pickle"
-    return write_torch(as_snapshot(snapshot).to_torch(), path, format=fmt)
+    return write_torch(as_snapshot(snapshot).to_torch(), path, format=fmt, force=force)
 
 
-def write_torch(data: dict | list, path: str | os.PathLike, *, format: str = "pickle") -> Path:
+def write_torch(
+    data: dict | list, path: str | os.PathLike, *, format: str = "pickle", force: bool = False
+) -> Path:
     """Write plain snapshot data (a torch dict) atomically as protocol-4 pickle or JSON.
 
     The writer behind `save_snapshot` and `gpumemviz.export`, for data already in torch's
@@ -190,6 +195,8 @@ def write_torch(data: dict | list, path: str | os.PathLike, *, format: str = "pi
         Where to write.
     format : {"pickle", "json"}
         Protocol-4 pickle, or compact JSON (tuples become lists; `load_snapshot` restores them).
+    force : bool
+        Replace a read-only file (refused otherwise).
 
     Returns
     -------
@@ -203,7 +210,7 @@ def write_torch(data: dict | list, path: str | os.PathLike, *, format: str = "pi
     else:
         raise ValueError(f"unknown format {format!r}: expected 'pickle' or 'json'")
     path = Path(path)
-    atomic_write(path, lambda f: writer(data, f))
+    atomic_write(path, lambda f: writer(data, f), force=force)
     return path
 
 
