@@ -195,7 +195,8 @@ def snapshot_file(tmp_path):
         (["report", "IN", "-o", "-", "--no-replay"], b"<!doctype html>"),
     ],
 )
-def test_cli_dash_output_is_standard_output(snapshot_file, argv, start, capsysbinary):
+def test_cli_dash_output_is_standard_output(snapshot_file, argv, start, capsysbinary, monkeypatch):
+    monkeypatch.chdir(snapshot_file.parent)  # where a file named "-" would land
     argv = [str(snapshot_file) if a == "IN" else a for a in argv]
     assert main(argv) == 0
     out, err = capsysbinary.readouterr()
