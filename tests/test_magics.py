@@ -50,6 +50,19 @@ def test_status_and_export_act_on_the_shown_feed(shell, capsys, tmp_path):
     assert path.read_bytes()[:2] == b"\x80\x04"  # pickle protocol 4 (MemoryViz reads it)
 
 
+def test_export_refuses_a_read_only_file_unless_force(shell, capsys, tmp_path):
+    shell.run_line_magic("gpumemviz", "--demo training")
+    path = tmp_path / "kept.pickle"
+    path.write_bytes(b"old")
+    path.chmod(0o444)
+    with pytest.raises(UsageError, match=r"^%gpumemviz export: cannot write .*: the file is read-"):
+        shell.run_line_magic("gpumemviz", f"export {path}")
+    assert path.read_bytes() == b"old"
+    shell.run_line_magic("gpumemviz", f"export --force {path}")
+    assert f"wrote {path}" in capsys.readouterr().out
+    assert load_snapshot(path).n_segments > 0
+
+
 def test_replay_opens_on_the_recorded_state(shell, capsys):
     path = real_file(TRACED)
     shell.run_line_magic("gpumemviz", f"--replay {path}")
@@ -107,7 +120,12 @@ def test_unload_stops_what_the_extension_started(shell):
     ("line", "message"),
     [
         ("--device -1", "--device must be >= 0"),
-        ("--interval 0", "--interval must be > 0"),
+        ("--interval 0", r"--interval must be a positive number of seconds from 0\.01 to 86400"),
+        ("--interval inf", r"--interval must be .* \(one day\), got inf$"),
+        ("--interval 2.4e9", r"--interval must be .* \(one day\), got 2400000000\.0$"),
+        ("--interval nan", r"--interval must be .*, got nan$"),
+        ("--interval 0.001", r"--interval must be .*, got 0\.001$"),
+        ("--force status", "--force is for export"),
         ("--demo nope", "unknown workload 'nope'"),
         ("--demo training --replay x.pickle", "exclude each other"),
         ("--replay /nonexistent.pickle", "no such file"),

@@ -472,7 +472,10 @@ def test_a_state_larger_than_the_bound_is_not_kept():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"interval": 0}, "interval must be a positive number of seconds, got 0"),
+        (
+            {"interval": 0},
+            r"interval must be a positive number of seconds from 0\.01 to 86400 \(one day\), got 0",
+        ),
         ({"interval": float("inf")}, "interval must be"),
         ({"segment_interval": -1}, "segment_interval must be"),
         ({"cpu_budget": 0}, "cpu_budget must be a share of one core"),
@@ -553,3 +556,89 @@ def test_set_interval_keeps_the_running_thread_and_cuts_a_long_wait_short():
         sampler.close()
     with pytest.raises(ValueError, match="interval must be a positive number"):
         sampler.set_interval(-1)
+
+
+# --- issue 15, point 7: intervals checked; a listener's BaseException contained; a thread that
+# stops on its own says why
+
+
+@pytest.mark.parametrize("bad", [0.001, 86400.5, 2.4e9, 1e300, float("inf"), float("nan"), True])
+def test_an_interval_outside_a_hundredth_of_a_second_to_a_day_is_refused_everywhere(bad):
+    from gpumemviz.widget import monitor
+
+    message = r"^interval must be a positive number of seconds from 0\.01 to 86400 \(one day\)"
+    with pytest.raises(ValueError, match=message):
+        Sampler(UnavailableSource(0, "x"), interval=bad)
+    with pytest.raises(ValueError, match=message):
+        Sampler(UnavailableSource(0, "x")).set_interval(bad)
+    with pytest.raises(ValueError, match=message):
+        sampler_for(UnavailableSource(0, "x"), interval=bad)
+    with pytest.raises(ValueError, match=message):
+        monitor(source=UnavailableSource(0, "x"), interval=bad)
+    with pytest.raises(ValueError, match=r"^segment_interval must be"):
+        Sampler(UnavailableSource(0, "x"), segment_interval=bad)
+    with pytest.raises(ValueError, match=r"^read_timeout must be"):
+        Sampler(UnavailableSource(0, "x"), read_timeout=bad)
+    assert not sampler_threads()
+
+
+def test_the_longest_interval_runs_and_stops(real_source):
+    s = Sampler(real_source, interval=86400)
+    assert s.start() and wait_for(lambda: s.counters["ticks"] >= 1)
+    time.sleep(0.1)  # the thread is in its (day-long) wait now: no overflow, still alive
+    assert s.running and s.stopped is None and s.counters["errors"] == 0
+    s.set_interval(0.02)
+    assert wait_for(lambda: s.counters["ticks"] >= 3)
+    assert s.stop()
+
+
+@pytest.mark.parametrize("exc", [SystemExit(0), GeneratorExit(), KeyboardInterrupt()])
+def test_a_listener_raising_any_base_exception_is_counted_not_fatal(real_source, exc):
+    s = Sampler(real_source, interval=0.02)
+    good: list = []
+
+    def bad(sample):
+        raise exc
+
+    s.add_listener(bad)
+    s.add_listener(good.append)
+    if isinstance(exc, KeyboardInterrupt):  # on the user's thread, Ctrl-C stays theirs
+        with pytest.raises(KeyboardInterrupt):
+            s.sample_once()
+    else:
+        assert s.sample_once().state == "ok"  # sample_once on the user's thread returns
+        assert s.counters["listener_errors"] == 1 and len(good) == 1
+    try:
+        assert s.start()
+        assert wait_for(lambda: s.counters["listener_errors"] >= 4)  # on the sampler thread
+        assert s.running and s.stopped is None
+        assert any(f"raised {type(exc).__name__}" in n for g in good for n in g.notes)
+    finally:
+        assert s.stop()
+
+
+class _BrokenWake(threading.Event):
+    def wait(self, timeout=None):
+        raise RuntimeError("the clock broke")
+
+
+def test_a_thread_that_stops_on_its_own_says_why_and_the_panel_shows_it(real_source):
+    from gpumemviz.widget import MemoryPanel
+
+    s = Sampler(real_source, interval=0.02)
+    s._wake = _BrokenWake()  # the loop's wait fails: a bug outside the read's own guard
+    panel = MemoryPanel(subshell=False)
+    try:
+        panel.attach(s, owned=True)
+        assert s.start()
+        reason = "sampler thread stopped: RuntimeError: the clock broke"
+        assert wait_for(lambda: not s.running)
+        assert s.stopped == reason and s.status()["stopped"] == reason
+        assert s.last_error == reason and s.counters["errors"] >= 1
+        assert s.history.latest().errors == (reason,)
+        assert panel.flush() and panel.status == reason
+        s._wake = threading.Event()
+        assert s.start() and s.stopped is None  # a restart clears it
+    finally:
+        panel.close()
+    assert wait_for(lambda: not sampler_threads())

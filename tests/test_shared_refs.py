@@ -154,7 +154,7 @@ def _raises_with_repr(tree: ast.AST) -> list[tuple[int, str]]:
 
 #: Modules whose messages may use a plain repr: units is below the formatter's layer (the
 #: snapshot package imports it), and the sampler's name only the caller's own numbers.
-_PLAIN_REPR_OK = {"units.py", "sampler.py"}
+_PLAIN_REPR_OK = {"units.py"}
 
 
 def test_every_message_embeds_values_through_the_bounded_formatter():

@@ -11,7 +11,13 @@ memo indices, deep nesting and memo cycles, injected globals (GLOBAL, STACK_GLOB
 EXT, PERSID) pointing at a canary, and for dicts wrong types, huge and negative numbers, NaN,
 removed keys and swapped subtrees. Inputs that produce a new outcome (exception type and message
 shape) join the corpus and are mutated further, so the fuzzer digs into validation rather than
-stopping at the first parse error.
+stopping at the first parse error. A share of the cases (``--shapes``) are built rather than
+mutated (tools/fuzz_shapes.py): shared-reference DAGs where a snapshot keeps free-form data,
+odd field types, and strings a terminal must not receive.
+
+The CLI target runs ``inspect`` (text and --json), ``diff``, ``export --format json`` and
+``report`` on each case: status 0, or 2 with one line on stderr; no control character, ESC,
+bidi override or lone surrogate in what it prints; no NaN or Infinity in the JSON it writes.
 
 Each case runs in a worker process under a guard: the parent kills the worker when a case runs
 past ``--case-timeout`` or its RSS passes ``--rss-mb``, saves the input that did it, and starts a
@@ -19,7 +25,8 @@ new worker; the worker also caps its address space (RLIMIT_AS) so one allocation
 machine. Findings are saved under ``--out`` (default build/fuzz/) with a traceback and a shrunk
 reproducer; `KNOWN` lists the ones already reported to their owners.
 
-Run: ``python tools/fuzz.py [--seconds 600] [--seed N] [--targets pickle,json,dict,cli]``.
+Run: ``python tools/fuzz.py [--seconds 600] [--seed N] [--targets pickle,json,dict,cli]``;
+``python tools/fuzz.py --target cli --reproduce FILE...`` runs saved cases again.
 """
 
 from __future__ import annotations
@@ -52,6 +59,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))  # the sibling module, also when loaded by file path
+import fuzz_shapes  # noqa: E402
+
 #: Where seeds come from: the shipped real files and stand-ins, and ../shared's when present.
 SEED_DIRS = (
     REPO / "tests" / "data" / "real",
@@ -367,7 +377,7 @@ def mutate_pickle(data: bytes, seeds: Seeds, rng: random.Random) -> bytes:
 _JSON_TOKENS = [
     b"1e400", b"-1", b"18446744073709551617", b"NaN", b"-Infinity", b"null", b"true", b'""',
     b'"\\ud800"', b"[]", b"{}", b"0.5", b'"active_allocated"', b'"segments"', b"-0",
-    b"123456789012345678901234567890",
+    b"123456789012345678901234567890", b"1" + b"0" * 5000, b'"\\u001b]0;x\\u0007"',
 ]  # fmt: skip
 
 
@@ -474,8 +484,28 @@ def _deep_obj(rng: random.Random) -> Any:
     return x
 
 
-def make_case(target: str, seeds: Seeds, corpus: list, rng: random.Random) -> Any:
-    """One input for `target`: a mutation of a seed (or of a corpus entry that got somewhere)."""
+def shaped_case(target: str, seeds: Seeds, rng: random.Random) -> Any:
+    """One input for `target` built by tools/fuzz_shapes.py from a seed: a shared-reference
+    DAG or odd field types (JSON, which has no references, gets odd fields only)."""
+    base = rng.choice(seeds.dicts)
+    if target == "json" or rng.random() < 0.5:
+        shaped = fuzz_shapes.odd_fields_case(base, rng)
+    else:
+        shaped = fuzz_shapes.shared_case(base, rng)
+    if target == "dict":
+        return shaped
+    if target == "json":
+        return json.dumps(shaped, allow_nan=True).encode()
+    return pickle.dumps(shaped, protocol=rng.choice((2, 4, 5)))
+
+
+def make_case(
+    target: str, seeds: Seeds, corpus: list, rng: random.Random, shapes: float = 0.0
+) -> Any:
+    """One input for `target`: a mutation of a seed (or of a corpus entry that got somewhere),
+    or with probability `shapes` a shaped case (`shaped_case`)."""
+    if shapes and rng.random() < shapes:
+        return shaped_case(target, seeds, rng)
     if target == "dict":
         base = rng.choice(corpus) if corpus and rng.random() < 0.5 else rng.choice(seeds.dicts)
         return mutate_dict(base, seeds, rng)
@@ -646,38 +676,92 @@ def run_fragmentation(data: Any) -> str:
     return "frag:" + (_shape(by_dict[1]) if by_dict[0] == "error" else "report")
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} in JSON output")
+
+
+def _check_printed(cmd: str, stream: str, text: str) -> None:
+    """What a command printed: UTF-8 a terminal takes, and no control sequence from the file."""
+    try:  # a terminal takes UTF-8: a lone surrogate in the report would be a traceback
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise Finding(f"cli:{stream}-not-utf8@{cmd}", f"{e}") from None
+    bad = fuzz_shapes.control_chars(text)
+    if bad:
+        detail = f"{cmd} printed {', '.join(sorted(set(bad)))} on {stream}: {text[:2000]!r}"
+        raise Finding(f"cli:control-chars@{cmd}", detail)
+
+
+def _check_json(cmd: str, text: str) -> None:
+    """JSON gpumemviz writes: strict JSON (no NaN, no Infinity)."""
+    try:
+        json.loads(text, parse_constant=_no_constant)
+    except ValueError as e:
+        raise Finding(f"cli:json@{cmd}", f"{e}: {text[:2000]!r}") from None
+
+
+#: The case file's name: a file name is printed too, and may hold what a terminal must not get.
+CASE_NAME = "case \x1b]0;title\x07\u202eevil.bin"
+#: What `diff` compares each case with: a plain one-segment snapshot (written once).
+BASE_SEGMENTS = [
+    {"device": 0, "address": 1 << 40, "total_size": 2 << 20, "stream": 0,
+     "segment_type": "small", "allocated_size": 512, "active_size": 512, "requested_size": 512,
+     "blocks": [{"size": 512, "state": "active_allocated", "requested_size": 512},
+                {"size": (2 << 20) - 512, "state": "inactive", "requested_size": 0}]},
+]  # fmt: skip
+#: The CLI runs of each case: (name, argv with FILE, BASE and OUT to fill in, whether stdout is
+#: JSON).
+CLI_RUNS = (
+    ("inspect", ["inspect", "FILE"], False),
+    ("inspect-json", ["inspect", "FILE", "--json"], True),
+    ("diff", ["diff", "BASE", "FILE"], False),
+    ("export-json", ["export", "FILE", "-o", "OUT", "--format", "json"], False),
+    ("report", ["report", "FILE", "-o", "OUT", "--no-replay"], False),
+)
+
+
 def run_cli(data: bytes, tmp: Path) -> str:
-    """`gpumemviz inspect FILE` (text and --json): status 0, or 2 with one stderr line."""
+    """The CLI on FILE (`CLI_RUNS`): status 0, or 2 with one stderr line; what it prints is
+    terminal-safe UTF-8 and the JSON it prints or writes is strict."""
     from gpumemviz.cli import main
 
-    path = tmp / "case.bin"
+    path = tmp / CASE_NAME
     path.write_bytes(data)
+    base = tmp / "base.pickle"
+    if not base.exists():
+        base.write_bytes(pickle.dumps(BASE_SEGMENTS, protocol=4))
     outs = []
-    for extra in ([], ["--json"]):
+    for name, argv, json_out in CLI_RUNS:
+        out_file = tmp / f"out-{name}"
+        out_file.unlink(missing_ok=True)
+        fill = {"FILE": str(path), "BASE": str(base), "OUT": str(out_file)}
+        args = [fill.get(a, a) for a in argv]
         out, err = io.StringIO(), io.StringIO()
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                rc = main(["inspect", str(path), *extra])
+                rc = main(args)
         except BaseException as e:  # every exception out of main is judged
             if isinstance(e, KeyboardInterrupt):
                 raise
             sig = f"cli:{type(e).__name__}@{_where(e.__traceback__)}"
             raise Finding(sig, "".join(traceback.format_exception(e))) from e
-        try:  # a terminal takes UTF-8: a lone surrogate in the report would be a traceback
-            out.getvalue().encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise Finding("cli:stdout-not-utf8", f"{e}") from None
+        _check_printed(name, "stdout", out.getvalue())
+        _check_printed(name, "stderr", err.getvalue())
         lines = err.getvalue().splitlines()
         if rc == 2:
-            if len(lines) != 1 or not lines[0].startswith("gpumemviz inspect: error: "):
-                raise Finding("cli:stderr", f"status 2 with stderr {err.getvalue()!r}")
+            if len(lines) != 1 or not lines[0].startswith(f"gpumemviz {argv[0]}: error: "):
+                raise Finding(f"cli:stderr@{name}", f"status 2 with stderr {err.getvalue()!r}")
             if "needs more memory" in lines[0]:
                 raise Finding("memory@cli", lines[0])
             outs.append("2:" + _shape(lines[0]))
-        elif rc != 0:
-            raise Finding(f"cli:status{rc}", err.getvalue())
-        else:
-            outs.append("0")
+            continue
+        if rc != 0:
+            raise Finding(f"cli:status{rc}@{name}", err.getvalue())
+        outs.append("0")
+        if json_out:
+            _check_json(name, out.getvalue())
+        if "json" in argv and out_file.exists():
+            _check_json(name, out_file.read_text(encoding="utf-8", errors="replace"))
     return " ".join(outs)
 
 
@@ -788,6 +872,32 @@ def confirm_memory(args: argparse.Namespace) -> int:
     return 0
 
 
+def reproduce(args: argparse.Namespace) -> int:
+    """`--reproduce FILE...`: saved cases through `--target`'s oracle (default cli) in this
+    process, under the workers' address-space cap; one line each, exit 1 on any finding."""
+    canary = install_canary()
+    import gpumemviz.cli
+    import gpumemviz.io  # noqa: F401
+
+    target = args.target or "cli"
+    _set_rlimit(args.rss_mb + (4200 if target == "cli" else 0))
+    found = 0
+    with tempfile.TemporaryDirectory(prefix="reproduce-") as tmp:
+        for name in args.reproduce:
+            case = decode_case(Path(name).read_bytes())
+            try:
+                outcome = run_case(target, case, Path(tmp))
+            except Finding as f:
+                found += 1
+                outcome = f"FINDING {f.sig}: {f.detail.strip().splitlines()[-1][:300]}"
+            if canary.tripped:
+                found += 1
+                outcome = f"FINDING canary: {canary.tripped!r}"
+                canary.tripped.clear()
+            print(f"{Path(name).name}: {outcome}".encode("ascii", "backslashreplace").decode())
+    return 1 if found else 0
+
+
 def worker(args: argparse.Namespace) -> int:
     """Run cases for `args.target` from `args.start` until the deadline; one line per case."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -814,7 +924,7 @@ def worker(args: argparse.Namespace) -> int:
 
     while time.time() < deadline and (args.cases <= 0 or i < args.start + args.cases):
         try:
-            case = make_case(args.target, seeds, corpus, rng)
+            case = make_case(args.target, seeds, corpus, rng, args.shapes)
         except MemoryError:  # the mutator met the cap: this worker's heap grew over many cases
             print(f"B {i}\nE {i} 0.0000 worker heap full: restart", flush=True)
             return 0  # the guard starts a fresh worker at the next case
@@ -886,7 +996,7 @@ def _spawn(target: str, start: int, ns: argparse.Namespace, deadline: float, cas
         sys.executable, str(Path(__file__).resolve()), "--worker", "--target", target,
         "--seed", str(ns.seed), "--start", str(start), "--deadline", str(deadline),
         "--cases", str(cases), "--out", str(ns.out), "--workdir", str(ns.workdir),
-        "--rss-mb", str(ns.rss_mb), "--slices", str(ns.slices),
+        "--rss-mb", str(ns.rss_mb), "--slices", str(ns.slices), "--shapes", str(ns.shapes),
     ]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OPENBLAS_NUM_THREADS="1")
     err = (Path(ns.workdir) / f"stderr-{target}.txt").open("wb")  # the child's stderr
@@ -1129,6 +1239,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--case-timeout", type=float, default=10.0)
     p.add_argument("--rss-mb", type=int, default=1024, help="address space a case may add")
     p.add_argument("--slices", type=int, default=6, help="small seeds cut from each real file")
+    p.add_argument(
+        "--shapes",
+        type=float,
+        default=0.15,
+        help="share of cases built by tools/fuzz_shapes.py: shared references, odd fields",
+    )
     p.add_argument("--out", default=str(REPO / "build" / "fuzz"))
     p.add_argument("--workdir", default=None)
     p.add_argument(
@@ -1138,14 +1254,22 @@ def main(argv: list[str] | None = None) -> int:
         help="share of the time for coverage-guided atheris where it is installed (default 0.5)",
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--reproduce",
+        nargs="+",
+        metavar="FILE",
+        help="run saved cases (e.g. build/fuzz/*.bin) through --target's checks (default cli)",
+    )
     p.add_argument("--confirm-memory", help=argparse.SUPPRESS)
     p.add_argument("--atheris-worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--target", help=argparse.SUPPRESS)
+    p.add_argument("--target", help="with --reproduce: whose checks run (default cli)")
     p.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, default=0.0, help=argparse.SUPPRESS)
     ns = p.parse_args(argv)
     if ns.confirm_memory:
         return confirm_memory(ns)
+    if ns.reproduce:
+        return reproduce(ns)
     if ns.worker:
         return worker(ns)
     if ns.atheris_worker:

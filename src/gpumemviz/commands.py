@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
 
+from gpumemviz.io import claim_new_file
 from gpumemviz.render.timeline import entry_at_time
 from gpumemviz.snapshot.messages import short_repr
 from gpumemviz.units import format_size, parse_size
@@ -44,7 +45,9 @@ class Panel(Protocol):
     def shown(self) -> Snapshot | None: ...
     @property
     def owns_sampler(self) -> bool: ...
-    def export(self, path: str | os.PathLike[str], *, redact_paths: bool = False) -> Path: ...
+    def export(
+        self, path: str | os.PathLike[str], *, redact_paths: bool = False, force: bool = False
+    ) -> Path: ...
     def fit_inputs(self) -> tuple[FragmentationReport | None, int | None, int]: ...
     def replay_times(self) -> np.ndarray | None: ...
     def devices(self) -> list[int]: ...
@@ -92,8 +95,14 @@ def _export(panel: Panel, args: JsonDict) -> JsonDict:
         _needs(panel.sampler.source, "export", "export a snapshot")
     elif panel.shown is None:
         raise CommandError("nothing shown yet: nothing to export")
-    name = time.strftime("gpumemviz-snapshot-%Y%m%d-%H%M%S.pickle")
-    path = panel.export(Path.cwd() / name)  # the same file as MemoryPanel.export
+    # a name nobody has (to the millisecond, then a counter; created exclusively), so two
+    # panels exporting at once never write one file, nor over a file already there
+    path = claim_new_file(Path.cwd(), "gpumemviz-snapshot", ".pickle", when=time.time())
+    try:
+        path = panel.export(path, force=True)  # the same file as MemoryPanel.export; ours
+    except BaseException:
+        path.unlink(missing_ok=True)  # the empty file claimed for it
+        raise
     url = file_url(path)
     size = format_size(path.stat().st_size)
     return {"text": f"wrote {path.name} ({size})", "path": str(path), "url": url}

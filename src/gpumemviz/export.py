@@ -108,6 +108,7 @@ def export(
     format: str | None = None,
     redact_paths: bool = False,
     device: int | None = None,
+    force: bool = False,
 ) -> Path:
     """Write a snapshot (or a sampled timeline) for sharing, atomically.
 
@@ -117,7 +118,8 @@ def export(
         sequence of `Sample`
         What to export. Samples only make sense as CSV.
     path : str or PathLike
-        Where to write.
+        Where to write; ``"-"`` is standard output, a symlink is written through (its target
+        replaced, the link kept); a directory, device, fifo or socket is refused.
     format : {"pickle", "json", "csv"}, optional
         Default: from the suffix (.json, .csv; anything else is pickle).
     redact_paths : bool
@@ -125,6 +127,8 @@ def export(
         placeholders first (`gpumemviz.frames.redact_paths`).
     device : int, optional
         CSV of a trace: only this device (default: every device with a trace).
+    force : bool
+        Replace a read-only file (refused otherwise, with a PermissionError).
 
     Returns
     -------
@@ -175,18 +179,20 @@ def export(
     if samples is not None:
         if fmt != "csv":
             raise ValueError(f"samples export only as CSV, not {fmt}")
-        _write_csv(path, SAMPLE_COLUMNS, sample_rows(samples))
+        _write_csv(path, SAMPLE_COLUMNS, sample_rows(samples), force)
         return path
     snap = as_snapshot(cast("SnapshotLike", snapshot))  # not samples: a snapshot
     if fmt == "csv":
-        _write_csv(path, TRACE_COLUMNS, trace_rows(snap, device=device))
+        _write_csv(path, TRACE_COLUMNS, trace_rows(snap, device=device), force)
         return path
     if redact_paths:
         snap = _redact_paths(snap)
-    return write_torch(snap.to_torch(), path, format=fmt)
+    return write_torch(snap.to_torch(), path, format=fmt, force=force)
 
 
-def _write_csv(path: Path, header: Sequence[str], columns: dict[str, list[Cell]]) -> None:
+def _write_csv(
+    path: Path, header: Sequence[str], columns: dict[str, list[Cell]], force: bool = False
+) -> None:
     def write(f: BinaryIO) -> None:
         text = _io.TextIOWrapper(f, encoding="utf-8", newline="")
         w = csv.writer(text, lineterminator="\n")
@@ -195,7 +201,7 @@ def _write_csv(path: Path, header: Sequence[str], columns: dict[str, list[Cell]]
         text.flush()
         text.detach()
 
-    atomic_write(path, write)
+    atomic_write(path, write, force=force)
 
 
 def _cells(a: np.ndarray, missing: np.ndarray | None = None) -> list[Cell]:

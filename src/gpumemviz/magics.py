@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, NoReturn
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 
+from gpumemviz.sample import check_interval
 from gpumemviz.units import format_size
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ __all__ = ["GpumemvizMagics", "load_ipython_extension", "summary", "unload_ipyth
 
 USAGE = (
     "%gpumemviz [--device N] [--interval S] [--demo WORKLOAD] [--replay FILE] "
-    "[stop | status | export PATH]"
+    "[stop | status | export [--force] PATH]"
 )
 
 
@@ -74,6 +75,9 @@ def _parser() -> _Parser:
         help="stop sampling, print the sampler's status, or export PATH (a torch pickle)",
     )
     p.add_argument("path", nargs="?", help="where export writes")
+    p.add_argument(
+        "--force", action="store_true", help="export: replace PATH even when it is read-only"
+    )
     return p
 
 
@@ -106,7 +110,7 @@ class GpumemvizMagics(Magics):
         """Show the live memory panel; ``stop``, ``status`` or ``export PATH`` act on it.
 
         ``%gpumemviz [--device N] [--interval S] [--demo WORKLOAD] [--replay FILE]``
-        ``[stop | status | export PATH]``
+        ``[stop | status | export [--force] PATH]``
 
         One feed per device: the shared sampler, or the extension's own on
         ``SimulatedSource(WORKLOAD)`` or ``PlaybackSource(FILE)`` (opened paused on the last
@@ -114,26 +118,32 @@ class GpumemvizMagics(Magics):
         state, no sampler). Re-running reuses the feed and replaces the magic's panel. Without a
         widget front end (a terminal IPython) it prints `summary` of one read. ``export``
         writes the source's ``export()`` with `gpumemviz.io.save_snapshot` (pickle protocol
-        4). Bad arguments raise IPython's ``UsageError``, one line.
+        4; ``--force`` replaces a read-only file). Bad arguments raise IPython's
+        ``UsageError``, one line.
         """
         try:
             words = shlex.split(line)
         except ValueError as exc:
             raise UsageError(f"%gpumemviz: {exc}; usage: {USAGE}") from None
-        args = _parser().parse_args(words)
+        args = _parser().parse_intermixed_args(words)  # export --force PATH, too
         if args.help:
             print(_parser().format_help(), end="")
             return None
         if args.device is not None and args.device < 0:
             raise UsageError(f"%gpumemviz: --device must be >= 0, got {args.device}")
-        if args.interval is not None and not args.interval > 0:
-            raise UsageError(f"%gpumemviz: --interval must be > 0 seconds, got {args.interval}")
+        if args.interval is not None:
+            try:
+                check_interval(args.interval, "--interval")
+            except ValueError as exc:  # inf and nan parse as floats: one line, no traceback
+                raise UsageError(f"%gpumemviz: {exc}") from None
         if args.demo and args.replay:
             raise UsageError("%gpumemviz: --demo and --replay exclude each other")
         if args.path is not None and args.command != "export":
             from gpumemviz.snapshot.messages import short_repr  # numpy: only when needed
 
             raise UsageError(f"%gpumemviz: unexpected {short_repr(args.path)}; usage: {USAGE}")
+        if args.force and args.command != "export":
+            raise UsageError(f"%gpumemviz: --force is for export; usage: {USAGE}")
         device = self.last_device if args.device is None else args.device
         if args.command == "stop":
             self._stop(device)
@@ -144,7 +154,7 @@ class GpumemvizMagics(Magics):
         if args.command == "export":
             if not args.path:
                 raise UsageError("%gpumemviz: export needs a PATH (export run.pickle)")
-            self._export(device, args.path)
+            self._export(device, args.path, force=args.force)
             return None
         return self._show(device, args)
 
@@ -285,7 +295,7 @@ class GpumemvizMagics(Magics):
             lines.append(summary(latest))
         print("\n".join(lines))
 
-    def _export(self, device: int, path: str) -> None:
+    def _export(self, device: int, path: str, *, force: bool = False) -> None:
         from gpumemviz.io import save_snapshot
 
         source = self._sampler(device).source
@@ -301,7 +311,10 @@ class GpumemvizMagics(Magics):
                 "recorded history (no CUDA memory in use here, and no %gpumemviz --demo or "
                 "--replay shown); nothing written"
             )
-        written = save_snapshot(raw, Path(path).expanduser())
+        try:
+            written = save_snapshot(raw, Path(path).expanduser(), force=force)
+        except OSError as exc:  # read-only, a device, a missing folder: one line
+            raise UsageError(f"%gpumemviz export: {exc}") from None
         print(f"gpumemviz: wrote {written} ({n} segments, {format_size(written.stat().st_size)})")
 
     # per-cell markers ---------------------------------------------------------------------------

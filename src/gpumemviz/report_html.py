@@ -69,6 +69,7 @@ def report(
     input_size: int | None = None,
     redact_paths: bool = False,
     replay_advice: bool = True,
+    force: bool = False,
 ) -> Path:
     """Write the offline HTML report of a snapshot.
 
@@ -77,7 +78,8 @@ def report(
     snapshot : Snapshot, torch dict or list, path or bytes
         Anything `gpumemviz.io.as_snapshot` accepts (files through the restricted loader).
     path : str or Path
-        The HTML file to write (atomically: temp file, fsync, rename).
+        The HTML file to write (atomically: temp file, fsync, rename); ``"-"`` is standard
+        output, a symlink is written through, a directory, device, fifo or socket is refused.
     title : str, optional
         Page title; default: the input file's name, else "memory snapshot".
     input_size : int, optional
@@ -89,6 +91,8 @@ def report(
     replay_advice : bool
         Check setting advice by replaying the recorded trace (`gpumemviz.advice_check`);
         advice the replay refutes is listed apart as checked and rejected.
+    force : bool
+        Replace a read-only file (refused otherwise, with a PermissionError).
 
     Returns
     -------
@@ -124,7 +128,7 @@ def report(
         f.write(data)
 
     target = Path(path)
-    atomic_write(target, write)
+    atomic_write(target, write, force=force)
     return target
 
 

@@ -21,6 +21,8 @@ if TYPE_CHECKING:  # the columnar snapshot; imported for types only (sample stay
     from gpumemviz.snapshot.schema import TorchDict, TorchMapping
 
 __all__ = [
+    "MAX_INTERVAL_S",
+    "MIN_INTERVAL_S",
     "NOT_CLASSIFIED",
     "SEGMENTS_NOT_READ",
     "STAT_FIGURES",
@@ -32,11 +34,16 @@ __all__ = [
     "OomEvent",
     "Sample",
     "check_device",
+    "check_interval",
     "snapshot_nbytes",
 ]
 
 SEGMENTS_NOT_READ = "segment state not read this tick"
 """`Sample.segments_note` of a tick that read stats only (segments are read less often)."""
+MIN_INTERVAL_S = 0.01
+"""The shortest interval between reads a sampler takes, in seconds."""
+MAX_INTERVAL_S = 86400.0
+"""The longest: one day (threading's waits overflow near 9.2e9 s)."""
 
 
 def check_device(device: object) -> int:
@@ -50,6 +57,32 @@ def check_device(device: object) -> int:
     if isinstance(device, bool) or not isinstance(device, int) or device < 0:
         raise ValueError(f"device must be a non-negative int, got {short_repr(device)}")
     return device
+
+
+def check_interval(value: Any, name: str = "interval") -> float:
+    """`value` as seconds when it is a number from `MIN_INTERVAL_S` to `MAX_INTERVAL_S`.
+
+    Raises
+    ------
+    ValueError
+        One line naming `name`, the range and the value (a bool, NaN or inf included).
+
+    Examples
+    --------
+    >>> check_interval(0.5)
+    0.5
+    >>> check_interval(float("inf"))
+    Traceback (most recent call last):
+    ...
+    ValueError: interval must be a positive number of seconds from 0.01 to 86400 (one day), got inf
+    """
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not MIN_INTERVAL_S <= value <= MAX_INTERVAL_S:
+        raise ValueError(
+            f"{name} must be a positive number of seconds from {MIN_INTERVAL_S:g} to "
+            f"{MAX_INTERVAL_S:g} (one day), got {short_repr(value)}"
+        )
+    return float(value)
 
 
 # One shared (keys tuple, key -> index) pair per distinct key set: every sample of a run shares it.

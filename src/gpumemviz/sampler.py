@@ -8,13 +8,19 @@ Why it is shaped like this:
   default). Cheap stats are read every tick.
 - It never hangs its owner: ``stop()`` returns within one interval even while a source call is
   stuck (Python cannot kill a thread, so the reader is abandoned, counted and reported).
-- It never raises into user code: a failed read, garbage from a source and a raising listener all
-  become counted errors and notes inside the samples.
+- It never raises into user code: a failed read, garbage from a source and a raising listener
+  (any BaseException: SystemExit too) all become counted errors and notes inside the samples.
+  Intervals are checked up front (`check_interval`: 0.01 s to one day), so no wait overflows;
+  if the thread stops on its own all the same, its last sample says why (``stopped``).
 - Its history is a ring bounded in bytes (`gpumemviz.history.History`): every sample keeps its
   stats, but only the newest segment state and periodic keyframes keep their blocks.
 - It sits below the analysis layer: OOM events are judged by the classifier its builder hands it
   (``classify``), which it passes on to the source with its OOM handler
   (`gpumemviz.live` builds the samplers the front ends use).
+
+The module stays whole (about 530 lines): the thread's loop, the reads, the schedule and the
+publishing share one set of locks, counters and history; the values it moves (`gpumemviz.sample`)
+and the history ring (`gpumemviz.history`) live apart.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gpumemviz.history import History
-from gpumemviz.sample import OomEvent, Sample
+from gpumemviz.sample import MAX_INTERVAL_S, OomEvent, Sample, check_interval
+from gpumemviz.snapshot.messages import short_repr
 from gpumemviz.sources.base import OomClassifier, Source, short_error
 
 __all__ = ["Sampler"]
@@ -37,6 +44,11 @@ MiB = 1 << 20
 Listener = Callable[[Sample], object]
 _MAX_SEGMENT_GAP_S = 300.0
 _EMA = 0.3  # weight of the newest read in the CPU cost averages
+_MAX_WAIT_S = 3600.0  # one wait of the thread at most (it recomputes the delay and waits again)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 class _Read:
@@ -108,12 +120,13 @@ class Sampler:
     ) -> None:
         if not callable(getattr(source, "sample", None)):
             raise TypeError(f"source must have a sample() method, got {type(source).__name__}")
-        for name, value in (("interval", interval), ("segment_interval", segment_interval)):
-            if not isinstance(value, (int, float)) or not value > 0 or math.isinf(value):
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        check_interval(interval)
+        check_interval(segment_interval, "segment_interval")
+        if read_timeout is not None and read_timeout != 0:
+            check_interval(read_timeout, "read_timeout")
         if not isinstance(cpu_budget, (int, float)) or not 0 < cpu_budget <= 1:
             raise ValueError(
-                f"cpu_budget must be a share of one core in (0, 1], got {cpu_budget!r}"
+                f"cpu_budget must be a share of one core in (0, 1], got {short_repr(cpu_budget)}"
             )
         self.source = source
         self.classify = classify
@@ -146,6 +159,7 @@ class Sampler:
             ticks=0, segment_reads=0, errors=0, listener_errors=0, hung_reads=0, abandoned=0
         )
         self.last_error: str | None = None
+        self.stopped: str | None = None  # why the thread stopped on its own; None while it runs
 
     # lifecycle ---------------------------------------------------------------------------------
     @property
@@ -164,6 +178,7 @@ class Sampler:
                 return True
             self._stop.clear()
             self._wake.clear()
+            self.stopped = None
             set_handler = getattr(self.source, "set_oom_handler", None)
             if callable(set_handler):
                 try:
@@ -179,7 +194,7 @@ class Sampler:
                 self._thread.start()
             except RuntimeError as exc:  # "can't start new thread": say so, do not raise
                 self._thread = None
-                self._count_error(f"sampler thread not started: {short_error(exc)}")
+                self._died(f"sampler thread not started: {short_error(exc)}")
                 return False
             return True
 
@@ -230,13 +245,13 @@ class Sampler:
         Parameters
         ----------
         interval : float
-            Seconds between reads, > 0. The interval the sampler has already does nothing.
+            Seconds between reads, from 0.01 to 86400 (`check_interval`; a ValueError
+            otherwise). The interval the sampler has already does nothing.
         """
-        if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not interval > 0:
-            raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
-        if float(interval) == self.interval:
+        interval = check_interval(interval)
+        if interval == self.interval:
             return
-        self.interval = float(interval)
+        self.interval = interval
         if self._auto_timeout:
             self.read_timeout = max(2.0, 4 * self.interval)
         self._regrid = True
@@ -280,7 +295,9 @@ class Sampler:
         """
         try:
             return self._tick(force_segments=segments)
-        except Exception as exc:  # a bug here must still not reach the user
+        except BaseException as exc:  # a bug here must still not reach the user
+            if isinstance(exc, KeyboardInterrupt) and _main_thread():
+                raise  # the user's Ctrl-C stops their cell, as it would without us
             self._count_error(f"sampler: {short_error(exc)}")
             return Sample.failed(self._device(), self.last_error or "sampler error")
 
@@ -296,6 +313,7 @@ class Sampler:
             "history_bytes": self.history.nbytes,
             "history_len": len(self.history),
             "last_error": self.last_error,
+            "stopped": self.stopped,
         }
 
     @property
@@ -324,7 +342,23 @@ class Sampler:
         self._ooms.append(event)
         self._wake.set()
 
+    def _died(self, reason: str) -> None:
+        """The thread stopped (or never started) on its own: count it, keep why in
+        ``stopped``, and publish a last sample saying so (the panel shows it)."""
+        self._count_error(reason)
+        self.stopped = reason
+        try:
+            self._publish(Sample.failed(self._device(), reason, source_label=self._label()))
+        except BaseException as exc:  # nothing more to tell: the reason stays in `stopped`
+            self.last_error = f"{reason}; telling the listeners failed: {short_error(exc)}"
+
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # a bug in the loop: stop, but say why
+            self._died(f"sampler thread stopped: {short_error(exc)}")
+
+    def _loop(self) -> None:
         start = time.monotonic()
         k = 0
         while not self._stop.is_set():
@@ -332,7 +366,7 @@ class Sampler:
                 self._drain_ooms()
                 if not self._paused:
                     self._tick(force_segments=None)
-            except Exception as exc:  # never let the thread die
+            except BaseException as exc:  # never let the thread die (SystemExit neither)
                 self._count_error(f"sampler: {short_error(exc)}")
             # Drift-free: ticks sit on the grid start + k * interval; missed ticks are skipped.
             now = time.monotonic()
@@ -343,7 +377,7 @@ class Sampler:
                 delay = start + k * self.interval - time.monotonic()
                 if delay <= 0:
                     break
-                self._wake.wait(delay)
+                self._wake.wait(min(delay, _MAX_WAIT_S))
                 self._wake.clear()
                 if self._ooms:
                     self._drain_ooms()
@@ -441,7 +475,7 @@ class Sampler:
             self._current = None
             return None  # stop() came between the tick's start and here
         job.thread.start()
-        finished = job.done.wait(self.read_timeout)
+        finished = job.done.wait(min(self.read_timeout, MAX_INTERVAL_S))
         self._current = None
         if job.cancelled:
             return None
@@ -485,7 +519,9 @@ class Sampler:
         for fn in self._listeners:
             try:
                 fn(stored)
-            except Exception as exc:
+            except BaseException as exc:  # SystemExit too: a listener never stops the sampler
+                if isinstance(exc, KeyboardInterrupt) and _main_thread():
+                    raise  # the user's Ctrl-C while sample_once ran on their thread
                 self.counters["listener_errors"] += 1
                 name = getattr(fn, "__qualname__", type(fn).__name__)
                 self._note(

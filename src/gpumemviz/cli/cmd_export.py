@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
+from ..io import is_stdout
 from ..units import format_size
 from .common import UsageError, add_sharing_args, check_output
 from .output import say
@@ -22,7 +24,7 @@ def add_export(sub: Subparsers) -> None:
         description="Export a snapshot for sharing: a protocol-4 pickle with the full trace "
         "(PyTorch's tools accept it), JSON, or a CSV with one row per trace entry.",
     )
-    add_sharing_args(p, "the file to write")
+    add_sharing_args(p, "the file to write (- for standard output)")
     p.add_argument(
         "--format",
         choices=("pickle", "json", "csv"),
@@ -37,13 +39,32 @@ def run_export(args: argparse.Namespace) -> int:
     from ..export import export
     from ..io import load_snapshot
 
-    check_output(args.output)
+    check_output(args.output, args.force)
+    if is_stdout(args.output) and sys.stdout.isatty() and _format(args) == "pickle":
+        raise UsageError(
+            "will not write a binary pickle to a terminal: redirect the output (> FILE), "
+            "or use --format json or csv"
+        )
     snap = load_snapshot(args.file)
     if args.device is not None and args.device not in snap.traces:
         have = ", ".join(map(str, sorted(snap.traces))) or "none"
         raise UsageError(f"no trace of device {args.device} in {args.file} (traced: {have})")
     path = export(
-        snap, args.output, format=args.format, redact_paths=args.redact_paths, device=args.device
+        snap,
+        args.output,
+        format=args.format,
+        redact_paths=args.redact_paths,
+        device=args.device,
+        force=args.force,
     )
+    if is_stdout(path):  # the data went to standard output: nothing else goes there
+        return 0
     say(f"wrote {path} ({format_size(path.stat().st_size)})")
     return 0
+
+
+def _format(args: argparse.Namespace) -> str:
+    """The format export writes: --format, else the output's suffix (anything else pickle)."""
+    if args.format:
+        return str(args.format)
+    return {".json": "json", ".csv": "csv"}.get(args.output.suffix.lower(), "pickle")

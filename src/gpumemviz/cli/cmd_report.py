@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from ..io import is_stdout
 from ..units import format_size
 from .common import add_sharing_args, check_output
 from .output import say
@@ -22,7 +23,7 @@ def add_report(sub: Subparsers) -> None:
         description="Write one HTML file with everything inlined (segment map, timeline, "
         "fragmentation, advice, top allocation sites); it opens with the network off.",
     )
-    add_sharing_args(p, "the HTML file to write")
+    add_sharing_args(p, "the HTML file to write (- for standard output)")
     p.add_argument(
         "--no-replay",
         action="store_true",
@@ -34,10 +35,16 @@ def add_report(sub: Subparsers) -> None:
 def run_report(args: argparse.Namespace) -> int:
     from ..report_html import report
 
-    check_output(args.output)
+    check_output(args.output, args.force)
     # the file itself: its name is the title and its size sets the page's budget
     path = report(
-        args.file, args.output, redact_paths=args.redact_paths, replay_advice=not args.no_replay
+        args.file,
+        args.output,
+        redact_paths=args.redact_paths,
+        replay_advice=not args.no_replay,
+        force=args.force,
     )
+    if is_stdout(path):  # the page went to standard output: nothing else goes there
+        return 0
     say(f"wrote {path} ({format_size(path.stat().st_size)})")
     return 0

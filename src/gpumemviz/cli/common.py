@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     # what `ArgumentParser.add_subparsers()` returns (argparse's class; generic only in typeshed)
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
+from ..io import check_target, is_stdout
+
 __all__ = ["NOT_RECORDED", "UsageError", "add_sharing_args", "check_output"]
 
 #: What `inspect` and `whatif` say of a file that does not record its allocator settings.
@@ -35,12 +37,21 @@ def add_sharing_args(p: argparse.ArgumentParser, output_help: str) -> None:
         action="store_true",
         help="replace home directories and user names in every string first",
     )
+    p.add_argument("--force", action="store_true", help="replace OUTPUT even when it is read-only")
 
 
-def check_output(path: Path) -> None:
-    """An output path whose folder is missing, or that is a folder, is a usage error."""
+def check_output(path: Path, force: bool = False) -> None:
+    """An output path whose folder is missing, or that is a folder, is a usage error; so is
+    one the writer would refuse (a device, fifo or socket; a read-only file unless `force`),
+    found before any work. "-" is standard output."""
+    if is_stdout(path):
+        return
     if path.is_dir():
         raise UsageError(f"output {path} is a directory")
     parent = path.parent
     if not parent.is_dir():
         raise UsageError(f"output folder {parent} does not exist")
+    try:
+        check_target(path, force=force)
+    except OSError as e:
+        raise UsageError(str(e)) from None

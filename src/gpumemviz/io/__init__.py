@@ -10,7 +10,7 @@ in the same folder, fsync, rename), so a crash never leaves half a file.
 from __future__ import annotations
 
 from ..snapshot import validate
-from .atomic import atomic_write
+from .atomic import STDOUT, atomic_write, check_target, claim_new_file, is_stdout
 from .limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, check_plain
 from .snapshot_files import SnapshotLike, as_snapshot, load_snapshot, save_snapshot, write_torch
 from .unpickle import loads_restricted, scan_pickle
@@ -18,10 +18,14 @@ from .unpickle import loads_restricted, scan_pickle
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "DEFAULT_MAX_DEPTH",
+    "STDOUT",
     "SnapshotLike",
     "as_snapshot",
     "atomic_write",
     "check_plain",
+    "check_target",
+    "claim_new_file",
+    "is_stdout",
     "load_snapshot",
     "loads_restricted",
     "save_snapshot",

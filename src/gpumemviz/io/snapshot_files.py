@@ -154,7 +154,9 @@ def as_snapshot(x: SnapshotLike) -> Snapshot:
     return load_snapshot(x)
 
 
-def save_snapshot(snapshot: SnapshotLike, path: str | os.PathLike[str]) -> Path:
+def save_snapshot(
+    snapshot: SnapshotLike, path: str | os.PathLike[str], *, force: bool = False
+) -> Path:
     """Write a snapshot atomically: pickle protocol 4, or JSON when the name ends in ``.json``.
 
     Protocol 4 because MemoryViz.js's own unpickler reads protocols 2-4 only ("Unhandled version
@@ -166,7 +168,10 @@ def save_snapshot(snapshot: SnapshotLike, path: str | os.PathLike[str]) -> Path:
     snapshot : Snapshot, torch dict or list, path or bytes
         Anything `as_snapshot` accepts.
     path : str or PathLike
-        Where to write.
+        Where to write; ``"-"`` is standard output, a symlink is written through (see
+        `gpumemviz.io.atomic_write`).
+    force : bool
+        Replace a read-only file (refused otherwise).
 
     Returns
     -------
@@ -183,11 +188,15 @@ def save_snapshot(snapshot: SnapshotLike, path: str | os.PathLike[str]) -> Path:
     """
     path = Path(path)
     fmt = "json" if path.suffix.lower() == ".json" else "pickle"
-    return write_torch(as_snapshot(snapshot).to_torch(), path, format=fmt)
+    return write_torch(as_snapshot(snapshot).to_torch(), path, format=fmt, force=force)
 
 
 def write_torch(
-    data: TorchDict | TorchList, path: str | os.PathLike[str], *, format: str = "pickle"
+    data: TorchDict | TorchList,
+    path: str | os.PathLike[str],
+    *,
+    format: str = "pickle",
+    force: bool = False,
 ) -> Path:
     """Write plain snapshot data (a torch dict) atomically as protocol-4 pickle or JSON.
 
@@ -202,6 +211,8 @@ def write_torch(
         Where to write.
     format : {"pickle", "json"}
         Protocol-4 pickle, or compact JSON (tuples become lists; `load_snapshot` restores them).
+    force : bool
+        Replace a read-only file (refused otherwise).
 
     Returns
     -------
@@ -215,7 +226,7 @@ def write_torch(
     else:
         raise ValueError(f"unknown format {short_repr(format)}: expected 'pickle' or 'json'")
     path = Path(path)
-    atomic_write(path, lambda f: writer(data, f))
+    atomic_write(path, lambda f: writer(data, f), force=force)
     return path
 
 

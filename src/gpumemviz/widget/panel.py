@@ -555,7 +555,9 @@ class MemoryPanel(anywidget.AnyWidget):
         self._send_frames(self._wire.update())
         return report
 
-    def export(self, path: str | os.PathLike[str], *, redact_paths: bool = False) -> Path:
+    def export(
+        self, path: str | os.PathLike[str], *, redact_paths: bool = False, force: bool = False
+    ) -> Path:
         """Write what the panel shows for sharing: a live source's full snapshot (recorded history
         included), or the fixed snapshot shown.
 
@@ -566,6 +568,8 @@ class MemoryPanel(anywidget.AnyWidget):
             .json or .csv is a torch pickle, protocol 4, that MemoryViz opens).
         redact_paths : bool
             Replace home directories and user names with placeholders first.
+        force : bool
+            Replace a read-only file (refused otherwise, as `gpumemviz.export` does).
 
         Returns
         -------
@@ -598,7 +602,7 @@ class MemoryPanel(anywidget.AnyWidget):
             data = self.shown
         else:
             raise ValueError("nothing shown yet: nothing to export")
-        return export(data, path, redact_paths=redact_paths)
+        return export(data, path, redact_paths=redact_paths, force=force)
 
     def fit_inputs(self) -> tuple[FragmentationReport | None, int | None, int]:
         """What "would N fit?" reads: the report of the snapshot shown (computed when it was
