@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .common import STDIN, UsageError, snapshot_input
+
 __all__ = ["add_diff", "run_diff"]
 
 
@@ -17,8 +19,8 @@ def add_diff(sub: Any) -> None:
         description="Compare snapshot A (before) with B (after), per device: reserved, "
         "allocated, fragmentation, segments added/removed, the allocation sites that grew.",
     )
-    p.add_argument("a", type=Path, help="the snapshot before")
-    p.add_argument("b", type=Path, help="the snapshot after")
+    p.add_argument("a", type=Path, help="the snapshot before (- for standard input)")
+    p.add_argument("b", type=Path, help="the snapshot after (- for standard input)")
     p.add_argument("--json", action="store_true", help="print the differences as JSON")
     p.set_defaults(run=run_diff)
 
@@ -27,6 +29,8 @@ def run_diff(args: argparse.Namespace) -> int:
     from ..diff import diff
     from ..io import load_snapshot
 
-    result = diff(load_snapshot(args.a), load_snapshot(args.b))
+    if str(args.a) == str(args.b) == STDIN:
+        raise UsageError("only one of A and B can be - (standard input)")
+    result = diff(load_snapshot(snapshot_input(args.a)), load_snapshot(snapshot_input(args.b)))
     print(json.dumps(result.to_dict(), indent=2) if args.json else result.text())
     return 0

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ..units import format_size
-from .common import UsageError, add_sharing_args, check_output
+from .common import UsageError, add_sharing_args, check_output, input_name, snapshot_input
 
 __all__ = ["add_export", "run_export"]
 
@@ -34,10 +34,12 @@ def run_export(args: argparse.Namespace) -> int:
     from ..io import load_snapshot
 
     check_output(args.output)
-    snap = load_snapshot(args.file)
+    snap = load_snapshot(snapshot_input(args.file))
     if args.device is not None and args.device not in snap.traces:
         have = ", ".join(map(str, sorted(snap.traces))) or "none"
-        raise UsageError(f"no trace of device {args.device} in {args.file} (traced: {have})")
+        raise UsageError(
+            f"no trace of device {args.device} in {input_name(args.file)} (traced: {have})"
+        )
     path = export(
         snap, args.output, format=args.format, redact_paths=args.redact_paths, device=args.device
     )

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ..units import format_size
-from .common import add_sharing_args, check_output
+from .common import add_sharing_args, check_output, snapshot_input
 
 __all__ = ["add_report", "run_report"]
 
@@ -33,7 +33,10 @@ def run_report(args: argparse.Namespace) -> int:
     check_output(args.output)
     # the file itself: its name is the title and its size sets the page's budget
     path = report(
-        args.file, args.output, redact_paths=args.redact_paths, replay_advice=not args.no_replay
+        snapshot_input(args.file),
+        args.output,
+        redact_paths=args.redact_paths,
+        replay_advice=not args.no_replay,
     )
     print(f"wrote {path} ({format_size(path.stat().st_size)})")
     return 0

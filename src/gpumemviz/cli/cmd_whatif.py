@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..units import format_size, parse_size
-from .common import NOT_RECORDED, UsageError
+from .common import NOT_RECORDED, UsageError, input_name, snapshot_input
 
 __all__ = ["add_whatif", "run_whatif"]
 
@@ -21,7 +21,9 @@ def add_whatif(sub: Any) -> None:
         "other PYTORCH_CUDA_ALLOC_CONF settings (and/or another capacity) and show the "
         "recorded and predicted segments, peak reserved and OOM side by side.",
     )
-    p.add_argument("file", type=Path, help="snapshot file recorded with history (trace)")
+    p.add_argument(
+        "file", type=Path, help="snapshot file recorded with history (trace; - for standard input)"
+    )
     p.add_argument(
         "--conf",
         default=None,
@@ -54,7 +56,7 @@ def run_whatif(args: argparse.Namespace) -> int:
             conf = AllocatorConfig.parse(args.conf)
         except ValueError as e:
             raise UsageError(f"--conf {args.conf!r}: {e}") from None
-    snap = load_snapshot(args.file)
+    snap = load_snapshot(snapshot_input(args.file))
     result = replay(snap, config=conf, capacity=capacity)
     rows = {dev: _whatif_device(result, dev) for dev in sorted(result.devices)}
     if args.json:
@@ -68,7 +70,7 @@ def run_whatif(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         recorded = snap.allocator_settings is not None
-        print("\n".join(_whatif_text(result, rows, str(args.file), recorded)))
+        print("\n".join(_whatif_text(result, rows, input_name(args.file), recorded)))
     return 0
 
 
