@@ -562,6 +562,9 @@ def _check_error(e: BaseException, what: str) -> str:
     msg = str(e)
     if not msg or "\n" in msg:
         raise Finding("multiline@" + _where(e.__traceback__), f"SnapshotError message {msg!r}")
+    if "internal error" in msg:  # load_snapshot's one line for an exception it did not expect
+        cause = e.__cause__ or e
+        raise Finding(f"{type(cause).__name__}@{_where(cause.__traceback__)}", msg) from e
     return "SnapshotError:" + _shape(msg)
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from .common import Subparsers
 
+from .common import STDIN, UsageError, snapshot_input
 from .output import say, say_json
 
 __all__ = ["add_diff", "run_diff"]
@@ -21,8 +22,8 @@ def add_diff(sub: Subparsers) -> None:
         description="Compare snapshot A (before) with B (after), per device: reserved, "
         "allocated, fragmentation, segments added/removed, the allocation sites that grew.",
     )
-    p.add_argument("a", type=Path, help="the snapshot before")
-    p.add_argument("b", type=Path, help="the snapshot after")
+    p.add_argument("a", type=Path, help="the snapshot before (- for standard input)")
+    p.add_argument("b", type=Path, help="the snapshot after (- for standard input)")
     p.add_argument("--json", action="store_true", help="print the differences as JSON")
     p.set_defaults(run=run_diff)
 
@@ -31,7 +32,9 @@ def run_diff(args: argparse.Namespace) -> int:
     from ..diff import diff
     from ..io import load_snapshot
 
-    result = diff(load_snapshot(args.a), load_snapshot(args.b))
+    if str(args.a) == str(args.b) == STDIN:
+        raise UsageError("only one of A and B can be - (standard input)")
+    result = diff(load_snapshot(snapshot_input(args.a)), load_snapshot(snapshot_input(args.b)))
     if args.json:
         say_json(result.to_dict())
     else:

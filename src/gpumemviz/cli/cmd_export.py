@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..io import is_stdout
 from ..units import format_size
-from .common import UsageError, add_sharing_args, check_output
+from .common import UsageError, add_sharing_args, check_output, input_name, snapshot_input
 from .output import say
 
 if TYPE_CHECKING:
@@ -45,10 +45,12 @@ def run_export(args: argparse.Namespace) -> int:
             "will not write a binary pickle to a terminal: redirect the output (> FILE), "
             "or use --format json or csv"
         )
-    snap = load_snapshot(args.file)
+    snap = load_snapshot(snapshot_input(args.file))
     if args.device is not None and args.device not in snap.traces:
         have = ", ".join(map(str, sorted(snap.traces))) or "none"
-        raise UsageError(f"no trace of device {args.device} in {args.file} (traced: {have})")
+        raise UsageError(
+            f"no trace of device {args.device} in {input_name(args.file)} (traced: {have})"
+        )
     path = export(
         snap,
         args.output,

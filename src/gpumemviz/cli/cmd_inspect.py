@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ..advice import advise_each_device, oom_device_free
 from ..fragmentation import FragmentationReport, MemoryFigures, SegmentSummary, fragmentation
 from ..units import format_size
-from .common import NOT_RECORDED, UsageError
+from .common import NOT_RECORDED, UsageError, input_name, snapshot_input
 from .output import quoted, say, say_json
 
 if TYPE_CHECKING:
@@ -31,7 +31,11 @@ def add_inspect(sub: Subparsers) -> None:
         "pickle or JSON): reserved/allocated/free per device, fragmentation, the worst "
         "segments and advice.",
     )
-    p.add_argument("file", type=Path, help="snapshot file (.pickle, .pkl, .json or any name)")
+    p.add_argument(
+        "file",
+        type=Path,
+        help="snapshot file (.pickle, .pkl, .json or any name; - for standard input)",
+    )
     p.add_argument("--device", type=int, default=None, help="only this device index")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument(
@@ -52,13 +56,15 @@ def run_inspect(args: argparse.Namespace) -> int:
     from ..advice_check import Checked, CheckedAdvice, check_advice  # loads the replay
     from ..io import load_snapshot  # the loader is only needed once a file is named
 
-    snap = load_snapshot(args.file)
+    snap = load_snapshot(snapshot_input(args.file))
     report = fragmentation(snap)
     devices = list(report.devices)
     if args.device is not None:
         if args.device not in report.devices:
             have = ", ".join(map(str, devices)) or "none"
-            raise UsageError(f"no device {args.device} in {args.file} (devices: {have})")
+            raise UsageError(
+                f"no device {args.device} in {input_name(args.file)} (devices: {have})"
+            )
         devices = [args.device]
     oom_free = oom_device_free(snap)
     advice = advise_each_device(report, oom_free, devices)
@@ -69,7 +75,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     if args.json:
         say_json(_json(report, devices, checked, oom_free, args.device))
     else:
-        say("\n".join(_text(report, devices, checked, oom_free, str(args.file))))
+        say("\n".join(_text(report, devices, checked, oom_free, input_name(args.file))))
     return 0
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..io import is_stdout
 from ..units import format_size
-from .common import add_sharing_args, check_output
+from .common import add_sharing_args, check_output, snapshot_input
 from .output import say
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def run_report(args: argparse.Namespace) -> int:
     check_output(args.output, args.force)
     # the file itself: its name is the title and its size sets the page's budget
     path = report(
-        args.file,
+        snapshot_input(args.file),
         args.output,
         redact_paths=args.redact_paths,
         replay_advice=not args.no_replay,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..snapshot.messages import short_repr
 from ..units import format_size, parse_size
-from .common import NOT_RECORDED, UsageError
+from .common import NOT_RECORDED, UsageError, input_name, snapshot_input
 from .output import quoted, say, say_json
 
 if TYPE_CHECKING:
@@ -29,7 +29,9 @@ def add_whatif(sub: Subparsers) -> None:
         "other PYTORCH_CUDA_ALLOC_CONF settings (and/or another capacity) and show the "
         "recorded and predicted segments, peak reserved and OOM side by side.",
     )
-    p.add_argument("file", type=Path, help="snapshot file recorded with history (trace)")
+    p.add_argument(
+        "file", type=Path, help="snapshot file recorded with history (trace; - for standard input)"
+    )
     p.add_argument(
         "--conf",
         default=None,
@@ -70,7 +72,7 @@ def run_whatif(args: argparse.Namespace) -> int:
             conf = AllocatorConfig.parse(args.conf)
         except ValueError as e:
             raise UsageError(f"--conf {short_repr(args.conf)}: {e}") from None
-    snap = load_snapshot(args.file)
+    snap = load_snapshot(snapshot_input(args.file))
     result = replay(snap, config=conf, capacity=capacity)
     rows = {dev: _whatif_device(result, dev) for dev in sorted(result.devices)}
     if args.json:
@@ -84,7 +86,7 @@ def run_whatif(args: argparse.Namespace) -> int:
         say_json(out)
     else:
         recorded = snap.allocator_settings is not None
-        say("\n".join(_whatif_text(result, rows, str(args.file), recorded)))
+        say("\n".join(_whatif_text(result, rows, input_name(args.file), recorded)))
     return 0
 
 

@@ -2,18 +2,29 @@
 
 Snapshot files come from strangers, and `pickle.load` runs whatever a file asks for. Here a
 restricted unpickler (unpickle.py) accepts only the plain types a snapshot holds and refuses
-every global; size and nesting limits (limits.py) stop a hostile file from exhausting memory or
-recursion. snapshot_files.py loads and saves snapshots; writes are atomic (atomic.py: temp file
-in the same folder, fsync, rename), so a crash never leaves half a file.
+every global, after an opcode pre-scan (opscan.py); a size limit (limits.py), a memory budget
+(budget.py) and the plain-data walk (walk.py: types, depth, cycles, each container once) stop
+a hostile file from exhausting memory, time or recursion. snapshot_files.py loads and saves
+snapshots (from paths, pipes, bytes or stdin); writes are atomic (atomic.py: temp file in the
+same folder, fsync, rename), so a crash never leaves half a file.
 """
 
 from __future__ import annotations
 
 from ..snapshot import validate
 from .atomic import STDOUT, atomic_write, check_target, claim_new_file, is_stdout
-from .limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, check_plain
-from .snapshot_files import SnapshotLike, as_snapshot, load_snapshot, save_snapshot, write_torch
-from .unpickle import loads_restricted, scan_pickle
+from .limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH
+from .opscan import scan_pickle
+from .snapshot_files import (
+    SnapshotLike,
+    as_snapshot,
+    load_snapshot,
+    read_input,
+    save_snapshot,
+    write_torch,
+)
+from .unpickle import loads_restricted
+from .walk import check_plain
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -28,6 +39,7 @@ __all__ = [
     "is_stdout",
     "load_snapshot",
     "loads_restricted",
+    "read_input",
     "save_snapshot",
     "scan_pickle",
     "validate",

@@ -1,5 +1,6 @@
-"""Snapshot files: load one (pickle or JSON, told apart by content, fully validated), coerce
-what public functions accept into a `Snapshot`, and save one atomically.
+"""Snapshot files: load one (pickle or JSON, told apart by content, fully validated; from a
+path, a pipe, bytes or standard input), coerce what public functions accept into a `Snapshot`,
+and save one atomically.
 """
 
 from __future__ import annotations
@@ -7,37 +8,50 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import pickletools
+import stat
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..snapshot import Snapshot, SnapshotError, validate
 from ..snapshot.gc_pause import no_gc
-from ..snapshot.messages import short_repr, type_phrase
+from ..snapshot.messages import one_line, short_repr, type_phrase
 from ..snapshot.schema import TorchDict, TorchList
+from ..units import format_size
 from .atomic import atomic_write
+from .budget import MemoryGuard, check_json
 from .json_text import check_json_size
 from .json_text import dumps as json_dumps
-from .limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, check_plain, check_size
+from .limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, check_size
 from .unpickle import loads_restricted
+from .walk import check_plain
 
 
 def _loads_json(data: bytes, max_bytes: int, max_depth: int) -> Any:  # Any: JSON of any shape
     check_size(len(data), max_bytes, "JSON")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise SnapshotError(f"JSON is not UTF-8 (byte {e.start})") from None
-    try:
-        with no_gc():
-            obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SnapshotError(f"invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
-    except RecursionError:
-        raise SnapshotError(
-            f"data nested deeper than {max_depth} levels (max_depth={max_depth})"
-        ) from None
-    check_plain(obj, max_depth=max_depth)
+    check_json(data)
+    with MemoryGuard(len(data), "JSON") as guard:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise SnapshotError(f"JSON is not UTF-8 (byte {e.start})") from None
+        try:
+            with no_gc():
+                obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SnapshotError(
+                f"invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}"
+            ) from None
+        except RecursionError:
+            raise SnapshotError(
+                f"data nested deeper than {max_depth} levels (max_depth={max_depth})"
+            ) from None
+        except ValueError as e:  # an integer of more digits than int() converts (4300)
+            raise SnapshotError(f"invalid JSON ({one_line(str(e))})") from None
+        del text
+        check_plain(obj, max_depth=max_depth, guard=guard)
     return obj
 
 
@@ -62,10 +76,15 @@ def _decode(data: bytes, max_bytes: int, max_depth: int) -> Any:  # Any: plain d
 
 def _read(path: Path, max_bytes: int) -> bytes:
     try:
-        size = path.stat().st_size
-        check_size(size, max_bytes, f"{path}")
+        st = path.stat()
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError
+        if not stat.S_ISREG(st.st_mode):  # a pipe, /dev/stdin, a device: read to its end
+            with path.open("rb") as f:
+                return read_stream(f, max_bytes, str(path))
+        check_size(st.st_size, max_bytes, f"{path}")
         with path.open("rb") as f:
-            return f.read(min(size, max_bytes) + 1)  # +1: a file that grew shows as too big
+            return f.read(min(st.st_size, max_bytes) + 1)  # +1: a file that grew shows as too big
     except FileNotFoundError:
         raise SnapshotError(f"no such file: {path}") from None
     except IsADirectoryError:
@@ -77,6 +96,51 @@ def _read(path: Path, max_bytes: int) -> bytes:
 SnapshotLike = Snapshot | TorchDict | TorchList | str | os.PathLike[str] | bytes
 """What the public functions take for a snapshot (`as_snapshot`): a `Snapshot`, a torch dict or
 segment list, a file path, or a file's bytes."""
+
+
+#: What a snapshot's first byte can be: JSON's opening, whitespace, or a pickle opcode.
+_FIRST_BYTES = frozenset(b"{[ \t\r\n") | {
+    ord(op.code.encode("latin-1")) for op in pickletools.opcodes
+}
+
+
+def read_stream(f: BinaryIO, max_bytes: int = DEFAULT_MAX_BYTES, what: str = "input") -> bytes:
+    """All of a binary stream (a pipe, standard input), refused once past `max_bytes`.
+
+    A stream whose first byte no snapshot starts with (/dev/zero) is read no further: what was
+    read is returned, for the loader to say what it is.
+
+    Examples
+    --------
+    >>> import io
+    >>> read_stream(io.BytesIO(b"abc"))
+    b'abc'
+    """
+    chunks: list[bytes] = []
+    n = 0
+    while True:
+        chunk = f.read(min(1 << 20, max_bytes + 1 - n))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        n += len(chunk)
+        if n > max_bytes:
+            raise SnapshotError(
+                f"{what} is over the {format_size(max_bytes)} limit (max_bytes={max_bytes})"
+            )
+        if n == len(chunk) and chunk[0] not in _FIRST_BYTES:
+            return chunk
+
+
+def read_input(name: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """A command-line FILE argument's bytes: ``-`` is standard input, read to its end.
+
+    Paths go through the same reader as `load_snapshot`, so a pipe such as /dev/stdin is read
+    whole too.
+    """
+    if os.fspath(name) == "-":
+        return read_stream(sys.stdin.buffer, max_bytes, "standard input")
+    return _read(Path(name), max_bytes)
 
 
 def load_snapshot(
@@ -123,16 +187,26 @@ def load_snapshot(
         )
     # The GC stays off until the decoded objects are gone: they die by reference counting, so
     # the collector never scans them (that scan costs ~0.5 s per 10^7 objects).
-    with no_gc():
-        if isinstance(src, dict | list):
-            obj = src
-        elif isinstance(src, str | os.PathLike):
-            obj = _decode(_read(Path(src), max_bytes), max_bytes, max_depth)
-        else:
-            obj = _decode(bytes(src), max_bytes, max_depth)
-        snap = Snapshot.from_torch(obj)
-        del obj
-    validate(snap)
+    try:
+        with no_gc():
+            if isinstance(src, dict | list):
+                obj = src
+            elif isinstance(src, str | os.PathLike):
+                obj = _decode(_read(Path(src), max_bytes), max_bytes, max_depth)
+            else:
+                obj = _decode(bytes(src), max_bytes, max_depth)
+            snap = Snapshot.from_torch(obj)
+            del obj
+        validate(snap)
+    except SnapshotError:
+        raise
+    except MemoryError:
+        raise SnapshotError("the snapshot needs more memory than is available") from None
+    except Exception as e:  # any failure is one line: this one is a gpumemviz bug
+        raise SnapshotError(
+            f"cannot read this snapshot: internal error {type(e).__name__}: "
+            f"{one_line(str(e))[:200]} (please report it)"
+        ) from e
     return snap
 
 

@@ -1,23 +1,25 @@
 """The pickle guard: a restricted unpickler for snapshot files from strangers.
 
 `pickle.load` runs whatever a file asks for. Here the C unpickler accepts only the plain types
-a snapshot holds and refuses every global, and an opcode pre-scan first refuses what CPython's
-unpickler would act on before checking it (memo indices and declared lengths that allocate
-gigabytes, globals by extension code); `limits` bounds the size and the nesting.
+a snapshot holds and refuses every global. Before it runs, an opcode pre-scan (`opscan`)
+refuses what CPython's unpickler would act on before checking it (memo indices and declared
+lengths that allocate gigabytes, globals by extension code) and sets; while it runs, it is fed
+in chunks with a memory guard between them (`budget`); after it, the plain-data walk (`walk`)
+checks types, depth and cycles, each container once.
 """
 
 from __future__ import annotations
 
 import pickle
-import pickletools
-import re
 from typing import Any
 
 from ..snapshot import SnapshotError
 from ..snapshot.gc_pause import no_gc
 from ..snapshot.messages import one_line
-from ..units import format_size
-from .limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, check_plain, check_size
+from .budget import MemoryGuard
+from .limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, check_size
+from .opscan import scan_pickle
+from .walk import check_plain
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
@@ -33,28 +35,77 @@ class _RestrictedUnpickler(pickle.Unpickler):
         raise SnapshotError("refused persistent id: snapshot files hold only plain data")
 
 
-class _WholeInput:
-    """A file whose first read hands the unpickler all of the data at once.
+_CHUNK = 64 << 10
+"""Bytes the unpickler parses between two guard checks (at most ~5 MB built from them)."""
 
-    The C unpickler then parses one buffer front to back, as `pickle.loads` does, which is
-    what `scan_pickle` models. Through a `BytesIO` it would not: an opcode whose argument runs
-    past the end of a FRAME makes it drop the frame's rest and read the argument from the bytes
-    after the frame (fuzz: an 8 KiB file whose LONG_BINPUT index became 0x58280000 that way,
-    22 GiB). Extra bytes from `read` stay in its buffer; later reads get nothing (truncated).
+
+class _Stream:
+    """The pickle as the C unpickler reads it: FRAME opcodes cut out, in chunks of `_CHUNK`
+    bytes, the memory guard checked before each.
+
+    With a `peek` method the C unpickler asks for data in chunks and parses each front to
+    back, as `pickle.loads` parses its buffer (which `scan_pickle` models). A FRAME would make
+    it take a whole frame at once (a hostile file is one frame) and, if an opcode's argument
+    ran past the frame's end, read it from the bytes after the frame instead (fuzz: an 8 KiB
+    file whose LONG_BINPUT index became 0x58280000 that way, 22 GiB); frames only group bytes,
+    so without them the parse is `pickle.loads`' parse.
     """
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, frames: list[tuple[int, int]], guard: MemoryGuard) -> None:
         self._data = data
+        self._view = memoryview(data)
+        self._spans: list[tuple[int, int]] = []  # the bytes kept, in order
+        p = 0
+        for start, end in frames:
+            self._spans.append((p, start))
+            p = end
+        self._spans.append((p, len(data)))
+        self._left = sum(end - start for start, end in self._spans)
+        self._i, self._p = 0, 0  # the current span, the position in the data
+        self._guard = guard
+
+    def _take(self, n: int, advance: bool) -> bytes:
+        out = []
+        i, p, n = self._i, self._p, min(n, self._left)
+        taken = n
+        while n > 0:
+            end = self._spans[i][1]
+            k = min(n, end - p)
+            out.append(self._view[p : p + k])
+            p, n = p + k, n - k
+            if p >= end and i + 1 < len(self._spans):
+                i += 1
+                p = self._spans[i][0]
+        if advance:
+            self._i, self._p, self._left = i, p, self._left - taken
+        return b"".join(out)
+
+    def peek(self, n: int = 0) -> bytes:
+        self._guard.check()
+        return self._take(max(n, _CHUNK), advance=False)
 
     def read(self, n: int = -1) -> bytes:
-        data, self._data = self._data, b""
-        return data
-
-    def readline(self) -> bytes:
-        return self.read()
+        self._guard.check()
+        return self._take(self._left if n is None or n < 0 else n, advance=True)
 
     def readinto(self, buf: Any) -> int:  # Any: a writable buffer
-        return 0
+        data = self.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
+    def readline(self) -> bytes:
+        self._guard.check()
+        i, p, n = self._i, self._p, 0
+        while True:
+            end = self._spans[i][1]
+            nl = self._data.find(b"\n", p, end)
+            if nl >= 0:
+                return self._take(n + nl + 1 - p, advance=True)
+            n += end - p
+            if i + 1 >= len(self._spans):
+                return self._take(n, advance=True)
+            i += 1
+            p = self._spans[i][0]
 
 
 def loads_restricted(
@@ -70,7 +121,8 @@ def loads_restricted(
     data : bytes
         The pickle.
     max_bytes : int
-        Refuse larger input (memory stays within a small multiple of it).
+        Refuse larger input. Memory stays within `budget.guard_limit` of its size (10x plus
+        48 MiB): a pickle that builds more is refused as it goes.
     max_depth : int
         Refuse containers nested deeper than this (or cyclic ones).
 
@@ -96,131 +148,22 @@ def loads_restricted(
     check_size(len(data), max_bytes, "pickle")
     if not data:
         raise SnapshotError("empty input: no snapshot to read")
-    scan_pickle(data)
-    try:
-        with no_gc():
-            obj = _RestrictedUnpickler(_WholeInput(data)).load()
-    except SnapshotError:
-        raise
-    except (pickle.UnpicklingError, EOFError) as e:
-        raise SnapshotError(
-            f"truncated or corrupt pickle ({one_line(str(e)) or 'unexpected end of data'})"
-        ) from None
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as e:
-        raise SnapshotError(f"corrupt pickle ({type(e).__name__}: {one_line(str(e))})") from None
-    except MemoryError:
-        raise SnapshotError("pickle needs more memory than is available") from None
-    check_plain(obj, max_depth=max_depth)
-    return obj
-
-
-# --- the opcode pre-scan ---------------------------------------------------------------------
-# CPython's C unpickler trusts a few opcode arguments before it checks them: LONG_BINPUT/PUT
-# resize the memo to twice the index (16 bytes per index, zeroed: a 9-byte file costs 256 MiB),
-# BINBYTES/BINBYTES8/BYTEARRAY8 allocate their declared length before reading it, and EXT1/2/4
-# take a global from copyreg's extension cache without asking `find_class`. So every pickle is
-# walked opcode by opcode first, front to back as the unpickler reads it (see `_WholeInput`).
-# Runs of fixed-size opcodes (nearly all of a real file) are matched by one regular expression,
-# in C; Python looks only at the others (strings, the dangerous ones), which keeps the walk at
-# 20-35 % of `load_snapshot` on the real files (benchmarks/snapshot_io.py, column scan).
-
-_ARG_SIZE: list[int | None] = [None] * 256  # fixed argument size, or pickletools' negative kind
-_OP_NAME: list[str] = [""] * 256
-for _op in pickletools.opcodes:
-    _c = ord(_op.code.encode("latin-1"))
-    _OP_NAME[_c] = _op.name
-    _ARG_SIZE[_c] = 0 if _op.arg is None else _op.arg.n
-_STOP, _PUT, _LONG_BINPUT = ord("."), ord("p"), ord("r")
-_GLOBAL, _INST = ord("c"), ord("i")
-_EXT = frozenset({0x82, 0x83, 0x84})
-_LINE = pickletools.UP_TO_NEWLINE
-_LEN1, _LEN4, _LEN4U, _LEN8U = (
-    pickletools.TAKEN_FROM_ARGUMENT1,
-    pickletools.TAKEN_FROM_ARGUMENT4,
-    pickletools.TAKEN_FROM_ARGUMENT4U,
-    pickletools.TAKEN_FROM_ARGUMENT8U,
-)
-
-
-def _fixed_run() -> re.Pattern[bytes]:
-    """A possessive regex over runs of harmless fixed-size opcodes (not STOP, PUTs, EXTs)."""
-    by_size: dict[int, list[int]] = {}
-    for c, n in enumerate(_ARG_SIZE):
-        if n is not None and n >= 0 and c not in _EXT and c not in (_STOP, _LONG_BINPUT):
-            by_size.setdefault(n, []).append(c)
-    alts = [
-        b"[" + b"".join(re.escape(bytes([c])) for c in codes) + b"]" + (b".{%d}" % n if n else b"")
-        for n, codes in sorted(by_size.items())
-    ]
-    return re.compile(b"(?:" + b"|".join(alts) + b")*+", re.DOTALL)
-
-
-_FIXED_RUN = _fixed_run()
-
-
-def scan_pickle(data: bytes) -> None:
-    """Refuse the opcodes CPython's unpickler would act on before checking them.
-
-    Walks the pickle as the unpickler will (up to STOP, or the first unknown opcode, where the
-    unpickler stops too) and raises `SnapshotError` on an EXT1/EXT2/EXT4 opcode (a global by
-    number: refused like any global), a memo index beyond the file's size (a real pickle's
-    indices stay below its opcode count), or a declared length beyond the remaining bytes.
-    """
-    n = len(data)
-    p = 0
-    run = _FIXED_RUN.match
-    while p < n:
-        p = run(data, p).end()  # type: ignore[union-attr]  # `*+` always matches
-        if p >= n:
-            return
-        c = data[p]
-        kind = _ARG_SIZE[c]
-        if kind is None or c == _STOP:
-            return
-        if c in _EXT:
+    frames = scan_pickle(data)
+    with MemoryGuard(len(data)) as guard:
+        try:
+            with no_gc():
+                obj = _RestrictedUnpickler(_Stream(data, frames, guard)).load()
+        except SnapshotError:
+            raise
+        except (pickle.UnpicklingError, EOFError) as e:
             raise SnapshotError(
-                f"refused global by extension code ({_OP_NAME[c]} at byte {p}): snapshot files "
-                "hold only plain data (this file may be malicious)"
-            )
-        if c == _LONG_BINPUT:
-            _check_memo(int.from_bytes(data[p + 1 : p + 5], "little"), p, n)
-            p += 5
-        elif kind == _LEN1:
-            p += 2 + data[p + 1] if p + 1 < n else 1
-        elif kind in (_LEN4, _LEN4U, _LEN8U):
-            width = 8 if kind == _LEN8U else 4
-            length = int.from_bytes(data[p + 1 : p + 1 + width], "little", signed=kind == _LEN4)
-            start = p + 1 + width
-            if length > n - start:
-                raise SnapshotError(
-                    f"truncated or corrupt pickle ({_OP_NAME[c]} at byte {p} declares "
-                    f"{length} bytes ({format_size(length)}), but only {max(n - start, 0)} follow)"
-                )
-            p = start + max(length, 0)
-        elif kind == _LINE:
-            end = data.find(b"\n", p + 1)
-            if end >= 0 and c in (_GLOBAL, _INST):
-                end = data.find(b"\n", end + 1)
-            if end < 0:
-                return
-            if c == _PUT:
-                _check_memo(_decimal(data[p + 1 : end]), p, n)
-            p = end + 1
-        else:  # pragma: no cover - every other kind has a fixed size and was matched above
-            return
-
-
-def _decimal(text: bytes) -> int:
-    """A PUT index parsed as the unpickler does (signs, spaces, underscores); -1 if none."""
-    try:
-        return int(text)
-    except ValueError:  # not a number: the unpickler stops there
-        return -1
-
-
-def _check_memo(index: int, p: int, n: int) -> None:
-    if index > n:
-        raise SnapshotError(
-            f"corrupt pickle (memo index {index} at byte {p} is beyond what a {n}-byte pickle "
-            "can hold; the unpickler would allocate memory for every index below it)"
-        )
+                f"truncated or corrupt pickle ({one_line(str(e)) or 'unexpected end of data'})"
+            ) from None
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError) as e:
+            raise SnapshotError(
+                f"corrupt pickle ({type(e).__name__}: {one_line(str(e))})"
+            ) from None
+        except MemoryError:
+            raise SnapshotError("pickle needs more memory than is available") from None
+        check_plain(obj, max_depth=max_depth, guard=guard)
+    return obj
