@@ -17,6 +17,7 @@ from typing import Any
 
 from .io import SnapshotLike, as_snapshot
 from .snapshot import Snapshot
+from .snapshot.plain import rewrite_leaves
 from .snapshot.schema import TorchDict, TorchList
 
 __all__ = [
@@ -336,7 +337,7 @@ class Redactor:
                 changed[s] = r
         if not changed or type(obj) not in _CONTAINERS:
             return changed.get(obj, obj) if type(obj) is str else obj
-        return _rebuild(obj, changed, {})
+        return rewrite_leaves(obj, lambda v: changed.get(v, v) if type(v) is str else v)
 
 
 _CONTAINERS = (dict, list, tuple)
@@ -362,37 +363,6 @@ def _collect(obj: Any, out: dict[str, None], seen: set[int]) -> None:  # Any: a 
             out[v] = None
         elif t is dict or t is list or t is tuple:
             _collect(v, out, seen)
-
-
-def _rebuild(obj: Any, changed: dict[str, str], memo: dict[int, Any]) -> Any:
-    # Any: a dict, list or tuple of plain data, rebuilt in kind
-    """`obj` with the strings in `changed` replaced; untouched containers are returned as is."""
-    key = id(obj)
-    done = memo.get(key)
-    if done is not None:
-        return done
-    is_dict = type(obj) is dict
-    new: Any = None  # a dict or list copy of `obj`
-    for k, v in obj.items() if is_dict else enumerate(obj):
-        t = type(v)
-        if t is str:
-            r = changed.get(v)
-            if r is None:
-                continue
-        elif t is dict or t is list or t is tuple:
-            r = _rebuild(v, changed, memo)
-            if r is v:
-                continue
-        else:
-            continue
-        if new is None:
-            new = dict(obj) if is_dict else list(obj)
-        new[k] = r
-    if new is not None and type(obj) is tuple:
-        new = tuple(new)
-    out = obj if new is None else new
-    memo[key] = out
-    return out
 
 
 def find_user_names(obj: object) -> list[str]:

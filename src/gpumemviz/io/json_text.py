@@ -17,6 +17,7 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from ..snapshot import SnapshotError
+from ..snapshot.plain import rewrite_leaves
 from ..units import format_size
 
 __all__ = ["JSON_LIMIT", "check_json_size", "dumps", "json_ready", "json_size"]
@@ -46,36 +47,11 @@ def json_ready(obj: Any) -> Any:
     >>> json_ready({"a": [1.5, float("nan")], "b": [2]})
     {'a': [1.5, None], 'b': [2]}
     """
-    if type(obj) not in _CONTAINERS:
-        return None if _bad_scalar(obj) else obj
-    return _ready(obj, {})
+    return rewrite_leaves(obj, _null_if_bad)
 
 
-def _ready(obj: Any, memo: dict[int, Any]) -> Any:
-    done = memo.get(id(obj))
-    if done is not None:
-        return done
-    memo[id(obj)] = obj  # a cycle meets itself unchanged (json.dumps then refuses it)
-    is_dict = type(obj) is dict
-    new: Any = None
-    for k, v in obj.items() if is_dict else enumerate(obj):
-        t = type(v)
-        if t is dict or t is list or t is tuple:
-            r = _ready(v, memo)
-            if r is v:
-                continue
-        elif _bad_scalar(v):
-            r = None
-        else:
-            continue
-        if new is None:
-            new = dict(obj) if is_dict else list(obj)
-        new[k] = r
-    if new is not None and type(obj) is tuple:
-        new = tuple(new)
-    out = obj if new is None else new
-    memo[id(obj)] = out
-    return out
+def _null_if_bad(v: Any) -> Any:  # Any: a scalar of plain data
+    return None if _bad_scalar(v) else v
 
 
 def json_size(obj: Any) -> int:
