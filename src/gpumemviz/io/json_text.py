@@ -102,28 +102,22 @@ def _size(obj: Any, sizes: dict[int, int], keys: dict[Any, int]) -> int:
         return known
     n = len(obj)
     total = 2 + max(n - 1, 0)  # brackets and commas
+    values = obj
     if t is dict:
-        for k, v in obj.items():
+        for k in obj:
             ks = keys.get(k)
             if ks is None:
                 ks = keys[k] = _scalar_size(k if type(k) is str else str(k)) + 1  # and ':'
             total += ks
-            tv = type(v)
-            if tv is int:
-                total += len(int.__repr__(v)) if v.bit_length() <= _MAX_INT_BITS else 4
-            elif tv is dict or tv is list or tv is tuple:
-                total += _size(v, sizes, keys)
-            else:
-                total += _scalar_size(v)
-    else:
-        for v in obj:
-            tv = type(v)
-            if tv is int:
-                total += len(int.__repr__(v)) if v.bit_length() <= _MAX_INT_BITS else 4
-            elif tv is dict or tv is list or tv is tuple:
-                total += _size(v, sizes, keys)
-            else:
-                total += _scalar_size(v)
+        values = obj.values()
+    for v in values:
+        tv = type(v)
+        if tv is int:
+            total += len(int.__repr__(v)) if v.bit_length() <= _MAX_INT_BITS else 4
+        elif tv is dict or tv is list or tv is tuple:
+            total += _size(v, sizes, keys)
+        else:
+            total += _scalar_size(v)
     sizes[id(obj)] = total
     return total
 
