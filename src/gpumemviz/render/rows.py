@@ -35,6 +35,7 @@ __all__ = [
     "build_rows",
     "cell_byte",
     "encode_cells",
+    "kind_cover",
 ]
 
 KIND_ALLOCATED = 0
@@ -317,18 +318,33 @@ def _encode_chunk(rows: RowTable, part: np.ndarray, bounds: np.ndarray, cells: i
     # each row occupies [j, j+1) on one axis; spans become fractions of their row
     key = local + rows.span_start[span_idx] / total[local]
     frac = rows.span_size[span_idx] / total[local]
-    # breakpoints at both ends of every span, so gaps and empty rows stay flat
-    xp = np.column_stack([key, key + frac]).ravel()
     edges = (np.arange(k)[:, None] + np.arange(cells + 1)[None, :] / cells).ravel()
-    kinds = rows.span_kind[span_idx]
-    cover = []
+    at = kind_cover(key, frac, rows.span_kind[span_idx], edges)
+    return _bytes(*(np.maximum(np.diff(a.reshape(k, cells + 1), axis=1), 0.0) for a in at))
+
+
+def kind_cover(
+    start: np.ndarray, size: np.ndarray, kinds: np.ndarray, edges: np.ndarray
+) -> list[np.ndarray]:
+    """Per kind, how much of the axis up to each edge the spans of that kind cover.
+
+    Spans (ascending, not overlapping) lie on one axis; the four arrays returned (one per KIND_*)
+    are cumulative, so differences between neighbouring edges give each cell's share.
+
+    >>> at = kind_cover(np.array([0.0, 2.0]), np.array([2.0, 2.0]), np.array([0, 3]),
+    ...                 np.array([0.0, 1.0, 3.0, 4.0]))
+    >>> [a.tolist() for a in at][0], at[3].tolist()
+    ([0.0, 1.0, 2.0, 2.0], [0.0, 0.0, 1.0, 2.0])
+    """
+    # breakpoints at both ends of every span, so gaps and empty rows stay flat
+    xp = np.column_stack([start, start + size]).ravel()
+    out = []
     for kind in range(4):
-        mine = np.where(kinds == kind, frac, 0.0)
+        mine = np.where(kinds == kind, size, 0.0)
         after = np.cumsum(mine)
         fp = np.column_stack([after - mine, after]).ravel()
-        at = np.interp(edges, xp, fp).reshape(k, cells + 1)
-        cover.append(np.maximum(np.diff(at, axis=1), 0.0))
-    return _bytes(*cover)
+        out.append(np.interp(edges, xp, fp))
+    return out
 
 
 def _split_pages(
