@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "gpumemviz"
 _ANALYSIS = {
     *("units", "_callable", "snapshot", "io", "allocator", "sample", "sources", "history"),
     *("sampler", "fragmentation", "advice", "advice_check", "render", "frames", "sites", "diff"),
-    *("export", "report_html", "figures", "capture", "live", "bundles"),
+    *("export", "report_html", "figures", "capture", "live", "bundles", "distributed"),
 }
 
 # module (dotted, relative to the package; a trailing "." means the whole subpackage; "" is the
@@ -51,6 +51,11 @@ ALLOWED: dict[str, set[str]] = {
         *("snapshot", "io", "fragmentation", "advice", "advice_check", "sites", "frames"),
         "export",
         *("render", "units", "bundles"),
+    },
+    # ranks publish to the job's store; the job view reads it (torch.distributed lazily)
+    "distributed.": {
+        *("snapshot", "io", "sample", "sources", "sampler", "live", "fragmentation", "render"),
+        *("units", "distributed"),
     },
     "commands": _ANALYSIS,  # the panel's commands: never the panel itself
     "widget.": {*_ANALYSIS, "commands", "widget"},

@@ -53,6 +53,17 @@ class TraceMixin(AllocatorState):
         self._clock = clock
         self._tick = itertools.count(1).__next__ if clock is None else self._counted_tick
 
+    @property
+    def recording(self) -> bool:
+        """Whether the model records its history now (torch's ``_record_memory_history``)."""
+        return self._record
+
+    def set_recording(self, enabled: bool) -> None:
+        """Start or stop recording history, as ``torch.cuda.memory._record_memory_history``
+        does: entries already in the ring stay; none are added while it is off."""
+        self._record = bool(enabled)
+        self._tappend = self._trace.append if enabled else None
+
     def _emit(self, action: int, addr: int, size: int, stream: int) -> None:
         self._trace.append((action, addr, size, stream, self._tick()))
 

@@ -49,7 +49,10 @@ class SimulatedSource:
         Seconds to hold the state at an OOM before starting again (default 3).
     autostart : bool
         Start the workload thread on the first `sample` (default True). With False, drive it with
-        `step` (tests).
+        `step` (tests, and programs that stand in for a training loop).
+    record_history : bool
+        Record the model's allocation history, as torch's ``_record_memory_history`` (default
+        True); `record_history` switches it later.
 
     Examples
     --------
@@ -72,6 +75,7 @@ class SimulatedSource:
         loop: bool = True,
         pause_after_oom: float = 3.0,
         autostart: bool = True,
+        record_history: bool = True,
     ) -> None:
         if isinstance(workload, str):
             if workload not in WORKLOADS:
@@ -96,6 +100,9 @@ class SimulatedSource:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._on_oom: tuple[OomHandler, OomClassifier | None] | None = None  # set_oom_handler
+        # add_oom_handler: handlers beside the sampler's, as the observer keeps them for torch
+        self._extra_ooms: tuple[tuple[OomHandler, OomClassifier | None], ...] = ()
+        self._record = bool(record_history)
         self.runs = 0  # workload runs started
         # the newest OOMs only: each holds a full snapshot with its trace (~5 MiB), and a demo
         # panel left open loops through an OOM every ~40 s
@@ -109,7 +116,11 @@ class SimulatedSource:
     def _reset(self) -> None:
         w = self.workload
         self._model = CachingAllocator(
-            w.capacity, w.config, device=self.device, trace_max_entries=_TRACE_ENTRIES
+            w.capacity,
+            w.config,
+            device=self.device,
+            trace_max_entries=_TRACE_ENTRIES,
+            record_trace=self._record,
         )
         self._ops = iter(w.ops())
         self._where: dict[int, int] = {}
@@ -117,13 +128,17 @@ class SimulatedSource:
         self.runs += 1
 
     # driving ---------------------------------------------------------------------------------
-    def step(self, n: int = 1) -> int:
+    def step(self, n: int = 1, *, raise_oom: bool = False) -> int:
         """Run up to ``n`` allocator calls now (marks are not counted); returns how many ran.
 
-        Stops early at the end of the workload or at an OOM (then the OOM handler is called).
+        Stops early at the end of the workload or at an OOM (then the OOM handlers are called,
+        in this thread, as torch calls its OOM observer). With ``raise_oom`` the model's
+        `OutOfMemory` is raised after them, as torch raises its error after the observer: a
+        program driving the model in its own thread fails as a real one would.
         """
         ran = 0
         event: OomEvent | None = None
+        error: OutOfMemory | None = None
         with self._lock:
             while ran < n and not self._done:
                 op = next(self._ops, None)
@@ -140,12 +155,15 @@ class SimulatedSource:
                     except OutOfMemory as err:
                         self._done = True
                         event = self._oom_event(err)
+                        error = err
                 elif op[0] == "free":
                     self._model.free(self._where.pop(op[1]))
                 elif op[0] == "empty_cache":
                     self._model.empty_cache()
         if event is not None:  # outside the lock, like torch's observer
             self._deliver(event)
+            if raise_oom and error is not None:
+                raise error
         return ran
 
     def _oom_event(self, err: OutOfMemory) -> OomEvent:
@@ -167,6 +185,7 @@ class SimulatedSource:
     def _deliver(self, event: OomEvent) -> None:
         on_oom = self._on_oom
         handler, classify = on_oom if on_oom is not None else (None, None)
+        raw = event
         if classify is not None:
             # judged once, then kept and handed on; a broken classifier must not stop the demo
             with contextlib.suppress(Exception):
@@ -176,6 +195,12 @@ class SimulatedSource:
             # the sampler's handler only queues; a broken one must not stop the demo
             with contextlib.suppress(Exception):
                 handler(event)
+        judged = {classify: event} if classify is not None else {}
+        for extra, how in self._extra_ooms:  # each classifier once per failure, as the observer
+            with contextlib.suppress(Exception):
+                if how is not None and how not in judged:
+                    judged[how] = how(raw)
+                extra(judged[how] if how is not None else raw)
 
     def _run(self) -> None:
         per_tick = max(1, round(self.steps_per_second * _TICK_S))
@@ -266,6 +291,27 @@ class SimulatedSource:
         """Install (or remove, with None) the function called with each OOM, from the workload
         thread; ``classify`` judges the event first (and `ooms` keeps it judged)."""
         self._on_oom = None if handler is None else (handler, classify)
+
+    def add_oom_handler(self, handler: OomHandler, classify: OomClassifier | None = None) -> None:
+        """Also call ``handler`` with each OOM (judged by ``classify`` first), beside the one
+        `set_oom_handler` installs: what `gpumemviz.sources.oom_observer.add_handler` is for
+        torch. It runs in the thread that ran out of memory, before `step` raises."""
+        if all(h != handler for h, _ in self._extra_ooms):
+            self._extra_ooms = (*self._extra_ooms, (handler, classify))
+
+    def remove_oom_handler(self, handler: OomHandler) -> None:
+        self._extra_ooms = tuple((h, c) for h, c in self._extra_ooms if h != handler)
+
+    def history_enabled(self) -> bool:
+        """Whether the model records its allocation history now."""
+        return self._record
+
+    def record_history(self, enabled: bool = True) -> None:
+        """Record the model's allocation history (the default), or stop, as torch's
+        ``_record_memory_history``: what `export` and the OOM snapshots carry as their trace."""
+        with self._lock:
+            self._record = bool(enabled)
+            self._model.set_recording(self._record)
 
     def oom_sample(self, event: OomEvent) -> Sample:
         from gpumemviz.snapshot import Snapshot

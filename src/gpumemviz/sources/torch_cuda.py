@@ -106,6 +106,7 @@ class TorchCudaSource:
         self._snapshot_cost = 0.0  # seconds the last fallback segment read took
         self._oom_on = False
         self._oom_handler: OomHandler | None = None
+        self._extra_ooms: dict[OomHandler, OomHandler] = {}  # add_oom_handler: ours -> wrapped
         self._closed = False
 
     # capabilities --------------------------------------------------------------------------
@@ -316,6 +317,36 @@ class TorchCudaSource:
         add_handler(on_oom, classify)
         ensure_observer(defer=True)
 
+    def add_oom_handler(self, handler: OomHandler, classify: OomClassifier | None = None) -> None:
+        """Also call ``handler`` with each OOM of this device (judged by ``classify`` first),
+        beside the one `set_oom_handler` installs; in the user's allocating thread, before torch
+        raises its error. Never initialises CUDA (the observer attaches as CUDA starts)."""
+        device = self.device
+
+        def on_oom(event: OomEvent) -> None:
+            if event.device == device:
+                handler(event)
+
+        self._extra_ooms[handler] = on_oom
+        add_handler(on_oom, classify)
+        ensure_observer(defer=True)
+
+    def remove_oom_handler(self, handler: OomHandler) -> None:
+        on_oom = self._extra_ooms.pop(handler, None)
+        if on_oom is not None:
+            remove_handler(on_oom)
+
+    def history_enabled(self) -> bool | None:
+        """Whether torch records allocation history now; None before CUDA is initialised (or
+        where this torch cannot say)."""
+        try:
+            torch = _torch()
+            if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+                return None
+            return _history_enabled(torch)
+        except Exception:
+            return None
+
     def oom_sample(self, event: OomEvent) -> Sample:
         """The segment state at an OOM, as a sample (built off the user's thread)."""
         snap, errors = None, []
@@ -421,4 +452,6 @@ class TorchCudaSource:
     def close(self) -> None:
         """Remove the OOM handler (the observer itself stays attached, as a no-op)."""
         self.set_oom_handler(None)
+        for handler in list(self._extra_ooms):
+            self.remove_oom_handler(handler)
         self._closed = True
