@@ -143,6 +143,7 @@ def test_subcommands_are_one_function_each():
         "add_report",
         "add_export",
         "add_demo",
+        "add_job",
     ]
     help_text = build_parser().format_help()
     for name in names:

@@ -229,3 +229,29 @@ def test_grid_puts_the_rank_closest_to_oom_first(master):
     assert text.splitlines()[1].split()[0] == "1" and "host-a" in text
     for p in pubs:
         p.stop()
+
+
+def test_gpumemviz_job_prints_the_grid_once_and_asks_for_a_snapshot(master, tmp_path, capsys):
+    from gpumemviz.cli import main
+
+    src = sim()
+    src.step(2000)
+    pubs = [rank(master, 0, src, snapshot_dir=tmp_path), rank(master, 1, sim())]
+    try:
+        assert main(["job", f"127.0.0.1:{master.port}", "--once"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert out[0].startswith(f"gpumemviz job 127.0.0.1:{master.port}")
+        assert [line.split()[0] for line in out[2:]] == ["0", "1"]  # the fuller one first
+        assert main(["job", f"127.0.0.1:{master.port}", "--snapshot", "0"]) == 0
+        written = capsys.readouterr().out.strip()
+        assert written == str(tmp_path / "rank0.pickle")
+        assert main(["inspect", written]) == 0
+        assert main(["job", f"127.0.0.1:{master.port}", "--snapshot", "1"]) == 2
+        assert "without snapshot_dir" in capsys.readouterr().err
+    finally:
+        for p in pubs:
+            p.stop()
+    assert main(["job", "nohost"]) == 2
+    assert "expected HOST:PORT" in capsys.readouterr().err
+    assert main(["job", "127.0.0.1:1", "--once", "--timeout", "0.5"]) == 2
+    assert "no job store answers" in capsys.readouterr().err

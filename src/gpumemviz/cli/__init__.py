@@ -21,6 +21,7 @@ from .cmd_demo import add_demo
 from .cmd_diff import add_diff
 from .cmd_export import add_export
 from .cmd_inspect import add_inspect
+from .cmd_job import add_job
 from .cmd_report import add_report
 from .cmd_whatif import add_whatif
 from .output import EscapingParser
@@ -41,6 +42,7 @@ SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
     add_report,
     add_export,
     add_demo,
+    add_job,
 ]
 
 
