@@ -131,3 +131,38 @@ def test_keeps_only_the_newest_ooms():
         src._deliver(dataclasses.replace(first, time=float(i)))
     assert len(src.ooms) == OOMS_KEPT
     assert [e.time for e in src.ooms] == [float(i) for i in range(5, OOMS_KEPT + 5)]
+
+
+def test_a_program_driving_the_model_gets_its_oom_after_every_handler_ran():
+    """`step(raise_oom=True)`: the handlers run in the stepping thread first (as torch's
+    observer does), then the model's own OutOfMemory is raised; each classifier runs once."""
+    from gpumemviz.allocator.oom import OutOfMemory
+
+    src = SimulatedSource("training", autostart=False, loop=False)
+    seen: list[tuple[str, object]] = []
+    judged: list[object] = []
+
+    def judge(event):
+        judged.append(event)
+        return classify_event(event)
+
+    src.set_oom_handler(lambda e: seen.append(("sampler", e)), classify=judge)
+    src.add_oom_handler(lambda e: seen.append(("extra", e)), judge)
+    src.add_oom_handler(lambda e: seen.append(("raw", e)))
+    with pytest.raises(OutOfMemory) as caught:
+        while src.step(1000, raise_oom=True):
+            pass
+    assert [who for who, _ in seen] == ["sampler", "extra", "raw"]
+    assert len(judged) == 1 and seen[0][1] is seen[1][1]  # one judgement, shared
+    assert seen[2][1].cause == "unknown" and seen[0][1].cause != "unknown"
+    assert caught.value.alloc_size == seen[0][1].alloc_size
+    assert src.step(10) == 0  # the run is over, as after a real OOM
+
+
+def test_history_recording_follows_record_history():
+    src = SimulatedSource("training", autostart=False, record_history=False)
+    src.step(200)
+    assert src.history_enabled() is False and src.export()["device_traces"][0] == []
+    src.record_history(True)
+    src.step(200)
+    assert src.history_enabled() is True and len(src.export()["device_traces"][0]) > 0

@@ -685,3 +685,46 @@ def test_classify_the_real_capacity_oom_file():
 def test_stats_helper_matches_the_memory_stats_names():
     s = MemoryStats.from_torch(stats_from_segments([_seg((2 * MiB, "active_allocated"))], 0))
     assert (s.allocated, s.reserved) == (2 * MiB, 2 * MiB)
+
+
+def test_extra_oom_handlers_and_history_state_on_the_cuda_path(serve, oom_file, tmp_path):
+    """`add_oom_handler` (what gpumemviz.distributed installs beside the sampler's handler) gets
+    the same judged failure in the allocating thread; `history_enabled` reads torch's flag; and
+    `publish` on this source writes the rank's OOM file and turns recording on when asked."""
+    import torch.distributed as dist
+
+    from gpumemviz.distributed import publish
+    from gpumemviz.io import load_snapshot
+
+    raw, total = oom_file
+    trace = raw["device_traces"][1]
+    raw["device_traces"][1] = trace[
+        : max(i for i, e in enumerate(trace) if e["action"] == "oom") + 1
+    ]
+    fake, attached = serve(raw, total=total)
+    src = TorchCudaSource(1, nvml=False)
+    assert src.history_enabled() is False
+    fake.history_enabled = True
+    assert src.history_enabled() is True
+    fake.history_enabled = False
+    mine: list[OomEvent] = []
+    src.add_oom_handler(mine.append, classify_event)
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    pub = publish(0.05, store=master, source=src, oom_dir=tmp_path, record_history=True)
+    try:
+        pub.tick()
+        assert fake.history_calls and fake.history_calls[-1]["enabled"] == "all"
+        device, size, _, free = _oom_args(raw, total)
+        attached[0](device, size, total, free)
+        (ev,) = mine
+        assert ev.explanation != NOT_CLASSIFIED
+        written = load_snapshot(tmp_path / "rank0_oom.pickle")
+        assert written.n_segments == len(raw["segments"])
+        assert pub.last_oom is not None and pub.last_oom["cause"] == ev.cause
+        assert pub.oom is not None and pub.oom.answered == (0, 0)  # no other rank to ask
+    finally:
+        pub.stop()
+    src.remove_oom_handler(mine.append)
+    obs._OOM["last"].clear()
+    attached[0](device, size, total, free)
+    assert len(mine) == 1

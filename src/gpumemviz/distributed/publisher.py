@@ -22,10 +22,18 @@ from typing import Any
 
 from gpumemviz.distributed.answers import Answers
 from gpumemviz.distributed.jobview import read_ranks
-from gpumemviz.distributed.keys import MEMBERS, Json, fit_summary, member_entry, summary_key
+from gpumemviz.distributed.keys import (
+    MEMBERS,
+    OOM_COUNT,
+    Json,
+    fit_summary,
+    member_entry,
+    summary_key,
+)
 from gpumemviz.distributed.oom import OomFanOut
 from gpumemviz.distributed.store import (
     Store,
+    StoreGone,
     default_store,
     own_connection,
     rank_device,
@@ -342,6 +350,9 @@ def publish(
     ------
     ValueError
         For a bad argument, or no store (no default process group and no `store`).
+    gpumemviz.distributed.StoreGone
+        A ConnectionError, when the store does not answer at the call (later failures only
+        stop the thread).
 
     Examples
     --------
@@ -369,6 +380,10 @@ def publish(
     dirs = [None if d is None else Path(os.fspath(d)) for d in (snapshot_dir, oom_dir)]
     rank, local_rank = ranks_here()
     store = own_connection(default_store() if store is None else store)
+    try:
+        store.add(OOM_COUNT, 0)
+    except Exception as exc:
+        raise StoreGone(f"the job store does not answer: {short_error(exc)}") from None
     feeds: list[tuple[Sampler, bool, bool]] = []
     if source is None:
         sampler = shared(rank_device(local_rank))

@@ -55,6 +55,11 @@ class Source(Protocol):
       (an `OomClassifier`, from the analysis layer above) judges each event once before it is
       kept or handed on; without it the event carries only the facts the source read;
     - ``oom_sample(event) -> Sample``: turn an `OomEvent` into a sample with its segment state.
+    - ``add_oom_handler(fn, classify=None)`` / ``remove_oom_handler(fn)``: more handlers beside
+      the one ``set_oom_handler`` installs (`gpumemviz.distributed` writes a rank's OOM files
+      there, in the allocating thread, before the error is raised);
+    - ``history_enabled() -> bool | None`` and ``record_history(enabled)``: whether the source
+      records allocation history (None: cannot say yet), and turning it on.
     """
 
     # read-only: a source may hold them as attributes or compute them (properties)
