@@ -255,3 +255,50 @@ def test_gpumemviz_job_prints_the_grid_once_and_asks_for_a_snapshot(master, tmp_
     assert "expected HOST:PORT" in capsys.readouterr().err
     assert main(["job", "127.0.0.1:1", "--once", "--timeout", "0.5"]) == 2
     assert "no job store answers" in capsys.readouterr().err
+
+
+def test_an_oom_no_observer_saw_still_gets_its_file_as_it_leaves_the_block(master, tmp_path):
+    from gpumemviz.allocator.model import CachingAllocator
+
+    model = CachingAllocator(64 << 20)  # not behind any source: no observer runs
+    with (
+        pytest.raises(OutOfMemory) as caught,
+        rank(master, 0, sim(), oom_dir=tmp_path, oom_wait=0.1),
+    ):
+        try:
+            model.malloc(1 << 30)
+        except OutOfMemory as err:
+            original = err
+            raise
+    assert caught.value is original  # the same error object goes on
+    assert (tmp_path / "rank0_oom.pickle").exists()
+
+
+def test_the_job_feed_hands_listeners_the_ordered_grid(master):
+    from gpumemviz.distributed import JobFeed
+
+    pubs = [rank(master, r, sim()) for r in range(2)]
+    feed = JobFeed(JobView("127.0.0.1", master.port), interval=TICK)
+    got: list[tuple[list, str | None]] = []
+    feed.add_listener(lambda strips, why: got.append((strips, why)))
+    feed.add_listener(lambda strips, why: 1 / 0)  # a broken listener is counted, not raised
+    feed.start()
+    try:
+        strips, why = wait_until(lambda: got and got[-1])
+        assert why is None and sorted(s["rank"] for s in strips) == [0, 1]
+        assert all("title" in s and "note" in s and "bins" in s for s in strips)
+        assert feed.listener_errors > 0
+    finally:
+        feed.stop()
+        for p in pubs:
+            p.stop()
+
+
+def wait_until(what, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(TICK)
+    raise AssertionError("timed out")

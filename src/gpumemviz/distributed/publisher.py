@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 from gpumemviz.distributed.answers import Answers
@@ -150,7 +151,27 @@ class Publisher:
     def __enter__(self) -> Publisher:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Stop; an OOM leaving the block that no observer saw (an old torch, a failed attach)
+        still gets the rank's files, from a snapshot taken now. The error goes on unchanged."""
+        oom = self.oom
+        if exc is not None and oom is not None and oom.written is None and _is_oom(exc):
+            device = getattr(self.sources[0], "device", 0)
+            self._on_oom(
+                OomEvent(
+                    time=time.time(),
+                    device=device if isinstance(device, int) else 0,
+                    alloc_size=int(getattr(exc, "alloc_size", 0) or 0),
+                    device_limit=0,
+                    device_free=0,
+                    explanation=f"seen as it left the block: {short_error(exc)}",
+                )
+            )
         self.stop()
 
     # the thread ------------------------------------------------------------------------------
@@ -285,6 +306,12 @@ class Publisher:
 
 class _StoreError(Exception):
     """A store call failed: the thread stops."""
+
+
+def _is_oom(exc: BaseException) -> bool:
+    """torch's OutOfMemoryError, the allocator model's OutOfMemory, or an error saying so."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    return bool(names & {"OutOfMemoryError", "OutOfMemory"}) or "out of memory" in str(exc).lower()
 
 
 def _call(obj: object, name: str) -> Any:  # Any: whatever the optional method returns
