@@ -306,9 +306,10 @@ class SimulatedSource:
         """Whether the model records its allocation history now."""
         return self._record
 
-    def record_history(self, enabled: bool = True) -> None:
+    def record_history(self, enabled: bool = True, *, stacks: str = "python") -> None:
         """Record the model's allocation history (the default), or stop, as torch's
-        ``_record_memory_history``: what `export` and the OOM snapshots carry as their trace."""
+        ``_record_memory_history``: what `export` and the OOM snapshots carry as their trace.
+        ``stacks`` is taken as `HistorySource` takes it; the model records no frames."""
         with self._lock:
             self._record = bool(enabled)
             self._model.set_recording(self._record)
