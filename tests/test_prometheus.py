@@ -1,0 +1,262 @@
+"""gpumemviz.prometheus: a real endpoint on 127.0.0.1 scraped over HTTP and read with
+prometheus_client's own parser; the series agree with the shared sampler's newest sample."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import urllib.request
+
+import pytest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpumemviz.fragmentation import fragmentation
+from gpumemviz.live import shared
+from gpumemviz.prometheus import LABELS, METRICS, PortInUseError, exported_names, serve
+from gpumemviz.prometheus.collector import SamplerCollector
+from gpumemviz.sample import DeviceInfo, MemoryStats, NvmlInfo, Sample
+from gpumemviz.sampler import Sampler
+from gpumemviz.sources import UnavailableSource
+
+LABEL_VALUES = {"rank": "0", "local_rank": "0", "host": "h", "pid": "1"}
+
+
+def scrape(url: str) -> dict[str, list]:
+    """Series name -> [(labels, value)], parsed by prometheus_client's parser."""
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if not s.name.endswith("_created"):
+                out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def parse(registry: CollectorRegistry) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def wait_for(cond, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+@pytest.fixture
+def exporter():
+    """serve() on device 0's shared sampler (the simulated demo without CUDA), held still once
+    it has a segment state, so a scrape and the sampler's newest sample can be compared."""
+    exp = serve(0, devices=[0], rank=3, local_rank=1)
+    sampler = shared(0)
+    assert wait_for(lambda: sampler.history.latest_segments() is not None)
+    sampler.pause()
+    sampler.sample_once(segments=True)
+    yield exp, sampler
+    exp.stop()
+    sampler.resume()
+    sampler.stop()
+
+
+def test_scrape_agrees_with_the_shared_samplers_newest_sample(exporter):
+    exp, sampler = exporter
+    got = scrape(exp.url)
+    sample = sampler.history.latest_stats()
+    want_labels = {
+        "rank": "3",
+        "local_rank": "1",
+        "host": socket.gethostname(),
+        "device": "0",
+        "gpu_uuid": "",  # the demo device has no UUID
+        "pid": str(os.getpid()),
+    }
+    for name in ("gpumemviz_reserved_bytes", "gpumemviz_alloc_retries_total"):
+        [(labels, _)] = got[name]
+        assert labels == want_labels and set(labels) == set(LABELS)
+    st = sample.stats
+    want = {
+        "gpumemviz_reserved_bytes": st.reserved,
+        "gpumemviz_allocated_bytes": st.allocated,
+        "gpumemviz_active_bytes": st.active,
+        "gpumemviz_free_in_reserved_bytes": st.reserved - st.active,
+        "gpumemviz_alloc_retries_total": st.num_alloc_retries,
+        "gpumemviz_ooms_total": st.num_ooms,
+        "gpumemviz_peak_allocated_bytes": sample.peaks.allocated,
+        "gpumemviz_peak_reserved_bytes": sample.peaks.reserved,
+        "gpumemviz_torch_peak_resets_total": 0,
+        "gpumemviz_sample_timestamp_seconds": sample.time,
+    }
+    seg = sampler.history.latest_segments()
+    figs = fragmentation(seg.segments).devices[0]
+    want |= {
+        "gpumemviz_largest_free_block_bytes": figs.largest_free,
+        "gpumemviz_external_fragmentation_ratio": figs.external_fragmentation,
+        "gpumemviz_releasable_bytes": figs.releasable,
+        "gpumemviz_segment_state_timestamp_seconds": seg.time,
+    }
+    for name, value in want.items():
+        assert got[name][0][1] == pytest.approx(value, rel=1e-12), name
+    [(info, one)] = got["gpumemviz_device_info"]
+    assert one == 1 and info["demo"] == "true" and info["source"] == sample.source_label
+    # the demo's NVML figures are stand-ins: left out, never exported as driver figures
+    assert not any(n.startswith(("gpumemviz_nvml_", "gpumemviz_non_pytorch")) for n in got)
+    nvml = {
+        "gpumemviz_nvml_used_bytes",
+        "gpumemviz_nvml_total_bytes",
+        "gpumemviz_non_pytorch_bytes",
+    }
+    assert sorted(got) == sorted(set(exported_names()) - nvml)
+
+
+def test_a_scrape_reads_the_sampler_and_never_samples(exporter):
+    exp, sampler = exporter
+    ticks = sampler.counters["ticks"]
+    for _ in range(3):
+        scrape(exp.url)
+    assert sampler.counters["ticks"] == ticks
+    assert exp.collector.samplers[0] is shared(0)  # the panels' sampler: no second one
+
+
+def test_two_endpoints_and_the_users_metrics_do_not_clash(exporter):
+    exp, _ = exporter
+    mine = Counter("user_steps", "the user's own metric")  # in prometheus_client's global one
+    try:
+        with serve(0, devices=[0], rank=4, local_rank=2) as other:
+            assert other.port != exp.port
+            a, b = scrape(exp.url), scrape(other.url)
+            assert a["gpumemviz_reserved_bytes"][0][0]["rank"] == "3"
+            assert b["gpumemviz_reserved_bytes"][0][0]["rank"] == "4"
+            assert "user_steps_total" not in a and "user_steps_total" not in b
+    finally:
+        REGISTRY.unregister(mine)
+
+
+def test_a_port_in_use_is_one_clear_line_and_stop_frees_it(exporter):
+    exp, _ = exporter
+    with pytest.raises(PortInUseError) as err:
+        serve(exp.port, devices=[0])
+    assert str(err.value) == (
+        f"gpumemviz.prometheus: port {exp.port} on 127.0.0.1 is in use "
+        "(another rank or exporter?): pick another port"
+    )
+    port = exp.port
+    exp.stop()
+    exp.stop()  # twice: nothing more
+    with serve(port, devices=[0]) as again:
+        assert again.port == port and scrape(again.url)["gpumemviz_device_info"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"port": -1}, "port must be an int from 0 to 65535, got -1"),
+        ({"port": True}, "port must be an int from 0 to 65535, got True"),
+        ({"port": 0, "devices": "some"}, 'devices must be "all" or a list of ints'),
+        ({"port": 0, "devices": []}, 'devices must be "all" or a list of ints'),
+        ({"port": 0, "devices": [-1]}, "device must be a non-negative int, got -1"),
+        ({"port": 0, "rank": -2}, "rank must be a non-negative int, got -2"),
+        ({"port": 0, "addr": ""}, "addr must be a host address string"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(kwargs, message):
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(")) as err:
+        serve(**kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_ranks_default_to_torchruns_environment(monkeypatch):
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with serve(0, devices=[0]) as exp:
+        assert exp.labels["rank"] == "5" and exp.labels["local_rank"] == "1"
+    shared(0).stop()
+    monkeypatch.setenv("RANK", "five")
+    with pytest.raises(ValueError, match=r"^rank: the RANK environment variable must be an int"):
+        serve(0, devices=[0])
+
+
+def test_stop_stops_only_the_samplers_serve_started():
+    sampler = shared(0)
+    sampler.stop()
+    with serve(0, devices=[0]):
+        assert sampler.running
+    assert not sampler.running
+    sampler.start()
+    try:
+        with serve(0, devices=[0]):
+            pass
+        assert sampler.running  # it ran before serve: it keeps running
+    finally:
+        sampler.stop()
+
+
+class DriverSource:
+    """Samples as a real device with NVML would give them (no driver here: NVML is the one
+    part that cannot exist on this machine)."""
+
+    label = "torch.cuda (stand-in)"
+    device = 0
+    capabilities = frozenset()
+
+    def sample(self, *, segments: bool = True) -> Sample:
+        stats = MemoryStats.from_torch(
+            {
+                "reserved_bytes.all.current": 8 << 30,
+                "allocated_bytes.all.current": 5 << 30,
+                "active_bytes.all.current": 6 << 30,
+                "num_alloc_retries": 7,
+            }
+        )
+        nvml = NvmlInfo(
+            available=True, uuid="8a7b01", total=80 << 30, used=9 << 30, non_pytorch=1 << 30
+        )
+        info = DeviceInfo(0, name="H200", uuid="8a7b01")
+        return Sample(time=time.time(), device=0, stats=stats, nvml=nvml, device_info=info)
+
+    def close(self) -> None:
+        pass
+
+
+def test_driver_figures_and_the_uuid_label_when_nvml_answers():
+    registry = CollectorRegistry()
+    sampler = Sampler(DriverSource())
+    sampler.sample_once()
+    registry.register(SamplerCollector({0: sampler}, LABEL_VALUES))
+    got = parse(registry)
+    [(labels, used)] = got["gpumemviz_nvml_used_bytes"]
+    assert labels["gpu_uuid"] == "GPU-8a7b01"  # as DCGM's UUID label writes it
+    assert used == 9 << 30 and got["gpumemviz_nvml_total_bytes"][0][1] == 80 << 30
+    assert got["gpumemviz_non_pytorch_bytes"][0][1] == 1 << 30
+    assert got["gpumemviz_free_in_reserved_bytes"][0][1] == 2 << 30
+    assert got["gpumemviz_alloc_retries_total"][0][1] == 7
+    # no segment state read yet: the figures it gives are left out, not exported as 0
+    assert "gpumemviz_largest_free_block_bytes" not in got
+
+
+def test_a_device_without_stats_exports_only_its_info():
+    registry = CollectorRegistry()
+    sampler = Sampler(UnavailableSource(0, "no GPU here"))
+    sampler.sample_once()
+    registry.register(SamplerCollector({0: sampler}, LABEL_VALUES))
+    assert sorted(parse(registry)) == ["gpumemviz_device_info"]
+
+
+def test_metric_names_follow_prometheus_conventions():
+    for m in METRICS:  # a unit suffix on every gauge; counters get _total from the client
+        assert m.name.startswith("gpumemviz_") and not m.name.endswith("_total")
+        units = ("_bytes", "_ratio", "_seconds")
+        assert (m.kind == "gauge") == m.name.endswith(units), m.name
+    assert {m.sample_name for m in METRICS if m.kind == "counter"} == {
+        "gpumemviz_alloc_retries_total",
+        "gpumemviz_ooms_total",
+        "gpumemviz_torch_peak_resets_total",
+    }
