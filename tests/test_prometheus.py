@@ -3,10 +3,13 @@ prometheus_client's own parser; the series agree with the shared sampler's newes
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, generate_latest
@@ -260,3 +263,49 @@ def test_metric_names_follow_prometheus_conventions():
         "gpumemviz_ooms_total",
         "gpumemviz_torch_peak_resets_total",
     }
+
+
+DASHBOARD = Path(__file__).resolve().parents[1] / "dashboards" / "gpumemviz.json"
+
+
+def _queries(node: object) -> list[str]:
+    """Every PromQL text in a Grafana dashboard: targets' expr, variables' query/definition."""
+    found: list[str] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            promql = key in ("expr", "definition", "query") and node.get("type") != "datasource"
+            if promql and isinstance(value, str):
+                found.append(value)
+            else:
+                found.extend(_queries(value))
+    elif isinstance(node, list):
+        for value in node:
+            found.extend(_queries(value))
+    return found
+
+
+def test_the_grafana_dashboard_queries_only_metrics_gpumemviz_exports(exporter):
+    exp, _ = exporter
+    dash = json.loads(DASHBOARD.read_text())
+    exprs = _queries(dash)
+    used = set(re.findall(r"\bgpumemviz_[a-z_]+\b", " ".join(exprs)))
+    registry = CollectorRegistry()
+    driver = Sampler(DriverSource())
+    driver.sample_once()
+    registry.register(SamplerCollector({0: driver}, LABEL_VALUES))
+    scraped = set(scrape(exp.url)) | set(parse(registry))  # the demo's, and NVML's figures
+    assert used and used <= scraped, used - scraped
+    # the panels the issue names, per host and rank
+    for figure in ("reserved", "allocated", "free_in_reserved", "largest_free_block"):
+        assert f"gpumemviz_{figure}_bytes" in used
+    assert {"gpumemviz_external_fragmentation_ratio", "gpumemviz_ooms_total"} <= used
+    assert "gpumemviz_alloc_retries_total" in used
+    variables = {v["name"] for v in dash["templating"]["list"]}
+    assert variables == {"datasource", "host", "rank", "device"}
+    for text in exprs:  # only its own variables, Grafana's, or label_replace's $1
+        assert set(re.findall(r"\$(\w+)", text)) <= variables | {"__rate_interval", "1"}, text
+    panels = [p for p in dash["panels"] if p["type"] != "row"]
+    assert all(p["datasource"]["uid"] == "${datasource}" for p in panels)
+    [dcgm] = [p for p in panels if "DCGM_FI_DEV_FB_USED" in json.dumps(p["targets"])]
+    assert "only where the DCGM exporter runs" in dcgm["description"]
+    assert all(e.count("(") == e.count(")") and e.count("{") == e.count("}") for e in exprs)
