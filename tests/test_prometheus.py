@@ -17,7 +17,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpumemviz.fragmentation import fragmentation
 from gpumemviz.live import shared
-from gpumemviz.prometheus import LABELS, METRICS, PortInUseError, exported_names, serve
+from gpumemviz.prometheus import (
+    LABELS,
+    METRICS,
+    PortInUseError,
+    exported_names,
+    serve,
+    serve_rank,
+)
 from gpumemviz.prometheus.collector import SamplerCollector
 from gpumemviz.sample import DeviceInfo, MemoryStats, NvmlInfo, Sample
 from gpumemviz.sampler import Sampler
@@ -309,3 +316,32 @@ def test_the_grafana_dashboard_queries_only_metrics_gpumemviz_exports(exporter):
     [dcgm] = [p for p in panels if "DCGM_FI_DEV_FB_USED" in json.dumps(p["targets"])]
     assert "only where the DCGM exporter runs" in dcgm["description"]
     assert all(e.count("(") == e.count(")") and e.count("{") == e.count("}") for e in exprs)
+
+
+def _free_port_pair() -> int:
+    """A port P with P and P + 1 free now (the system's pick, checked)."""
+    for _ in range(50):
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            base = a.getsockname()[1]
+            if base < 65535:
+                with socket.socket() as b:
+                    try:
+                        b.bind(("127.0.0.1", base + 1))
+                    except OSError:
+                        continue
+                return base
+    raise AssertionError("no two free neighbouring ports")
+
+
+def test_ranks_of_one_host_serve_on_base_plus_local_rank():
+    base = _free_port_pair()
+    with (
+        serve_rank(base, rank=4, local_rank=0, devices=[0]) as r0,
+        serve_rank(base, rank=5, local_rank=1, devices=[0]) as r1,
+    ):
+        assert (r0.port, r1.port) == (base, base + 1)
+        assert scrape(r1.url)["gpumemviz_device_info"][0][0]["rank"] == "5"
+        with pytest.raises(PortInUseError, match=f"^gpumemviz.prometheus: port {base + 1} "):
+            serve_rank(base, rank=6, local_rank=1, devices=[0])
+    shared(0).stop()

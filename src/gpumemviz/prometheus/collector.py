@@ -3,14 +3,17 @@ from the samplers' newest samples (prometheus_client's custom-collector pattern)
 
 Nothing is sampled here: the series are what the samplers already hold (the shared sampler per
 device, the one the panels read), so a scrape costs no device read. The fragmentation figures
-come from each device's newest segment state, computed once per new state and kept; several
-scrapes of one state cost one `gpumemviz.fragmentation` call.
+come from each device's newest segment state, computed once per state and kept: on the
+sampler's thread as the state arrives (`SamplerCollector.listen`, while an endpoint serves),
+else at the first scrape that finds it. A scrape then only formats figures already computed
+(benchmarks/prometheus.py: 8 devices cost a scrape under 5 ms only this way).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from gpumemviz.fragmentation import fragmentation
@@ -64,6 +67,25 @@ class SamplerCollector:
         self.labels = dict(labels)
         self._lock = threading.Lock()
         self._figures: dict[int, tuple[int, MemoryFigures | None]] = {}  # device -> (seq, ...)
+        self._listeners: dict[int, Callable[[Sample], None]] = {}
+
+    def listen(self) -> None:
+        """Compute each new segment state's figures on its sampler's thread, as it arrives."""
+        for device, sampler in self.samplers.items():
+            if device not in self._listeners:
+                fn = functools.partial(self._on_sample, device)
+                self._listeners[device] = fn
+                sampler.add_listener(fn)
+
+    def close(self) -> None:
+        """Stop listening (`listen`); scrapes still work, computing figures as they need."""
+        for device, fn in self._listeners.items():
+            self.samplers[device].remove_listener(fn)
+        self._listeners.clear()
+
+    def _on_sample(self, device: int, sample: Sample) -> None:
+        if sample.segments is not None:
+            self._segment_figures(device, sample)
 
     def readings(self) -> list[tuple[list[str], Reading]]:
         """(label values in `LABELS` order, reading) per device, from the newest samples."""

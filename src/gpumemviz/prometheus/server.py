@@ -82,6 +82,7 @@ class Exporter:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5.0)
+        self.collector.close()
         for device in self._started:
             shared(device).stop()
 
@@ -174,12 +175,14 @@ def serve(
     except ImportError:
         raise ImportError(INSTALL_HINT) from None
     collector = SamplerCollector({d: shared(d) for d in devs}, labels)
+    collector.listen()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     try:
         server, thread = start_http_server(port, addr, registry)
     except OSError as exc:
         where = f"{addr}:{port}"
+        collector.close()
         if exc.errno == errno.EADDRINUSE:
             raise PortInUseError(
                 f"gpumemviz.prometheus: port {port} on {addr} is in use "
