@@ -345,3 +345,9 @@ def test_ranks_of_one_host_serve_on_base_plus_local_rank():
         with pytest.raises(PortInUseError, match=f"^gpumemviz.prometheus: port {base + 1} "):
             serve_rank(base, rank=6, local_rank=1, devices=[0])
     shared(0).stop()
+
+
+def test_the_docs_table_lists_every_series():
+    doc = (DASHBOARD.parents[1] / "docs" / "prometheus.md").read_text()
+    listed = set(re.findall(r"^\| `(gpumemviz_[a-z_]+)` \|", doc, re.MULTILINE))
+    assert listed == set(exported_names())
