@@ -351,3 +351,11 @@ def test_the_docs_table_lists_every_series():
     doc = (DASHBOARD.parents[1] / "docs" / "prometheus.md").read_text()
     listed = set(re.findall(r"^\| `(gpumemviz_[a-z_]+)` \|", doc, re.MULTILINE))
     assert listed == set(exported_names())
+
+
+def test_without_prometheus_client_serve_says_what_to_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"^gpumemviz.prometheus needs prometheus_client: pip"):
+        serve(0, devices=[0])
