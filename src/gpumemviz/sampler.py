@@ -18,7 +18,7 @@ Why it is shaped like this:
   (``classify``), which it passes on to the source with its OOM handler
   (`gpumemviz.live` builds the samplers the front ends use).
 
-The module stays whole (about 530 lines): the thread's loop, the reads, the schedule and the
+The module stays whole (about 560 lines): the thread's loop, the reads, the schedule and the
 publishing share one set of locks, counters and history; the values it moves (`gpumemviz.sample`)
 and the history ring (`gpumemviz.history`) live apart.
 """
