@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpumemviz.commands import RESET_PEAKS_TEXT
 from gpumemviz.fragmentation import fragmentation
 from gpumemviz.io import load_snapshot
 from gpumemviz.sampler import Sampler
@@ -239,7 +240,7 @@ def test_reset_peaks_starts_the_peaks_again_from_the_current_figures(live):
         src.step(50)
     assert src.sample().stats.peak_allocated > src.sample().stats.allocated
     reply = panel.command("reset_peaks")
-    assert reply["ok"] and reply["text"] == "peaks reset"
+    assert reply["ok"] and reply["text"] == RESET_PEAKS_TEXT
     st = src.sample().stats
     assert st.peak_allocated == st.allocated and st.peak_reserved == st.reserved
     src.step(200)

@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "gpumemviz"
 _ANALYSIS = {
     *("units", "_callable", "snapshot", "io", "allocator", "sample", "sources", "history"),
     *("sampler", "fragmentation", "advice", "advice_check", "render", "frames", "sites", "diff"),
-    *("export", "report_html", "figures", "capture", "live", "bundles", "distributed"),
+    *("export", "report_html", "figures", "capture", "live", "bundles", "distributed", "peaks"),
 }
 
 # module (dotted, relative to the package; a trailing "." means the whole subpackage; "" is the
@@ -25,10 +25,11 @@ ALLOWED: dict[str, set[str]] = {
     "snapshot.": {"units", "snapshot"},
     "io.": {"snapshot", "units", "io"},
     "allocator.": {"snapshot", "io", "units", "allocator", "_callable"},
-    "sample": {"snapshot", "units"},
+    "peaks": {"sample"},  # for types only: `sample` holds a `Peaks` itself
+    "sample": {"snapshot", "units", "peaks"},
     "sources.": {"snapshot", "io", "allocator", "sample", "units", "sources"},
     "history": {"snapshot", "sample", "units"},  # what the sampler may, or less
-    "sampler": {"snapshot", "sample", "sources", "units", "history"},
+    "sampler": {"snapshot", "sample", "sources", "units", "history", "peaks"},
     # sample: fragmentation.oom judges a source's OomEvent (classify_event)
     "fragmentation.": {
         *("snapshot", "io", "allocator", "units", "_callable", "fragmentation", "sample"),
@@ -57,6 +58,11 @@ ALLOWED: dict[str, set[str]] = {
         *("snapshot", "io", "sample", "sources", "sampler", "live", "fragmentation", "render"),
         *("units", "distributed"),
     },
+    # the exporter: the shared samplers' samples, judged by the analysis layer
+    "prometheus.": {
+        *("live", "sample", "sampler", "sources", "fragmentation", "snapshot", "units"),
+        "prometheus",
+    },
     "commands": _ANALYSIS,  # the panel's commands: never the panel itself
     "widget.": {*_ANALYSIS, "commands", "widget"},
     "magics": {*_ANALYSIS, "commands", "widget"},
@@ -64,7 +70,7 @@ ALLOWED: dict[str, set[str]] = {
     "": {*_ANALYSIS, "commands", "widget", "magics", "cli"},  # re-exports
 }
 # third-party modules that may only be imported inside functions (lazily)
-LAZY_ONLY = {"torch", "pynvml", "plotly", "anywidget", "IPython", "ipywidgets"}
+LAZY_ONLY = {"torch", "pynvml", "plotly", "anywidget", "IPython", "ipywidgets", "prometheus_client"}
 # ... except in the modules that exist for them (the panel class subclasses anywidget's)
 EAGER_OK = {"widget.panel", "magics"}
 # a private name may be imported from another module only when that module says it is shared

@@ -220,3 +220,30 @@ def test_help_prints_the_options_instead_of_an_error(shell, capsys):
     assert not _magics(shell).feeds  # help shows nothing and starts nothing
     shell.run_line_magic("gpumemviz", "-h")
     assert "usage: %gpumemviz" in capsys.readouterr().out
+
+
+def test_a_cell_peak_stays_the_sampled_high_when_someone_resets_torchs_counter(shell):
+    """Reset mid-cell, torch's counter rises again but not to the high gpumemviz sampled: the
+    marker keeps the sampled high (torch's lower figure does not replace it)."""
+    _magics(shell).widgets = True
+    panel = shell.run_line_magic("gpumemviz", "--demo training")
+    src, sampler = panel.sampler.source, panel.sampler
+    sampler.stop()  # the cell below drives the state by hand
+    src.close()
+    shell.user_ns.update(src=src, sampler=sampler, panel=panel)
+    cell = (
+        "src._closed = False\n"
+        "src.step(3000)\n"
+        "high = sampler.sample_once(segments=False).stats.allocated\n"
+        "assert panel.flush()\n"
+        "while src.sample().stats.allocated >= high: src.step(10)\n"
+        "src.reset_peaks()  # another monitor's reset_peak_memory_stats\n"
+    )
+    before = src.sample().stats.peak_allocated
+    shell.run_cell(cell)
+    high, st = shell.user_ns["high"], src.sample().stats
+    assert before < st.peak_allocated < high  # torch's counter rose, yet misses the high
+    from gpumemviz.units import format_size
+
+    label = [m for m in panel.timeline.marks() if m["kind"] == "cell"][-1]["label"]
+    assert label.endswith(f"peak {format_size(high)}"), label

@@ -6,6 +6,8 @@ import { formatSize } from "./rows.js";
 export const FIGURES = /** @type {const} */ ([
   ["reserved", "reserved", true],
   ["allocated", "allocated", true],
+  ["peak_reserved", "peak reserved (sampled)", true],
+  ["peak_allocated", "peak allocated (sampled)", true],
   ["free", "free in reserved", true],
   ["free_stuck", "stuck after empty_cache", true],
   ["free_releasable", "releasable", true],
@@ -199,6 +201,8 @@ export function createToolbar(host, send) {
   device.hidden = true;
   bar.append(device);
   const peaks = button("reset_peaks", "reset peaks");
+  peaks.title = "resets torch's peak counters (torch.cuda.reset_peak_memory_stats) for everyone "
+    + "in this process, and gpumemviz's own peaks; gpumemviz never resets them otherwise";
   const histLabel = document.createElement("label");
   const hist = document.createElement("input");
   hist.type = "checkbox";

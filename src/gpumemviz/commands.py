@@ -29,7 +29,13 @@ if TYPE_CHECKING:
     from gpumemviz.snapshot.schema import JsonDict
     from gpumemviz.sources.base import HistorySource, Source, TimeTravelSource
 
-__all__ = ["CommandError", "Panel", "file_url", "run_command"]
+__all__ = ["RESET_PEAKS_TEXT", "CommandError", "Panel", "file_url", "run_command"]
+
+RESET_PEAKS_TEXT = (
+    "torch's peak counters reset for everyone in this process "
+    "(torch.cuda.reset_peak_memory_stats); gpumemviz's own peaks start again"
+)
+"""The reply of the "reset peaks" button: what it did, and to whom."""
 
 
 class CommandError(RuntimeError):
@@ -180,12 +186,14 @@ def _record_history(panel: Panel, args: JsonDict) -> JsonDict:
 
 
 def _reset_peaks(panel: Panel, args: JsonDict) -> JsonDict:
-    source = _sampler(panel).source
-    reset = getattr(source, "reset_peaks", None)
-    if not callable(reset):
+    """The one place gpumemviz resets torch's peak counters: the button, when clicked."""
+    sampler = _sampler(panel)
+    source = sampler.source
+    if not callable(getattr(source, "reset_peaks", None)):
         raise CommandError(f"{getattr(source, 'label', 'this source')} cannot reset peaks")
-    reset()
-    return {"text": "peaks reset"}
+    sampler.reset_peaks()
+    sampler.sample_once(segments=False)  # the header shows the new peaks at once
+    return {"text": RESET_PEAKS_TEXT}
 
 
 def _device(panel: Panel, args: JsonDict) -> JsonDict:

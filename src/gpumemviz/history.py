@@ -141,6 +141,15 @@ class History:
         with self._lock:
             return self._cells[-1][0] if self._cells else None
 
+    def latest_stats(self) -> Sample | None:
+        """The newest sample that holds stats (an OOM's keyframe or a failed read holds none)."""
+        with self._lock:
+            for cell in reversed(self._cells):
+                if cell[0].stats is not None:
+                    found: Sample = cell[0]
+                    return found
+            return None
+
     def latest_segments(self) -> Sample | None:
         """The newest sample that still holds segment state."""
         with self._lock:

@@ -16,7 +16,7 @@ from gpumemviz.sampler import Sampler
 from gpumemviz.sources.base import Source
 from gpumemviz.sources.default import default_source
 
-__all__ = ["sampler_for", "shared"]
+__all__ = ["sampler_for", "shared", "shared_devices"]
 
 _SHARED: dict[int, Sampler] = {}
 _SHARED_LOCK = threading.Lock()
@@ -67,3 +67,16 @@ def shared(device: int = 0) -> Sampler:
             sampler = sampler_for(default_source(device))
             _SHARED[device] = sampler
         return sampler
+
+
+def shared_devices() -> list[int]:
+    """The devices that have a shared sampler now, in order.
+
+    Examples
+    --------
+    >>> sampler = shared(0)
+    >>> 0 in shared_devices()
+    True
+    """
+    with _SHARED_LOCK:
+        return sorted(_SHARED)

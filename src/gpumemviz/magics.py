@@ -329,9 +329,10 @@ class GpumemvizMagics(Magics):
     def post_run_cell(self, result: object = None) -> None:
         """IPython hook: a marker per shown panel with the cell's deltas and its peak.
 
-        The peak is the most allocated seen during the cell: torch's own peak counter when the
-        cell raised it past its earlier peak, else the sampled maximum. Nothing is reset, so the
-        user's ``max_memory_allocated()`` stays theirs.
+        The peak is the most allocated seen during the cell: the sampled maximum, or torch's own
+        peak counter when the cell raised it past its earlier peak and above that maximum (a
+        value torch saw during the cell, even when someone reset the counter meanwhile).
+        Nothing is reset, so the user's ``max_memory_allocated()`` stays theirs.
         """
         start = getattr(self, "_cell_start", {})
         self._cell_start = {}
@@ -347,8 +348,8 @@ class GpumemvizMagics(Magics):
             t1 = time.time()
             seen = [p[1] for p in feed.panel.timeline.points_between(t0, t1)]
             peak = max([after[0], before[0], *seen])
-            if after[2] > before[2]:  # torch's peak rose during the cell: it is exact
-                peak = after[2]
+            if after[2] > before[2]:  # torch's peak rose during the cell: reached in it
+                peak = max(peak, after[2])
             label = (
                 f"cell [{n if n is not None else '?'}]: allocated {_signed(after[0] - before[0])}"
                 f", reserved {_signed(after[1] - before[1])}, peak {format_size(peak)}"

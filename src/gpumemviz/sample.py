@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from gpumemviz.peaks import Peaks
 from gpumemviz.snapshot.messages import short_repr
 
 if TYPE_CHECKING:  # the columnar snapshot; imported for types only (sample stays cheap)
@@ -328,6 +329,7 @@ class Sample:
     seq: int = -1  # position in the sampler's stream
     cpu_time: float = 0.0  # CPU seconds the reading thread spent on this read
     keyframe: bool = False  # the history keeps this sample's blocks
+    peaks: Peaks | None = None  # gpumemviz's own peaks up to this sample (set by the sampler)
 
     @classmethod
     def failed(
@@ -369,6 +371,19 @@ class Sample:
     def replace(self, **changes: Any) -> Sample:  # Any: fields of their own types
         """A copy with some fields changed (the sampler adds seq, notes, cpu_time)."""
         return dataclasses.replace(self, **changes)
+
+    @property
+    def peak_figures(self) -> dict[str, int]:
+        """gpumemviz's own peaks as the panel's header figures ({} before the sampler set any)."""
+        p = self.peaks
+        return {} if p is None else {"peak_allocated": p.allocated, "peak_reserved": p.reserved}
+
+    @property
+    def status_label(self) -> str:
+        """``source_label`` for a status line, with `Peaks.note` once someone else has reset
+        torch's peak counters."""
+        note = self.peaks.note if self.peaks is not None else None
+        return f"{self.source_label or 'live'} · {note}" if note else self.source_label
 
     @property
     def non_pytorch_bytes(self) -> int | None:

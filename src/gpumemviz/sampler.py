@@ -18,7 +18,7 @@ Why it is shaped like this:
   (``classify``), which it passes on to the source with its OOM handler
   (`gpumemviz.live` builds the samplers the front ends use).
 
-The module stays whole (about 530 lines): the thread's loop, the reads, the schedule and the
+The module stays whole (about 560 lines): the thread's loop, the reads, the schedule and the
 publishing share one set of locks, counters and history; the values it moves (`gpumemviz.sample`)
 and the history ring (`gpumemviz.history`) live apart.
 """
@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpumemviz.history import History
+from gpumemviz.peaks import PeakTracker
 from gpumemviz.sample import MAX_INTERVAL_S, OomEvent, Sample, check_interval
 from gpumemviz.snapshot.messages import short_repr
 from gpumemviz.sources.base import OomClassifier, Source, short_error
@@ -137,6 +138,7 @@ class Sampler:
         self._auto_timeout = not read_timeout  # follows the interval (set_interval)
         self._regrid = False  # set_interval asks the thread for a new tick grid
         self.history = History(history_bytes, keyframe_interval)
+        self.peaks = PeakTracker()  # gpumemviz's own peaks, stamped on every sample
         self.segments_wanted = True  # a panel sets this False while it is hidden
         self._listeners: tuple[Listener, ...] = ()
         self._lock = threading.Lock()  # start/stop/listeners
@@ -264,6 +266,24 @@ class Sampler:
     def resume(self) -> None:
         self._paused = False
         self._wake.set()
+
+    def reset_peaks(self) -> None:
+        """The panel's "reset peaks" button, and nothing else: torch's peak counters start
+        again from the current figures for everyone in the process (the source's
+        ``reset_peaks``: ``torch.cuda.reset_peak_memory_stats``), and so do this sampler's own
+        peaks. No read runs meanwhile, so the drop is not taken for someone else's reset.
+
+        Raises
+        ------
+        TypeError
+            When the source cannot reset peaks; what the source raises (it is not running yet).
+        """
+        reset = getattr(self.source, "reset_peaks", None)
+        if not callable(reset):
+            raise TypeError(f"{self._label()} cannot reset peaks")
+        with self._read_lock:
+            reset()
+            self.peaks.reset()
 
     def close(self) -> None:
         """Stop, then close the source."""
@@ -514,7 +534,8 @@ class Sampler:
         if self._notes:
             notes.extend(self._notes)
             self._notes.clear()
-        sample = sample.replace(seq=next(self._seq), notes=tuple(notes))
+        peaks = self.peaks.update(sample)
+        sample = sample.replace(seq=next(self._seq), notes=tuple(notes), peaks=peaks)
         stored = self.history.append(sample)
         for fn in self._listeners:
             try:

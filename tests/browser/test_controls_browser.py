@@ -163,6 +163,41 @@ def test_with_routing_off_a_click_is_queued_until_the_cell_finishes(page, notebo
     _wait_fig(page, "reserved", reserved - releasable)
 
 
+def test_peaks_are_gpumemvizs_own_and_a_reset_by_someone_else_is_noted(page, notebook):
+    """The header's peaks come from gpumemviz's samples; torch's counters reset by another
+    monitor leave them and put a note in the status line; the button says it resets torch's
+    counters for everyone in the process."""
+    nb = notebook(
+        "peaks.ipynb",
+        [
+            _live_cell(False),
+            "while src.sample().stats.peak_allocated <= src.sample().stats.allocated:\n"
+            "    src.step(50)\n"
+            "before = src.sample().stats.peak_allocated\n"
+            "src.reset_peaks()  # another monitor's torch.cuda.reset_peak_memory_stats\n"
+            "before, src.sample().stats.peak_allocated",
+        ],
+    )
+    nb.run(0)
+    _wait_drawn(page)
+    page.wait_for_function(f"() => ({VIEW})().root.querySelector('[data-fig=peak_allocated]')")
+    title = page.locator("button[data-cmd=reset_peaks]").first.get_attribute("title")
+    assert "resets torch's peak counters" in title and "for everyone in this process" in title
+    own = _fig(page, "peak_allocated")
+    nb.run(1)
+    before, after = _kernel_value(page, 1)
+    assert after < before  # torch's counter forgot its high...
+    page.wait_for_function(
+        f"""() => ({VIEW})().root.querySelector('.gmv-status').textContent
+            .includes("torch's peak counters were reset outside gpumemviz once")""",
+        timeout=10_000,
+    )
+    assert _fig(page, "peak_allocated") >= own  # ...gpumemviz's did not
+    page.locator("button[data-cmd=reset_peaks]").first.click()
+    got = _reply(page, cmd="reset_peaks")
+    assert "torch's peak counters reset for everyone in this process" in got["text"]
+
+
 @pytest.mark.parametrize("recording", REPLAYS)
 def test_replay_slider_moves_the_map_to_a_recorded_state(page, notebook, artifacts, recording):
     from gpumemviz.sources.playback import PlaybackSource

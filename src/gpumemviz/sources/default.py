@@ -9,7 +9,7 @@ from __future__ import annotations
 from gpumemviz.sample import check_device
 from gpumemviz.sources.base import Source
 
-__all__ = ["default_source"]
+__all__ = ["cuda_device_count", "default_source"]
 
 
 def default_source(device: int = 0) -> Source:
@@ -47,3 +47,18 @@ def default_source(device: int = 0) -> Source:
     from gpumemviz.sources.simulated import SimulatedSource
 
     return SimulatedSource(device=device)
+
+
+def cuda_device_count() -> int:
+    """How many CUDA devices torch sees: 0 without torch or CUDA. Does not initialise CUDA.
+
+    Examples
+    --------
+    >>> cuda_device_count() >= 0
+    True
+    """
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0

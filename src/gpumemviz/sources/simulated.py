@@ -226,10 +226,9 @@ class SimulatedSource:
         """Start the workload thread (the first `sample` does this when ``autostart``)."""
         if self._thread is None or not self._thread.is_alive():
             self._stop.clear()
-            self._thread = threading.Thread(
-                target=self._run, name="gpumemviz-simulated", daemon=True
-            )
-            self._thread.start()
+            thread = threading.Thread(target=self._run, name="gpumemviz-simulated", daemon=True)
+            thread.start()
+            self._thread = thread  # once started: a close() meanwhile never joins it unstarted
 
     # Source protocol -------------------------------------------------------------------------
     def sample(self, *, segments: bool = True) -> Sample:

@@ -413,6 +413,7 @@ class MemoryPanel(anywidget.AnyWidget):
         stats = getattr(sample, "stats", None)
         if stats is not None:
             extra |= {"num_alloc_retries": stats.num_alloc_retries, "num_ooms": stats.num_ooms}
+        extra |= getattr(sample, "peak_figures", {})  # gpumemviz's own, never torch's counters
         nvml = getattr(sample, "nvml", None)
         if nvml is not None and nvml.available:
             extra |= {"nvml_total": nvml.total, "nvml_used": nvml.used}
@@ -431,7 +432,7 @@ class MemoryPanel(anywidget.AnyWidget):
             self.status = "waiting for CUDA"
             return
         errors = tuple(getattr(sample, "errors", ()))
-        label = getattr(sample, "source_label", "") or "live"
+        label = getattr(sample, "status_label", "") or "live"  # with the peaks' note
         if sample.segments is None:
             # a stats-only tick (segment state is read less often): fresh totals, same map
             if stats is not None:

@@ -1,0 +1,270 @@
+"""`serve`: the HTTP endpoint Prometheus scrapes, on the shared samplers, and its handle.
+
+Each `serve` has a `CollectorRegistry` of its own (never prometheus_client's global one), so two
+endpoints in one process, or the user's own metrics, never clash; prometheus_client's
+``start_http_server`` serves it on a daemon thread. The samplers are `gpumemviz.live.shared`'s,
+the ones the panels read: serving starts no second sampler on a device.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from gpumemviz.live import shared, shared_devices
+from gpumemviz.prometheus.collector import SamplerCollector
+from gpumemviz.sample import check_device
+from gpumemviz.snapshot.messages import short_repr
+from gpumemviz.sources.default import cuda_device_count
+
+if TYPE_CHECKING:
+    from types import TracebackType
+    from wsgiref.simple_server import WSGIServer
+
+__all__ = ["Exporter", "PortInUseError", "rank_port", "serve", "serve_rank"]
+
+INSTALL_HINT = "gpumemviz.prometheus needs prometheus_client: pip install 'gpumemviz[prometheus]'"
+
+
+class PortInUseError(OSError):
+    """The port asked for is taken (another rank, another exporter): one line saying which."""
+
+
+class Exporter:
+    """A running endpoint: where it listens, what it serves, and `stop`.
+
+    Attributes
+    ----------
+    addr, port : str, int
+        Where it listens (``port`` is the bound one: the port asked for, or the one the system
+        chose for 0).
+    devices : tuple of int
+        The devices whose shared samplers it reads.
+    labels : dict
+        rank, local_rank, host and pid, as every series carries them.
+    collector : SamplerCollector
+        What builds the series at each scrape.
+    """
+
+    def __init__(
+        self,
+        server: WSGIServer,
+        thread: threading.Thread,
+        collector: SamplerCollector,
+        started: Sequence[int],
+    ) -> None:
+        self._server = server
+        self._thread = thread
+        self.collector = collector
+        self._started = tuple(started)
+        self.addr = str(server.server_address[0])
+        self.port = int(server.server_address[1])
+        self.devices = tuple(sorted(collector.samplers))
+        self.labels = dict(collector.labels)
+        self._stopped = False
+
+    @property
+    def url(self) -> str:
+        """The ``/metrics`` URL (IPv6 addresses in brackets)."""
+        host = f"[{self.addr}]" if ":" in self.addr else self.addr
+        return f"http://{host}:{self.port}/metrics"
+
+    def stop(self) -> None:
+        """Stop serving and free the port; stop the shared samplers `serve` started (those
+        already running when it was called keep running). Calling it again does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)
+        self.collector.close()
+        for device in self._started:
+            shared(device).stop()
+
+    def __enter__(self) -> Exporter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._stopped else "serving"
+        return f"<gpumemviz.prometheus.Exporter {state} {self.url} devices={list(self.devices)}>"
+
+
+def serve(
+    port: int,
+    addr: str = "127.0.0.1",
+    *,
+    devices: str | Sequence[int] = "all",
+    rank: int | None = None,
+    local_rank: int | None = None,
+) -> Exporter:
+    """Serve gpumemviz's allocator metrics for Prometheus on ``http://addr:port/metrics``.
+
+    Per device: reserved, allocated, active, free in reserved, largest free block, external
+    fragmentation, releasable by ``empty_cache``, alloc retries, OOMs, gpumemviz's own peaks,
+    NVML used and non-PyTorch memory, as ``gpumemviz_*`` series labelled rank, local_rank,
+    host, device, gpu_uuid and pid (`gpumemviz.prometheus.metrics.METRICS`). Values are read
+    at each scrape from the shared samplers (`gpumemviz.live.shared`), which `serve` starts.
+
+    Parameters
+    ----------
+    port : int
+        TCP port, 0 to 65535 (0: one the system picks; the handle's ``port`` says which).
+    addr : str
+        Address to listen on (default 127.0.0.1: this host only; "0.0.0.0" for every
+        interface).
+    devices : "all" or sequence of int
+        "all": every CUDA device torch sees and every device with a shared sampler (device 0,
+        the simulated demo, on a machine without CUDA).
+    rank, local_rank : int, optional
+        The labels; by default the ``RANK`` and ``LOCAL_RANK`` environment variables torchrun
+        sets, else 0.
+
+    Returns
+    -------
+    Exporter
+        Its ``stop()`` frees the port.
+
+    Raises
+    ------
+    PortInUseError
+        One line naming the address and port when the port is taken.
+    OSError
+        One line when the address cannot be served on otherwise.
+    ValueError
+        For a bad port, address, device list or rank.
+    ImportError
+        Without prometheus_client (``pip install 'gpumemviz[prometheus]'``).
+
+    Examples
+    --------
+    >>> import urllib.request
+    >>> from gpumemviz.prometheus import serve
+    >>> exporter = serve(0, devices=[0], rank=0, local_rank=0)
+    >>> exporter.labels["rank"], exporter.devices
+    ('0', (0,))
+    >>> text = urllib.request.urlopen(exporter.url).read().decode()
+    >>> "gpumemviz_device_info{" in text
+    True
+    >>> exporter.stop()
+    """
+    port = _check_port(port)
+    if not isinstance(addr, str) or not addr:
+        raise ValueError(f"addr must be a host address string, got {short_repr(addr)}")
+    devs = _devices(devices)
+    labels = {
+        "rank": str(_rank(rank, "rank", "RANK")),
+        "local_rank": str(_rank(local_rank, "local_rank", "LOCAL_RANK")),
+        "host": socket.gethostname(),
+        "pid": str(os.getpid()),
+    }
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError:
+        raise ImportError(INSTALL_HINT) from None
+    collector = SamplerCollector({d: shared(d) for d in devs}, labels)
+    collector.listen()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    try:
+        server, thread = start_http_server(port, addr, registry)
+    except OSError as exc:
+        where = f"{addr}:{port}"
+        collector.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUseError(
+                f"gpumemviz.prometheus: port {port} on {addr} is in use "
+                "(another rank or exporter?): pick another port"
+            ) from None
+        reason = exc.strerror or str(exc)
+        raise OSError(f"gpumemviz.prometheus: cannot serve on {where}: {reason}") from None
+    started = [d for d in devs if not shared(d).running and shared(d).start()]
+    return Exporter(server, thread, collector, started)
+
+
+def rank_port(prometheus_port: int, local_rank: int) -> int:
+    """The port a rank serves on: ``prometheus_port + local_rank``, so the ranks of one host
+    never collide.
+
+    >>> rank_port(9400, 3)
+    9403
+    >>> rank_port(65535, 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: prometheus_port + local_rank must be a port 0-65535, got 65535 + 1 = 65536
+    """
+    base = _check_port(prometheus_port, "prometheus_port")
+    local = _rank(local_rank, "local_rank", "LOCAL_RANK")
+    if base + local > 65535:
+        raise ValueError(
+            f"prometheus_port + local_rank must be a port 0-65535, got {base} + {local} = "
+            f"{base + local}"
+        )
+    return base + local
+
+
+def serve_rank(
+    prometheus_port: int,
+    *,
+    rank: int,
+    local_rank: int,
+    devices: str | Sequence[int] = "all",
+    addr: str = "127.0.0.1",
+) -> Exporter:
+    """`serve` for one rank of a job: on ``prometheus_port + local_rank`` (`rank_port`), with
+    the rank's labels. What a rank's publisher calls; raises as `serve` does.
+
+    Examples
+    --------
+    >>> exporter = serve_rank(0, rank=1, local_rank=0, devices=[0])
+    >>> exporter.labels["rank"], exporter.labels["local_rank"]
+    ('1', '0')
+    >>> exporter.stop()
+    """
+    port = rank_port(prometheus_port, local_rank)
+    return serve(port, addr, devices=devices, rank=rank, local_rank=local_rank)
+
+
+def _check_port(port: object, name: str = "port") -> int:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"{name} must be an int from 0 to 65535, got {short_repr(port)}")
+    return port
+
+
+def _rank(value: object, name: str, env: str) -> int:
+    if value is None:
+        text = os.environ.get(env, "").strip()
+        if not text:
+            return 0
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(
+                f"{name}: the {env} environment variable must be an int, got {short_repr(text)}"
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {short_repr(value)}")
+    return value
+
+
+def _devices(devices: object) -> list[int]:
+    if isinstance(devices, str):
+        if devices != "all":
+            raise ValueError(f'devices must be "all" or a list of ints, got {short_repr(devices)}')
+        found = set(range(cuda_device_count())) | set(shared_devices())
+        return sorted(found) or [0]
+    if not isinstance(devices, Sequence) or not devices:
+        raise ValueError(f'devices must be "all" or a list of ints, got {short_repr(devices)}')
+    return sorted({check_device(d) for d in devices})
