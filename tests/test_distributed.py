@@ -41,8 +41,7 @@ def rank(store, r, src, **kw) -> Publisher:
         own_connection(store),
         [(sampler, True, True)],
         who=RankIdentity(r, r, "host-a", os.getpid()),
-        interval=TICK,
-        **kw,
+        **{"interval": TICK, **kw},
     )
     pub.tick()
     return pub.start()
@@ -148,7 +147,8 @@ def test_an_oom_writes_every_ranks_file_before_the_error_goes_on(master, tmp_pat
 
 def test_an_oom_waits_at_most_oom_wait_for_silent_ranks(master, tmp_path):
     failing = sim("training")
-    quiet = rank(master, 1, sim(), oom_dir=tmp_path)
+    # a long interval keeps it fresh however slowly the failing rank reaches its OOM
+    quiet = rank(master, 1, sim(), oom_dir=tmp_path, interval=60.0)
     quiet.stop()  # looks fresh, never answers
     pub = rank(master, 0, failing, oom_dir=tmp_path, oom_wait=0.3)
     t0 = time.monotonic()
