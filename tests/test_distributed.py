@@ -302,3 +302,26 @@ def wait_until(what, timeout: float = 10.0):
             return got
         time.sleep(TICK)
     raise AssertionError("timed out")
+
+
+def test_prometheus_port_serves_the_ranks_own_samplers(master, monkeypatch):
+    """publish(prometheus_port=P) serves the rank's devices from the publisher's samplers."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    src = sim()
+    src.step(300)
+    handle = publish(0.1, store=master, source=src, prometheus_port=0)
+    try:
+        assert handle.exporter is not None
+        handle.feeds[0].sampler.sample_once()
+        text = urllib.request.urlopen(handle.exporter.url, timeout=10).read().decode()
+        families = {f.name: f.samples for f in text_string_to_metric_families(text)}
+        (reserved,) = families["gpumemviz_reserved_bytes"]
+        assert reserved.labels["pid"] == str(os.getpid())
+        assert reserved.value == handle.feeds[0].sampler.history.latest_stats().stats.reserved > 0
+    finally:
+        handle.stop()
+    assert handle.exporter._stopped

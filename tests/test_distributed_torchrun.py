@@ -8,11 +8,13 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 torch_dist = pytest.importorskip("torch.distributed")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from gpumemviz.cli import main  # noqa: E402
 from gpumemviz.distributed import JobView, grid_rows  # noqa: E402
@@ -28,11 +30,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun(scenario: str, out: Path, port: int) -> subprocess.Popen[bytes]:
+def torchrun(scenario: str, out: Path, port: int, *extra: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4"]
     cmd += ["--master-addr", "127.0.0.1", "--master-port", str(port), "--monitor-interval", "0.1"]
-    cmd += [str(RANK_PROGRAM), scenario, str(out)]
+    cmd += [str(RANK_PROGRAM), scenario, str(out), *extra]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -57,16 +59,51 @@ def view_of(port: int, job: subprocess.Popen[bytes]) -> JobView:
     return wait_for(connect)
 
 
+def free_ports(n: int) -> int:
+    """The first of `n` consecutive ports free on 127.0.0.1 now."""
+    for _ in range(50):
+        base = free_port()
+        if base + n > 65535:
+            continue
+        try:
+            for p in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+    raise AssertionError(f"no {n} consecutive free ports")
+
+
+def scrape(port: int) -> dict[str, list]:
+    """The exporter's families on 127.0.0.1:port, parsed by prometheus_client's own parser."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
 @pytest.mark.slow
 def test_grid_stale_rank_and_snapshot_request(tmp_path, capsys):
     port = free_port()
-    job = torchrun("grid", tmp_path, port)
+    prom = free_ports(4)
+    # rank 2 (local rank 2) finds its port taken: one logged line, and it publishes on
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", prom + 2))
+    taken.listen()
+    job = torchrun("grid", tmp_path, port, str(prom))
     try:
         view = view_of(port, job)
         rows = wait_for(lambda: len(view.ranks()) == 4 and view.ranks())
         assert sorted(r["rank"] for r in rows) == [0, 1, 2, 3]
         assert {r["local_rank"] for r in rows} == {0, 1, 2, 3}
         assert len({r["pid"] for r in rows}) == 4
+        # two ranks on one host serve on prometheus_port + local_rank, with their own labels
+        for r in (r for r in rows if r["local_rank"] in (0, 1)):
+            families = wait_for(lambda r=r: scrape(prom + r["local_rank"]))
+            (reserved,) = families["gpumemviz_reserved_bytes"]
+            assert reserved.labels["rank"] == str(r["rank"])
+            assert reserved.labels["local_rank"] == str(r["local_rank"])
+            assert reserved.labels["pid"] == str(r["pid"])
+            assert reserved.value > 0
         # rank 3 exits after a second: no update for 3 intervals -> stale, marked in the grid
         stale = wait_for(lambda: [r for r in view.ranks() if r["stale"]], timeout=30)
         assert [r["rank"] for r in stale] == [3]
@@ -82,9 +119,12 @@ def test_grid_stale_rank_and_snapshot_request(tmp_path, capsys):
         view.store.set("test/done", b"1")
         assert job.wait(60) == 0
     finally:
+        taken.close()
         if job.poll() is None:
             job.kill()
-        job.communicate()
+        _, err = job.communicate()
+    said = [line for line in err.decode().splitlines() if "Prometheus metrics not served" in line]
+    assert len(said) == 1 and "in use" in said[0], err.decode()[-2000:]
 
 
 @pytest.mark.slow

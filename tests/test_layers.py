@@ -56,7 +56,7 @@ ALLOWED: dict[str, set[str]] = {
     # ranks publish to the job's store; the job view reads it (torch.distributed lazily)
     "distributed.": {
         *("snapshot", "io", "sample", "sources", "sampler", "live", "fragmentation", "render"),
-        *("units", "distributed"),
+        *("units", "prometheus", "distributed"),
     },
     # the exporter: the shared samplers' samples, judged by the analysis layer
     "prometheus.": {

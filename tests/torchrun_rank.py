@@ -1,11 +1,12 @@
 """One rank of the torchrun tests (tests/test_distributed_torchrun.py): gloo, the simulated
 device driven in the rank's own thread, `gpumemviz.distributed.publish` on the job's store.
 
-    python -m torch.distributed.run --nproc-per-node 4 tests/torchrun_rank.py grid OUT
+    python -m torch.distributed.run --nproc-per-node 4 tests/torchrun_rank.py grid OUT [PROM]
     python -m torch.distributed.run --nproc-per-node 4 tests/torchrun_rank.py oom OUT
 
-grid: every rank publishes (snapshot_dir=OUT); rank 3 exits after 1 s; the others run until the
-test sets the key "test/done" (or 60 s). oom: every rank publishes (oom_dir=OUT); once all four
+grid: every rank publishes (snapshot_dir=OUT, and prometheus_port=PROM when given: each rank
+serves on PROM + its local rank); rank 3 exits after 1 s; the others run until the test sets the
+key "test/done" (or 60 s). oom: every rank publishes (oom_dir=OUT); once all four
 are listed, rank 1 runs the training workload until the model raises OutOfMemory.
 """
 
@@ -15,7 +16,7 @@ import sys
 import time
 
 
-def main(scenario: str, out: str) -> None:
+def main(scenario: str, out: str, prometheus_port: int | None = None) -> None:
     import torch.distributed as dist
 
     from gpumemviz.distributed import publish
@@ -29,7 +30,7 @@ def main(scenario: str, out: str) -> None:
     fails = scenario == "oom" and rank == 1
     src = SimulatedSource("training" if fails else "inference_paged", autostart=False, loop=False)
     dirs = {"snapshot_dir": out} if scenario == "grid" else {"oom_dir": out, "oom_wait": 20.0}
-    handle = publish(0.1, source=src, **dirs)  # type: ignore[arg-type]
+    handle = publish(0.1, source=src, prometheus_port=prometheus_port, **dirs)  # type: ignore[arg-type]
     if fails:
         while len(read_ranks(store)) < 4:
             time.sleep(0.05)
@@ -44,4 +45,4 @@ def main(scenario: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else None)

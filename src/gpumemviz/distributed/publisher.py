@@ -43,6 +43,7 @@ from gpumemviz.distributed.store import (
 from gpumemviz.distributed.summary import RankIdentity, map_summary, oom_verdict, rank_summary
 from gpumemviz.fragmentation.oom import classify_event
 from gpumemviz.live import sampler_for, shared
+from gpumemviz.prometheus.server import Exporter, serve_rank
 from gpumemviz.render.strips import STRIP_BINS
 from gpumemviz.sample import OomEvent, Sample, check_interval
 from gpumemviz.sampler import Sampler
@@ -110,6 +111,7 @@ class Publisher:
             store, who.rank, self._export, snapshot_dir=snapshot_dir, oom_dir=oom_dir
         )
         self.oom: OomFanOut | None = None
+        self.exporter: Exporter | None = None  # the rank's Prometheus endpoint (prometheus_port)
         if oom_dir is not None:
             self.oom = OomFanOut(store, who.rank, oom_dir, self._export, self._peers, wait=oom_wait)
         for src in self.sources:
@@ -143,6 +145,8 @@ class Publisher:
             remove = getattr(src, "remove_oom_handler", None)
             if callable(remove):
                 remove(self._on_oom)
+        if self.exporter is not None:
+            self.exporter.stop()
         for feed in self.feeds:
             if feed.owned:
                 feed.sampler.stop()
@@ -361,7 +365,9 @@ def publish(
         other ranks to write ``rank{s}_at_rank{r}_oom.pickle`` and waits at most `oom_wait`
         seconds before the error goes on), and its own file when another rank runs out.
     prometheus_port : int, optional
-        Accepted for the Prometheus exporter; not served by this version (said once).
+        Serve this rank's devices for Prometheus (`gpumemviz.prometheus`) on
+        ``prometheus_port + local_rank``, so the ranks of one host never collide; a port in use
+        is said in one logged line and publishing goes on.
     record_history : bool
         Turn on the allocator's history recording (once CUDA is initialised) so snapshots carry a
         timeline; without it the rank says once when history is off.
@@ -433,5 +439,18 @@ def publish(
         record_history=bool(record_history),
     )
     if prometheus_port is not None:
-        handle._say_once("prometheus", "prometheus_port is not served by this gpumemviz")
+        handle.exporter = _serve_metrics(handle, prometheus_port, rank, local_rank)
     return handle.start()
+
+
+def _serve_metrics(
+    handle: Publisher, prometheus_port: int, rank: int, local_rank: int
+) -> Exporter | None:
+    """The rank's Prometheus endpoint on ``prometheus_port + local_rank``, reading the rank's own
+    samplers; one logged line (publishing goes on) when it cannot be served."""
+    samplers = {f.sampler.source.device: f.sampler for f in handle.feeds}
+    try:
+        return serve_rank(prometheus_port, rank=rank, local_rank=local_rank, samplers=samplers)
+    except (OSError, ValueError, ImportError) as exc:
+        handle._say_once("prometheus", f"Prometheus metrics not served: {short_error(exc)}")
+        return None

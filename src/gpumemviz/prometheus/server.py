@@ -12,7 +12,7 @@ import errno
 import os
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gpumemviz.live import shared, shared_devices
@@ -24,6 +24,8 @@ from gpumemviz.sources.default import cuda_device_count
 if TYPE_CHECKING:
     from types import TracebackType
     from wsgiref.simple_server import WSGIServer
+
+    from gpumemviz.sampler import Sampler
 
 __all__ = ["Exporter", "PortInUseError", "rank_port", "serve", "serve_rank"]
 
@@ -43,7 +45,7 @@ class Exporter:
         Where it listens (``port`` is the bound one: the port asked for, or the one the system
         chose for 0).
     devices : tuple of int
-        The devices whose shared samplers it reads.
+        The devices whose samplers it reads (the shared ones, or a publisher's).
     labels : dict
         rank, local_rank, host and pid, as every series carries them.
     collector : SamplerCollector
@@ -55,12 +57,11 @@ class Exporter:
         server: WSGIServer,
         thread: threading.Thread,
         collector: SamplerCollector,
-        started: Sequence[int],
     ) -> None:
         self._server = server
         self._thread = thread
         self.collector = collector
-        self._started = tuple(started)
+        self.started: tuple[int, ...] = ()  # devices whose shared sampler `serve` started
         self.addr = str(server.server_address[0])
         self.port = int(server.server_address[1])
         self.devices = tuple(sorted(collector.samplers))
@@ -83,7 +84,7 @@ class Exporter:
         self._server.server_close()
         self._thread.join(5.0)
         self.collector.close()
-        for device in self._started:
+        for device in self.started:
             shared(device).stop()
 
     def __enter__(self) -> Exporter:
@@ -161,20 +162,32 @@ def serve(
     >>> exporter.stop()
     """
     port = _check_port(port)
-    if not isinstance(addr, str) or not addr:
-        raise ValueError(f"addr must be a host address string, got {short_repr(addr)}")
     devs = _devices(devices)
-    labels = {
+    exporter = _start(port, addr, {d: shared(d) for d in devs}, _labels(rank, local_rank))
+    exporter.started = tuple(d for d in devs if not shared(d).running and shared(d).start())
+    return exporter
+
+
+def _labels(rank: int | None, local_rank: int | None) -> dict[str, str]:
+    return {
         "rank": str(_rank(rank, "rank", "RANK")),
         "local_rank": str(_rank(local_rank, "local_rank", "LOCAL_RANK")),
         "host": socket.gethostname(),
         "pid": str(os.getpid()),
     }
+
+
+def _start(
+    port: int, addr: str, samplers: Mapping[int, Sampler], labels: dict[str, str]
+) -> Exporter:
+    """Serve these samplers' series on addr:port (raises one line when it cannot)."""
+    if not isinstance(addr, str) or not addr:
+        raise ValueError(f"addr must be a host address string, got {short_repr(addr)}")
     try:
         from prometheus_client import CollectorRegistry, start_http_server
     except ImportError:
         raise ImportError(INSTALL_HINT) from None
-    collector = SamplerCollector({d: shared(d) for d in devs}, labels)
+    collector = SamplerCollector(samplers, labels)
     collector.listen()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
@@ -190,8 +203,7 @@ def serve(
             ) from None
         reason = exc.strerror or str(exc)
         raise OSError(f"gpumemviz.prometheus: cannot serve on {where}: {reason}") from None
-    started = [d for d in devs if not shared(d).running and shared(d).start()]
-    return Exporter(server, thread, collector, started)
+    return Exporter(server, thread, collector)
 
 
 def rank_port(prometheus_port: int, local_rank: int) -> int:
@@ -222,9 +234,12 @@ def serve_rank(
     local_rank: int,
     devices: str | Sequence[int] = "all",
     addr: str = "127.0.0.1",
+    samplers: Mapping[int, Sampler] | None = None,
 ) -> Exporter:
     """`serve` for one rank of a job: on ``prometheus_port + local_rank`` (`rank_port`), with
-    the rank's labels. What a rank's publisher calls; raises as `serve` does.
+    the rank's labels. What a rank's publisher calls, with its own `samplers` (device ->
+    sampler; then `devices` is not used and no sampler is started or stopped); raises as
+    `serve` does.
 
     Examples
     --------
@@ -234,7 +249,9 @@ def serve_rank(
     >>> exporter.stop()
     """
     port = rank_port(prometheus_port, local_rank)
-    return serve(port, addr, devices=devices, rank=rank, local_rank=local_rank)
+    if samplers is None:
+        return serve(port, addr, devices=devices, rank=rank, local_rank=local_rank)
+    return _start(port, addr, samplers, _labels(rank, local_rank))
 
 
 def _check_port(port: object, name: str = "port") -> int:
