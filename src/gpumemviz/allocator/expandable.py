@@ -125,6 +125,8 @@ class ExpandableMixin(AllocatorState):
         try_merge(b, b.next)
         pool.insert_unmapped(b)
         self._total -= usize
+        if pool.owner is not None and pool.owner.malloc_count > 0:
+            pool.owner.malloc_count -= 1
         st = self.stats
         st.dec(S.RESERVED_BYTES, pool.index, usize)
         st.num_device_free += 1
