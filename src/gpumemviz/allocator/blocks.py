@@ -113,10 +113,10 @@ class PrivatePool:
     `use_count` counts the holders (the MemPool object, each open `use_mem_pool` or capture);
     at 0 the pool is freeable and the next release frees its whole free segments.
     `malloc_count` is torch's `cudaMalloc_count` (segments and maps it holds): the pool is
-    forgotten once freeable and at 0.
+    forgotten once freeable and at 0. `reserved` is the bytes it holds from the device.
     """
 
-    __slots__ = ("id", "large", "malloc_count", "small", "use_count", "use_on_oom")
+    __slots__ = ("id", "large", "malloc_count", "reserved", "small", "use_count", "use_on_oom")
 
     def __init__(self, pool_id: tuple[int, int], no_split: bool = False) -> None:
         self.id = pool_id
@@ -125,6 +125,7 @@ class PrivatePool:
         self.small.no_split = self.large.no_split = no_split
         self.use_count = 1
         self.malloc_count = 0
+        self.reserved = 0  # bytes of its segments and mapped pages
         self.use_on_oom = False
 
 

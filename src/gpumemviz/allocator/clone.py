@@ -61,10 +61,11 @@ class CloneMixin(AllocatorState):
         new_private: dict[tuple[int, int], PrivatePool] = {}
         for pid, pp in self._pools.items():
             npp = new_private[pid] = PrivatePool(pid, pp.small.no_split)
-            npp.use_count, npp.malloc_count, npp.use_on_oom = (
+            npp.use_count, npp.malloc_count, npp.use_on_oom, npp.reserved = (
                 pp.use_count,
                 pp.malloc_count,
                 pp.use_on_oom,
+                pp.reserved,
             )
             pools[id(pp.small)], pools[id(pp.large)] = npp.small, npp.large
         segs: dict[int, Reservation] = {}

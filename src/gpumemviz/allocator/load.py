@@ -84,6 +84,7 @@ class LoadMixin(AllocatorState):
             self._load_run(seg, pool, None)
             if pool.owner is not None:
                 pool.owner.malloc_count += 1
+                pool.owner.reserved += seg["total_size"]
             self._total += seg["total_size"]
         bases: dict[tuple[int, bool], list[int]] = {}
         for stream, small, base in reservations:
@@ -201,6 +202,7 @@ class LoadMixin(AllocatorState):
                 self._total += run["total_size"]
                 if pool.owner is not None:
                     pool.owner.malloc_count += 1
+                    pool.owner.reserved += run["total_size"]
                 i += 1
             if i < len(runs) and runs[i]["address"] < end:
                 if runs[i]["address"] == es.base:

@@ -456,6 +456,7 @@ class CachingAllocator(
         self._total += alloc_size
         if pool.owner is not None:
             pool.owner.malloc_count += 1
+            pool.owner.reserved += alloc_size
         b = ModelBlock(ptr, alloc_size, stream, pool)
         p = pool.index
         st.inc(S.SEGMENT, p, 1)

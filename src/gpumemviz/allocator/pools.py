@@ -156,13 +156,9 @@ class PoolsMixin(AllocatorState):
         return [s for s in segs if s["segment_pool_id"] == pid]
 
     def pool_reserved(self) -> dict[PoolId, int]:
-        """Reserved bytes per pool, the default pool as (0, 0) (pools holding none left out)."""
-        out: dict[PoolId, int] = {}
-        for b in self._all_blocks():
-            owner = b.pool.owner
-            pid = DEFAULT_POOL if owner is None else owner.id
-            out[pid] = out.get(pid, 0) + b.size
-        return out
+        """Reserved bytes per pool: the default pools as (0, 0), then each private pool."""
+        out = {pid: pp.reserved for pid, pp in self._pools.items()}
+        return {DEFAULT_POOL: self._total - sum(out.values()), **out}
 
     # ------------------------------------------------------------------ internals
 
@@ -230,7 +226,10 @@ class PoolsMixin(AllocatorState):
         """What torch's OOM message calls "allocated in private pools": the bytes of the
         private pools' free (cached) blocks."""
         return sum(
-            k[1] for pp in self._pools.values() for pool in (pp.small, pp.large) for k in pool.blocks
+            k[1]
+            for pp in self._pools.values()
+            for pool in (pp.small, pp.large)
+            for k in pool.blocks
         )
 
     def _private_block_pools(self) -> list[BlockPool]:

@@ -33,6 +33,7 @@ class ReleaseMixin(AllocatorState):
         pool = b.pool
         if pool.owner is not None:
             pool.owner.malloc_count -= 1
+            pool.owner.reserved -= b.size
         p = pool.index
         st.dec(S.SEGMENT, p, 1)
         st.dec(S.RESERVED_BYTES, p, b.size)

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..snapshot.schema import TorchDict
     from . import stats as S
     from .addresses import AddressProvider
-    from ..snapshot.schema import TorchDict
     from .blocks import BlockPool, ModelBlock, PrivatePool, Reservation
     from .config import AllocatorConfig
 
