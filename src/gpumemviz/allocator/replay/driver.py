@@ -184,6 +184,8 @@ class Driver:
             for pid in plan.ids:
                 if pid not in self.model.pool_ids:
                     self.model.create_pool(pid)
+                if plan.unnamed.get(pid, point + 1) <= point:  # deleted after its last alloc
+                    self.model.release_pool(pid)
         self.runs = Runs(segments)
         # allocation id -> model address
         self.where: dict[int, int] = {
@@ -672,6 +674,9 @@ class Driver:
             if action in ("alloc", "oom"):
                 self._fill(leading)
                 self._malloc(i, run, leading)
+                plan, pid = self.plan, self.cur_pool
+                if plan is not None and pid is not None and plan.unnamed.get(pid) == i:
+                    self.model.release_pool(pid)  # its last alloc: the pool was deleted
                 self._finish_synced(leading, synced)
                 run, synced, leading = [], [], []
             elif action == "free_requested":

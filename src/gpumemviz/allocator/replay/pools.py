@@ -5,17 +5,21 @@ routed to, but the segments do: a snapshot names each segment's `segment_pool_id
 alloc lands in a segment. So each segment's life in the trace (from the start or its
 segment_alloc / segment_map to its segment_free / unmap) takes the pool of the final segment it
 still is at the end; a segment that is gone by then takes the pool in force when it was made:
-that of the nearest alloc in time (earlier first) whose segment is known. An alloc's pool is
-its segment's; an OOM entry takes the pool of the alloc before it. docs/allocator.md,
-"Replay: private pools", states the rule and its limits.
+that of the nearest alloc in time (earlier first) whose segment is known, unless the trace
+proves that pool was held when the segment was released (one of its segments sat entirely free
+and stayed through that release): then the segments released together were a pool of their own,
+deleted before the snapshot (an "unnamed" pool, id (-1, k), released after its last alloc).
+An alloc's pool is its segment's; an OOM entry takes the pool of the alloc before it.
+docs/allocator.md, "Replay: private pools", states the rule and its limits.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from .layout import INACTIVE
 from .reconstruct import Step
 
 if TYPE_CHECKING:
@@ -38,20 +42,23 @@ class PoolPlan:
 
     `alloc[i]` is the private pool of alloc / oom entry i (None: the default pools, and for
     every other entry); `ids` the private pools seen; `segment(base, point)` the pool of the
-    segment at `base` after entry `point` (-1: the start).
+    segment at `base` after entry `point` (-1: the start). `unnamed` maps each pool the
+    snapshot no longer shows to the entry of its last alloc, after which it was deleted.
     """
 
-    __slots__ = ("_lives", "alloc", "ids")
+    __slots__ = ("_lives", "alloc", "ids", "unnamed")
 
     def __init__(
         self,
         alloc: list[PoolId | None],
         ids: list[PoolId],
         lives: dict[int, tuple[list[int], list[PoolId]]],
+        unnamed: dict[PoolId, int] | None = None,
     ) -> None:
         self.alloc = alloc
         self.ids = ids
         self._lives = lives
+        self.unnamed = unnamed or {}
 
     def segment(self, base: int, point: int) -> PoolId:
         """The pool of the segment (or mapped run) starting at `base` after entry `point`."""
@@ -90,12 +97,13 @@ class PoolPlan:
 
 
 class _Life:
-    __slots__ = ("allocs", "base", "end", "pid", "start")
+    __slots__ = ("allocs", "base", "end", "freed", "pid", "start")
 
     def __init__(self, base: int, size: int, start: int) -> None:
         self.base = base
         self.end = base + size
         self.start = start
+        self.freed = -1  # the segment_free entry that ended it (-1: alive at the end)
         self.pid: PoolId | None = None
         self.allocs: list[int] = []
 
@@ -108,13 +116,43 @@ def _nearest(known: list[tuple[int, PoolId]], i: int) -> PoolId:
     return known[k - 1][1] if k > 0 else known[0][1]
 
 
+def _held(
+    lives: Sequence[_Life], pid: PoolId, j: int, steps: Sequence[Step], layout_at: LayoutAt
+) -> bool:
+    """Did a segment of `pid` sit entirely free and stay through the release at entry j?"""
+    lo = j
+    while lo > 0 and steps[lo - 1][0] == "segment_free":
+        lo -= 1
+    hi = j
+    while hi + 1 < len(steps) and steps[hi + 1][0] == "segment_free":
+        hi += 1
+    released = {steps[k][1] for k in range(lo, hi + 1)}
+    lay = layout_at(lo - 1)
+    for life in lives:
+        if life.pid != pid or life.start >= lo or (0 <= life.freed < lo):
+            continue
+        seg = lay.segs.get(life.base)
+        if seg is None or seg.expandable or life.base in released:
+            continue
+        if all(b[2] == INACTIVE for b in seg.blocks):
+            return True
+    return False
+
+
+LayoutAt = Callable[[int], "Layout"]
+
+
 def plan_pools(
-    start: Layout, steps: Sequence[Step], final_segments: Iterable[TorchMapping]
+    start: Layout,
+    steps: Sequence[Step],
+    final_segments: Iterable[TorchMapping],
+    layout_at: LayoutAt | None = None,
 ) -> PoolPlan | None:
     """The pools of one device's trace, or None when its final segments name no private pool.
 
     `start` is the reconstructed layout before the first entry, `final_segments` the
-    snapshot's segments of the device.
+    snapshot's segments of the device, `layout_at(i)` the recorded layout after entry i (to
+    tell a held pool from a freeable one; without it that test is skipped).
     """
     finals = sorted((int(s["address"]), int(s["total_size"]), _pid(s)) for s in final_segments)
     if all(p == _DEFAULT for _, _, p in finals):
@@ -138,8 +176,10 @@ def plan_pools(
             bisect.insort(bases, base)
         live[base] = life
 
-    def close(base: int) -> None:
-        if live.pop(base, None) is not None:
+    def close(base: int, at: int) -> None:
+        life = live.pop(base, None)
+        if life is not None:
+            life.freed = at
             del bases[bisect.bisect_left(bases, base)]
 
     for base in start.bases:
@@ -148,7 +188,7 @@ def plan_pools(
         if action in ("segment_alloc", "segment_map"):
             open_(addr, size, i)
         elif action in ("segment_free", "segment_unmap"):
-            close(addr)
+            close(addr, i)
         elif action == "alloc":
             k = bisect.bisect_right(bases, addr) - 1
             if k >= 0:
@@ -158,10 +198,31 @@ def plan_pools(
     for life in live.values():  # alive at the end: the snapshot names its pool
         life.pid = final_pid(life.base)
     known = sorted((i, life.pid) for life in lives if life.pid is not None for i in life.allocs)
-    for life in lives:
-        if life.pid is None:
-            first = life.allocs[0] if life.allocs else life.start
-            life.pid = _nearest(known, first)
+    unnamed: dict[PoolId, int] = {}
+    by_burst: dict[tuple[PoolId, int], PoolId] = {}
+    guesses = [life for life in lives if life.pid is None]
+    for life in guesses:
+        first = life.allocs[0] if life.allocs else life.start
+        life.pid = _nearest(known, first)
+    for life in guesses:
+        assert life.pid is not None
+        if (
+            layout_at is None
+            or life.pid == _DEFAULT
+            or life.freed < 0
+            or steps[life.freed][0] != "segment_free"
+            or not _held(lives, life.pid, life.freed, steps, layout_at)
+        ):
+            continue
+        lo = life.freed
+        while lo > 0 and steps[lo - 1][0] == "segment_free":
+            lo -= 1
+        key = (life.pid, lo)
+        if key not in by_burst:
+            by_burst[key] = (-1, len(by_burst) + 1)
+        life.pid = by_burst[key]
+        last_alloc = max(life.allocs, default=life.start)
+        unnamed[life.pid] = max(unnamed.get(life.pid, -1), last_alloc)
     alloc: list[PoolId | None] = [None] * len(steps)
     for life in lives:
         if life.pid != _DEFAULT:
@@ -179,4 +240,4 @@ def plan_pools(
         starts.append(life.start)
         pids.append(life.pid or _DEFAULT)
     ids = sorted({p for _, _, p in finals if p != _DEFAULT} | {p for p in alloc if p is not None})
-    return PoolPlan(alloc, ids, by_base)
+    return PoolPlan(alloc, ids, by_base, unnamed)

@@ -200,7 +200,7 @@ class Recording:
         start = reconstruct_layout(final, steps, rules)
         tl = cls(start, steps, rules, device=device, settings=settings, **kw)
         tl._trace = list(trace)
-        tl.pools = plan_pools(start, steps, segs)
+        tl.pools = plan_pools(start, steps, segs, tl.layout_at)
         tl._keep_frames(segs, tl._trace)
         got, want = tl.final.key(requested=False), final.key(requested=False)
         if got != want:
