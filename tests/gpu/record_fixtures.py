@@ -529,9 +529,7 @@ def part_mempool(out: Path) -> dict[str, Any]:
     }
     with torch.cuda.use_mem_pool(weights_pool):
         facts["use_count_inside"] = weights_pool.use_count()
-        weights = [
-            torch.empty(s, dtype=torch.uint8, device="cuda") for s in (1000, 5 * mib, 30 * mib)
-        ]
+        weights = [torch.empty(s, dtype=torch.uint8, device="cuda") for s in sizes]
     with torch.cuda.use_mem_pool(kv_pool):
         kv = [torch.empty(64 * mib, dtype=torch.uint8, device="cuda") for _ in range(4)]
     addrs = [w.data_ptr() for w in weights]
@@ -539,9 +537,7 @@ def part_mempool(out: Path) -> dict[str, Any]:
     torch.cuda.empty_cache()
     facts["pools_after_offload"] = _pools_of(torch.cuda.memory._snapshot())
     with torch.cuda.use_mem_pool(weights_pool):  # reload: the cached blocks come back
-        weights = [
-            torch.empty(s, dtype=torch.uint8, device="cuda") for s in (1000, 5 * mib, 30 * mib)
-        ]
+        weights = [torch.empty(s, dtype=torch.uint8, device="cuda") for s in sizes]
     facts["reload_same_addresses"] = [w.data_ptr() for w in weights] == addrs
     facts["weights_pool_snapshot_segments"] = len(weights_pool.snapshot())
     del kv
