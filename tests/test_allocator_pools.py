@@ -1,6 +1,6 @@
 """Private pools in the model, rule by rule, against figures worked out from torch's source.
 
-Each test states the rule (the torch function in docs/allocator.md, "Private pools") and
+Each test states the rule (the torch function in docs/allocator.md, Private pools) and
 checks the model's segments, pool ids, use counts and released bytes against numbers computed
 by hand: a small request takes a 2 MiB segment, a 3 MiB request a 20 MiB one, a 30 MiB request
 a 30 MiB one (rounded to 2 MiB).
@@ -243,7 +243,7 @@ def test_the_two_pool_workloads_run_and_replay():
     assert a.reserved == a.pool_reserved()[GRAPH_POOL] > 0
     (d,) = replay(a.snapshot()).devices.values()
     # every alloc in its pool at its address; the warm-up's default-pool segments are all gone
-    # by the snapshot, so their pool is a guess (docs/allocator.md, "Replay: private pools"):
+    # by the snapshot, so their pool is a guess (docs/allocator.md, Replay: private pools):
     # the final empty_cache releases the same ranges, in another order
     assert d.allocs == d.allocs_matched == d.allocs_matched_per_decision == 1080
     assert d.final_matched and d.segments_matched == d.segments_recorded

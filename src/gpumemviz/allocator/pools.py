@@ -4,7 +4,7 @@ torch routes the allocations of matching streams to a pool's own small and large
 between `beginAllocateToPool` and `endAllocateToPool` (`torch.cuda.use_mem_pool`, graph
 capture); a pool's memory goes back to the device only once its `use_count` is 0 and an
 empty_cache or the OOM path's release runs. The rules, with the torch source they follow, are
-in docs/allocator.md, "Private pools". `PoolsMixin` is mixed into `model.CachingAllocator`; the
+in docs/allocator.md, Private pools. `PoolsMixin` is mixed into `model.CachingAllocator`; the
 hot path (`malloc`) only asks `if self._alloc_to:` when no pool is in use.
 """
 

@@ -10,7 +10,7 @@ proves that pool was held when the segment was released (one of its segments sat
 and stayed through that release): then the segments released together were a pool of their own,
 deleted before the snapshot (an "unnamed" pool, id (-1, k), released after its last alloc).
 An alloc's pool is its segment's; an OOM entry takes the pool of the alloc before it.
-docs/allocator.md, "Replay: private pools", states the rule and its limits.
+docs/allocator.md, Replay: private pools, states the rule and its limits.
 """
 
 from __future__ import annotations
