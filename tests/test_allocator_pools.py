@@ -260,3 +260,19 @@ def test_the_two_pool_workloads_run_and_replay():
     r = replay(b.snapshot())
     (d,) = r.devices.values()
     assert d.exact and d.allocs == d.allocs_matched
+
+
+@pytest.mark.parametrize("name", ["cuda_graph", "rl_mempools"])
+def test_the_demo_source_runs_the_pool_workloads_to_the_end(name):
+    from gpumemviz.sources.simulated import SimulatedSource
+
+    src = SimulatedSource(name)
+    while src.step(1000):
+        pass
+    sample = src.sample()
+    w = WORKLOADS[name]
+    a = CachingAllocator(w.capacity, w.config)
+    run(w, a)
+    assert sample.stats.reserved == a.reserved  # the panel's demo shows what `run` computes
+    pools = {tuple(s["segment_pool_id"]) for s in src.export()["segments"]}
+    assert pools == {p for p, v in a.pool_reserved().items() if v}
