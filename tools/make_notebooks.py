@@ -480,6 +480,7 @@ NB03 = [
     """),
     code("""
     from gpumemviz.allocator.model import CachingAllocator
+    from gpumemviz.allocator.workloads import WORKLOADS, run
 
     pooled, pool_figures = {}, {}
     for name in ("cuda_graph", "rl_mempools"):
