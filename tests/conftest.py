@@ -84,7 +84,7 @@ def standin_file(name: str) -> Path:
 
 
 def has_private_pools(d: Any) -> bool:
-    """A recording with segments in private pools (MemPool, CUDA graphs): not modelled yet."""
+    """A recording with segments in private pools (MemPool, CUDA graphs)."""
     segs = d["segments"] if isinstance(d, dict) else d
     return any(tuple(s.get("segment_pool_id") or (0, 0)) != (0, 0) for s in segs)
 

@@ -241,6 +241,15 @@ REPLAY_PROBES = {
         "expandable_oom": "expandable.devices[device].oom",
         "marked": "'predicted OOM' in {t.name for t in fig.data}",
     },
+    "nb03-21": {"pool_figures": "pool_figures"},  # the two private-pool workloads
+    "nb03-23": {  # the RL recording replayed, pool by pool
+        "rl_allocs": "rl_device.allocs",
+        "rl_matched": "rl_device.allocs_matched",
+        "rl_pools": "sorted(str(p) for p in rl_device.pool_peak_reserved)",
+        "rl_expandable_pools": (
+            "sorted(str(p) for p in rl_expandable.devices[0].pool_peak_reserved)"
+        ),
+    },
 }
 
 
@@ -281,6 +290,17 @@ def _check_replay(v: Values, text: str, nb: NotebookNode) -> None:
     assert f"{v['allocs']}/{v['allocs']} allocs end to end" in text
     assert f"recorded settings: OOM at entry {v['as_recorded_oom']}" in text
     assert "expandable:        OOM at entry None" in text
+    # private pools: graph 2 still holds the graph pool; the weights' MemPool keeps its blocks
+    figs = v["pool_figures"]
+    assert figs["cuda_graph"] == {"(0, 0)": 0, "(1, 0)": figs["cuda_graph"]["(1, 0)"]}, figs
+    assert figs["cuda_graph"]["(1, 0)"] > 0  # empty_cache gave back the eager memory only
+    assert figs["rl_mempools"]["(0, 1)"] > 0 and set(figs["rl_mempools"]) == {"(0, 0)", "(0, 1)"}
+    # the RL trace replays at the recorded addresses, each alloc in its pool (the KV cache's
+    # deleted pools inferred as unnamed ones), under the new settings too
+    assert v["rl_matched"] == v["rl_allocs"] > 1000, v
+    assert {"(0, 0)", "(0, 1)"} <= set(v["rl_pools"]) and "(-1, 1)" in v["rl_pools"], v
+    assert v["rl_expandable_pools"] == v["rl_pools"]
+    assert "peak reserved per pool:" in text
 
 
 # ------------------------------------------------------------------------- 04 paged KV cache

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import re
-
-import pytest
 
 from conftest import has_private_pools
 from gpumemviz.allocator.config import AllocatorConfig
@@ -34,25 +31,21 @@ def test_from_segments_reproduces_real_states(recorded_dict):
     conf = AllocatorConfig.from_settings(settings)
     for device in sorted({s.get("device", 0) for s in segs}):
         mine = [s for s in segs if s.get("device", 0) == device]
-        if has_private_pools(mine):
-            # MemPool / CUDA-graph pools are not modelled: refused by name, in one line ...
-            with pytest.raises(ValueError) as err:
-                CachingAllocator.from_segments(mine, 1 << 40, conf, device, 1 << 41)
-            assert re.fullmatch(
-                r"from_segments: segment at 0x[0-9a-f]+ belongs to private pool \(\d+, \d+\); "
-                r"private pools \(CUDA graphs, MemPool\) are not modelled",
-                str(err.value),
-            ), err.value
-            # ... and the default pools' segments are rebuilt on their own
-            mine = [s for s in mine if not has_private_pools([s])]
-            if not mine:
-                continue
         reserved = sum(s["total_size"] for s in mine)
         total = max(80 << 30, 2 * reserved)
         a = CachingAllocator.from_segments(mine, reserved + (1 << 30), conf, device, total)
         snap = a.snapshot(record=False)
         assert _layout(snap["segments"]) == _layout(sorted(mine, key=lambda s: s["address"]))
         assert check_invariants(snap) == []
+        if has_private_pools(mine):  # MemPool / CUDA-graph segments come back in their pools
+            assert {s["address"]: tuple(s["segment_pool_id"]) for s in snap["segments"]} == {
+                s["address"]: tuple(s["segment_pool_id"]) for s in mine
+            }
+            per_pool: dict[tuple[int, int], int] = {}
+            for s in mine:
+                pid = tuple(s["segment_pool_id"])
+                per_pool[pid] = per_pool.get(pid, 0) + s["total_size"]
+            assert {p: v for p, v in a.pool_reserved().items() if v} == per_pool
         stats = a.memory_stats()
         for k, v in walk_stats(mine).items():
             assert stats[k] == v, k

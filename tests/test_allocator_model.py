@@ -576,12 +576,21 @@ def test_bad_input_is_refused_clearly():
         CachingAllocator(GIB, address_provider=lambda k, s, t: 1001).malloc(5)
     assert a.malloc(0) == 0 and a.trace_len() == 0  # torch's nullptr, nothing recorded
     a.free(0)
-    with pytest.raises(ValueError, match="private pool"):
-        CachingAllocator.from_segments(
-            [{"address": B, "total_size": 2 * MIB, "stream": 0, "segment_type": "small",
-              "segment_pool_id": (1, 2), "blocks": [{"size": 2 * MIB, "state": "inactive"}]}],
-            GIB,
-        )  # fmt: skip
+    seg = {
+        "address": B,
+        "total_size": 2 * MIB,
+        "stream": 0,
+        "segment_type": "small",
+        "segment_pool_id": (1, 2),
+        "blocks": [{"size": 2 * MIB, "state": "inactive"}],
+    }
+    with pytest.raises(ValueError, match="bad segment_pool_id"):
+        CachingAllocator.from_segments([{**seg, "segment_pool_id": "pool"}], GIB)
+    # a private pool's segment goes into that pool (one reference: its MemPool or graph alive)
+    loaded = CachingAllocator.from_segments([seg], GIB)
+    assert loaded.pool_ids == [(1, 2)] and loaded.pool_use_count((1, 2)) == 1
+    assert [s["segment_pool_id"] for s in loaded.snapshot()["segments"]] == [(1, 2)]
+    assert loaded.empty_cache() == 0  # held: not released
 
 
 def test_address_provider_called_only_for_real_segments():

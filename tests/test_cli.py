@@ -198,12 +198,6 @@ def test_whatif_json_recorded_side_matches_the_trace_on_real_files(recorded_path
         assert rc == 2
         assert "no trace to replay" in capsys.readouterr().err
         return
-    if has_private_pools(d):  # not modelled yet: refused in one line (test_private_pool_files)
-        assert rc == 2
-        captured = capsys.readouterr()
-        assert captured.out == "" and captured.err.count("\n") == 1
-        assert "private pools are not modelled" in captured.err
-        return
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     assert out["config"] == "expandable_segments:True"
@@ -214,6 +208,13 @@ def test_whatif_json_recorded_side_matches_the_trace_on_real_files(recorded_path
         assert r["recorded"]["peak_reserved"] == peak
         assert r["recorded"]["oom_at"] == oom and r["recorded"]["oom"] == (oom is not None)
         assert r["events"] == len(d["device_traces"][dev])
+        # a trace with private pools (MemPool, CUDA graphs) is reported pool by pool
+        mine = [seg for seg in d["segments"] if seg.get("device", 0) == dev]
+        if has_private_pools(mine):
+            pools = {tuple(p["pool"]) for p in r["pools"]}
+            assert {tuple(seg["segment_pool_id"]) for seg in mine} <= pools
+        else:
+            assert r["pools"] == []
         # capacity is known exactly when the device recorded an OOM (nothing was given)
         assert r["capacity_known"] == (oom is not None)
         for side in ("recorded", "predicted"):

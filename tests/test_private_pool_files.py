@@ -3,12 +3,11 @@
 THUDM's slime: 297 of its 298 segments in pool (0, 1), on device 3, with a 2,515-entry trace;
 volcengine's verl: vLLM weights in pool (0, 1), the KV cache in pool (0, 2), no trace.
 
-Private pools are not modelled yet; a later issue models them and asserts their own figures
-(releasable per pool, best fit per pool, replay). Until then, this file says what holds now:
-loading, analysis, advice, rendering, the panel, the HTML report, exports, diff and `inspect`
-run on both without error and keep the conservation law (allocated + free + pending_free ==
-reserved, per device and per segment); replay refuses slime's trace with its one-line message
-naming the private pool, and verl with the no-trace line.
+Loading, analysis, advice, rendering, the panel, the HTML report, exports, diff and `inspect`
+run on both and keep the conservation law (allocated + free + pending_free == reserved, per
+device and per segment). The model holds private pools, so slime's trace replays with every
+allocation at its recorded address, each in the pool the file names, `whatif` reports per
+pool and the advice check replays it; verl (no trace) gets the no-trace line.
 """
 
 from __future__ import annotations
@@ -91,16 +90,14 @@ def _device_sums(raw: dict) -> dict[int, dict[str, int]]:
     return out
 
 
-def _private_refusal(raw: dict, device: int) -> str:
-    """The refusal's sentence, built from the first private-pool segment of the device."""
-    seg = next(
-        s for s in _segs(raw) if s["device"] == device and tuple(s["segment_pool_id"]) != (0, 0)
-    )
-    return (
-        f"device {device}: segment at {seg['address']:#x} belongs to private pool "
-        f"{tuple(seg['segment_pool_id'])} (CUDA graphs, MemPool); private pools are not "
-        "modelled, so this trace cannot be replayed"
-    )
+def _pool_bytes(raw: dict, device: int) -> dict[tuple[int, int], int]:
+    """Reserved bytes per pool of the device's final segments, from the raw dict alone."""
+    out: dict[tuple[int, int], int] = {}
+    for s in _segs(raw):
+        if s["device"] == device:
+            pid = tuple(s["segment_pool_id"])
+            out[pid] = out.get(pid, 0) + s["total_size"]
+    return out
 
 
 # -- the files ----------------------------------------------------------------------------------
@@ -175,7 +172,7 @@ def test_live_sites_add_up_to_the_allocated_bytes(path, raw):
     assert sum(s.bytes for s in sites) == sum(v["allocated"] for v in _device_sums(raw).values())
 
 
-def test_advice_runs_and_a_setting_check_says_why_it_cannot_replay(which, path, raw):
+def test_advice_runs_and_a_setting_check_replays_the_pools(which, path, raw):
     report_ = fragmentation(path)
     advice = advise(report_)
     assert advice == advise(raw)
@@ -184,11 +181,13 @@ def test_advice_runs_and_a_setting_check_says_why_it_cannot_replay(which, path, 
     (dev,) = DEVICES[which]
     checked = check_advice(raw, [Advice("expandable_segments", "Try it.", {"device": dev})])
     (c,) = checked.shown
-    assert c.check is None and checked.rejected == []
-    if which == "slime":  # traced: the replay refuses the private pool
-        assert c.unchecked == f"the trace cannot be replayed: {_private_refusal(raw, dev)}"
+    assert checked.rejected == []
+    if which == "slime":  # traced: replayed, every pool under the new setting
+        assert c.unchecked is None and c.check is not None
+        assert c.check.events == TRACE_LENGTHS["slime"][3]
+        assert c.check.peak_segments_before == 384 and c.check.peak_segments_after < 384
     else:
-        assert c.unchecked == f"no recorded trace for device {dev}"
+        assert c.check is None and c.unchecked == f"no recorded trace for device {dev}"
 
 
 # -- rendering ----------------------------------------------------------------------------------
@@ -345,49 +344,97 @@ def test_inspect_json_and_text(which, path, raw, capsys):
     assert "Traceback" not in text
 
 
-# -- replay refuses ---------------------------------------------------------------------------
+# -- replay and whatif ---------------------------------------------------------------------------
+
+
+def test_slime_replays_every_alloc_at_its_recorded_address_in_its_pool():
+    path = real_file(SLIME)
+    raw = read_real(path)
+    trace = raw["device_traces"][3]
+    n_alloc = sum(e["action"] == "alloc" for e in trace)
+    for source in (path, raw, load_snapshot(path)):
+        r = replay(source)
+        d = r.devices[3]
+        assert (d.allocs, d.allocs_matched, d.allocs_matched_per_decision) == (n_alloc,) * 3
+        assert d.exact and d.final_matched and d.mismatches == []
+        want = {s["address"]: tuple(s["segment_pool_id"]) for s in _segs(raw)}
+        assert {s["address"]: tuple(s["segment_pool_id"]) for s in d.final_segments} == want
+        assert d.pool_final_reserved == _pool_bytes(raw, 3)
+    # each alloc's pool, as inferred: the 297 pool (0, 1) segments hold most of them
+    plan = r.timelines[3].pools
+    assert plan is not None and plan.ids == [(0, 1)]
+    per_pool = collections.Counter(
+        plan.alloc[i] for i, e in enumerate(trace) if e["action"] == "alloc"
+    )
+    assert per_pool == {(0, 1): 800, None: 265}
+
+
+def test_verl_replay_says_no_trace():
+    path = real_file(VERL)
+    for source in (path, read_real(path), load_snapshot(path)):
+        with pytest.raises(ReplayError) as e:
+            replay(source)
+        assert str(e.value) == NO_TRACE
+    with pytest.raises(ReplayError) as e:
+        replay(path, config="expandable_segments:True", capacity="80GiB")
+    assert str(e.value) == NO_TRACE
+
+
+@pytest.mark.parametrize("extra", [[], ["--conf", "expandable_segments:True"]])
+def test_whatif_verl_refuses_in_one_line(capsys, extra):
+    assert main(["whatif", str(real_file(VERL)), *extra]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"gpumemviz whatif: error: {NO_TRACE}\n"
 
 
 @pytest.mark.parametrize(
-    "extra", [[], ["--json"], ["--conf", "expandable_segments:True"], ["--capacity", "80GiB"]]
+    "extra", [[], ["--conf", "expandable_segments:True"], ["--capacity", "80GiB"]]
 )
-def test_whatif_refuses_in_one_line(which, path, raw, capsys, extra):
-    assert main(["whatif", str(path), *extra]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err
-    reason = _private_refusal(raw, 3) if which == "slime" else NO_TRACE
-    assert captured.err == f"gpumemviz whatif: error: {reason}\n"
+def test_whatif_slime_reports_each_pool(capsys, extra):
+    path = real_file(SLIME)
+    raw = read_real(path)
+    assert main(["whatif", str(path), "--json", *extra]) == 0
+    out = json.loads(capsys.readouterr().out)
+    dev = out["devices"]["3"]
+    pools = {tuple(p["pool"]): p for p in dev["pools"]}
+    assert set(pools) == {(0, 0), (0, 1)}
+    # the recorded peaks per pool add up to at least the recorded peak, never less than the end
+    final = _pool_bytes(raw, 3)
+    for pid, p in pools.items():
+        assert p["recorded"]["peak_reserved"] >= final[pid]
+        assert p["predicted"]["peak_reserved"] >= p["predicted"]["final_reserved"] > 0
+    assert (
+        max(p["recorded"]["peak_reserved"] for p in pools.values())
+        <= (dev["recorded"]["peak_reserved"])
+    )
+    if not extra:  # the recorded settings: predicted per pool = recorded per pool
+        for p in pools.values():
+            assert p["predicted"]["peak_reserved"] == p["recorded"]["peak_reserved"]
+        assert {pid: p["predicted"]["final_reserved"] for pid, p in pools.items()} == final
+    if extra[:2] == ["--conf", "expandable_segments:True"]:
+        assert dev["predicted"]["peak_segments"] < dev["recorded"]["peak_segments"]
+    assert main(["whatif", str(path), *extra]) == 0
+    text = capsys.readouterr().out
+    assert "  default pools " in text and "  pool (0, 1) " in text and "Traceback" not in text
 
 
-def test_replay_raises_the_same_line(which, path, raw):
-    reason = _private_refusal(raw, 3) if which == "slime" else NO_TRACE
-    for source in (path, raw, load_snapshot(path)):
-        with pytest.raises(ReplayError) as e:
-            replay(source)
-        assert str(e.value) == reason and "\n" not in str(e.value)
-    with pytest.raises(ReplayError) as e:
-        replay(path, config="expandable_segments:True", capacity="80GiB")
-    assert str(e.value) == reason
-
-
-def test_a_whatif_run_in_a_subprocess_prints_no_traceback(tmp_path):
-    # the console script, as a user runs it: exit 2, one line on stderr
+def test_a_whatif_run_in_a_subprocess_prints_the_pools():
+    # the console script, as a user runs it
     import subprocess
     import sys
     from pathlib import Path
 
     script = Path(sys.executable).with_name("gpumemviz")
-    path = real_file(SLIME)
     r = subprocess.run(
-        [str(script), "whatif", str(path)], capture_output=True, text=True, timeout=120
+        [str(script), "whatif", str(real_file(SLIME))], capture_output=True, text=True, timeout=120
     )
-    assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr == f"gpumemviz whatif: error: {_private_refusal(read_real(path), 3)}\n"
+    assert r.returncode == 0 and r.stderr == ""
+    assert "pool (0, 1)" in r.stdout
 
 
 def test_a_private_pool_copy_without_its_trace_says_no_trace(tmp_path, capsys):
-    # slime with its trace dropped: the no-trace line comes first, as on verl
+    # slime with its trace dropped: the no-trace line, as on verl
     raw = read_real(real_file(SLIME))
     bare = tmp_path / "bare.pickle"
     bare.write_bytes(pickle.dumps({**raw, "device_traces": [[] for _ in raw["device_traces"]]}))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -68,19 +67,6 @@ def test_every_real_trace_replays_exactly(recorded_dict):
     every release burst in order, the final layout, and the recorded OOM."""
     if not _traced(recorded_dict):
         pytest.skip("no trace in this file")
-    if _private_pool_on_a_traced_device(recorded_dict):
-        # MemPool / CUDA-graph pools are not modelled: replay refuses by name, in one line
-        with pytest.raises(ReplayError) as err:
-            replay(recorded_dict)
-        msg = str(err.value)
-        assert "\n" not in msg
-        assert re.fullmatch(
-            r"device \d+: segment at 0x[0-9a-f]+ belongs to private pool \(\d+, \d+\) "
-            r"\(CUDA graphs, MemPool\); private pools are not modelled, so this trace cannot "
-            r"be replayed",
-            msg,
-        ), msg
-        return
     r = replay(recorded_dict)
     assert not r.what_if
     for dev, d in r.devices.items():
@@ -99,6 +85,13 @@ def test_every_real_trace_replays_exactly(recorded_dict):
         np.testing.assert_array_equal(d.reserved, r.timelines[dev].reserved)
         np.testing.assert_array_equal(d.allocated, r.timelines[dev].allocated)
         np.testing.assert_array_equal(d.segments, r.timelines[dev].segments)
+        if _private_pool_on_a_traced_device(recorded_dict):
+            # each segment ends in the pool the file names (MemPool / CUDA-graph pools)
+            want = {s["address"]: tuple(s["segment_pool_id"])
+                    for s in recorded_dict["segments"] if s.get("device", 0) == dev}  # fmt: skip
+            got = {s["address"]: tuple(s["segment_pool_id"]) for s in d.final_segments}
+            assert got == want
+            assert set(d.pool_final_reserved) == set(want.values())
 
 
 def test_the_recorded_oom_is_reproduced_with_the_inferred_capacity():
@@ -371,9 +364,9 @@ def test_a_snapshot_without_trace_is_refused():
         replay({"segments": [], "device_traces": [[]]})
 
 
-def test_a_segment_of_a_private_pool_is_refused_by_name():
-    """The recorded history keeps no pool, so a CUDA-graph / MemPool segment the trace used
-    would silently join the default pools: replay names the pool and stops."""
+def test_a_segment_of_a_private_pool_replays_in_that_pool():
+    """The recorded history keeps no pool: the segment's pool id says where its allocs went,
+    and the replay routes them there (a pool the model would not reuse for the others)."""
     from gpumemviz.allocator.model import CachingAllocator
 
     a = CachingAllocator(1 << 30)
@@ -384,12 +377,12 @@ def test_a_segment_of_a_private_pool_is_refused_by_name():
     assert replay(snap).devices[0].exact  # the same snapshot with default pools replays
     seg = next(s for s in snap["segments"] if s["segment_type"] == "small")
     seg["segment_pool_id"] = [1, 2]  # as a JSON file gives it
-    with pytest.raises(
-        ReplayError,
-        match=rf"device 0: segment at {seg['address']:#x} belongs "
-        r"to private pool \(1, 2\) \(CUDA graphs, MemPool\)",
-    ):
-        replay(snap)
+    d = replay(snap).devices[0]
+    assert d.exact
+    assert {s["address"]: tuple(s["segment_pool_id"]) for s in d.final_segments} == {
+        s["address"]: tuple(s["segment_pool_id"]) for s in snap["segments"]
+    }
+    assert d.pool_final_reserved == {(0, 0): 20 * MIB, (1, 2): 2 * MIB}
     seg["segment_pool_id"] = (0, 0)
     snap["segments"].append({**seg, "device": 1, "segment_pool_id": (3, 0)})
     assert replay(snap).devices[0].exact  # another device's private pool does not stop it

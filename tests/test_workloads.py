@@ -23,19 +23,30 @@ from gpumemviz.allocator.workloads import (
 
 
 def _check_program(w: Workload) -> dict[str, int]:
-    """Every free names a live id, ids are not reused, sizes are positive ints."""
+    """Every free names a live id, ids are not reused, sizes are positive ints; pool steps
+    (CUDA graphs, MemPool) end each routing they begin."""
     live: set[int] = set()
     seen: set[int] = set()
-    counts = {"malloc": 0, "free": 0, "mark": 0, "empty_cache": 0}
+    counts = dict.fromkeys(
+        ("malloc", "free", "mark", "empty_cache", "create_pool", "begin_pool", "end_pool"), 0
+    )
+    counts["release_pool"] = 0
+    routing: list[tuple[int, int]] = []
     for op in w.ops():
         counts[op[0]] += 1
         if op[0] == "malloc":
             _, i, size, stream = op
-            assert i not in seen and isinstance(size, int) and size > 0 and stream == 0
+            assert i not in seen and isinstance(size, int) and size > 0 and stream in (0, 1)
+            assert stream == 0 or routing  # the side stream only captures
             seen.add(i)
             live.add(i)
         elif op[0] == "free":
             live.remove(op[1])
+        elif op[0] == "begin_pool":
+            routing.append(op[1])
+        elif op[0] == "end_pool":
+            assert routing.pop() == op[1]
+    assert routing == []
     return counts
 
 

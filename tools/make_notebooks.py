@@ -468,6 +468,48 @@ NB03 = [
     fig = gpumemviz.figures.what_if(as_recorded, device=device)  # marks the predicted OOM
     fig
     """),
+    md("""
+    ## Private pools: CUDA graphs and MemPools
+
+    CUDA graphs capture into a private pool, and RL frameworks keep weights and the KV cache in
+    `torch.cuda.MemPool`s. A block freed in a pool is reused only inside it, and the pool's
+    memory goes back to the GPU only once the pool is released (graphs reset, MemPool deleted)
+    **and** `empty_cache` runs. Two workloads of the catalogue show it: a CUDA graph captured,
+    replayed and shared by a second graph, and an RL loop that offloads and reloads its weights
+    and KV cache between rollout and training.
+    """),
+    code("""
+    from gpumemviz.allocator.model import CachingAllocator
+    from gpumemviz.allocator.workloads import WORKLOADS, run
+
+    pooled, pool_figures = {}, {}
+    for name in ("cuda_graph", "rl_mempools"):
+        w = WORKLOADS[name]
+        model = CachingAllocator(w.capacity, w.config)
+        print(run(w, model).summary())
+        pooled[name] = model.snapshot()
+        pool_figures[name] = {str(pid): size for pid, size in model.pool_reserved().items()}
+        for pid, size in pool_figures[name].items():
+            print(f"    pool {pid}: {format_size(size)} reserved at the end")
+    """),
+    md("""
+    The graph's pool still holds its memory after the first graph was reset: the second graph
+    shares it. The weights' MemPool keeps its blocks cached while the weights are offloaded, so
+    reloading puts them back at the same addresses; the KV cache's pools were deleted before
+    each training step, so their memory went back. A trace does not say which pool an
+    allocation went to: replay infers it from the segments' pool ids, and a what-if replays
+    every pool under the new settings.
+    """),
+    code("""
+    rl = gpumemviz.replay(pooled["rl_mempools"])
+    rl_device = rl.devices[0]
+    print(rl.summary())
+    print("peak reserved per pool:",
+          {str(p): format_size(v) for p, v in rl_device.pool_peak_reserved.items()})
+    rl_expandable = gpumemviz.replay(pooled["rl_mempools"], config="expandable_segments:True")
+    print("with expandable_segments:True:",
+          {str(p): format_size(v) for p, v in rl_expandable.devices[0].pool_peak_reserved.items()})
+    """),
 ]
 
 # --------------------------------------------------------------------------- 04

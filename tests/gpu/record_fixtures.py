@@ -20,6 +20,11 @@ Parts:
   nvml                 NVML memory, utilisation, process list and UUIDs, and torch's UUIDs
   empty_cache_thread   torch.cuda.empty_cache() from a second thread during training
   gpumemviz_live       gpumemviz's own TorchCudaSource and Sampler on the GPU (if importable)
+  mempool              torch.cuda.MemPool runs with history: use_mem_pool, a freed block reused
+                       in its pool, a no_split pool, a use_on_oom pool lending a block, and the
+                       pool deleted then emptied; MemPool.snapshot() and use_count() beside it
+  cuda_graph           torch.cuda.graph capture with history: eager warm-up, capture into a
+                       pool, replays, a second graph sharing the pool, graph 1 reset
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ PARTS: dict[str, dict[str, Any]] = {
     "nvml": {"timeout": 25, "env": {}},
     "empty_cache_thread": {"timeout": 40, "env": {}},
     "gpumemviz_live": {"timeout": 30, "env": {}},
+    "mempool": {"timeout": 60, "env": {}},
+    "cuda_graph": {"timeout": 60, "env": {}},
 }
 
 
@@ -492,6 +499,109 @@ def part_gpumemviz_live(out: Path) -> dict[str, Any]:
     released = src.empty_cache()
     facts["empty_cache_released"] = released
     return {"files": {"gpumemviz_live.json": _json(facts, out / "gpumemviz_live.json")}, **facts}
+
+
+def _pools_of(snap: dict[str, Any]) -> dict[str, int]:
+    """Reserved bytes per segment_pool_id (as "a,b")."""
+    out: dict[str, int] = {}
+    for seg in snap["segments"]:
+        key = ",".join(str(x) for x in seg.get("segment_pool_id", (0, 0)))
+        out[key] = out.get(key, 0) + seg["total_size"]
+    return out
+
+
+def part_mempool(out: Path) -> dict[str, Any]:
+    """MemPools as RL frameworks use them, with history: the replay's inference and the
+    model's pool rules (tests/test_gpu_pools.py) are checked against this."""
+    import torch
+
+    torch.cuda.init()
+    torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
+    mib = 1 << 20
+    sizes = (1000, 5 * mib, 30 * mib)
+    eager = [torch.empty(3 * mib, dtype=torch.uint8, device="cuda") for _ in range(3)]
+    weights_pool = torch.cuda.MemPool()
+    kv_pool = torch.cuda.MemPool()
+    facts: dict[str, Any] = {
+        "weights_pool": list(weights_pool.id),
+        "kv_pool": list(kv_pool.id),
+        "use_count_created": weights_pool.use_count(),
+    }
+    with torch.cuda.use_mem_pool(weights_pool):
+        facts["use_count_inside"] = weights_pool.use_count()
+        weights = [torch.empty(s, dtype=torch.uint8, device="cuda") for s in sizes]
+    with torch.cuda.use_mem_pool(kv_pool):
+        kv = [torch.empty(64 * mib, dtype=torch.uint8, device="cuda") for _ in range(4)]
+    addrs = [w.data_ptr() for w in weights]
+    del weights  # offload: the blocks stay cached in the weights pool
+    torch.cuda.empty_cache()
+    facts["pools_after_offload"] = _pools_of(torch.cuda.memory._snapshot())
+    with torch.cuda.use_mem_pool(weights_pool):  # reload: the cached blocks come back
+        weights = [torch.empty(s, dtype=torch.uint8, device="cuda") for s in sizes]
+    facts["reload_same_addresses"] = [w.data_ptr() for w in weights] == addrs
+    facts["weights_pool_snapshot_segments"] = len(weights_pool.snapshot())
+    del kv
+    del kv_pool  # the MemPool deleted: its use_count drops to 0, empty_cache frees it
+    torch.cuda.empty_cache()
+    facts["pools_after_kv_deleted"] = _pools_of(torch.cuda.memory._snapshot())
+    split_pool = torch.cuda.MemPool(no_split=True)
+    with torch.cuda.use_mem_pool(split_pool):
+        tiny = torch.empty(1000, dtype=torch.uint8, device="cuda")
+    seg = next(
+        s
+        for s in torch.cuda.memory._snapshot()["segments"]
+        if tuple(s["segment_pool_id"]) == tuple(split_pool.id)
+    )
+    facts["no_split_blocks"] = [b["size"] for b in seg["blocks"]]
+    del tiny, eager
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    files = {"mempool.pickle": _dump(snap, out / "mempool.pickle")}
+    files["mempool.json"] = _json(facts, out / "mempool.json")
+    return {"files": files, **facts}
+
+
+def part_cuda_graph(out: Path) -> dict[str, Any]:
+    """CUDA-graph capture with history: warm-up, capture into a pool, replays, a second graph
+    sharing the pool, graph 1 reset (graph 2 keeps the pool)."""
+    import torch
+
+    torch.cuda.init()
+    torch.cuda.memory._record_memory_history(max_entries=MAX_ENTRIES, stacks="python")
+    model = torch.nn.Sequential(
+        torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)
+    ).cuda()
+    static_in = torch.randn(256, 1024, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a side stream, as torch's docs do
+        for _ in range(3):
+            model(static_in)
+    torch.cuda.current_stream().wait_stream(side)
+    g1 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g1):
+        out1 = model(static_in)
+    for _ in range(5):
+        static_in.copy_(torch.randn(256, 1024, device="cuda"))
+        g1.replay()
+    g2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g2, pool=g1.pool()):  # shares graph 1's pool
+        out2 = model(out1)
+    g2.replay()
+    facts: dict[str, Any] = {
+        "pool": list(g1.pool()),
+        "pools_captured": _pools_of(torch.cuda.memory._snapshot()),
+    }
+    del out1
+    g1.reset()
+    torch.cuda.empty_cache()  # graph 2 still holds the pool: nothing of it comes back
+    facts["pools_after_reset"] = _pools_of(torch.cuda.memory._snapshot())
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    del out2, g2
+    files = {"cuda_graph.pickle": _dump(snap, out / "cuda_graph.pickle")}
+    files["cuda_graph.json"] = _json(facts, out / "cuda_graph.json")
+    return {"files": files, **facts}
 
 
 def run_part(name: str, out: Path) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 `ModelBlock` is torch's `Block` (a run of one segment, linked to its neighbours), `BlockPool`
 its `BlockPool` (the free blocks, sorted for best fit) and `Reservation` its
-`ExpandableSegment` (one virtual address range mapped page by page). `link` and `try_merge` are
+`ExpandableSegment` (one virtual address range mapped page by page), `PrivatePool` its
+`PrivatePool` (a MemPool's or a CUDA graph's own pair of pools). `link` and `try_merge` are
 the two ways blocks are re-linked. Not the `snapshot.Block` of a recorded snapshot: these are
 the model's own mutable state.
 """
@@ -13,7 +14,7 @@ from bisect import bisect_left, insort
 
 from . import stats as S
 
-__all__ = ["BlockPool", "ModelBlock", "Reservation", "link", "try_merge"]
+__all__ = ["BlockPool", "ModelBlock", "PrivatePool", "Reservation", "link", "try_merge"]
 
 
 class Reservation:
@@ -73,16 +74,22 @@ class ModelBlock:
 
 
 class BlockPool:
-    """A `BlockPool`: free mapped blocks by (stream, size, ptr); unmapped by (stream, ptr)."""
+    """A `BlockPool`: free mapped blocks by (stream, size, ptr); unmapped by (stream, ptr).
 
-    __slots__ = ("blocks", "gc_count", "index", "small", "unmapped")
+    `owner` is the `PrivatePool` it belongs to (None: the default pools); `no_split` is its
+    owner's MemPool option, kept here so that the malloc hot path reads one attribute.
+    """
 
-    def __init__(self, small: bool) -> None:
+    __slots__ = ("blocks", "gc_count", "index", "no_split", "owner", "small", "unmapped")
+
+    def __init__(self, small: bool, owner: PrivatePool | None = None) -> None:
         self.small = small
         self.index = S.SMALL if small else S.LARGE
         self.blocks: list[tuple[int, int, int, ModelBlock]] = []
         self.unmapped: list[tuple[int, int, ModelBlock]] = []
         self.gc_count = 0
+        self.owner = owner
+        self.no_split = False
 
     def insert(self, b: ModelBlock) -> None:
         b.gc_base = self.gc_count
@@ -98,6 +105,28 @@ class BlockPool:
     def remove_unmapped(self, b: ModelBlock) -> None:
         um = self.unmapped
         del um[bisect_left(um, (b.stream, b.ptr))]
+
+
+class PrivatePool:
+    """A `PrivatePool`: the small and large pools of one MemPool or CUDA-graph pool.
+
+    `use_count` counts the holders (the MemPool object, each open `use_mem_pool` or capture);
+    at 0 the pool is freeable and the next release frees its whole free segments.
+    `malloc_count` is torch's `cudaMalloc_count` (segments and maps it holds): the pool is
+    forgotten once freeable and at 0. `reserved` is the bytes it holds from the device.
+    """
+
+    __slots__ = ("id", "large", "malloc_count", "reserved", "small", "use_count", "use_on_oom")
+
+    def __init__(self, pool_id: tuple[int, int], no_split: bool = False) -> None:
+        self.id = pool_id
+        self.small = BlockPool(True, self)
+        self.large = BlockPool(False, self)
+        self.small.no_split = self.large.no_split = no_split
+        self.use_count = 1
+        self.malloc_count = 0
+        self.reserved = 0  # bytes of its segments and mapped pages
+        self.use_on_oom = False
 
 
 def link(b: ModelBlock, before: ModelBlock | None, after: ModelBlock | None) -> None:

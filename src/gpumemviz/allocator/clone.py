@@ -13,7 +13,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from . import stats as S
-from .blocks import BlockPool, ModelBlock, Reservation
+from .blocks import BlockPool, ModelBlock, PrivatePool, Reservation
 from .state import AllocatorState
 
 if TYPE_CHECKING:
@@ -33,6 +33,8 @@ _NOT_DEEPCOPIED = frozenset(
         "_clock",
         "_tappend",
         "_tick",
+        "_pools",
+        "_capture_deferred",
     )
 )
 
@@ -45,7 +47,8 @@ class CloneMixin(AllocatorState):
         new = object.__new__(type(self))
         memo[id(self)] = new
         olds: dict[int, ModelBlock] = {}
-        for pool in (self._small, self._large):
+        old_pools = [self._small, self._large, *self._private_block_pools()]
+        for pool in old_pools:
             for k in pool.blocks:
                 olds[id(k[3])] = k[3]
             for u in pool.unmapped:
@@ -55,6 +58,16 @@ class CloneMixin(AllocatorState):
         for b in self._pending.values():
             olds[id(b)] = b
         pools = {id(self._small): BlockPool(True), id(self._large): BlockPool(False)}
+        new_private: dict[tuple[int, int], PrivatePool] = {}
+        for pid, pp in self._pools.items():
+            npp = new_private[pid] = PrivatePool(pid, pp.small.no_split)
+            npp.use_count, npp.malloc_count, npp.use_on_oom, npp.reserved = (
+                pp.use_count,
+                pp.malloc_count,
+                pp.use_on_oom,
+                pp.reserved,
+            )
+            pools[id(pp.small)], pools[id(pp.large)] = npp.small, npp.large
         segs: dict[int, Reservation] = {}
         clones: dict[int, ModelBlock] = {}
         for key, b in olds.items():
@@ -76,7 +89,7 @@ class CloneMixin(AllocatorState):
                 c.prev = clones[id(c.prev)]
             if c.next is not None:
                 c.next = clones[id(c.next)]
-        for old_pool in (self._small, self._large):
+        for old_pool in old_pools:
             np_ = pools[id(old_pool)]
             np_.gc_count = old_pool.gc_count
             np_.blocks = [(a, b, c, clones[id(d)]) for a, b, c, d in old_pool.blocks]
@@ -95,6 +108,8 @@ class CloneMixin(AllocatorState):
         )
         new._small = pools[id(self._small)]
         new._large = pools[id(self._large)]
+        new._pools = new_private
+        new._capture_deferred = [clones[id(b)] for b in self._capture_deferred]
         new._allocated = {p: clones[id(b)] for p, b in self._allocated.items()}
         new._pending = {p: clones[id(b)] for p, b in self._pending.items()}
         new._events = {

@@ -76,7 +76,7 @@ class SnapshotMixin(AllocatorState):
                     "requested_size": req,
                     "stream": h.stream,
                     "segment_type": "small" if h.pool.small else "large",
-                    "segment_pool_id": (0, 0),
+                    "segment_pool_id": (0, 0) if h.pool.owner is None else h.pool.owner.id,
                     "is_expandable": h.seg is not None,
                     "frames": [],
                     "blocks": blocks,
@@ -107,6 +107,9 @@ class SnapshotMixin(AllocatorState):
         """The mapped blocks: free ones from the pools, then allocated and pending ones."""
         out: list[ModelBlock] = [k[3] for k in self._small.blocks]
         out += [k[3] for k in self._large.blocks]
+        if self._pools:
+            for pool in self._private_block_pools():
+                out += [k[3] for k in pool.blocks]
         out += self._allocated.values()
         out += self._pending.values()
         return out

@@ -88,6 +88,8 @@ class ExpandableMixin(AllocatorState):
         try_merge(b, b.next)
         pool.insert(b)
         self._total += nbytes
+        if pool.owner is not None:
+            pool.owner.reserved += nbytes
         st = self.stats
         st.inc(S.RESERVED_BYTES, pool.index, nbytes)
         st.num_device_alloc += 1
@@ -125,6 +127,10 @@ class ExpandableMixin(AllocatorState):
         try_merge(b, b.next)
         pool.insert_unmapped(b)
         self._total -= usize
+        if pool.owner is not None:
+            pool.owner.reserved -= usize
+            if pool.owner.malloc_count > 0:
+                pool.owner.malloc_count -= 1
         st = self.stats
         st.dec(S.RESERVED_BYTES, pool.index, usize)
         st.num_device_free += 1

@@ -27,6 +27,18 @@ if TYPE_CHECKING:
 __all__ = ["LoadMixin"]
 
 
+def _pool_id(seg: TorchMapping) -> tuple[int, int]:
+    pid = seg.get("segment_pool_id") or (0, 0)
+    try:
+        a, b = pid
+        return (int(a), int(b))
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"from_segments: segment at {seg['address']:#x} has a bad segment_pool_id "
+            f"{short_repr(pid)}"
+        ) from None
+
+
 class LoadMixin(AllocatorState):
     """`from_segments` and the state loading of a `CachingAllocator`."""
 
@@ -53,36 +65,38 @@ class LoadMixin(AllocatorState):
         base)``; the runs of that stream and pool from `base` to the end of its address space
         go in a reservation starting there (unmapped below the lowest run), and one with no
         run in it is held entirely unmapped. Stats start at the walk of the state (peak =
-        current). Segments of private pools, overlapping reservations and a run crossing its
+        current). A segment of a private pool (`segment_pool_id` other than (0, 0)) goes into
+        that pool, created with one reference (its MemPool or graph alive); `reservations` place
+        the default pools' runs only. Overlapping reservations and a run crossing its
         reservation's end raise ValueError.
         Extra keyword arguments go to the constructor.
         """
         self = cls(capacity, config, device, device_total, **kwargs)
         segs = [s for s in segments if s.get("device", device) == device]
-        exp_runs: dict[tuple[int, bool], list[TorchMapping]] = {}
+        exp_runs: dict[tuple[int, bool, tuple[int, int]], list[TorchMapping]] = {}
         for seg in segs:
-            pid = tuple(seg.get("segment_pool_id") or (0, 0))
-            if pid != (0, 0):
-                raise ValueError(
-                    f"from_segments: segment at {seg['address']:#x} belongs to private pool "
-                    f"{pid}; private pools (CUDA graphs, MemPool) are not modelled"
-                )
+            pid = _pool_id(seg)
             small = seg.get("segment_type") == "small"
             if seg.get("is_expandable"):
-                exp_runs.setdefault((seg["stream"], small), []).append(seg)
+                exp_runs.setdefault((seg["stream"], small, pid), []).append(seg)
                 continue
-            self._load_run(seg, self._small if small else self._large, None)
+            pool = self._block_pool(pid, small)
+            self._load_run(seg, pool, None)
+            if pool.owner is not None:
+                pool.owner.malloc_count += 1
+                pool.owner.reserved += seg["total_size"]
             self._total += seg["total_size"]
         bases: dict[tuple[int, bool], list[int]] = {}
         for stream, small, base in reservations:
             bases.setdefault((stream, bool(small)), []).append(base)
-            exp_runs.setdefault((stream, bool(small)), [])
-        for (stream, small), runs in exp_runs.items():
+            exp_runs.setdefault((stream, bool(small), (0, 0)), [])
+        for (stream, small, pid), runs in exp_runs.items():
             self._load_expandable(
                 stream,
                 small,
                 sorted(runs, key=lambda s: s["address"]),
-                sorted(bases.get((stream, small), ())),
+                sorted(bases.get((stream, small), ())) if pid == (0, 0) else [],
+                self._block_pool(pid, small),
             )
         # stats: current values from the state, peak = allocated = current
         st = self.stats
@@ -95,6 +109,15 @@ class LoadMixin(AllocatorState):
             i = 3 * stat
             st.cur[i] = st.peak[i] = st.alloc[i] = v
         return self
+
+    def _block_pool(self, pid: tuple[int, int], small: bool) -> BlockPool:
+        """The default pool of that size class, or that of private pool `pid` (made once)."""
+        if pid == (0, 0):
+            return self._small if small else self._large
+        if pid not in self._pools:
+            self._create_or_incref(pid)
+        pp = self._pools[pid]
+        return pp.small if small else pp.large
 
     def _load_run(self, seg: TorchMapping, pool: BlockPool, es: Reservation | None) -> ModelBlock:
         """Chain the blocks of one segment dict (or mapped run) and file each where it belongs."""
@@ -138,11 +161,16 @@ class LoadMixin(AllocatorState):
         return head
 
     def _load_expandable(
-        self, stream: int, small: bool, runs: list[TorchMapping], bases: list[int]
+        self,
+        stream: int,
+        small: bool,
+        runs: list[TorchMapping],
+        bases: list[int],
+        pool: BlockPool,
     ) -> None:
-        """Place sorted mapped `runs` in reservations: one at each known base of sorted `bases`
-        (holding the runs within its address space), else one at the lowest run left."""
-        pool = self._small if small else self._large
+        """Place sorted mapped `runs` of `pool` in reservations: one at each known base of
+        sorted `bases` (holding the runs within its address space), else one at the lowest
+        run left."""
         extent = reservation_size(self.device_total, page_size(small, self._lss))
         i = 0
         floor = 0  # end of the last reservation placed
@@ -172,6 +200,9 @@ class LoadMixin(AllocatorState):
                 last = b
                 cursor = run["address"] + run["total_size"]
                 self._total += run["total_size"]
+                if pool.owner is not None:
+                    pool.owner.malloc_count += 1
+                    pool.owner.reserved += run["total_size"]
                 i += 1
             if i < len(runs) and runs[i]["address"] < end:
                 if runs[i]["address"] == es.base:

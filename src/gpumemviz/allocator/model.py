@@ -7,7 +7,8 @@ expandable-segment control flow, the same stats and trace entries. Only the driv
 
 This module holds the state and the hot paths, `malloc` and `free` with the `free_block` they
 share; the rest of the class comes from mixins, one module each: `trace` (the trace ring),
-`events` (record_stream), `release` (release and GC), `expandable`, `load` (`from_segments`),
+`events` (record_stream), `release` (release and GC), `expandable`, `pools` (MemPool and
+CUDA-graph pools), `load` (`from_segments`),
 `dump` (`snapshot()`) and `clone` (deepcopy). It stays whole past 500 lines: what is left is
 one job, handing blocks out and taking them back, and `malloc` and `_free_block` are long
 because they inline their best fit, split, merge and stats updates for speed.
@@ -15,8 +16,9 @@ because they inline their best fit, split, merge and stats updates for speed.
 Hot paths are written for speed (bisect over sorted lists of tuples, trace entries as tuples);
 dicts are built only in `snapshot()` and `memory_stats()`.
 
-Not modelled: private pools (CUDA graphs, MemPool, use_on_oom pools), FreeMemoryCallbacks,
-graph-capture deferral, `throw_on_cudamalloc_oom` rejections, the cudaMallocAsync backend, and
+Not modelled: FreeMemoryCallbacks, MemPools with a custom allocator, the graph-capture reuse of
+freed blocks (`graph_capture_record_stream_reuse`), `throw_on_cudamalloc_oom` rejections, the
+cudaMallocAsync backend, and
 the physical-memory fragmentation of the driver (a map or cudaMalloc fits iff reserved + size
 <= capacity). Frames are not recorded (`frames` is always []).
 """
@@ -40,6 +42,7 @@ from .events import StreamEventsMixin
 from .expandable import ExpandableMixin
 from .load import LoadMixin
 from .oom import OutOfMemory
+from .pools import PoolsMixin
 from .release import ReleaseMixin
 from .rules import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, allocation_size, round_size
 from .trace import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, SEGMENT_ALLOC, TraceMixin
@@ -71,6 +74,7 @@ class CachingAllocator(
     StreamEventsMixin,
     ReleaseMixin,
     ExpandableMixin,
+    PoolsMixin,
     LoadMixin,
     SnapshotMixin,
     CloneMixin,
@@ -164,6 +168,7 @@ class CachingAllocator(
         self._gc = False
         self.stats = S.DeviceStats(cfg.to_settings()["max_split_size"])
         self._record = record_trace
+        self._init_pools()
         self._init_trace(record_trace, trace_max_entries, clock)
         if cfg.per_process_memory_fraction < 1.0:
             self.set_memory_fraction(cfg.per_process_memory_fraction)
@@ -183,8 +188,8 @@ class CachingAllocator(
             if size == 0:
                 return 0  # torch hands out a null pointer and records nothing
             raise ValueError(f"malloc: size must be a non-negative int, got {short_repr(size)}")
-        if self._events:
-            self._process_events()
+        if self._events and not self._alloc_to:
+            self._process_events()  # not while a capture may be underway
         if size < K_MIN_BLOCK_SIZE:
             rsize = K_MIN_BLOCK_SIZE
         elif self._div is None:
@@ -192,7 +197,11 @@ class CachingAllocator(
         else:
             rsize = round_size(size, self._div)
         small = rsize <= K_SMALL_SIZE
-        pool = self._small if small else self._large
+        if self._alloc_to:
+            pool = self._route(small, stream)
+        else:
+            pool = self._small if small else self._large
+        exp = self._expandable
         # get_free_block, inlined for a non-expandable best fit (the common case)
         mss = self._mss
         if self._gc:
@@ -215,9 +224,13 @@ class CachingAllocator(
             if self._gc:
                 self._garbage_collect()
             block = self._alloc_block(pool, stream, rsize, alloc_size, False)
+            if block is None and self._use_on_oom and pool.owner is None:
+                block = self._mempool_fallback(stream, rsize, small)
+                if block is not None:
+                    pool, exp = block.pool, False
             if block is None and self._release_available(pool, stream, rsize):
                 block = self._alloc_block(pool, stream, rsize, alloc_size, False)
-            if block is None:
+            if block is None and not self._alloc_to:
                 self._release_cached_blocks()
                 block = self._alloc_block(pool, stream, rsize, alloc_size, True)
             if block is None:
@@ -227,10 +240,12 @@ class CachingAllocator(
         p = pool.index
         seg = block.seg
         remaining = block.size - rsize
-        if small or self._expandable:
+        if small or exp:
             split = remaining >= K_MIN_BLOCK_SIZE
         else:
             split = rsize < mss and remaining > K_SMALL_SIZE
+        if split and pool.no_split:
+            split = False
         prev = block.prev
         already_split = prev is not None or block.next is not None
         if split:
@@ -322,7 +337,11 @@ class CachingAllocator(
         # is freed (`_free_block`)
         st.on_free_requested(b.pool.index, b.size)
         if b.stream_uses:
-            self._free_deferred(b)
+            if self._alloc_to:  # no event may be recorded during a capture: later
+                self._pending[addr] = b
+                self._capture_deferred.append(b)
+            else:
+                self._free_deferred(b)
         else:
             self._free_block(b)
 
@@ -426,12 +445,18 @@ class CachingAllocator(
         if self._allowed is not None and self._total + alloc_size > self._allowed:
             return None
         if self._expandable:
-            return self._try_allocate_expandable(pool, stream, size)
+            b = self._try_allocate_expandable(pool, stream, size)
+            if b is not None and pool.owner is not None:
+                pool.owner.malloc_count += 1
+            return b
         if self._total + alloc_size > self.capacity:
             return None  # cudaMalloc: out of memory
         ptr = self._provide("segment", alloc_size, stream)
         check_address(ptr, alloc_size)
         self._total += alloc_size
+        if pool.owner is not None:
+            pool.owner.malloc_count += 1
+            pool.owner.reserved += alloc_size
         b = ModelBlock(ptr, alloc_size, stream, pool)
         p = pool.index
         st.inc(S.SEGMENT, p, 1)
@@ -550,4 +575,5 @@ class CachingAllocator(
             allocated=st.cur[3 * S.ALLOCATED_BYTES],
             reserved=st.cur[3 * S.RESERVED_BYTES],
             allowed=self._allowed,
+            private_pools=self._private_free_bytes() if self._pools else 0,
         )

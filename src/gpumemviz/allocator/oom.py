@@ -19,7 +19,9 @@ class OutOfMemory(RuntimeError):
     """The model's `torch.OutOfMemoryError`: what PyTorch's message carries, as attributes.
 
     Attributes: device, size (the request), rounded_size, alloc_size ("Tried to allocate"),
-    capacity (device total), free (device free), allocated, reserved, allowed (cap or None).
+    capacity (device total), free (device free), allocated, reserved, allowed (cap or None),
+    private_pools (the bytes of the private pools' cached free blocks, which torch's message
+    counts as "allocated in private pools").
     ``str()`` is PyTorch's message.
     """
 
@@ -35,6 +37,7 @@ class OutOfMemory(RuntimeError):
         allocated: int,
         reserved: int,
         allowed: int | None,
+        private_pools: int = 0,
     ) -> None:
         self.device = device
         self.size = size
@@ -45,16 +48,23 @@ class OutOfMemory(RuntimeError):
         self.allocated = allocated
         self.reserved = reserved
         self.allowed = allowed
+        self.private_pools = private_pools
         super().__init__(self._message())
 
     def _message(self) -> str:
         allowed = f"{format_size(self.allowed)} allowed; " if self.allowed is not None else ""
+        priv = self.private_pools
+        private = (
+            f"with {format_size(priv)} allocated in private pools (e.g., CUDA Graphs), "
+            if priv > 0
+            else ""
+        )
         return (
             f"CUDA out of memory. Tried to allocate {format_size(self.alloc_size)}. "
             f"GPU {self.device} has a total capacity of {format_size(self.capacity)} of which "
             f"{format_size(self.free)} is free. {allowed}Of the allocated memory "
-            f"{format_size(self.allocated)} is allocated by PyTorch, and "
-            f"{format_size(self.reserved - self.allocated)} is reserved by PyTorch but "
+            f"{format_size(self.allocated + priv)} is allocated by PyTorch, {private}and "
+            f"{format_size(self.reserved - self.allocated - priv)} is reserved by PyTorch but "
             "unallocated. If reserved but unallocated memory is large try setting "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
             "documentation for Memory Management  "
@@ -79,6 +89,7 @@ _OOM_FIELDS = (
     "allocated",
     "reserved",
     "allowed",
+    "private_pools",
 )
 
 

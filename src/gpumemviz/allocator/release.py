@@ -2,7 +2,8 @@
 
 torch's `release_block`, `release_blocks`, `release_cached_blocks` (empty_cache and the last
 retry of a malloc), `release_available_cached_blocks` (oversize segments, with
-max_split_size) and `garbage_collect_cached_blocks` (with garbage_collection_threshold).
+max_split_size) and `garbage_collect_cached_blocks` (with garbage_collection_threshold); the
+private pools' part of a release is in pools.py.
 `ReleaseMixin` is mixed into `model.CachingAllocator`.
 """
 
@@ -30,6 +31,9 @@ class ReleaseMixin(AllocatorState):
             self._emit(SEGMENT_FREE, b.ptr, b.size, b.stream)
         self._total -= b.size
         pool = b.pool
+        if pool.owner is not None:
+            pool.owner.malloc_count -= 1
+            pool.owner.reserved -= b.size
         p = pool.index
         st.dec(S.SEGMENT, p, 1)
         st.dec(S.RESERVED_BYTES, p, b.size)
@@ -52,10 +56,14 @@ class ReleaseMixin(AllocatorState):
                 pool.remove_unmapped(b)  # release_expandable_segment: no trace entry
 
     def _release_cached_blocks(self) -> None:
-        """`release_cached_blocks` (empty_cache and the last retry): large pool, then small."""
-        self._synchronize_and_free_events()
-        self._release_blocks(self._large)
-        self._release_blocks(self._small)
+        """`release_cached_blocks` (empty_cache and the last retry): large pool, then small
+        (not while allocations are routed to a pool), then the freeable private pools."""
+        if not self._alloc_to:
+            self._synchronize_and_free_events()
+            self._release_blocks(self._large)
+            self._release_blocks(self._small)
+        if self._pools:
+            self._release_private_pools()
 
     def _release_available(self, pool: BlockPool, stream: int, size: int) -> bool:
         """`release_available_cached_blocks`: free oversize segments (only with max_split_size)."""

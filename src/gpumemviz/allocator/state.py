@@ -1,7 +1,7 @@
 """The state `model.CachingAllocator` shares with its mixins, declared once for the type checker.
 
 `CachingAllocator.__init__` (model.py) and `TraceMixin._init_trace` (trace.py) set these
-attributes; the mixins (trace, events, release, expandable, load, dump, clone) read and write
+attributes; the mixins (trace, events, release, expandable, pools, load, dump, clone) read and write
 them through ``self``, and call methods that another part of the class defines. `AllocatorState`
 is the base of every mixin: at run time an empty class (annotations only), for the type checker
 the attributes' types and the signatures of those cross-module methods.
@@ -14,9 +14,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..snapshot.schema import TorchDict
     from . import stats as S
     from .addresses import AddressProvider
-    from .blocks import BlockPool, ModelBlock, Reservation
+    from .blocks import BlockPool, ModelBlock, PrivatePool, Reservation
     from .config import AllocatorConfig
 
 __all__ = ["AllocatorState"]
@@ -50,6 +51,12 @@ class AllocatorState:
     _gc_threshold: float
     _gc: bool
     _record: bool
+    # pools.PoolsMixin._init_pools
+    _pools: dict[tuple[int, int], PrivatePool]
+    _alloc_to: list[tuple[tuple[int, int], Callable[[int], bool]]]
+    _use_on_oom: list[tuple[int, int]]
+    _capture_deferred: list[ModelBlock]
+    _next_ids: list[int]
     # trace.TraceMixin._init_trace
     _trace: deque[TraceEntry]
     _tappend: Callable[[TraceEntry], None] | None
@@ -80,6 +87,21 @@ class AllocatorState:
         # events.py
         def _process_events(self) -> None: ...
         def _synchronize_and_free_events(self) -> None: ...
+
+        # events.py
+        def _free_deferred(self, b: ModelBlock) -> None: ...
+
+        # release.py
+        def _release_blocks(self, pool: BlockPool) -> None: ...
+
+        # dump.py
+        def snapshot(self, *, include_traces: bool = True, record: bool = True) -> TorchDict: ...
+        def _all_blocks(self) -> list[ModelBlock]: ...
+
+        # pools.py
+        def _release_private_pools(self) -> None: ...
+        def _private_block_pools(self) -> list[BlockPool]: ...
+        def _create_or_incref(self, pid: tuple[int, int]) -> None: ...
 
         # expandable.py
         def _unmap_block(self, b: ModelBlock) -> None: ...

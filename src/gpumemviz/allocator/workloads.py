@@ -6,7 +6,9 @@ description, and `ops()`, a deterministic program of ``("malloc", id, size, stre
 shape (hidden size, layers, heads, sequence length, dtype), as a PyTorch program would request
 them. `run` drives a `CachingAllocator` through a workload and returns the outcome as numbers.
 
-It stays whole (over 500 lines): its two program builders (training, inference) share the
+The private-pool programs (CUDA graphs, RL MemPools) are in pool_workloads.py; this module
+wraps them as `Workload`s. It stays whole (over 500 lines): its two program builders
+(training, inference) share the
 counter that hands out allocation ids, and `run`, its `Outcome` and the catalogue `WORKLOADS`
 are short. It is not replay machinery: replay/ runs recorded traces, this makes new programs.
 """
@@ -23,6 +25,7 @@ import numpy as np
 from ..snapshot.messages import short_repr
 from .model import CachingAllocator
 from .oom import OutOfMemory
+from .pool_workloads import PoolStep, apply_pool_step, graph_program, rl_program
 
 __all__ = [
     "ITERATION_MARK",
@@ -31,18 +34,22 @@ __all__ = [
     "Outcome",
     "TransformerShape",
     "Workload",
+    "cuda_graph_workload",
     "inference_server",
+    "rl_mempool_workload",
     "run",
     "training_loop",
 ]
 
 GIB = 1 << 30
-# ("malloc", id, size, stream), ("free", id), ("empty_cache",), ("mark", label)
+# ("malloc", id, size, stream), ("free", id), ("empty_cache",), ("mark", label), and the
+# private-pool steps of pool_workloads.py (("create_pool", id) and the rest)
 Op = (
     tuple[Literal["malloc"], int, int, int]
     | tuple[Literal["free"], int]
     | tuple[Literal["empty_cache"]]
     | tuple[Literal["mark"], str]
+    | PoolStep
 )
 
 
@@ -80,6 +87,8 @@ ITERATION_MARK = "iteration "
 # GPT-2 medium (355M parameters) and a Llama-2-7B-like shape
 GPT2_MEDIUM = TransformerShape(hidden=1024, layers=24, heads=16, vocab=50257)
 LLAMA_7B = TransformerShape(hidden=4096, layers=32, heads=32, vocab=32000, ffn=11008, gated=True)
+# a 1.3B-parameter Llama-like policy, the size of an RL fine-tuning run on one GPU
+RL_1B = TransformerShape(hidden=2048, layers=24, heads=16, vocab=32000, ffn=5504, gated=True)
 
 
 @dataclass(frozen=True)
@@ -527,6 +536,8 @@ def run(workload: Workload, allocator: CachingAllocator | None = None) -> Outcom
             marks.append((step, op[1]))
             started += str(op[1]).startswith(ITERATION_MARK)
             continue
+        elif apply_pool_step(a, op):
+            continue  # not an allocator operation of its own: no figures
         else:
             raise ValueError(f"workload {short_repr(workload.name)}: unknown step {short_repr(op)}")
         reserved.append(a.reserved)
@@ -556,6 +567,74 @@ def run(workload: Workload, allocator: CachingAllocator | None = None) -> Outcom
     )
 
 
+def cuda_graph_workload(
+    *,
+    shape: TransformerShape = GPT2_MEDIUM,
+    batch: int = 16,
+    seq: int = 2048,
+    replays: int = 300,
+    capacity: int = 12 * GIB,
+    config: str = "",
+    name: str | None = None,
+) -> Workload:
+    """CUDA graphs: eager warm-up, capture into a graph pool, replays, a second graph sharing
+    the pool, then both reset (`pool_workloads.graph_program`)."""
+    tokens = batch * seq
+    h, d = shape.hidden, shape.dtype_bytes
+    act = [tokens * h * d, 3 * tokens * h * d, tokens * shape.mlp * d, tokens * h * d]
+    return Workload(
+        name=name or "cuda_graph",
+        capacity=capacity,
+        config=config,
+        description=(
+            "torch.cuda.graph: the capture's memory lives in a private pool that the default "
+            "pools cannot reuse, kept until every graph sharing it is reset"
+        ),
+        program=graph_program,
+        params={
+            "layers": shape.layers,
+            "act": act,
+            "eager_temps": [tokens * h * d, tokens * 4],
+            "replays": replays,
+        },
+    )
+
+
+def rl_mempool_workload(
+    *,
+    shape: TransformerShape = RL_1B,
+    kv_gib: float = 6.0,
+    kv_block: int = 256 << 20,
+    steps: int = 4,
+    capacity: int = 24 * GIB,
+    config: str = "",
+    name: str | None = None,
+) -> Workload:
+    """RL rollout and training: weights and KV cache in MemPools, offloaded and reloaded
+    between steps (`pool_workloads.rl_program`)."""
+    weights = [s for _ in range(shape.layers) for s in shape.layer_weights()]
+    n_params_bytes = sum(weights)
+    h, d = shape.hidden, shape.dtype_bytes
+    return Workload(
+        name=name or "rl_mempools",
+        capacity=capacity,
+        config=config,
+        description=(
+            "MemPools: freed tensors stay cached in their pool until the MemPool is deleted; "
+            "the KV cache's pool is dropped before training, the weights' pool reused on reload"
+        ),
+        program=rl_program,
+        params={
+            "weights": weights,
+            "kv_blocks": int(kv_gib * GIB) // kv_block,
+            "kv_block": kv_block,
+            "train_acts": [8 * 1024 * h * d] * (2 * shape.layers),
+            "grads_and_optimizer": [n_params_bytes, 2 * n_params_bytes],
+            "steps": steps,
+        },
+    )
+
+
 def _catalogue() -> dict[str, Workload]:
     train = training_loop(name="training")
     return {
@@ -567,11 +646,13 @@ def _catalogue() -> dict[str, Workload]:
             training_loop(batch=4, name="training_small_batch"),
             inference_server(paged=False, name="inference_contiguous"),
             inference_server(paged=True, name="inference_paged"),
+            cuda_graph_workload(),
+            rl_mempool_workload(),
         )
     }
 
 
 # The catalogue the demo, the magic's --demo and the notebooks name: training,
 # training_expandable, training_checkpointed, training_small_batch, inference_contiguous,
-# inference_paged.
+# inference_paged, cuda_graph, rl_mempools.
 WORKLOADS: dict[str, Workload] = _catalogue()

@@ -55,7 +55,10 @@ def run_whatif(args: argparse.Namespace) -> int:
     the OOM where the run stops there) and the OOM. ``--json`` prints ``{"config",
     "recorded_config", "what_if", "capacity_known", "devices": {"0": {"events", "capacity"
     (None when unknown), "capacity_known", "what_if", "recorded": {...}, "predicted":
-    {...}}}}``; the text says "capacity unknown" when it is.
+    {...}, "pools": [...]}}}``; the text says "capacity unknown" when it is. ``pools`` (a
+    trace with private pools; else empty) gives per pool ``{"pool": [a, b], "recorded":
+    {"peak_reserved"}, "predicted": {"peak_reserved", "final_reserved"}}``, ``[0, 0]``
+    being the default pools: each allocation is replayed in the pool it was recorded in.
     """
     from ..allocator.config import AllocatorConfig
     from ..allocator.replay import replay
@@ -110,7 +113,28 @@ def _whatif_device(result: ReplayResult, dev: int) -> JsonDict:
         "predicted": _run_figures(
             int(run.peak_reserved), result.peak_segments(dev), run.segments, start, run.oom
         ),
+        "pools": _pool_rows(result, dev),
     }
+
+
+def _pool_rows(result: ReplayResult, dev: int) -> list[JsonDict]:
+    """Per pool, recorded and predicted peak reserved (empty without private pools)."""
+    run, tl = result.devices[dev], result.timelines[dev]
+    if tl.pools is None:
+        return []
+    recorded = tl.pools.recorded_peaks(tl.start, tl.steps)
+    pids = sorted(set(recorded) | set(run.pool_peak_reserved))
+    return [
+        {
+            "pool": list(pid),
+            "recorded": {"peak_reserved": recorded.get(pid, 0)},
+            "predicted": {
+                "peak_reserved": run.pool_peak_reserved.get(pid, 0),
+                "final_reserved": run.pool_final_reserved.get(pid, 0),
+            },
+        }
+        for pid in pids
+    ]
 
 
 def _run_figures(
@@ -154,6 +178,14 @@ def _whatif_text(
         ):
             lines.append(f"  {label:<16}{fmt(rec[key]):>18}{fmt(pre[key]):>18}")
         lines.append(f"  {'OOM':<16}{_oom_cell(rec['oom_at']):>18}{_oom_cell(pre['oom_at']):>18}")
+        for p in r["pools"]:
+            label = (
+                "default pools" if p["pool"] == [0, 0] else f"pool ({p['pool'][0]}, {p['pool'][1]})"
+            )
+            lines.append(
+                f"  {label:<16}{format_size(p['recorded']['peak_reserved']):>18}"
+                f"{format_size(p['predicted']['peak_reserved']):>18}  (peak reserved)"
+            )
     return lines
 
 

@@ -16,6 +16,7 @@ import time
 
 from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.oom import OutOfMemory
+from gpumemviz.allocator.pool_workloads import apply_pool_step
 from gpumemviz.allocator.workloads import WORKLOADS, Workload
 from gpumemviz.sample import SEGMENTS_NOT_READ, DeviceInfo, MemoryStats, NvmlInfo, OomEvent, Sample
 from gpumemviz.snapshot.messages import short_repr
@@ -160,6 +161,8 @@ class SimulatedSource:
                     self._model.free(self._where.pop(op[1]))
                 elif op[0] == "empty_cache":
                     self._model.empty_cache()
+                else:  # a private-pool step (CUDA graphs, MemPool)
+                    apply_pool_step(self._model, op)
         if event is not None:  # outside the lock, like torch's observer
             self._deliver(event)
             if raise_oom and error is not None:

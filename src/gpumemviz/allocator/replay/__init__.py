@@ -62,21 +62,6 @@ def _as_dict(snapshot: SnapshotLike | TorchMapping) -> TorchMapping:
     return load_snapshot(snapshot).to_torch()
 
 
-def _refuse_private_pools(snap: TorchMapping, device: int) -> None:
-    """Private pools (CUDA graphs, MemPool) are not modelled, and the recorded history keeps no
-    pool: a segment of one would silently join the default pools, so refuse it by name."""
-    for seg in snap.get("segments") or ():
-        if seg.get("device", 0) != device:
-            continue
-        pid = tuple(seg.get("segment_pool_id") or (0, 0))
-        if pid != (0, 0):
-            raise ReplayError(
-                f"device {device}: segment at {seg['address']:#x} belongs to private pool {pid} "
-                "(CUDA graphs, MemPool); private pools are not modelled, so this trace cannot "
-                "be replayed"
-            )
-
-
 def _capacity_from_oom(tl: Recording) -> int | None:
     """Bytes the process could get: reserved at the recorded OOM plus the device_free it saw."""
     i = _first_oom(tl)
@@ -164,8 +149,7 @@ def replay(
     Raises
     ------
     ReplayError
-        When the snapshot has no trace, its trace does not fit its segments, or a traced
-        device holds a segment of a private pool (CUDA graphs, MemPool).
+        When the snapshot has no trace, or its trace does not fit its segments.
     ValueError
         A zero or negative capacity ("capacity must be positive, got ..."), or a size string
         `parse_size` refuses; TypeError for a capacity of another type.
@@ -202,7 +186,6 @@ def replay(
     timelines: dict[int, Recording] = {}
     any_what_if = False
     for dev in traced:
-        _refuse_private_pools(snap, dev)
         try:
             tl = Recording.from_snapshot(snap, dev)
         except LayoutError as err:

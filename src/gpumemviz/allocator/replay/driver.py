@@ -128,6 +128,9 @@ class Driver:
         self.nsegs = np.zeros(n, np.int64)
         self.cut_at = -1  # the first malloc, when the cut hid the segment it made
         self.cut_grew: list[tuple[str, int, int]] = []
+        self.plan = recording.pools
+        self.cur_pool: tuple[int, int] | None = None  # the pool of the malloc being replayed
+        self.pool_peak: dict[tuple[int, int], int] = {}
         self._load(self._start().to_segments(recording.device), -1)
 
     # -- state ------------------------------------------------------------------------------
@@ -158,6 +161,11 @@ class Driver:
                 }
                 for s in segments
             ]
+        plan = self.plan
+        if plan is not None:
+            segments = [
+                {**s, "segment_pool_id": plan.segment(s["address"], point)} for s in segments
+            ]
         bases = self.bases.at(point)
         try:
             self.model = CachingAllocator.from_segments(
@@ -170,8 +178,14 @@ class Driver:
                 address_provider=self.provider,
                 trace_max_entries=1 << 16,  # one call never emits more
             )
-        except ValueError as err:  # e.g. segments of a private pool (CUDA graphs)
+        except ValueError as err:
             raise ReplayError(f"device {self.tl.device}: {err}") from None
+        if plan is not None:  # every pool the trace uses exists, held by its MemPool or graph
+            for pid in plan.ids:
+                if pid not in self.model.pool_ids:
+                    self.model.create_pool(pid)
+                if plan.unnamed.get(pid, point + 1) <= point:  # deleted after its last alloc
+                    self.model.release_pool(pid)
         self.runs = Runs(segments)
         # allocation id -> model address
         self.where: dict[int, int] = {
@@ -265,6 +279,8 @@ class Driver:
         self.provider.cut = [entry] if entry else []
         self._load(lay.to_segments(self.tl.device), i - 1)
         _, addr, size, stream = self.steps[i]
+        if self.plan is not None:
+            self.cur_pool = self.plan.alloc[i]
         self.provider.window, self.provider.used, self.provider.pos = [], set(), i
         mark = self.model.trace_len()
         got, oomed = self._try(size, stream)
@@ -391,6 +407,8 @@ class Driver:
         Both are tried when it matters.
         """
         action, addr, size, stream = self.steps[i]
+        if self.plan is not None:
+            self.cur_pool = self.plan.alloc[i]
         provider = self.provider
         provider.window, provider.used = run, set()
         provider.pos, provider.small = i, is_small(self.tl.rules.round(size))
@@ -552,8 +570,12 @@ class Driver:
         return self.model.reserved - released + grown
 
     def _try(self, size: int, stream: int) -> tuple[int | None, bool]:
+        pool = self.cur_pool
         try:
-            return self.model.malloc(size, stream), False
+            if pool is None:
+                return self.model.malloc(size, stream), False
+            with self.model.use_mem_pool(pool):  # the program's `use_mem_pool` or capture
+                return self.model.malloc(size, stream), False
         except OutOfMemory:
             return None, True
 
@@ -615,6 +637,13 @@ class Driver:
                 len(self.runs),
             )
 
+    def _pool_figures(self) -> None:
+        """Each pool's reserved bytes now, kept as its peak."""
+        peak = self.pool_peak
+        for pid, v in self.model.pool_reserved().items():
+            if v > peak.get(pid, -1):
+                peak[pid] = v
+
     # -- the pass ---------------------------------------------------------------------------
     def run(self) -> DeviceReplay:
         steps = self.steps
@@ -645,6 +674,9 @@ class Driver:
             if action in ("alloc", "oom"):
                 self._fill(leading)
                 self._malloc(i, run, leading)
+                plan, pid = self.plan, self.cur_pool
+                if plan is not None and pid is not None and plan.unnamed.get(pid) == i:
+                    self.model.release_pool(pid)  # its last alloc: the pool was deleted
                 self._finish_synced(leading, synced)
                 run, synced, leading = [], [], []
             elif action == "free_requested":
@@ -657,6 +689,8 @@ class Driver:
                 self.provider.synced = self.model.trace_len()
             m = self.model
             reserved[i], allocated[i], nsegs[i] = m.reserved, m.allocated, len(self.runs)
+            if self.plan is not None:
+                self._pool_figures()
             if self.stopped:
                 done = i + 1
                 break
@@ -671,6 +705,10 @@ class Driver:
         out.peak_reserved = max(int(out.reserved.max(initial=0)), start_reserved)
         out.peak_allocated = max(int(out.allocated.max(initial=0)), start_allocated)
         out.final_segments = self.model.snapshot(include_traces=False, record=False)["segments"]
+        if self.plan is not None:
+            self._pool_figures()
+            out.pool_peak_reserved = dict(sorted(self.pool_peak.items()))
+            out.pool_final_reserved = dict(sorted(self.model.pool_reserved().items()))
         if not self.what_if:
             recorded = self.tl.final.to_segments(self.tl.device)
             out.final_matched = _layout_key(out.final_segments) == _layout_key(recorded)

@@ -15,6 +15,7 @@ import numpy as np
 from ...snapshot.gc_pause import no_gc
 from ..rules import is_small, page_size, should_split
 from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
+from .pools import PoolPlan, plan_pools
 from .reconstruct import Rules, Step, reconstruct_layout, steps_of
 
 if TYPE_CHECKING:
@@ -105,7 +106,8 @@ class Recording:
     means "after trace entry i"; ``-1`` is the reconstructed state at the start of the trace.
     ``len()`` is the number of entries; `reserved`, `allocated` and `segments` are numpy
     arrays of the recorded figures after each entry; `start` and `final` are the first and
-    last `Layout`; `layout_at`, `snapshot_at` and `frames_after` jump to any entry.
+    last `Layout`; `layout_at`, `snapshot_at` and `frames_after` jump to any entry. `pools`
+    (from `from_snapshot`) is the private pool of each alloc (`pools.PoolPlan`), or None.
     """
 
     def __init__(
@@ -152,6 +154,8 @@ class Recording:
         # stacks of blocks alive before the trace; the layout itself carries none
         self._allocs: dict[int, tuple[list[int], list[list[Any]]]] = {}
         self._start_frames: dict[int, TorchList] = {}
+        # which private pool each alloc went to (None: the segments name none)
+        self.pools: PoolPlan | None = None
 
     @classmethod
     def from_snapshot(
@@ -196,6 +200,7 @@ class Recording:
         start = reconstruct_layout(final, steps, rules)
         tl = cls(start, steps, rules, device=device, settings=settings, **kw)
         tl._trace = list(trace)
+        tl.pools = plan_pools(start, steps, segs, tl.layout_at)
         tl._keep_frames(segs, tl._trace)
         got, want = tl.final.key(requested=False), final.key(requested=False)
         if got != want:

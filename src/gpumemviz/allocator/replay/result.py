@@ -62,6 +62,10 @@ class DeviceReplay:
     segments: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     mismatches: list[tuple[int, str, str]] = field(default_factory=list)  # the first 20
     final_segments: list[TorchDict] = field(default_factory=list)
+    # traces with private pools: reserved bytes per pool ((0, 0): the default pools), the
+    # model's peak and its final figure; empty without private pools
+    pool_peak_reserved: dict[tuple[int, int], int] = field(default_factory=dict)
+    pool_final_reserved: dict[tuple[int, int], int] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
