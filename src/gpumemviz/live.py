@@ -16,7 +16,7 @@ from gpumemviz.sampler import Sampler
 from gpumemviz.sources.base import Source
 from gpumemviz.sources.default import default_source
 
-__all__ = ["sampler_for", "shared"]
+__all__ = ["local_devices", "sampler_for", "shared"]
 
 _SHARED: dict[int, Sampler] = {}
 _SHARED_LOCK = threading.Lock()
@@ -67,3 +67,25 @@ def shared(device: int = 0) -> Sampler:
             sampler = sampler_for(default_source(device))
             _SHARED[device] = sampler
         return sampler
+
+
+def local_devices() -> list[int]:
+    """Every CUDA device torch sees here (``device="all"``); ``[0]`` without CUDA, where the
+    shared sampler of device 0 runs the simulator. Does not initialise CUDA.
+
+    Examples
+    --------
+    >>> devices = local_devices()
+    >>> devices[0], all(d >= 0 for d in devices)
+    (0, True)
+    """
+    try:
+        import torch
+    except ImportError:
+        return [0]
+    try:
+        if torch.cuda.is_available():
+            return list(range(max(1, torch.cuda.device_count())))
+    except Exception:  # a broken driver: the one device the default source can read
+        pass
+    return [0]
