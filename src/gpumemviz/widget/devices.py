@@ -53,8 +53,8 @@ class DeviceSet:
     ...                 for d in (1, 0)}, owned=True)
     >>> ds.devices
     (0, 1)
-    >>> ds.offer(1, ds.samplers[1].sample_once()); ds.update()
-    True
+    >>> ds.offer(1, ds.samplers[1].sample_once()), ds.update()
+    (True, True)
     >>> [s["device"] for s in ds.payload(selected=1)["strips"]]
     [0, 1]
     >>> ds.close()

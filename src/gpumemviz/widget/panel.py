@@ -359,7 +359,15 @@ class MemoryPanel(anywidget.AnyWidget):
         self._writer.submit(self._draw_strips)
 
     def detach_devices(self) -> None:
-        """Stop showing several devices (closing the panel does this; no example)."""
+        """Stop showing several devices (closing the panel does this).
+
+        Examples
+        --------
+        >>> panel = MemoryPanel()
+        >>> panel.detach_devices(); panel.shown_devices
+        ()
+        >>> panel.close()
+        """
         devset, self._devset = self._devset, None
         if devset is not None:
             self.detach()
@@ -367,6 +375,11 @@ class MemoryPanel(anywidget.AnyWidget):
 
     def select_device(self, device: int) -> None:
         """Draw ``device`` in full below the strips (what a click on its strip does).
+
+        Parameters
+        ----------
+        device : int
+            One of `shown_devices`.
 
         Raises
         ------
@@ -394,7 +407,7 @@ class MemoryPanel(anywidget.AnyWidget):
 
     def follow_devices(self) -> None:
         """A replay the user moved: the other devices follow the selected one from now on
-        (the seek and play commands call it; no example)."""
+        (the seek and play commands call it)."""
         devset = self._devset
         if devset is not None and devset.replay and self._device is not None:
             devset.following = True
