@@ -45,6 +45,7 @@ function render({ model, el }) {
   const strips = createStrips(root, {
     onSelect(_index, strip) { send("select", { value: strip.device }); },
   });
+  root.prepend(strips.element);  // every device first, then the selected one's header and map
   const timeline = createTimeline(root, {
     onSync(since) { model.send({ kind: "timeline_sync", view: id, since }); },
     colours() {
