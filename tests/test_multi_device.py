@@ -72,6 +72,9 @@ def test_a_replay_of_three_devices_shows_each_with_the_oom_on_device_1(path):
         assert panel.header["num_ooms"] == 1
         assert strips["totals"]["ooms"] == 1 and strips["note"] == BY_TIME
         assert all(len(s["bins"]) == 64 and s["reserved"] > 0 for s in strips["strips"])
+        # the verdict of the recorded OOM, judged on the state at that entry, names its device
+        assert panel.oom["device"] == 1 and panel.oom["cause"] in ("capacity", "fragmentation")
+        assert panel.oom["explanation"] and panel.title.startswith("cuda:1 · ")
         assert panel.errors == ()
     finally:
         panel.close()
@@ -90,6 +93,7 @@ def test_seek_moves_every_device_to_the_same_recorded_time():
         assert panel.flush()
         # the strips follow: before the OOM entry, device 1 has recorded none yet
         assert [s["ooms"] for s in panel.strips["strips"]] == [0, 0, 0]
+        assert panel.oom == {}
         reply = panel.command("select", value=2)
         assert reply["ok"] and panel.flush()
         assert panel.strips["selected"] == 2

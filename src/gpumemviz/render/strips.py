@@ -24,6 +24,7 @@ __all__ = [
     "device_bins",
     "device_summary",
     "snapshot_devices",
+    "snapshot_strip_set",
     "snapshot_summaries",
     "strip_set",
     "trace_oom_counts",
@@ -209,3 +210,23 @@ def snapshot_summaries(snapshot: Snapshot, bins: int = STRIP_BINS) -> list[Summa
         device_summary(build_rows(snapshot, device=d), device=d, ooms=ooms.get(d, 0), bins=bins)
         for d in snapshot_devices(snapshot)
     ]
+
+
+def snapshot_strip_set(snapshot: Snapshot, selected: int | None = None) -> dict[str, object]:
+    """The `strip_set` of a snapshot of several devices (``selected``: a device index, drawn in
+    full); ``{}`` for one device or none, where the panel draws no strips.
+
+    >>> from gpumemviz.snapshot import Snapshot
+    >>> seg = {"address": 0, "total_size": 512, "stream": 0,
+    ...        "blocks": [{"size": 512, "state": "inactive"}]}
+    >>> snapshot_strip_set(Snapshot.from_torch([{**seg, "device": 0}]))
+    {}
+    >>> two = Snapshot.from_torch([{**seg, "device": 0}, {**seg, "device": 2}])
+    >>> snapshot_strip_set(two, selected=2)["selected"]
+    1
+    """
+    summaries = snapshot_summaries(snapshot)
+    if len(summaries) < 2:
+        return {}
+    devices = [s["device"] for s in summaries]
+    return strip_set(summaries, selected=devices.index(selected) if selected in devices else None)

@@ -8,7 +8,9 @@ bundle itself (`_esm` and `_css` are paths from gpumemviz.bundles), so anywidget
 
 The module stays whole (under 800 lines, a third of them docstrings): it is the one class
 whose methods all read and write the same traits, wire and writer queue; the pieces it uses
-(writer thread, kernel subshells, bundle location) live in their own modules.
+live in their own modules: writer thread, kernel subshells, browser messages (messages.py),
+trait values (panel_state.py), the advice throttle (advising.py), the devices of a
+several-device panel (devices.py) and a replay's recorded OOM verdict (replay_oom.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import traitlets
 from gpumemviz.bundles import bundle_path
 from gpumemviz.render.rows import build_rows
 from gpumemviz.render.stacks import Stacks
-from gpumemviz.render.strips import snapshot_summaries, strip_set
+from gpumemviz.render.strips import snapshot_strip_set
 from gpumemviz.render.timeline import (
     TimelineData,
 )
@@ -45,6 +47,7 @@ from gpumemviz.widget.panel_state import (
     report_numbers,
     source_times,
 )
+from gpumemviz.widget.replay_oom import ReplayedOoms
 from gpumemviz.widget.subshell import delete_subshell, route_to_main, route_to_subshell
 from gpumemviz.widget.writer import Writer
 
@@ -159,6 +162,7 @@ class MemoryPanel(anywidget.AnyWidget):
             lambda: self.ADVICE_EVERY_S, self._writer.submit, self._set_advice
         )
         self._devset: DeviceSet | None = None  # every device's sampler (attach_devices)
+        self._replay_ooms: ReplayedOoms | None = None  # a replay's recorded OOMs, judged
         self.on_msg(lambda _w, content, _b: handle_browser_msg(self, content))
         # the kernel subshell that handles this panel's browser messages (None: the main shell)
         self.subshell: str | None = route_to_subshell(self.comm) if subshell else None
@@ -535,7 +539,7 @@ class MemoryPanel(anywidget.AnyWidget):
             return
         if item[0] == "snapshot":
             report = self._show(item[1], {}, status="snapshot")
-            self._snapshot_strips(item[1])
+            self.strips = snapshot_strip_set(item[1], self._device)  # {} for one device
             self._advice.advise(
                 report, settings=None, stats=None, total=None, device=self._device, force=True
             )
@@ -543,15 +547,11 @@ class MemoryPanel(anywidget.AnyWidget):
             self._apply_sample(item[1])
             self._add_point(item[1])  # after the header: the point carries its fragmentation
 
-    def _snapshot_strips(self, snap: Snapshot) -> None:
-        """A snapshot of several devices: a strip each (the map shows all, or the one selected)."""
-        summaries = snapshot_summaries(snap)
-        if len(summaries) < 2:
-            self.strips = {}
-            return
-        devices = [int(cast("int", s["device"])) for s in summaries]
-        pick = devices.index(self._device) if self._device in devices else None
-        self.strips = strip_set(summaries, selected=pick)
+    def _replayed_oom(self, source: TimeTravelSource) -> JsonDict:
+        if self._replay_ooms is None or self._replay_ooms.played is not source:
+            self._replay_ooms = ReplayedOoms(source)
+        event = self._replay_ooms.at_position()
+        return oom_dict(event) if event is not None else {}
 
     def _apply_sample(self, sample: Sample) -> None:
         extra: JsonDict = {}
@@ -563,10 +563,15 @@ class MemoryPanel(anywidget.AnyWidget):
             extra |= {"nvml_total": nvml.total, "nvml_used": nvml.used}
             self._device_free = nvml.free
         info = getattr(sample, "device_info", None)
-        if info is not None and info.name:
-            self.title = info.name
+        if info is not None and info.name:  # several devices: the header names its own
+            self.title = (
+                info.name if self._devset is None else f"cuda:{sample.device} · {info.name}"
+            )
         self.demo = bool(getattr(sample, "demo", False))
         oom = getattr(sample, "oom", None)
+        source = getattr(self.sampler, "source", None)
+        if "time_travel" in getattr(source, "capabilities", ()):  # the recorded OOM shown
+            self.oom = self._replayed_oom(cast("TimeTravelSource", source))
         if oom is not None:
             self.oom = oom_dict(oom)
             m = self.timeline.add_mark(oom.time, f"OOM ({oom.cause})", "oom")
