@@ -195,6 +195,9 @@ def test_the_terminal_magic_prints_every_replayed_device(shell, capsys, path):
     for d in (0, 1, 2):
         assert f"gpumemviz · cuda:{d} · recorded trace" in out
     assert out.count("OOMs 1") == 1
+    shell.run_line_magic("gpumemviz", f"--replay {path()} --device 2")  # one device, named
+    out = capsys.readouterr().out
+    assert "cuda:2 · recorded trace" in out and "cuda:1" not in out
 
 
 def test_the_magic_shows_simulated_devices_all_in_one_panel(shell, capsys):
@@ -210,6 +213,9 @@ def test_the_magic_shows_simulated_devices_all_in_one_panel(shell, capsys):
     first = panel.sampler
     again = shell.run_line_magic("gpumemviz", "--demo training --device all --devices 3")
     assert again.sampler is first and panel.sampler is None  # same feeds, a new panel
+    shell.run_line_magic("gpumemviz", "--device all stop")
+    assert "stopped sampling devices 0, 1, 2" in capsys.readouterr().out
+    assert not any(s.running for s in magics.multi.samplers.values())
     with pytest.raises(UsageError, match="--devices N is for --demo WORKLOAD --device all"):
         shell.run_line_magic("gpumemviz", "--devices 2")
     with pytest.raises(UsageError, match="export acts on one device"):

@@ -178,6 +178,9 @@ class GpumemvizMagics(Magics):
         if args.devices is not None and not 1 <= args.devices <= 64:
             raise UsageError(f"%gpumemviz: --devices must be in 1..64, got {args.devices}")
         if args.device == "all":
+            if args.command == "stop":
+                self._stop_all()
+                return None
             if args.command is not None:
                 raise UsageError(f"%gpumemviz: {args.command} acts on one device: name it")
             return self._show_all(args)
@@ -217,7 +220,7 @@ class GpumemvizMagics(Magics):
         raw = None
         if args.replay:
             path = Path(args.replay).expanduser().resolve()
-            if self._by_key(("replay", str(path))) is None:
+            if self._by_key(("replay", str(path), str(args.device))) is None:
                 raw = _load_file(path)  # read once: the replay sampler opens this same dict
                 if not _has_history(raw):  # nothing to play: show the state the file holds
                     return self._show_file(raw, path)
@@ -301,6 +304,16 @@ class GpumemvizMagics(Magics):
         self.multi = _AllFeed(samplers=samplers, owned=owned, key=key)
         return samplers, owned
 
+    def _stop_all(self) -> None:
+        multi = self.multi
+        if multi is None:
+            print("gpumemviz: nothing shown for --device all yet")
+            return
+        for d, sampler in multi.samplers.items():
+            sampler.stop()
+            self.started.discard(d)
+        print(f"gpumemviz: stopped sampling devices {', '.join(map(str, multi.samplers))}")
+
     def _drop_all(self) -> None:
         multi, self.multi = self.multi, None
         if multi is not None:
@@ -341,7 +354,7 @@ class GpumemvizMagics(Magics):
         ``raw``: the ``--replay`` file's contents when the caller read them already."""
         if args.replay:
             path = Path(args.replay).expanduser().resolve()
-            key: tuple[str | int, ...] = ("replay", str(path))
+            key: tuple[str | int, ...] = ("replay", str(path), str(args.device))
         elif args.demo:
             key = ("demo", args.demo, device)
         else:
@@ -351,7 +364,7 @@ class GpumemvizMagics(Magics):
             return old
         if args.replay:
             raw = _load_file(path) if raw is None else raw
-            sampler = _replay_sampler(raw, path, args.interval)
+            sampler = _replay_sampler(raw, path, args.interval, args.device)
         elif args.demo:
             sampler = _demo_sampler(args.demo, device, args.interval)
         else:
