@@ -156,6 +156,7 @@ def test_eight_simulated_devices_fit_the_frame_limits():
             s.sample_once(segments=True)
         assert panel.flush()
         assert panel.shown_devices == tuple(range(8))
+        assert "strips" in panel.keys  # a synced trait: it travels to the browser
         assert len({json.dumps(s["bins"]) for s in panel.strips["strips"]}) > 1
         assert len(json.dumps(panel.strips)) < 16 << 10
         assert panel.wire_stats["max_bytes"] <= FIRST_FRAME_LIMIT
