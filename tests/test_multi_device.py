@@ -232,3 +232,17 @@ def test_inspect_prints_every_device_and_the_oom_on_device_1(capsys):
     blocks = out.split("\ndevice ")
     assert [b.split(":")[0] for b in blocks[1:4]] == ["0", "1", "2"]
     assert "last OOM" in blocks[2] and "last OOM" not in blocks[1] + blocks[3].split("all")[0]
+
+
+def test_a_panel_of_shared_devices_switches_by_strip_not_by_the_device_switcher():
+    from gpumemviz.live import shared
+
+    panel = MemoryPanel()
+    panel.attach_devices({0: shared(0), 1: shared(1)})
+    try:
+        assert panel.flush()
+        assert panel.controls["devices"] == [] and panel.shown_devices == (0, 1)
+        assert panel.command("select", value=1)["ok"] and panel.flush()
+        assert panel.sampler is shared(1) and panel.strips["selected"] == 1
+    finally:
+        panel.close()

@@ -37,6 +37,8 @@ class _Panel(Protocol):
     def subshell(self) -> str | None: ...
     @property
     def owns_sampler(self) -> bool: ...
+    @property
+    def shown_devices(self) -> tuple[int, ...]: ...
     def replay_times(self) -> np.ndarray | None: ...
     def devices(self) -> list[int]: ...
 
@@ -59,6 +61,7 @@ def controls_state(panel: _Panel, device: int | None) -> JsonDict:
                 t_last=int(times[-1]),
                 time_us=int(times[pos]) if 0 <= pos < len(times) else None,
             )
+    switcher = sampler is not None and not panel.owns_sampler and len(panel.shown_devices) < 2
     return {
         "live": sampler is not None,
         "capabilities": sorted(getattr(source, "capabilities", ()) or ()),
@@ -67,7 +70,8 @@ def controls_state(panel: _Panel, device: int | None) -> JsonDict:
         "routing": "subshell" if panel.subshell else "main",
         "replay": replay,
         "can_reset_peaks": callable(getattr(source, "reset_peaks", None)),
-        "devices": panel.devices() if sampler is not None and not panel.owns_sampler else [],
+        # the switcher follows one shared sampler; a panel of strips switches by a click
+        "devices": panel.devices() if switcher else [],
         "device": device,
     }
 
