@@ -21,6 +21,14 @@ in tests/browser): per size, the bytes of the steady frame the browser received,
 decode and apply it (decode_ms), and the canvas redraw of the whole view (draw_ms, median of 20
 redraws of 48+ rows x 1,024 cells). Target: at most 16 ms per redraw at 10^5 blocks.
 
+Devices (issue 16): a panel of 8 devices (`--device all`) does, per sample of every device,
+build_rows + `render.strips.device_summary` for each and the selected device's frames; the strips
+travel as one JSON trait. Columns: devices, blocks per device, strips_B (the trait's JSON bytes),
+frame_KiB (largest frame of the selected map), update_ms (all devices' rows and summaries plus
+the selected device's frames), ratio (update_ms over the 1-device panel's, measured in the same
+run: the baseline). Target: strips and every frame within the 64 KiB per-frame limit at 8
+devices.
+
 Run: .venv/bin/python benchmarks/widget.py [--quick] [--browser]
 """
 
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import statistics
 import sys
 import tempfile
@@ -37,6 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from gpumemviz.render.rows import build_rows, encode_cells
+from gpumemviz.render.strips import device_summary, strip_set
 from gpumemviz.render.wire import FIRST_FRAME_LIMIT, FRAME_LIMIT, Wire
 from gpumemviz.snapshot import ALLOCATED, INACTIVE, PENDING_FREE, Snapshot
 
@@ -122,6 +132,56 @@ def measure(n_blocks: int, per_segment: int, repeat: int) -> dict:
         "same_ms": same_ms,
         "all_ms": all_ms,
     }
+
+
+def measure_devices(n_dev: int, n_blocks: int, per_segment: int, repeat: int) -> dict:
+    """One update of a panel of ``n_dev`` devices: every device's rows and strip summary, the
+    selected device's frames (a view open on it), the strips trait's JSON."""
+    states = [
+        [synthetic(n_blocks, per_segment, seed=d, flip=f) for d in range(n_dev)]
+        for f in (0.0, 0.01)
+    ]
+    wire = Wire()
+    wire.set_rows(build_rows(states[0][0]))
+    wire.set_view("bench", first=0, count=VIEW_ROWS, cells=CELLS)
+    times, frame_b, strips_b = [], 0, 0
+    for i in range(repeat * 2):  # alternate the two states: every update changes rows
+        t = time.perf_counter()
+        summaries = []
+        for d, snap in enumerate(states[i % 2]):
+            rows = build_rows(snap)
+            summaries.append(device_summary(rows, device=d))
+            if d == 0:
+                wire.set_rows(rows)
+                frames = wire.update()
+        trait = json.dumps(strip_set(summaries, selected=0)) if n_dev > 1 else ""
+        times.append((time.perf_counter() - t) * 1e3)
+        frame_b = max([frame_b, *(f.nbytes for f in frames)])
+        strips_b = max(strips_b, len(trait))
+    return {"update_ms": min(times), "frame_kib": frame_b / 1024, "strips_b": strips_b}
+
+
+def devices_table(sizes: list[int], repeat: int) -> bool:
+    """Rows for 1 (the baseline) and 8 devices; True when the frame limits hold."""
+    print(
+        f"{'devices':>7} {'blocks/dev':>10} {'strips_B':>8} {'frame_KiB':>9} {'update_ms':>9} "
+        f"{'ratio':>6}"
+    )
+    ok = True
+    for n in sizes:
+        base = measure_devices(1, n, 100, repeat)
+        for n_dev in (1, 8):
+            r = base if n_dev == 1 else measure_devices(n_dev, n, 100, repeat)
+            print(
+                f"{n_dev:>7} {n:>10,} {r['strips_b']:>8,} {r['frame_kib']:>9.1f} "
+                f"{r['update_ms']:>9.1f} {r['update_ms'] / base['update_ms']:>6.2f}"
+            )
+            ok &= r["strips_b"] <= FRAME_LIMIT and r["frame_kib"] * 1024 <= FRAME_LIMIT
+    print(
+        f"target: 8 devices' strips and frames <= {FRAME_LIMIT >> 10} KiB each: "
+        f"{'met' if ok else 'MISSED'} (ratio: update time over the 1-device panel's)"
+    )
+    return ok
 
 
 def browser_table(sizes: list[int]) -> bool:
@@ -225,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         f"targets: first frame <= {FIRST_FRAME_LIMIT >> 10} KiB, steady frames <= "
         f"{FRAME_LIMIT >> 10} KiB, unchanged samples send 0 B: {'met' if ok else 'MISSED'}"
     )
+    print()
+    ok &= devices_table([n for n in sizes if n <= 10**5], repeat)
     if args.browser:
         print()
         ok &= browser_table(sizes)

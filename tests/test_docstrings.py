@@ -26,6 +26,7 @@ INTERNAL_METHODS = {
     "MemoryPanel.devices": "fills the `controls` trait's device switcher",
     "MemoryPanel.fit_inputs": "what the panel's fit command reads",
     "MemoryPanel.replay_times": "what the seek command and the replay controls read",
+    "MemoryPanel.follow_devices": "the seek and play commands of a panel of several devices",
 }
 
 _HEADER = re.compile(r"^(\w[\w ]*)\n-{3,}[ \t]*$", re.M)

@@ -214,8 +214,8 @@ def test_export_with_nothing_shown_and_no_cuda_refuses_and_writes_nothing(shell,
 def test_help_prints_the_options_instead_of_an_error(shell, capsys):
     assert shell.run_line_magic("gpumemviz", "--help") is None
     out = capsys.readouterr().out
-    assert out.startswith("usage: %gpumemviz [--device N] [--interval S]")
-    for option in ("--device N", "--interval S", "--demo WORKLOAD", "--replay FILE", "export"):
+    assert out.startswith("usage: %gpumemviz [--device N|all] [--devices N] [--interval S]")
+    for option in ("--device N|all", "--devices N", "--interval S", "--demo WORKLOAD", "export"):
         assert option in out
     assert not _magics(shell).feeds  # help shows nothing and starts nothing
     shell.run_line_magic("gpumemviz", "-h")

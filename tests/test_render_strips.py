@@ -10,7 +10,14 @@ import pytest
 
 from gpumemviz.io import load_snapshot
 from gpumemviz.render.rows import KIND_ALLOCATED, LEVELS, build_rows
-from gpumemviz.render.strips import device_bins, device_summary
+from gpumemviz.render.strips import (
+    SUMMED,
+    device_bins,
+    device_summary,
+    snapshot_strip_set,
+    snapshot_summaries,
+    strip_set,
+)
 
 STANDIN = Path(__file__).parent / "data" / "standin" / "standin__expandable_oom_3dev.pickle"
 
@@ -65,3 +72,31 @@ def test_fully_allocated_cells_are_pure() -> None:
     }
     bins = device_bins(build_rows(Snapshot.from_torch([seg])), 16)
     assert bins == [LEVELS | (KIND_ALLOCATED << 6)] * 16
+
+
+def test_a_strip_set_from_published_summaries_sums_them_and_keeps_their_keys() -> None:
+    """Summaries made elsewhere (another process's, as JSON) draw as they are: each keeps
+    every key, gains a label, and the totals add up."""
+    sums = [json.loads(json.dumps(s)) for s in snapshot_summaries(load_snapshot(STANDIN))]
+    out = strip_set(sums, labels=["rank 0", "rank 1", "rank 2"], selected=2, note="x")
+    assert [s["label"] for s in out["strips"]] == ["rank 0", "rank 1", "rank 2"]
+    assert all(set(a) == set(b) | {"label"} for a, b in zip(out["strips"], sums, strict=True))
+    for key in SUMMED:
+        assert out["totals"][key] == sum(s[key] for s in sums)
+    assert out["totals"]["largest_free"] == max(s["largest_free"] for s in sums)
+    assert out["selected"] == 2 and out["note"] == "x"
+    assert len(json.dumps(out)) < 4096  # three strips travel in a few KiB
+    with pytest.raises(ValueError, match="2 labels for 3 strips"):
+        strip_set(sums, labels=["a", "b"])
+    with pytest.raises(ValueError, match=r"selected strip 3 is outside 0\.\.2"):
+        strip_set(sums, selected=3)
+
+
+def test_a_snapshot_strip_set_has_one_strip_per_device_and_the_ooms_of_its_trace() -> None:
+    snap = load_snapshot(STANDIN)
+    out = snapshot_strip_set(snap, selected=1)
+    assert [(s["device"], s["ooms"]) for s in out["strips"]] == [(0, 0), (1, 1), (2, 0)]
+    assert out["selected"] == 1 and out["totals"]["ooms"] == 1
+    for s in out["strips"]:  # the strip's figures are the full map's of that device
+        assert s["reserved"] == int(build_rows(snap, s["device"]).total_size.sum())
+    assert snapshot_strip_set(snap, selected=7)["selected"] is None

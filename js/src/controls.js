@@ -62,7 +62,8 @@ export function formatFigure(key, value, bytes) {
 export function oomText(oom) {
   if (!oom || !oom.cause) return "";
   const size = typeof oom.alloc_size === "number" ? ` of ${formatSize(oom.alloc_size)}` : "";
-  return `OOM${size} (${oom.cause}): ${oom.explanation || ""}`.trim();
+  const where = typeof oom.device === "number" ? ` on cuda:${oom.device}` : "";
+  return `OOM${where}${size} (${oom.cause}): ${oom.explanation || ""}`.trim();
 }
 
 /**

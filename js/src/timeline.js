@@ -35,6 +35,50 @@ export function timelineScale(points, width, height) {
   };
 }
 
+export const LABEL_LANES = 3;
+export const LANE_H = 11;
+export const LABEL_MAX_W = 160;
+export const LABEL_GAP = 6;
+
+/**
+ * Where each marker label goes so that none overprints another: labels in x order take the
+ * first of `lanes` rows whose last label ends `gap` pixels before them; a label no row has room
+ * for is left out (thinned: its full text stays on hover).
+ * @param {{x: number, width: number}[]} items
+ * @param {number} lanes
+ * @param {number} gap
+ * @returns {number[]} the lane of each item, -1 when left out
+ */
+export function labelLanes(items, lanes = LABEL_LANES, gap = LABEL_GAP) {
+  const order = items.map((_, i) => i).sort((a, b) => items[a].x - items[b].x);
+  const ends = new Array(lanes).fill(-Infinity);
+  const out = new Array(items.length).fill(-1);
+  for (const i of order) {
+    const lane = ends.findIndex((end) => end + gap <= items[i].x);
+    if (lane < 0) continue;
+    out[i] = lane;
+    ends[lane] = items[i].x + items[i].width;
+  }
+  return out;
+}
+
+/**
+ * A label cut to `maxWidth` pixels with an ellipsis (`measure`: the text's width).
+ * @param {string} text
+ * @param {number} maxWidth
+ * @param {(t: string) => number} measure
+ * @returns {string}
+ */
+export function fitLabel(text, maxWidth, measure) {
+  if (measure(text) <= maxWidth) return text;
+  let lo = 0, hi = text.length;
+  while (lo < hi) {
+    const mid = (lo + hi + 1) >> 1;
+    if (measure(text.slice(0, mid) + "…") <= maxWidth) lo = mid; else hi = mid - 1;
+  }
+  return text.slice(0, lo) + "…";
+}
+
 const EPOCH_LO = 946684800; // 2000-01-01: earlier "times" are a counter, not a wall clock
 const EPOCH_HI = 4102444800; // 2100-01-01
 
@@ -76,6 +120,14 @@ export function createTimeline(host, opts) {
   let marks = [];
   let next = 0;
   let raf = 0;
+  /** @type {{x: number, label: string}[]} markers drawn, for the hover */
+  let placed = [];
+  canvas.addEventListener("mousemove", (ev) => {
+    const r = canvas.getBoundingClientRect();
+    const x = ((ev.clientX - r.left) * canvas.width) / Math.max(1, r.width);
+    const near = placed.filter((p) => Math.abs(p.x - x) <= 4 && p.label).map((p) => p.label);
+    canvas.title = near.join("\n");
+  });
 
   function draw() {
     raf = 0;
@@ -111,13 +163,25 @@ export function createTimeline(host, opts) {
     line(1, c.allocated, false);
     line(5, c.trapped, true);
     ctx.font = "10px sans-serif";
+    placed = [];
+    /** @type {{x: number, width: number, text: string}[]} */
+    const labels = [];
     for (const m of marks) {
       if (m.t < s.t0 || m.t > s.t1 + 1) continue;
       const x = Math.min(width - 2, s.x(m.t));
       ctx.fillStyle = m.kind === "cell" ? c.muted : c.text;
       ctx.fillRect(x, 0, 1, TL_H);
-      if (m.kind !== "cell") ctx.fillText(m.label, x + 3, 10);
+      placed.push({ x, label: m.label });
+      if (m.kind === "cell" || !m.label) continue;
+      const text = fitLabel(m.label, LABEL_MAX_W, (t) => ctx.measureText(t).width);
+      labels.push({ x: x + 3, width: ctx.measureText(text).width, text });
     }
+    const lanes = labelLanes(labels);
+    ctx.fillStyle = c.text;
+    labels.forEach((l, i) => { if (lanes[i] >= 0) ctx.fillText(l.text, l.x, 10 + lanes[i] * LANE_H); });
+    const shownLabels = lanes.filter((l) => l >= 0).length;
+    canvas.dataset.labels = String(shownLabels);
+    canvas.dataset.labelsThinned = String(labels.length - shownLabels);
     legend.textContent = `${spanText(s.t0, s.t1)} · allocated, reserved, NVML used, ` +
       `non-PyTorch (0 – ${Math.round(s.top / 2 ** 20)} MiB), fragmentation (0 – 1)` +
       (marks.length ? ` · last marker: ${marks[marks.length - 1].label}` : "");

@@ -2,6 +2,7 @@
 import { decodeBlocks, decodeFrame } from "./decode.js";
 import { createHeatmap } from "./heatmap.js";
 import { createHeader, createToolbar } from "./controls.js";
+import { createStrips } from "./strips.js";
 import { createTimeline } from "./timeline.js";
 import { logEvent, registerView } from "./probe.js";
 
@@ -11,7 +12,8 @@ let nextId = 0;
  * The synced traits (widget/panel.py `MemoryPanel`).
  * @typedef {{title: string, status: string, demo: boolean, header: Record<string, unknown>,
  *   advice: {kind: string, message: string}[], oom: Record<string, unknown>,
- *   controls: import("./controls.js").Controls, map_layout: import("./heatmap.js").Layout}} Traits
+ *   controls: import("./controls.js").Controls, map_layout: import("./heatmap.js").Layout,
+ *   strips: import("./strips.js").StripSet}} Traits
  */
 /**
  * A custom message from Python, told apart by `kind` (a message of another kind is ignored).
@@ -32,12 +34,18 @@ function render({ model, el }) {
   el.append(root);
   const header = createHeader(root);
   let nextCmd = 0;
-  const toolbar = createToolbar(root, (name, args) => {
+  /** @param {string} name @param {Record<string, unknown>} args */
+  const send = (name, args) => {
     const cid = `${id}-c${nextCmd++}`;
     model.send({ kind: "command", id: cid, name, args });
     logEvent({ event: "command", view: id, id: cid, name });
     return cid;
+  };
+  const toolbar = createToolbar(root, send);
+  const strips = createStrips(root, {
+    onSelect(_index, strip) { send("select", { value: strip.device }); },
   });
+  root.prepend(strips.element);  // every device first, then the selected one's header and map
   const timeline = createTimeline(root, {
     onSync(since) { model.send({ kind: "timeline_sync", view: id, since }); },
     colours() {
@@ -63,6 +71,7 @@ function render({ model, el }) {
     oom: model.get("oom") || {},
   });
   const onControls = () => toolbar.update(model.get("controls") || {});
+  const onStrips = () => strips.update(model.get("strips") || {});
   const onLayout = () => {
     const layout = model.get("map_layout") || { n_rows: 0, groups: [] };
     root.dataset.rows = String(layout.n_rows || 0);
@@ -101,14 +110,16 @@ function render({ model, el }) {
   const events = [
     ["change:header", onHeader], ["change:title", onHeader], ["change:status", onHeader],
     ["change:demo", onHeader], ["change:advice", onHeader], ["change:oom", onHeader],
-    ["change:map_layout", onLayout], ["change:controls", onControls], ["msg:custom", onMsg],
+    ["change:map_layout", onLayout], ["change:controls", onControls], ["change:strips", onStrips],
+    ["msg:custom", onMsg],
   ];
   for (const [name, fn] of events) model.on(name, fn);
   onHeader();
   onControls();
+  onStrips();
   model.send({ kind: "timeline_sync", view: id, since: 0 });
   onLayout();
-  registerView(id, { map, root, model, toolbar, timeline });
+  registerView(id, { map, root, model, toolbar, timeline, strips });
 
   return () => {
     for (const [name, fn] of events) model.off(name, fn);
@@ -116,6 +127,7 @@ function render({ model, el }) {
     map.destroy();
     header.destroy();
     toolbar.destroy();
+    strips.destroy();
     timeline.destroy();
     root.remove();
     registerView(id, null);

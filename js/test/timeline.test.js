@@ -26,3 +26,28 @@ test("the legend shows clock times for Unix times and raw values for a counter c
   assert.equal(spanText(0, 1500), "t 0 – 1,500 (recorded clock, not wall time)");
   assert.doesNotMatch(spanText(3, 86400 * 2), /19[67]\d|:/);
 });
+
+test("marker labels close together take other lanes or are left out, never overprint", async () => {
+  const { labelLanes, LABEL_LANES } = await import("../src/timeline.js");
+  // eight labels 100 px wide, 10 px apart: three lanes hold three, the rest are thinned
+  const items = Array.from({ length: 8 }, (_, i) => ({ x: i * 10, width: 100 }));
+  const lanes = labelLanes(items);
+  assert.deepEqual(lanes.slice(0, LABEL_LANES), [0, 1, 2]);
+  const ends = new Map();
+  items.forEach((it, i) => {
+    if (lanes[i] < 0) return;
+    for (const [lane, end] of ends) if (lane === lanes[i]) assert.ok(it.x >= end, "overlap");
+    ends.set(lanes[i], it.x + it.width);
+  });
+  assert.ok(lanes.includes(-1));
+  // far apart: all in the first lane
+  assert.deepEqual(labelLanes([{ x: 300, width: 50 }, { x: 0, width: 50 }]), [0, 0]);
+});
+
+test("a long label is cut to the width with an ellipsis", async () => {
+  const { fitLabel } = await import("../src/timeline.js");
+  const measure = (/** @type {string} */ t) => t.length * 6;
+  assert.equal(fitLabel("enumerate", 100, measure), "enumerate");
+  const cut = fitLabel("Optimizer.zero_grad#AdamW.zero_grad", 60, measure);
+  assert.ok(cut.endsWith("…") && measure(cut) <= 60, cut);
+});

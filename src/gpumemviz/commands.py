@@ -58,6 +58,8 @@ class Panel(Protocol):
     def replay_times(self) -> np.ndarray | None: ...
     def devices(self) -> list[int]: ...
     def follow_device(self, device: int, sampler: Sampler) -> None: ...
+    def select_device(self, device: int) -> None: ...
+    def follow_devices(self) -> None: ...
 
 
 def run_command(panel: Panel, name: str, args: JsonDict) -> JsonDict:
@@ -167,6 +169,7 @@ def _seek(panel: Panel, args: JsonDict) -> JsonDict:
     except (TypeError, ValueError) as exc:
         raise CommandError(str(exc)) from None
     sampler.sample_once(segments=True)
+    panel.follow_devices()  # a panel of several replayed devices moves them all
     return {"text": f"entry {index + 1} of {source.n}", "index": index}
 
 
@@ -174,6 +177,7 @@ def _play(panel: Panel, args: JsonDict) -> JsonDict:
     source = cast("TimeTravelSource", _sampler(panel).source)
     _needs(source, "time_travel", "play a recording")
     source.play()
+    panel.follow_devices()
     return {"text": "playing"}
 
 
@@ -217,6 +221,16 @@ def _device(panel: Panel, args: JsonDict) -> JsonDict:
     return {"text": f"showing cuda:{device}", "device": device}
 
 
+def _select(panel: Panel, args: JsonDict) -> JsonDict:
+    """A click on a device's strip: draw that device in full below the strips."""
+    try:
+        device = int(args.get("value"))  # type: ignore[arg-type]  # None: TypeError, caught
+        panel.select_device(device)
+    except (TypeError, ValueError) as exc:
+        raise CommandError(f"select: {exc}") from None
+    return {"text": f"showing cuda:{device} in full", "device": device}
+
+
 _COMMANDS: dict[str, Callable[[Panel, JsonDict], JsonDict]] = {
     "device": _device,
     "empty_cache": _empty_cache,
@@ -226,6 +240,7 @@ _COMMANDS: dict[str, Callable[[Panel, JsonDict], JsonDict]] = {
     "interval": _interval,
     "fit": _fit,
     "seek": _seek,
+    "select": _select,
     "play": _play,
     "record_history": _record_history,
     "reset_peaks": _reset_peaks,

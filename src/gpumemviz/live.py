@@ -14,9 +14,9 @@ from gpumemviz.fragmentation.oom import classify_event
 from gpumemviz.sample import check_device
 from gpumemviz.sampler import Sampler
 from gpumemviz.sources.base import Source
-from gpumemviz.sources.default import default_source
+from gpumemviz.sources.default import cuda_device_count, default_source
 
-__all__ = ["sampler_for", "shared", "shared_devices"]
+__all__ = ["local_devices", "sampler_for", "shared", "shared_devices"]
 
 _SHARED: dict[int, Sampler] = {}
 _SHARED_LOCK = threading.Lock()
@@ -80,3 +80,16 @@ def shared_devices() -> list[int]:
     """
     with _SHARED_LOCK:
         return sorted(_SHARED)
+
+
+def local_devices() -> list[int]:
+    """Every CUDA device torch sees here (``device="all"``); ``[0]`` without CUDA, where the
+    shared sampler of device 0 runs the simulator. Does not initialise CUDA.
+
+    Examples
+    --------
+    >>> devices = local_devices()
+    >>> devices[0], all(d >= 0 for d in devices)
+    (0, True)
+    """
+    return list(range(cuda_device_count())) or [0]

@@ -3,9 +3,11 @@
 The magic is a thin shell over `gpumemviz.widget.monitor`'s parts: one sampler per device (the
 shared one, or the extension's own for ``--demo`` and ``--replay``), one panel per device for the
 magic (re-running the cell replaces the panel and reuses the sampler), and in a terminal IPython,
-where no widget can show, a text summary of one read instead. It stays whole (about 500 lines):
-the argument parsing, the feeds, the cell hooks and the terminal summary all serve the one
-`%gpumemviz` command and share the extension's state of which feeds and panels it opened.
+where no widget can show, a text summary of one read instead. ``--device all`` (and a replayed
+file of several devices) shows every device in one panel of strips (`MemoryPanel.attach_devices`).
+It stays whole (about 670 lines): the argument parsing, the feeds, the cell hooks and the
+terminal summary all serve the one `%gpumemviz` command and share the extension's state of
+which feeds and panels it opened.
 """
 
 from __future__ import annotations
@@ -32,12 +34,30 @@ if TYPE_CHECKING:
     from gpumemviz.snapshot.schema import TorchDict
     from gpumemviz.widget import MemoryPanel
 
-__all__ = ["GpumemvizMagics", "load_ipython_extension", "summary", "unload_ipython_extension"]
+__all__ = [
+    "GpumemvizMagics",
+    "load_ipython_extension",
+    "summary",
+    "summary_all",
+    "unload_ipython_extension",
+]
 
 USAGE = (
-    "%gpumemviz [--device N] [--interval S] [--demo WORKLOAD] [--replay FILE] "
+    "%gpumemviz [--device N|all] [--devices N] [--interval S] [--demo WORKLOAD] [--replay FILE] "
     "[stop | status | export [--force] PATH]"
 )
+DEMO_DEVICES = 4  # --demo WORKLOAD --device all simulates this many devices unless --devices N
+
+
+def _device_arg(text: str) -> int | str:
+    if text == "all":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        from gpumemviz.snapshot.messages import short_repr  # numpy: only when needed
+
+        raise argparse.ArgumentTypeError(f"not a device index or all: {short_repr(text)}") from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,7 +74,20 @@ def _parser() -> _Parser:
     )
     p.add_argument("-h", "--help", action="store_true", help="show this help and do nothing else")
     p.add_argument(
-        "--device", metavar="N", type=int, default=None, help="CUDA device index (default: 0)"
+        "--device",
+        metavar="N|all",
+        type=_device_arg,
+        default=None,
+        help="CUDA device index (default: 0), or all: every device as a strip (header figures, "
+        "binned map, OOMs) above one device's full map (click a strip to choose it); a "
+        "--replay file of several devices shows all of them",
+    )
+    p.add_argument(
+        "--devices",
+        metavar="N",
+        type=int,
+        default=None,
+        help=f"with --demo and --device all: how many simulated devices (default {DEMO_DEVICES})",
     )
     p.add_argument(
         "--interval", metavar="S", type=float, default=None, help="seconds between reads"
@@ -92,6 +125,16 @@ class _Feed:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _AllFeed:
+    """What ``--device all`` shows: a sampler per device and the panel of their strips."""
+
+    samplers: dict[int, Sampler]
+    owned: bool
+    key: tuple[str | int, ...]
+    panel: MemoryPanel | None = None
+
+
 @magics_class
 class GpumemvizMagics(Magics):
     """The ``%gpumemviz`` magic; `load_ipython_extension` registers one per shell."""
@@ -99,6 +142,7 @@ class GpumemvizMagics(Magics):
     def __init__(self, shell: InteractiveShell) -> None:
         super().__init__(shell)
         self.feeds: dict[int, _Feed] = {}
+        self.multi: _AllFeed | None = None  # --device all
         self.started: set[int] = set()  # devices whose shared sampler this extension started
         self.last_device = 0
         # None: decide from the shell (a kernel has a widget front end, a terminal has not)
@@ -129,6 +173,17 @@ class GpumemvizMagics(Magics):
         if args.help:
             print(_parser().format_help(), end="")
             return None
+        if args.devices is not None and not (args.demo and args.device == "all"):
+            raise UsageError("%gpumemviz: --devices N is for --demo WORKLOAD --device all")
+        if args.devices is not None and not 1 <= args.devices <= 64:
+            raise UsageError(f"%gpumemviz: --devices must be in 1..64, got {args.devices}")
+        if args.device == "all":
+            if args.command == "stop":
+                self._stop_all()
+                return None
+            if args.command is not None:
+                raise UsageError(f"%gpumemviz: {args.command} acts on one device: name it")
+            return self._show_all(args)
         if args.device is not None and args.device < 0:
             raise UsageError(f"%gpumemviz: --device must be >= 0, got {args.device}")
         if args.interval is not None:
@@ -165,10 +220,12 @@ class GpumemvizMagics(Magics):
         raw = None
         if args.replay:
             path = Path(args.replay).expanduser().resolve()
-            if self._by_key(("replay", str(path))) is None:
+            if self._by_key(("replay", str(path), str(args.device))) is None:
                 raw = _load_file(path)  # read once: the replay sampler opens this same dict
                 if not _has_history(raw):  # nothing to play: show the state the file holds
                     return self._show_file(raw, path)
+                if args.device is None and len(_traced(raw)) > 1:
+                    return self._show_all(args, raw)
         feed = self._feed(device, args, raw)
         device = feed.sampler.source.device if feed.owned else device
         self.last_device = device
@@ -187,6 +244,84 @@ class GpumemvizMagics(Magics):
         if feed.sampler.start() and not was_running and not feed.owned:
             self.started.add(device)
         return panel
+
+    def _show_all(
+        self, args: argparse.Namespace, raw: TorchDict | None = None
+    ) -> MemoryPanel | None:
+        """Every device: each replayed device, ``--devices`` simulated ones, or every CUDA
+        device torch sees; a strip each above one device's full map (a terminal: every
+        device's summary)."""
+        from gpumemviz.widget import MemoryPanel
+
+        samplers, owned = self._all_samplers(args, raw)
+        if args.interval is not None:
+            for s in samplers.values():
+                s.set_interval(args.interval)
+        if not self._has_widgets():
+            print(summary_all({d: s.sample_once(segments=True) for d, s in samplers.items()}))
+            return None
+        if self.multi is not None and self.multi.panel is not None:
+            self.multi.panel.close()
+        panel = MemoryPanel()
+        panel.attach_devices(samplers)
+        if self.multi is not None:
+            self.multi.panel = panel
+        for d, s in samplers.items():
+            was = s.running
+            if s.start() and not was and not owned:
+                self.started.add(d)
+        return panel
+
+    def _all_samplers(
+        self, args: argparse.Namespace, raw: TorchDict | None
+    ) -> tuple[dict[int, Sampler], bool]:
+        """The samplers of ``--device all`` (the ones running when the arguments match)."""
+        if args.replay:
+            path = Path(args.replay).expanduser().resolve()
+            key: tuple[str | int, ...] = ("replay-all", str(path))
+        elif args.demo:
+            key = ("demo-all", args.demo, args.devices or DEMO_DEVICES)
+        else:
+            key = ("live-all",)
+        multi = self.multi
+        if multi is not None and multi.key == key:
+            return multi.samplers, multi.owned
+        if multi is not None:
+            self._drop_all()
+        if args.replay:
+            raw = _load_file(path) if raw is None else raw
+            if not _has_history(raw):
+                raise UsageError(f"%gpumemviz: --replay {path.name}: no recorded history")
+            samplers = {d: _replay_sampler(raw, path, args.interval, d) for d in _traced(raw)}
+        elif args.demo:
+            n = args.devices or DEMO_DEVICES
+            samplers = {d: _demo_sampler(args.demo, d, args.interval) for d in range(n)}
+        else:
+            from gpumemviz.live import local_devices, shared
+
+            samplers = {d: shared(d) for d in local_devices()}
+        owned = bool(args.replay or args.demo)
+        self.multi = _AllFeed(samplers=samplers, owned=owned, key=key)
+        return samplers, owned
+
+    def _stop_all(self) -> None:
+        multi = self.multi
+        if multi is None:
+            print("gpumemviz: nothing shown for --device all yet")
+            return
+        for d, sampler in multi.samplers.items():
+            sampler.stop()
+            self.started.discard(d)
+        print(f"gpumemviz: stopped sampling devices {', '.join(map(str, multi.samplers))}")
+
+    def _drop_all(self) -> None:
+        multi, self.multi = self.multi, None
+        if multi is not None:
+            if multi.panel is not None:
+                multi.panel.close()
+            if multi.owned:
+                for s in multi.samplers.values():
+                    s.close()
 
     def _show_file(self, raw: TorchDict, path: Path) -> MemoryPanel | None:
         """A snapshot without recorded history: its one state, no sampler."""
@@ -219,7 +354,7 @@ class GpumemvizMagics(Magics):
         ``raw``: the ``--replay`` file's contents when the caller read them already."""
         if args.replay:
             path = Path(args.replay).expanduser().resolve()
-            key: tuple[str | int, ...] = ("replay", str(path))
+            key: tuple[str | int, ...] = ("replay", str(path), str(args.device))
         elif args.demo:
             key = ("demo", args.demo, device)
         else:
@@ -229,7 +364,7 @@ class GpumemvizMagics(Magics):
             return old
         if args.replay:
             raw = _load_file(path) if raw is None else raw
-            sampler = _replay_sampler(raw, path, args.interval)
+            sampler = _replay_sampler(raw, path, args.interval, args.device)
         elif args.demo:
             sampler = _demo_sampler(args.demo, device, args.interval)
         else:
@@ -363,6 +498,7 @@ class GpumemvizMagics(Magics):
         for feed in list(self.feeds.values()):
             self._drop(feed)
         self.feeds.clear()
+        self._drop_all()
         for device in sorted(self.started):
             shared(device).stop()
         self.started.clear()
@@ -387,6 +523,8 @@ def _label(sampler: Sampler) -> str:
 
 
 def _demo_sampler(workload: str, device: int, interval: float | None) -> Sampler:
+    """A simulated device; with several, each runs a little faster than the one before, so
+    their states differ (the same workload in lockstep would draw one strip N times)."""
     from gpumemviz.allocator.workloads import WORKLOADS
     from gpumemviz.live import sampler_for
     from gpumemviz.snapshot.messages import short_repr
@@ -396,7 +534,9 @@ def _demo_sampler(workload: str, device: int, interval: float | None) -> Sampler
         raise UsageError(
             f"%gpumemviz: unknown workload {short_repr(workload)}; known: {sorted(WORKLOADS)}"
         )
-    return sampler_for(SimulatedSource(workload, device=device), interval=interval or 0.5)
+    speed = 400.0 * (1 + 0.25 * device)  # SimulatedSource's default rate on device 0
+    source = SimulatedSource(workload, device=device, steps_per_second=speed)
+    return sampler_for(source, interval=interval or 0.5)
 
 
 def _load_file(path: Path) -> TorchDict:
@@ -414,16 +554,25 @@ def _has_history(raw: TorchDict) -> bool:
     return any(len(t) for t in raw.get("device_traces") or ())
 
 
-def _replay_sampler(raw: TorchDict, path: Path, interval: float | None) -> Sampler:
-    """A sampler over a recorded trace, opened on its last entry (the state the file records)."""
+def _traced(raw: TorchDict) -> list[int]:
+    """The devices whose recorded trace has entries."""
+    return [d for d, t in enumerate(raw.get("device_traces") or ()) if t]
+
+
+def _replay_sampler(
+    raw: TorchDict, path: Path, interval: float | None, device: int | None = None
+) -> Sampler:
+    """A sampler over a recorded trace, opened on its last entry (the state the file records);
+    ``device``: that device's trace (default: the longest)."""
     from gpumemviz.live import sampler_for
     from gpumemviz.sources.playback import PlaybackSource
 
     try:
-        source = PlaybackSource(raw, loop=False)
+        source = PlaybackSource(raw, device=device, loop=False)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"%gpumemviz: --replay {path.name}: {exc}") from None
-    source.label = f"replay of {path.name} ({source.n} trace entries)"
+    where = f"cuda:{device}, " if device is not None else ""
+    source.label = f"replay of {path.name} ({where}{source.n} trace entries)"
     source.seek(source.n - 1)
     return sampler_for(source, interval=interval or 0.5)
 
@@ -490,6 +639,26 @@ def summary(sample: Sample) -> str:
             found = []
         lines += [f"advice: {a.message}" for a in found]
     return "\n".join(lines)
+
+
+def summary_all(samples: dict[int, Sample]) -> str:
+    """`summary` of every device, after one line naming the devices and where the OOMs are.
+
+    Parameters
+    ----------
+    samples : dict of int to Sample
+        One per device.
+
+    Returns
+    -------
+    str
+    """
+    ooms = {
+        d: s.stats.num_ooms for d, s in samples.items() if s.stats is not None and s.stats.num_ooms
+    }
+    where = ", ".join(f"cuda:{d} ({n})" for d, n in ooms.items()) or "none"
+    head = f"gpumemviz: {len(samples)} devices ({', '.join(map(str, samples))}) · OOMs: {where}"
+    return "\n\n".join([head, *(summary(s) for s in samples.values())])
 
 
 _MAGICS: dict[int, GpumemvizMagics] = {}

@@ -61,4 +61,7 @@ def cuda_device_count() -> int:
         import torch
     except ImportError:
         return 0
-    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    try:
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:  # a broken driver: no device to list
+        return 0

@@ -8,6 +8,7 @@ recorded addresses).
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -108,6 +109,12 @@ class PlaybackSource:
         self.loop = loop
         self.label = f"replay of a recorded trace (device {device}, {self.n} entries)"
         self._trace = traces[device] if device < len(traces) else []
+        # OOMs recorded up to each entry: the header's "OOMs" at the entry shown
+        self._ooms = list(
+            itertools.accumulate(
+                int(isinstance(e, dict) and e.get("action") == "oom") for e in self._trace
+            )
+        )
         self._lock = threading.Lock()
         self._anchor_pos = -1.0
         self._anchor_t = time.monotonic()
@@ -167,6 +174,7 @@ class PlaybackSource:
                     "reserved_bytes.all.current": int(reserved),
                     "allocated_bytes.all.current": int(allocated),
                     "segment.all.current": int(n_seg),
+                    "num_ooms": self._ooms[i] if 0 <= i < len(self._ooms) else 0,
                 }
             )
             snap = None

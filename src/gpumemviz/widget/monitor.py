@@ -36,14 +36,20 @@ def mark(label: str) -> None:
 
 
 def monitor(
-    device: int = 0, interval: float = 0.5, source: Source | None = None, *, subshell: bool = True
+    device: int | str = 0,
+    interval: float = 0.5,
+    source: Source | None = None,
+    *,
+    subshell: bool = True,
 ) -> MemoryPanel:
     """A live panel of one device's caching allocator, updated in the background.
 
     Parameters
     ----------
-    device : int
-        CUDA device index (default 0).
+    device : int or "all"
+        CUDA device index (default 0), or ``"all"``: every CUDA device torch sees, a strip
+        each (header figures, binned map, OOMs) above the full map of one (click a strip to
+        choose it); ``panel.shown_devices`` lists them.
     interval : float
         Seconds between reads (default 0.5). The device's shared sampler takes this interval.
     source : Source, optional
@@ -72,8 +78,23 @@ def monitor(
     >>> sampler.running
     False
     """
-    from gpumemviz.live import sampler_for, shared
+    from gpumemviz.live import local_devices, sampler_for, shared
 
+    if device == "all":
+        if source is not None:
+            raise ValueError("device='all' reads every device's shared sampler: give no source")
+        samplers = {d: shared(d) for d in local_devices()}
+        panel = MemoryPanel(subshell=subshell)
+        for s in samplers.values():
+            s.set_interval(interval)
+        panel.attach_devices(samplers)
+        for s in samplers.values():
+            s.start()
+        return panel
+    if not isinstance(device, int) or isinstance(device, bool):
+        from gpumemviz.snapshot.messages import short_repr
+
+        raise ValueError(f"device must be an index or 'all', got {short_repr(device)}")
     if source is None:
         sampler = shared(device)
         sampler.set_interval(interval)

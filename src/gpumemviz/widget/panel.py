@@ -8,7 +8,9 @@ bundle itself (`_esm` and `_css` are paths from gpumemviz.bundles), so anywidget
 
 The module stays whole (under 800 lines, a third of them docstrings): it is the one class
 whose methods all read and write the same traits, wire and writer queue; the pieces it uses
-(writer thread, kernel subshells, bundle location) live in their own modules.
+live in their own modules: writer thread, kernel subshells, browser messages (messages.py),
+trait values (panel_state.py), the advice throttle (advising.py), the devices of a
+several-device panel (devices.py) and a replay's recorded OOM verdict (replay_oom.py).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anywidget
 import numpy as np
@@ -28,14 +31,23 @@ import traitlets
 from gpumemviz.bundles import bundle_path
 from gpumemviz.render.rows import build_rows
 from gpumemviz.render.stacks import Stacks
+from gpumemviz.render.strips import snapshot_strip_set
 from gpumemviz.render.timeline import (
     TimelineData,
-    annotation_marks,
-    recorded_points,
-    trace_times,
 )
 from gpumemviz.render.wire import Wire, header_numbers
 from gpumemviz.snapshot import Snapshot
+from gpumemviz.widget.advising import AdviceThrottle
+from gpumemviz.widget.devices import DeviceSet, recorded_ooms
+from gpumemviz.widget.messages import handle_browser_msg
+from gpumemviz.widget.panel_state import (
+    controls_state,
+    oom_dict,
+    recorded_timeline,
+    report_numbers,
+    source_times,
+)
+from gpumemviz.widget.replay_oom import ReplayedOoms
 from gpumemviz.widget.subshell import delete_subshell, route_to_main, route_to_subshell
 from gpumemviz.widget.writer import Writer
 
@@ -44,21 +56,13 @@ if TYPE_CHECKING:
     from gpumemviz.io import SnapshotLike
     from gpumemviz.render.timeline import Point
     from gpumemviz.render.wire_frame import Frame
-    from gpumemviz.sample import MemoryStats, OomEvent, Sample
+    from gpumemviz.sample import Sample
     from gpumemviz.sampler import Sampler
     from gpumemviz.snapshot.schema import JsonDict, TorchDict
     from gpumemviz.sources.base import Source, TimeTravelSource
 
     # what waits for the writer thread: a snapshot to show, or the newest sample
     _Item = tuple[Literal["snapshot"], Snapshot] | tuple[Literal["sample"], Sample]
-
-    class _AdviceArgs(TypedDict):
-        """`MemoryPanel._advise`'s arguments, kept for the throttle's trailing edge."""
-
-        settings: str | None
-        stats: MemoryStats | None
-        total: int | None
-        device: int | None
 
 
 __all__ = ["MemoryPanel", "live_panels"]
@@ -117,12 +121,14 @@ class MemoryPanel(anywidget.AnyWidget):
     """Device name or file name."""
     demo = traitlets.Bool(False).tag(sync=True)
     """True when the data comes from a simulated source (shows the "demo data" badge)."""
-    advice: traitlets.List[dict[str, str]] = traitlets.List().tag(sync=True)
-    """gpumemviz.advice for what is shown: [{kind, message}], most bytes at stake first."""
+    advice: traitlets.List[dict[str, str | int | None]] = traitlets.List().tag(sync=True)
+    """gpumemviz.advice for what is shown: [{kind, message, device}], most at stake first."""
     oom = traitlets.Dict().tag(sync=True)
-    """The last captured OOM: {cause, explanation, alloc_size, device_free, time}; {} if none."""
+    """The last captured OOM: {cause, explanation, alloc_size, device_free, time, device}."""
     controls = traitlets.Dict().tag(sync=True)
     """What the buttons can do now: {live, capabilities, paused, interval, routing, replay}."""
+    strips = traitlets.Dict().tag(sync=True)
+    """Every device shown as a strip (`gpumemviz.render.strips.strip_set`); {} for one device."""
 
     ADVICE_EVERY_S = 1.0  # advice re-reads the whole snapshot: at most once a second
 
@@ -152,15 +158,17 @@ class MemoryPanel(anywidget.AnyWidget):
         self._times_of: tuple[Source, np.ndarray | None] | None = None  # (source, its times)
         self._last_point: Point | None = None
         self._owns_sampler = False
-        self._advice_at = -float("inf")
-        self._advice_due: tuple[FragmentationReport, _AdviceArgs] | None = None
-        self._advice_timer: threading.Timer | None = None
-        self.on_msg(self._on_browser_msg)
+        self._advice = AdviceThrottle(
+            lambda: self.ADVICE_EVERY_S, self._writer.submit, self._set_advice
+        )
+        self._devset: DeviceSet | None = None  # every device's sampler (attach_devices)
+        self._replay_ooms: ReplayedOoms | None = None  # a replay's recorded OOMs, judged
+        self.on_msg(lambda _w, content, _b: handle_browser_msg(self, content))
         # the kernel subshell that handles this panel's browser messages (None: the main shell)
         self.subshell: str | None = route_to_subshell(self.comm) if subshell else None
         if not subshell:
             route_to_main(self.comm)
-        self.controls = self._controls()
+        self.controls = controls_state(self, device)
         _PANELS.add(self)
 
     @classmethod
@@ -269,12 +277,7 @@ class MemoryPanel(anywidget.AnyWidget):
                 self._last_point = None
                 self.send({"kind": "timeline", "first": 0, "points": [], "reset": True})
             return
-        played = cast("TimeTravelSource", source)
-        raw, device, replayed = played.raw, int(played.device), played.recording
-        traces = raw.get("device_traces") or []
-        trace = traces[device] if device < len(traces) else []
-        points = recorded_points(trace, replayed.allocated, replayed.reserved)
-        marks = annotation_marks(raw.get("external_annotations"), device)
+        points, marks = recorded_timeline(cast("TimeTravelSource", source))
         self.timeline.reset(points, marks)
         self.send({"kind": "timeline", "first": 0, "points": points, "reset": True, "marks": marks})
 
@@ -295,6 +298,139 @@ class MemoryPanel(anywidget.AnyWidget):
         except Exception:  # a broken driver: offer what is shown
             pass
         return [self._device if self._device is not None else 0]
+
+    @property
+    def shown_devices(self) -> tuple[int, ...]:
+        """The devices this panel shows: every strip's (``--device all``, a file of several
+        devices), else the one device drawn (``()`` before anything is drawn).
+
+        Examples
+        --------
+        >>> seg = {"address": 0, "total_size": 512, "stream": 0,
+        ...        "blocks": [{"size": 512, "state": "inactive"}]}
+        >>> panel = MemoryPanel.from_snapshot([{**seg, "device": 0}, {**seg, "device": 3}])
+        >>> _ = panel.flush(); panel.shown_devices
+        (0, 3)
+        >>> panel.close()
+        """
+        if self._devset is not None:
+            return self._devset.devices
+        strips = self.strips.get("strips") or []
+        if strips:
+            return tuple(int(s["device"]) for s in strips)
+        if self._shown_device is not None:
+            return (self._shown_device,)
+        return ()
+
+    def attach_devices(
+        self, samplers: Mapping[int, Sampler], *, selected: int | None = None, owned: bool = False
+    ) -> None:
+        """Show several devices: a strip each (header figures, binned map, OOMs) and the
+        ``selected`` one's full map (`select_device` changes it; a strip click does too).
+
+        Parameters
+        ----------
+        samplers : mapping of int to Sampler
+            One sampler per device (`gpumemviz.live.shared`, or one per played-back device).
+        selected : int, optional
+            The device drawn in full (default: the first with an OOM, else the first).
+        owned : bool
+            Close the samplers with the panel.
+
+        Examples
+        --------
+        >>> from gpumemviz.live import sampler_for
+        >>> from gpumemviz.sources.simulated import SimulatedSource
+        >>> feeds = {d: sampler_for(SimulatedSource(device=d, autostart=False)) for d in (0, 1)}
+        >>> panel = MemoryPanel()
+        >>> panel.attach_devices(feeds, selected=1, owned=True)
+        >>> for f in feeds.values(): _ = f.sample_once(segments=True)
+        >>> _ = panel.flush(); panel.shown_devices, panel.strips["selected"]
+        ((0, 1), 1)
+        >>> panel.close()
+        """
+        self.detach_devices()
+        devset = DeviceSet(samplers, owned=owned)
+        if selected is None:
+            ooms = [d for d in devset.devices if recorded_ooms(devset.samplers[d]) > 0]
+            selected = (ooms or list(devset.devices))[0]
+        if selected not in devset.samplers:
+            raise ValueError(f"device {selected} is not among {list(devset.devices)}")
+        self._devset = devset
+        self._device = selected
+        self.attach(devset.samplers[selected])
+        devset.listen(self._offer_strip)
+        self._writer.submit(self._draw_strips)
+
+    def detach_devices(self) -> None:
+        """Stop showing several devices (closing the panel does this).
+
+        Examples
+        --------
+        >>> panel = MemoryPanel()
+        >>> panel.detach_devices(); panel.shown_devices
+        ()
+        >>> panel.close()
+        """
+        devset, self._devset = self._devset, None
+        if devset is not None:
+            self.detach()
+            devset.close()
+
+    def select_device(self, device: int) -> None:
+        """Draw ``device`` in full below the strips (what a click on its strip does).
+
+        Parameters
+        ----------
+        device : int
+            One of `shown_devices`.
+
+        Raises
+        ------
+        ValueError
+            When the panel shows no strip of that device.
+
+        Examples
+        --------
+        >>> seg = {"address": 0, "total_size": 512, "stream": 0,
+        ...        "blocks": [{"size": 512, "state": "inactive"}]}
+        >>> panel = MemoryPanel.from_snapshot([{**seg, "device": 0}, {**seg, "device": 1}])
+        >>> _ = panel.flush(); panel.select_device(1); _ = panel.flush()
+        >>> panel.map_layout["groups"][0]["device"], panel.strips["selected"]
+        (1, 1)
+        >>> panel.close()
+        """
+        if device not in self.shown_devices or len(self.shown_devices) < 2:
+            raise ValueError(f"no strip of device {device} here (devices: {self.shown_devices})")
+        self._device = device
+        if self._devset is not None:
+            self.attach(self._devset.samplers[device])
+            self._writer.submit(self._draw_strips)
+        elif self.shown is not None:
+            self._offer(("snapshot", self.shown))
+
+    def follow_devices(self) -> None:
+        """A replay the user moved: the other devices follow the selected one from now on
+        (the seek and play commands call it)."""
+        devset = self._devset
+        if devset is not None and devset.replay and self._device is not None:
+            devset.following = True
+            devset.follow(self._device)
+
+    def _offer_strip(self, device: int, sample: Sample) -> None:
+        devset = self._devset
+        if devset is None:
+            return
+        if devset.following and device == self._device:
+            devset.follow(device)
+        if devset.offer(device, sample):
+            self._writer.submit(self._draw_strips)
+
+    def _draw_strips(self) -> None:
+        devset = self._devset
+        if devset is not None:
+            devset.update()
+            self.strips = devset.payload(self._device)
 
     def follow_device(self, device: int, sampler: Sampler) -> None:
         """Show another device: follow its (shared) sampler from now on (the "device"
@@ -366,11 +502,13 @@ class MemoryPanel(anywidget.AnyWidget):
         False
         """
         _PANELS.discard(self)
+        if getattr(self, "_devset", None) is not None:
+            self.detach_devices()
         if getattr(self, "sampler", None) is not None:
             self.detach()
-        timer = getattr(self, "_advice_timer", None)
-        if timer is not None:
-            timer.cancel()
+        throttle = getattr(self, "_advice", None)
+        if throttle is not None:
+            throttle.cancel()
         writer = getattr(self, "_writer", None)  # absent when __init__ failed half-way
         if writer is not None:
             writer.stop()
@@ -401,12 +539,19 @@ class MemoryPanel(anywidget.AnyWidget):
             return
         if item[0] == "snapshot":
             report = self._show(item[1], {}, status="snapshot")
-            self._advise(
+            self.strips = snapshot_strip_set(item[1], self._device)  # {} for one device
+            self._advice.advise(
                 report, settings=None, stats=None, total=None, device=self._device, force=True
             )
         else:
             self._apply_sample(item[1])
             self._add_point(item[1])  # after the header: the point carries its fragmentation
+
+    def _replayed_oom(self, source: TimeTravelSource) -> JsonDict:
+        if self._replay_ooms is None or self._replay_ooms.played is not source:
+            self._replay_ooms = ReplayedOoms(source)
+        event = self._replay_ooms.at_position()
+        return oom_dict(event) if event is not None else {}
 
     def _apply_sample(self, sample: Sample) -> None:
         extra: JsonDict = {}
@@ -419,12 +564,17 @@ class MemoryPanel(anywidget.AnyWidget):
             extra |= {"nvml_total": nvml.total, "nvml_used": nvml.used}
             self._device_free = nvml.free
         info = getattr(sample, "device_info", None)
-        if info is not None and info.name:
-            self.title = info.name
+        if info is not None and info.name:  # several devices: the header names its own
+            self.title = (
+                info.name if self._devset is None else f"cuda:{sample.device} · {info.name}"
+            )
         self.demo = bool(getattr(sample, "demo", False))
         oom = getattr(sample, "oom", None)
+        source = getattr(self.sampler, "source", None)
+        if "time_travel" in getattr(source, "capabilities", ()):  # the recorded OOM shown
+            self.oom = self._replayed_oom(cast("TimeTravelSource", source))
         if oom is not None:
-            self.oom = _oom_dict(oom)
+            self.oom = oom_dict(oom)
             m = self.timeline.add_mark(oom.time, f"OOM ({oom.cause})", "oom")
             self.send({"kind": "marks", "marks": [m]})
         state = getattr(sample, "state", "ok")
@@ -445,7 +595,7 @@ class MemoryPanel(anywidget.AnyWidget):
         report = self._show(
             sample.segments, extra, status=errors[0] if errors else label, device=device
         )
-        self._advise(
+        self._advice.advise(
             report,
             settings=(info.allocator_settings or None) if info is not None else None,
             stats=stats,
@@ -490,52 +640,8 @@ class MemoryPanel(anywidget.AnyWidget):
         m = self.timeline.add_mark(time.time() if t is None else t, label, kind)
         self._writer.submit(lambda: self.send({"kind": "marks", "marks": [m]}))
 
-    def _advise(
-        self,
-        report: FragmentationReport,
-        *,
-        settings: str | None,
-        stats: MemoryStats | None,
-        total: int | None,
-        device: int | None,
-        force: bool = False,
-    ) -> None:
-        """Refresh the advice lines (throttled: the rules read the whole snapshot).
-
-        A state skipped by the throttle is advised once the interval has passed, so the lines
-        never stay on an older state when the samples stop (a replay paused after a seek).
-        """
-        now = time.monotonic()
-        wait = self._advice_at + self.ADVICE_EVERY_S - now
-        if not force and wait > 0:
-            args: _AdviceArgs = {
-                "settings": settings,
-                "stats": stats,
-                "total": total,
-                "device": device,
-            }
-            self._advice_due = (report, args)
-            if self._advice_timer is None:
-                self._advice_timer = threading.Timer(wait, self._writer.submit, (self._advise_due,))
-                self._advice_timer.daemon = True
-                self._advice_timer.start()
-            return
-        self._advice_at = now
-        self._advice_due = None
-        from gpumemviz.advice import advise
-
-        if device is not None and device not in report.devices:
-            self.advice = []
-            return
-        found = advise(report, settings, stats, device_total=total, device=device)
-        self.advice = [{"kind": a.kind, "message": a.message} for a in found]
-
-    def _advise_due(self) -> None:
-        """The throttle's trailing edge: advise the newest state it skipped, if any."""
-        self._advice_timer = None
-        due, self._advice_due = self._advice_due, None
-        if due is not None:
-            self._advise(due[0], **due[1], force=True)
+    def _set_advice(self, lines: list[dict[str, str | int | None]]) -> None:
+        self.advice = lines
 
     def _show(
         self, snap: Snapshot, extra: JsonDict, status: str, device: int | None = None
@@ -551,7 +657,7 @@ class MemoryPanel(anywidget.AnyWidget):
             self.map_layout = self._wire.layout()
         painted = header_numbers(rows)
         del painted["free_trapped"]  # the painted slivers; the header says free_stuck instead
-        self.header = {**painted, **_report_numbers(report, device), **extra}
+        self.header = {**painted, **report_numbers(report, device), **extra}
         self.status = status
         self._send_frames(self._wire.update())
         return report
@@ -658,100 +764,18 @@ class MemoryPanel(anywidget.AnyWidget):
         self._writer.submit(self._refresh_controls)  # paused, interval, replay position
         return entry
 
-    def _controls(self) -> JsonDict:
-        sampler = self.sampler
-        source = sampler.source if sampler is not None else None
-        replay: JsonDict | None = None
-        if source is not None and "time_travel" in getattr(source, "capabilities", ()):
-            source = cast("TimeTravelSource", source)
-            pos = int(source.position)
-            replay = {"n": int(source.n), "position": pos, "times": False}
-            times = self.replay_times()
-            if times is not None and len(times):
-                replay.update(
-                    times=True,
-                    t_first=int(times[0]),
-                    t_last=int(times[-1]),
-                    time_us=int(times[pos]) if 0 <= pos < len(times) else None,
-                )
-        return {
-            "live": sampler is not None,
-            "capabilities": sorted(getattr(source, "capabilities", ()) or ()),
-            "paused": bool(sampler.paused) if sampler is not None else False,
-            "interval": float(sampler.interval) if sampler is not None else None,
-            "routing": "subshell" if self.subshell else "main",
-            "replay": replay,
-            "can_reset_peaks": callable(getattr(source, "reset_peaks", None)),
-            "devices": self.devices() if sampler is not None and not self._owns_sampler else [],
-            "device": self._device,
-        }
-
     def replay_times(self) -> np.ndarray | None:
         """The replayed trace's entry times (`trace_times`), or None: not a replay, or a trace
         recorded without ``time_us`` (events only). The "seek" command and the replay
         controls read it; no example."""
         source = getattr(self.sampler, "source", None)
-        raw = getattr(source, "raw", None)
-        if source is None or not isinstance(raw, dict):
-            return None
         cached = self._times_of
-        if cached is not None and cached[0] is source:
-            return cached[1]
-        traces = raw.get("device_traces") or []
-        device = int(getattr(source, "device", 0))
-        times = trace_times(traces[device]) if device < len(traces) else None
-        self._times_of = (source, times)
-        return times
+        if source is not None and (cached is None or cached[0] is not source):
+            self._times_of = cached = (source, source_times(source))
+        return cached[1] if source is not None and cached is not None else None
 
     def _refresh_controls(self) -> None:
-        self.controls = self._controls()
-
-    def _on_browser_msg(self, _widget: object, content: JsonDict, _buffers: list[bytes]) -> None:
-        kind = content.get("kind") if isinstance(content, dict) else None
-        if kind == "command":
-            # done here, on the thread the kernel gave this message (a subshell while a cell
-            # runs); only the reply and the traits go through the writer thread
-            cid = str(content.get("id", ""))
-            given = content.get("args")
-            args = given if isinstance(given, dict) else {}
-            entry = self.command(str(content.get("name", "")), **args)
-            reply = {"kind": "reply", "id": cid, **_plain(entry)}
-
-            self._writer.submit(lambda: self.send(reply))
-            return
-        if kind == "view":
-            view = str(content.get("view", ""))
-            span = (int(content.get("first", 0)), int(content.get("count", 1)))
-            cells = int(content.get("cells", 1024))
-            self._writer.submit(lambda: self._send_frames(self._wire.set_view(view, *span, cells)))
-        elif kind == "blocks":  # the zoom wants one row's exact blocks (its frame had cells)
-            view, row = str(content.get("view", "")), int(content.get("row", -1))
-            lo, hi = content.get("lo"), content.get("hi")
-            win = (
-                (int(lo), int(hi))
-                if isinstance(lo, (int, float)) and isinstance(hi, (int, float))
-                else (None, None)
-            )
-            self._writer.submit(lambda: self._send_frames(self._wire.exact_blocks(view, row, *win)))
-        elif kind == "timeline_sync":
-            since = int(content.get("since", 0))
-
-            def sync() -> None:
-                first, points = self.timeline.since(since)
-                self.send(
-                    {
-                        "kind": "timeline",
-                        "first": first,
-                        "points": points,
-                        "reset": True,
-                        "marks": self.timeline.marks(),
-                    }
-                )
-
-            self._writer.submit(sync)
-        elif kind == "close":
-            view = str(content.get("view", ""))
-            self._writer.submit(lambda: self._wire.drop_view(view))
+        self.controls = controls_state(self, self._device)
 
     def _send_frames(self, frames: list[Frame]) -> None:
         for f in frames:
@@ -762,36 +786,6 @@ class MemoryPanel(anywidget.AnyWidget):
             s["bytes"] += n
             s["last_bytes"] = n
             s["max_bytes"] = max(s["max_bytes"], n)
-
-
-def _plain(entry: JsonDict) -> JsonDict:
-    """JSON-safe copy of a command's reply (dict keys as strings)."""
-    out = {}
-    for k, v in entry.items():
-        out[k] = {str(a): b for a, b in v.items()} if isinstance(v, dict) else v
-    return out
-
-
-def _report_numbers(report: FragmentationReport, device: int | None) -> dict[str, int]:
-    """Header numbers taken from the fragmentation report rather than from the painted rows:
-    free_stuck (what empty_cache leaves free) and free_releasable (what it returns) count
-    pending frees as empty_cache does, after syncing them, so the two add up to free plus
-    pending, and the panel and ``gpumemviz inspect`` say the same."""
-    figs = report.total if device is None else report.devices.get(device)
-    if figs is None:
-        return {"free_stuck": 0, "free_releasable": 0}
-    return {"free_stuck": figs.free_stuck, "free_releasable": figs.releasable}
-
-
-def _oom_dict(event: OomEvent) -> JsonDict:
-    """The OOM verdict the header shows: plain values only (they travel as JSON)."""
-    return {
-        "cause": str(event.cause),
-        "explanation": str(event.explanation),
-        "alloc_size": int(event.alloc_size),
-        "device_free": int(event.device_free),
-        "time": float(event.time),
-    }
 
 
 def _as_snapshot(obj: SnapshotLike) -> Snapshot:

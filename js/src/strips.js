@@ -1,0 +1,139 @@
+// Small multiples: one strip per device (its header figures, a binned segment map, an OOM
+// marker), drawn from the summary dicts of render/strips.py. Needs nothing else from the panel,
+// so any page that holds such summaries (the panel's `strips` trait, a job's rank grid) can
+// draw them: give it the list, a label per strip and the selected index.
+import { cellColor, formatSize, parseColor } from "./rows.js";
+
+/**
+ * One strip's figures (render/strips.py `device_summary` keys, bytes) and its label.
+ * @typedef {{label?: string, device?: number, reserved?: number, allocated?: number,
+ *   free?: number, largest_free?: number, fragmentation?: number, ooms?: number,
+ *   bins?: number[]}} Strip
+ * @typedef {{strips?: Strip[], selected?: number | null, totals?: Record<string, number>,
+ *   note?: string}} StripSet the `strips` trait (render/strips.py `strip_set`)
+ */
+
+export const STRIP_H = 14;
+
+/** @param {unknown} v */
+const num = (v) => (typeof v === "number" && Number.isFinite(v) ? v : 0);
+
+/**
+ * The figures a strip shows, as its text.
+ * @param {Strip} s
+ * @returns {string}
+ */
+export function stripText(s) {
+  const ooms = num(s.ooms);
+  return `reserved ${formatSize(num(s.reserved))} · allocated ${formatSize(num(s.allocated))}` +
+    ` · free ${formatSize(num(s.free))} · largest free ${formatSize(num(s.largest_free))}` +
+    ` · fragmentation ${num(s.fragmentation).toFixed(2)} · OOMs ${ooms}`;
+}
+
+/**
+ * The totals line: sums across strips and where the OOMs are.
+ * @param {StripSet} set
+ * @returns {string}
+ */
+export function totalsText(set) {
+  const strips = set.strips || [];
+  const t = set.totals || {};
+  const where = strips.filter((s) => num(s.ooms) > 0)
+    .map((s) => `${s.label || `cuda:${num(s.device)}`} (${num(s.ooms)})`);
+  return `${strips.length} devices · reserved ${formatSize(num(t.reserved))}` +
+    ` · allocated ${formatSize(num(t.allocated))} · free ${formatSize(num(t.free))}` +
+    ` · OOMs: ${where.length ? where.join(", ") : "none"}`;
+}
+
+/**
+ * @param {HTMLElement} host
+ * @param {{onSelect: (index: number, strip: Strip) => void}} opts
+ */
+export function createStrips(host, opts) {
+  const wrap = document.createElement("div");
+  wrap.className = "gmv-strips";
+  wrap.hidden = true;
+  const totals = document.createElement("div");
+  totals.className = "gmv-strips-totals";
+  const list = document.createElement("div");
+  list.className = "gmv-strips-list";
+  const note = document.createElement("div");
+  note.className = "gmv-strips-note";
+  wrap.append(totals, list, note);
+  host.append(wrap);
+  /** @type {StripSet} */
+  let shown = {};
+
+  /** @param {HTMLCanvasElement} canvas @param {number[]} bins */
+  function paint(canvas, bins) {
+    const css = getComputedStyle(wrap);
+    /** @param {string} n @param {string} f */
+    const v = (n, f) => css.getPropertyValue(n).trim() || f;
+    const kinds = /** @type {import("./rows.js").RGB[]} */ ([
+      parseColor(v("--gmv-allocated", "#0072b2")), parseColor(v("--gmv-pending", "#e69f00")),
+      parseColor(v("--gmv-releasable", "#009e73")), parseColor(v("--gmv-trapped", "#d55e00")),
+    ]);
+    const empty = parseColor(v("--gmv-empty", "#dddddd"));
+    const width = Math.max(64, canvas.clientWidth || 256);
+    canvas.width = width;
+    canvas.height = STRIP_H;
+    const ctx = canvas.getContext("2d");
+    if (!ctx) return;
+    ctx.fillStyle = `rgb(${empty.join(",")})`;
+    ctx.fillRect(0, 0, width, STRIP_H);
+    const n = bins.length;
+    for (let i = 0; i < n; i++) {
+      const x0 = Math.floor((i * width) / n), x1 = Math.floor(((i + 1) * width) / n);
+      const [r, g, b] = cellColor(bins[i], kinds, empty);
+      ctx.fillStyle = `rgb(${r},${g},${b})`;
+      ctx.fillRect(x0, 0, Math.max(1, x1 - x0), STRIP_H);
+    }
+  }
+
+  /** @param {StripSet} set */
+  function update(set) {
+    shown = set || {};
+    const strips = shown.strips || [];
+    wrap.hidden = strips.length === 0;
+    wrap.dataset.strips = String(strips.length);
+    list.replaceChildren();
+    if (!strips.length) return;
+    totals.textContent = totalsText(shown);
+    note.textContent = shown.note || "";
+    note.hidden = !shown.note;
+    strips.forEach((s, i) => {
+      const row = document.createElement("div");
+      row.className = "gmv-strip";
+      row.dataset.index = String(i);
+      row.dataset.device = String(num(s.device));
+      row.dataset.ooms = String(num(s.ooms));
+      row.dataset.selected = String(shown.selected === i);
+      row.title = `${s.label || ""}: ${stripText(s)} (click to show its full map)`;
+      const label = document.createElement("span");
+      label.className = "gmv-strip-label";
+      label.textContent = s.label || `cuda:${num(s.device)}`;
+      const canvas = document.createElement("canvas");
+      canvas.className = "gmv-strip-map";
+      const bins = Array.isArray(s.bins) ? s.bins : [];
+      canvas.dataset.bins = String(bins.length);
+      const figs = document.createElement("span");
+      figs.className = "gmv-strip-figs";
+      figs.textContent = stripText(s);
+      const oom = document.createElement("span");
+      oom.className = "gmv-strip-oom";
+      oom.hidden = num(s.ooms) === 0;
+      oom.textContent = `OOM ×${num(s.ooms)}`;
+      row.append(label, canvas, oom, figs);
+      row.addEventListener("click", () => opts.onSelect(i, s));
+      list.append(row);
+      paint(canvas, bins);
+    });
+  }
+
+  return {
+    update,
+    get element() { return wrap; },
+    get shown() { return shown; },
+    destroy() { wrap.remove(); },
+  };
+}

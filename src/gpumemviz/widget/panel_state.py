@@ -1,0 +1,133 @@
+"""What the panel's traits hold, computed from the panel: the ``controls`` dict (what the
+buttons can do now), the header numbers taken from the fragmentation report, the OOM verdict
+as plain values. Kept apart from widget/panel.py so the panel class holds only its methods."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, cast
+
+from gpumemviz.render.timeline import annotation_marks, recorded_points, trace_times
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from gpumemviz.fragmentation import FragmentationReport
+    from gpumemviz.render.timeline import Mark, Point
+    from gpumemviz.sample import OomEvent
+    from gpumemviz.sampler import Sampler
+    from gpumemviz.snapshot.schema import JsonDict
+    from gpumemviz.sources.base import TimeTravelSource
+
+__all__ = [
+    "controls_state",
+    "oom_dict",
+    "plain",
+    "recorded_timeline",
+    "report_numbers",
+    "source_times",
+]
+
+
+class _Panel(Protocol):
+    """What `controls_state` reads of a MemoryPanel."""
+
+    @property
+    def sampler(self) -> Sampler | None: ...
+    @property
+    def subshell(self) -> str | None: ...
+    @property
+    def owns_sampler(self) -> bool: ...
+    @property
+    def shown_devices(self) -> tuple[int, ...]: ...
+    def replay_times(self) -> np.ndarray | None: ...
+    def devices(self) -> list[int]: ...
+
+
+def controls_state(panel: _Panel, device: int | None) -> JsonDict:
+    """The ``controls`` trait: {live, capabilities, paused, interval, routing, replay,
+    can_reset_peaks, devices, device} (docs/internals.md, the wire)."""
+    sampler = panel.sampler
+    source = sampler.source if sampler is not None else None
+    replay: JsonDict | None = None
+    if source is not None and "time_travel" in getattr(source, "capabilities", ()):
+        source = cast("TimeTravelSource", source)
+        pos = int(source.position)
+        replay = {"n": int(source.n), "position": pos, "times": False}
+        times = panel.replay_times()
+        if times is not None and len(times):
+            replay.update(
+                times=True,
+                t_first=int(times[0]),
+                t_last=int(times[-1]),
+                time_us=int(times[pos]) if 0 <= pos < len(times) else None,
+            )
+    switcher = sampler is not None and not panel.owns_sampler and len(panel.shown_devices) < 2
+    return {
+        "live": sampler is not None,
+        "capabilities": sorted(getattr(source, "capabilities", ()) or ()),
+        "paused": bool(sampler.paused) if sampler is not None else False,
+        "interval": float(sampler.interval) if sampler is not None else None,
+        "routing": "subshell" if panel.subshell else "main",
+        "replay": replay,
+        "can_reset_peaks": callable(getattr(source, "reset_peaks", None)),
+        # the switcher follows one shared sampler; a panel of strips switches by a click
+        "devices": panel.devices() if switcher else [],
+        "device": device,
+    }
+
+
+def plain(entry: JsonDict) -> JsonDict:
+    """JSON-safe copy of a command's reply (dict keys as strings).
+
+    >>> plain({"released": {0: 5}, "ok": True})
+    {'released': {'0': 5}, 'ok': True}
+    """
+    out = {}
+    for k, v in entry.items():
+        out[k] = {str(a): b for a, b in v.items()} if isinstance(v, dict) else v
+    return out
+
+
+def report_numbers(report: FragmentationReport, device: int | None) -> dict[str, int]:
+    """Header numbers taken from the fragmentation report rather than from the painted rows:
+    free_stuck (what empty_cache leaves free) and free_releasable (what it returns) count
+    pending frees as empty_cache does, after syncing them, so the two add up to free plus
+    pending, and the panel and ``gpumemviz inspect`` say the same."""
+    figs = report.total if device is None else report.devices.get(device)
+    if figs is None:
+        return {"free_stuck": 0, "free_releasable": 0}
+    return {"free_stuck": figs.free_stuck, "free_releasable": figs.releasable}
+
+
+def oom_dict(event: OomEvent) -> JsonDict:
+    """The OOM verdict the header shows: plain values only (they travel as JSON); ``device``
+    names the device that ran out."""
+    return {
+        "cause": str(event.cause),
+        "explanation": str(event.explanation),
+        "alloc_size": int(event.alloc_size),
+        "device_free": int(event.device_free),
+        "time": float(event.time),
+        "device": int(event.device),
+    }
+
+
+def recorded_timeline(played: TimeTravelSource) -> tuple[list[Point], list[Mark]]:
+    """A played-back recording's timeline: the recorded run itself (times from the trace,
+    allocated and reserved per entry) and its ``external_annotations`` as markers."""
+    raw, device, replayed = played.raw, int(played.device), played.recording
+    traces = raw.get("device_traces") or []
+    trace = traces[device] if device < len(traces) else []
+    points = recorded_points(trace, replayed.allocated, replayed.reserved)
+    return points, annotation_marks(raw.get("external_annotations"), device)
+
+
+def source_times(source: object) -> np.ndarray | None:
+    """A replayed source's entry times (`trace_times`), or None: not a replay, or a trace
+    recorded without ``time_us`` (events only)."""
+    raw = getattr(source, "raw", None)
+    if not isinstance(raw, dict):
+        return None
+    traces = raw.get("device_traces") or []
+    device = int(getattr(source, "device", 0))
+    return trace_times(traces[device]) if device < len(traces) else None
