@@ -91,8 +91,8 @@ def test_only_the_button_resets_torchs_peak_counters():
                 callers["reset_peaks"].add(path.relative_to(SRC).as_posix())
     assert callers["reset_peak_memory_stats"] == {"sources/torch_cuda.py"}
     # the sampler calls the source's; commands calls the sampler's (and looks the name up)
-    assert callers["reset_peaks"] == {"sampler.py", "commands.py", "widget/panel.py"}
-    panel_src = (SRC / "widget" / "panel.py").read_text()
+    assert callers["reset_peaks"] == {"sampler.py", "commands.py", "widget/panel_state.py"}
+    panel_src = (SRC / "widget" / "panel_state.py").read_text()
     assert '"can_reset_peaks": callable(getattr(source, "reset_peaks", None))' in panel_src
 
 
