@@ -17,6 +17,7 @@ from ..allocator.rules import (
     page_size,
     round_size,
 )
+from ..snapshot.pools import pool_label
 from ..units import format_size, parse_size
 from ._util import blocks_of, pool_name
 
@@ -57,6 +58,7 @@ class FitAnswer:
     releasable: int
     device_free: int | None
     explanation: str
+    pool_id: tuple[int, int] = (0, 0)  # the private pool asked for; (0, 0): the default pool
 
     def __str__(self) -> str:
         return self.explanation
@@ -72,36 +74,37 @@ def can_fit(
     stream: int,
     device: int,
     device_free: int | str | None,
+    pool_id: tuple[int, int] = (0, 0),
 ) -> FitAnswer:
     req = parse_size(nbytes)
     room = None if device_free is None else parse_size(device_free)
     r.device(device)  # ValueError naming the devices present
+    pid = _pool_id(pool_id)
     cfg = r.config
     rounded = round_size(req, cfg.divisions)
     small = is_small(rounded)
     pool = pool_name(small)
     c = r.per_segment
     where = f"stream {stream}'s {pool} pool" if stream else f"the {pool} pool"
+    if pid != (0, 0):
+        where += f" of {pool_label(pid)}"
     base: JsonDict = {
         "nbytes": req,
         "rounded": rounded,
         "device": device,
         "stream": stream,
         "pool": pool,
+        "pool_id": pid,
     }
     asked = format_size(req) + ("" if rounded == req else f" (rounded to {format_size(rounded)})")
 
-    # (a) best fit among cached inactive blocks of this device, stream and pool
-    # (docs/allocator.md, Best fit)
+    # (a) best fit among cached inactive blocks of this device, stream and pool: each private
+    # pool has its own small and large pools (docs/allocator.md, Best fit)
     seg = r._free_segment
-    ok = (
-        (c.device[seg] == device)
-        & (c.stream[seg] == stream)
-        & (c.is_small[seg] == small)
-        & (c.pool_id[seg, 0] == 0)
-        & (c.pool_id[seg, 1] == 0)
-        & (r._free_size >= rounded)
-    )
+    same = (c.device[seg] == device) & (c.stream[seg] == stream) & (c.is_small[seg] == small)
+    big_enough = r._free_size >= rounded
+    mine = (c.pool_id[seg, 0] == pid[0]) & (c.pool_id[seg, 1] == pid[1])
+    ok = same & mine & big_enough
     exp_blk = c.is_expandable[seg]
     if not r.expandable_mode:
         ok &= ~exp_blk  # expandable blocks are skipped once the mode is off
@@ -139,10 +142,11 @@ def can_fit(
             f" (its best-fit block at 0x{baddr:x}, {format_size(bsize)}, is refused by the "
             f"max_split_size rules)"
         )
+    rejected += _other_pools(r, seg, same & ~mine & big_enough, pid)
 
     # (b) new memory: a cudaMalloc'd segment, or pages mapped beyond a free expandable tail
     if r.expandable_mode:
-        need, how = _pages_to_map(r, rounded, stream, device, small)
+        need, how = _pages_to_map(r, rounded, stream, device, small, pool_id=pid)
     else:
         need = allocation_size(rounded, cfg.large_segment_size)
         how = f"a new {format_size(need)} segment"
@@ -194,7 +198,7 @@ def can_fit(
             "of its oldest unused segments."
         )
     elif not gc_high and fits_with(
-        oversize := _oversize_released(r, rounded, stream, device, small), need
+        oversize := _oversize_released(r, rounded, stream, device, small, pid), need
     ):
         verdict, fits = "new_segment", True
         tail = (
@@ -206,7 +210,7 @@ def can_fit(
         # the flush also unmaps the whole free pages of the tail it would grow, so in
         # expandable mode the retry needs the pages of the flushed layout
         after = (
-            _pages_to_map(r, rounded, stream, device, small, flushed=True)[0]
+            _pages_to_map(r, rounded, stream, device, small, flushed=True, pool_id=pid)[0]
             if r.expandable_mode
             else need
         )
@@ -244,11 +248,49 @@ def can_fit(
     )
 
 
+def _pool_id(pool_id: object) -> tuple[int, int]:
+    """`pool` as a pair of ints, or a one-line ValueError."""
+    if (
+        isinstance(pool_id, tuple | list)
+        and len(pool_id) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in pool_id)
+    ):
+        return int(pool_id[0]), int(pool_id[1])
+    raise ValueError(f"pool must be a pair of ints such as (0, 0), got {pool_id!r:.60}")
+
+
+def _other_pools(
+    r: FragmentationReport, seg: np.ndarray, sel: np.ndarray, pid: tuple[int, int]
+) -> str:
+    """Where another pool of the device holds a free block big enough: the request cannot use
+    it (each pool keeps its own blocks), and the answer says so."""
+    idx = np.flatnonzero(sel)
+    if not len(idx):
+        return ""
+    best = int(idx[np.argmax(r._free_size[idx])])
+    row = int(seg[best])
+    other = (int(r.per_segment.pool_id[row, 0]), int(r.per_segment.pool_id[row, 1]))
+    return (
+        f" ({_named(other)} holds a free {format_size(int(r._free_size[best]))} block, but a "
+        f"request in {_named(pid)} cannot use another pool's blocks)"
+    )
+
+
+def _named(pool_id: tuple[int, int]) -> str:
+    return "the default pool" if pool_id == (0, 0) else pool_label(pool_id)
+
+
 def _oversize_released(
-    r: FragmentationReport, rounded: int, stream: int, device: int, small: bool
+    r: FragmentationReport,
+    rounded: int,
+    stream: int,
+    device: int,
+    small: bool,
+    pool_id: tuple[int, int] = (0, 0),
 ) -> int:
     """What `release_available_cached_blocks` returns to the driver before the flush (0: it
-    fails, and the flush follows). Only with max_split_size set: the pool's smallest cached
+    fails, and the flush follows); it takes from the request's own pool, private or not.
+    Only with max_split_size set: the pool's smallest cached
     block of at least max(request, max_split_size), or else its largest oversize blocks,
     largest first, until as many bytes came back (as the allocator model)."""
     mss = r.config.max_split_size
@@ -260,7 +302,8 @@ def _oversize_released(
         (c.device[seg] == device)
         & (c.stream[seg] == stream)
         & (c.is_small[seg] == small)
-        & ~c.pool_id[seg].any(axis=1)
+        & (c.pool_id[seg, 0] == pool_id[0])
+        & (c.pool_id[seg, 1] == pool_id[1])
     )
     if not len(idx):
         return 0
@@ -363,6 +406,7 @@ def _pages_to_map(
     device: int,
     small: bool,
     flushed: bool = False,
+    pool_id: tuple[int, int] = (0, 0),
 ) -> tuple[int, str]:
     """Bytes an expandable allocation maps, as `find_expandable_block` and `map_block` do.
 
@@ -382,8 +426,8 @@ def _pages_to_map(
         & (c.stream == stream)
         & (c.is_small == small)
         & c.is_expandable
-        & (c.pool_id[:, 0] == 0)
-        & (c.pool_id[:, 1] == 0)
+        & (c.pool_id[:, 0] == pool_id[0])
+        & (c.pool_id[:, 1] == pool_id[1])
     )
     rows = rows[np.argsort(c.address[rows], kind="stable")].tolist()
     runs: list[tuple[int, int, int, int]] = []  # (address, total, free head, free tail)
