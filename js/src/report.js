@@ -32,7 +32,12 @@ const MAX_ZOOM = 1e6;
  *   oom: Record<string, number>, settings?: Record<string, unknown> | null,
  *   sites: {live: Site[], trace: Site[], trace_device: number | null}, violations: string[],
  *   timeline: Record<string, DeviceTimeline>, map: {layout: import("./heatmap.js").Layout,
- *   content: import("./decode.js").FrameContent, buffers: string[]}}} ReportData
+ *   content: import("./decode.js").FrameContent, buffers: string[]},
+ *   pools?: PoolRow[], pools_note?: string}} ReportData
+ * @typedef {{device: number, label: string, kind: string, in_use: boolean, reserved: number,
+ *   allocated: number, pending_free: number, free: number, largest_free: number,
+ *   releasable: number, releasable_after_release: number, note: string,
+ *   external_fragmentation: number}} PoolRow a device's pool (report_html.py `_pool`)
  */
 
 /**
@@ -112,6 +117,21 @@ function analysis(data, host) {
     return row;
   });
   s.append(table(head, body, "figures"));
+  if (data.pools && data.pools.length) {
+    s.append(el("h3", "", "Pools"));
+    if (data.pools_note) s.append(el("p", "gmv-muted", `Private pools: ${data.pools_note}.`));
+    s.append(table(
+      ["device", "pool", "reserved", "allocated", "pending free", "free", "largest free",
+        "fragmentation", "empty_cache() releases"],
+      data.pools.map((p) => [
+        `cuda:${p.device}`, p.label, formatSize(p.reserved), formatSize(p.allocated),
+        formatSize(p.pending_free), formatSize(p.free), formatSize(p.largest_free),
+        p.external_fragmentation.toFixed(3),
+        p.releasable_after_release
+          ? `${formatSize(p.releasable)} now; ${formatSize(p.releasable_after_release)} ${p.note}`
+          : formatSize(p.releasable),
+      ]), "pools"));
+  }
   if (data.violations.length) {
     const ul = el("ul", "gmv-violations");
     for (const v of data.violations) ul.append(el("li", "", String(v)));

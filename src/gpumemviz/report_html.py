@@ -30,7 +30,14 @@ from . import sites as _sites
 from .advice_check import Checked, CheckedAdvice, check_advice
 from .bundles import bundle_path
 from .export import trace_rows
-from .fragmentation import FIGURE_NAMES, MemoryFigures, SegmentSummary, fragmentation
+from .fragmentation import (
+    ASSUMED_IN_USE,
+    FIGURE_NAMES,
+    MemoryFigures,
+    PoolFigures,
+    SegmentSummary,
+    fragmentation,
+)
 from .frames import Redactor
 from .io import SnapshotLike, as_snapshot, atomic_write
 from .io.json_text import json_ready
@@ -57,6 +64,7 @@ DATA_FORMAT = 1
 SIZE_FACTOR = 2  # data bytes per byte of the input pickle
 ANALYSIS_ALLOWANCE = 8 << 10  # figures, advice and sites: bounded, whatever the input's size
 TIMELINE_POINTS = 1500  # per device, at most: each a bucket's peaks
+MAX_POOLS = 12  # pools listed per device (most reserved first): within ANALYSIS_ALLOWANCE
 _CELL_STEPS = (1024, 512, 256, 128, 64, 32, 16)
 _B64 = 4 / 3
 
@@ -218,6 +226,8 @@ def report_data(
         ),
         "sites": {"live": live, "trace": traced, "trace_device": trace_dev},
         "violations": [v.message for v in report_.violations][:20],
+        "pools": [_pool(p) for f in report_.devices.values() for p in _listed(f.pools)],
+        "pools_note": ASSUMED_IN_USE if report_.pools_in_use is True else "",
     }
     room = None if budget is None else max(0, budget - len(json.dumps(out)) + ANALYSIS_ALLOWANCE)
     timeline_room = None if room is None else room // 4
@@ -332,6 +342,24 @@ def _device_figures(f: MemoryFigures) -> JsonDict:
     pending frees first, so they count), what the map paints trapped; on expandable segments it
     includes sub-page slivers, which torch's inactive_split_bytes (free_trapped) excludes."""
     return {k: getattr(f, k) for k in (*FIGURE_NAMES, "free_stuck")}
+
+
+def _listed(pools: tuple[PoolFigures, ...]) -> list[PoolFigures]:
+    """A device's pools for the page, when it has a private one: the default pool first, then
+    the `MAX_POOLS` - 1 private pools holding the most (inspect --json lists every pool)."""
+    if all(p.pool_id == (0, 0) for p in pools):
+        return []
+    private = sorted((p for p in pools if p.pool_id != (0, 0)), key=lambda p: -p.reserved)
+    return [p for p in pools if p.pool_id == (0, 0)] + private[: MAX_POOLS - 1]
+
+
+def _pool(p: PoolFigures) -> JsonDict:
+    keys = ("device", "label", "kind", "in_use", "reserved", "allocated", "pending_free", "free")
+    out: JsonDict = {k: getattr(p, k) for k in keys}
+    out |= {"largest_free": p.largest_free, "releasable": p.releasable}
+    out |= {"releasable_after_release": p.releasable_after_release, "note": p.note}
+    out["external_fragmentation"] = p.external_fragmentation
+    return out
 
 
 def _worst(w: SegmentSummary) -> JsonDict:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from gpumemviz._callable import make_module_callable
 from gpumemviz.fragmentation.columns import from_snapshot, from_torch
 from gpumemviz.fragmentation.fit import VERDICTS, FitAnswer
-from gpumemviz.fragmentation.pools import PoolsInUse, normalize_in_use
+from gpumemviz.fragmentation.pools import ASSUMED_IN_USE, PoolsInUse, normalize_in_use
 from gpumemviz.fragmentation.report import (  # N_WORST: public before the split, kept here
     FIGURE_NAMES,
     N_WORST,
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from gpumemviz.io import SnapshotLike
 
 __all__ = [
+    "ASSUMED_IN_USE",
     "FIGURE_NAMES",
     "N_WORST",
     "VERDICTS",

@@ -15,6 +15,14 @@ import numpy as np
 from ..snapshot.pools import pool_kind, pool_label
 from .report import PoolFigures
 
+#: Shown wherever private pools' figures are (inspect, the HTML report), under the default
+#: assumption.
+ASSUMED_IN_USE = (
+    "private pools are assumed in use (a snapshot does not record a pool's use count): "
+    "empty_cache() returns their free segments only after the pool is released (MemPool "
+    "deleted, CUDA graph reset)"
+)
+
 #: What `fragmentation(..., pools_in_use=)` takes: True (every private pool in use), False
 #: (every one released) or the ids of the pools in use.
 PoolsInUse = bool | Iterable[tuple[int, int]]

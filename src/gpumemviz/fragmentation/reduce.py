@@ -475,6 +475,7 @@ def _summary(c: SegmentFigures, i: int, stuck: int) -> SegmentSummary:
         pool=pool_name(c.is_small.item(i)),
         is_expandable=c.is_expandable.item(i),
         n_blocks=c.n_blocks.item(i),
+        pool_id=(c.pool_id.item(i, 0), c.pool_id.item(i, 1)),
     )
 
 

@@ -122,6 +122,7 @@ class SegmentSummary:
     pool: str
     is_expandable: bool
     n_blocks: int
+    pool_id: tuple[int, int] = (0, 0)  # the private pool, (0, 0) the default pool
 
     @property
     def external_fragmentation(self) -> float:
@@ -129,6 +130,7 @@ class SegmentSummary:
 
     def to_dict(self) -> JsonDict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["pool_id"] = list(self.pool_id)
         d["external_fragmentation"] = self.external_fragmentation
         return d
 
