@@ -345,12 +345,14 @@ def _device_figures(f: MemoryFigures) -> JsonDict:
 
 
 def _listed(pools: tuple[PoolFigures, ...]) -> list[PoolFigures]:
-    """A device's pools for the page, when it has a private one: the default pool first, then
-    the `MAX_POOLS` - 1 private pools holding the most (inspect --json lists every pool)."""
+    """A device's pools for the page, when it has a private one: the default pool and the
+    `MAX_POOLS` - 1 private pools holding the most, in id order (inspect --json lists every
+    pool)."""
     if all(p.pool_id == (0, 0) for p in pools):
         return []
     private = sorted((p for p in pools if p.pool_id != (0, 0)), key=lambda p: -p.reserved)
-    return [p for p in pools if p.pool_id == (0, 0)] + private[: MAX_POOLS - 1]
+    kept = {id(p) for p in private[: MAX_POOLS - 1]}
+    return [p for p in pools if p.pool_id == (0, 0) or id(p) in kept]  # in the report's order
 
 
 def _pool(p: PoolFigures) -> JsonDict:

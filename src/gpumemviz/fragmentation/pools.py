@@ -2,18 +2,19 @@
 
 A snapshot records which pool each segment is in (``segment_pool_id``) but not whether the pool
 is still in use (its use count: a live MemPool, a graph not yet reset). empty_cache releases a
-private pool's free segments only once its use count is 0 (torch-allocator.md, 2.14), so the
-analysis assumes every private pool is in use unless told otherwise (`normalize_in_use`).
+private pool's free segments only once its use count is 0 (docs/private-pools.md), so the
+analysis assumes every private pool is in use unless told otherwise (`snapshot.pools`:
+`normalize_in_use`, `released_mask`, which the map's rows share).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
 
-from ..snapshot.pools import pool_kind, pool_label
+from ..snapshot.pools import PoolsInUse, normalize_in_use, pool_kind, pool_label, released_mask
 from .report import PoolFigures
+
+__all__ = ["ASSUMED_IN_USE", "PoolsInUse", "normalize_in_use", "pool_figures", "released_mask"]
 
 #: Shown wherever private pools' figures are (inspect, the HTML report), under the default
 #: assumption.
@@ -22,51 +23,6 @@ ASSUMED_IN_USE = (
     "empty_cache() returns their free segments only after the pool is released (MemPool "
     "deleted, CUDA graph reset)"
 )
-
-#: What `fragmentation(..., pools_in_use=)` takes: True (every private pool in use), False
-#: (every one released) or the ids of the pools in use.
-PoolsInUse = bool | Iterable[tuple[int, int]]
-
-
-def normalize_in_use(pools_in_use: object) -> bool | frozenset[tuple[int, int]]:
-    """True, False, or a frozenset of (int, int) pool ids; a one-line ValueError otherwise.
-
-    >>> normalize_in_use(True), sorted(normalize_in_use([(0, 1), [0, 2]]))
-    (True, [(0, 1), (0, 2)])
-    """
-    if isinstance(pools_in_use, bool):
-        return pools_in_use
-    bad = ValueError(
-        "pools_in_use must be True, False or a collection of pool ids such as [(0, 1)], got "
-        f"{pools_in_use!r:.80}"
-    )
-    if isinstance(pools_in_use, str | bytes) or not isinstance(pools_in_use, Iterable):
-        raise bad
-    out: set[tuple[int, int]] = set()
-    for p in pools_in_use:
-        if not (
-            isinstance(p, tuple | list)
-            and len(p) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in p)
-        ):
-            raise bad
-        out.add((int(p[0]), int(p[1])))
-    return frozenset(out)
-
-
-def released_mask(pool_id: np.ndarray, in_use: bool | frozenset[tuple[int, int]]) -> np.ndarray:
-    """Per segment: does empty_cache release it now? Default pool: yes; a private pool: when
-    the assumption takes it as released."""
-    default = ~np.asarray(pool_id.any(axis=1), dtype=bool)
-    if in_use is True:
-        return default
-    if in_use is False:
-        return np.ones(len(pool_id), dtype=bool)
-    used = np.zeros(len(pool_id), dtype=bool)
-    for a, b in in_use:
-        used |= (pool_id[:, 0] == a) & (pool_id[:, 1] == b)
-    out: np.ndarray = default | ~used
-    return out
 
 
 def pool_figures(

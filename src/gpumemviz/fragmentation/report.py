@@ -247,7 +247,7 @@ class SegmentFigures:
     free: np.ndarray  # i64
     largest_free: np.ndarray  # i64
     free_sq: np.ndarray  # f64: sum of squared inactive block sizes
-    releasable: np.ndarray  # i64: what empty_cache would return from this segment
+    releasable: np.ndarray  # i64: what empty_cache returns from this segment (once its pool may)
     n_blocks: np.ndarray  # i64
     stream: np.ndarray  # i64
     is_small: np.ndarray  # bool

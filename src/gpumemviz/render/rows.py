@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpumemviz.snapshot.pools import pool_label
+from gpumemviz.snapshot.pools import PoolsInUse, normalize_in_use, pool_label, released_mask
 from gpumemviz.units import format_size
 
 if TYPE_CHECKING:
@@ -145,7 +145,9 @@ class RowTable:
         return out
 
 
-def build_rows(snap: Snapshot, device: int | None = None) -> RowTable:
+def build_rows(
+    snap: Snapshot, device: int | None = None, pools_in_use: PoolsInUse = True
+) -> RowTable:
     """Order a snapshot's segments into the rows of the segment map and classify their bytes.
 
     Parameters
@@ -154,6 +156,10 @@ def build_rows(snap: Snapshot, device: int | None = None) -> RowTable:
         The columnar snapshot (gpumemviz.snapshot).
     device : int, optional
         Keep only this device's segments.
+    pools_in_use : bool or collection of (int, int)
+        As `fragmentation(..., pools_in_use=)`: the free segments of a private pool in use are
+        painted trapped (empty_cache keeps them until the pool is released), so the map's
+        releasable bytes are the report's `releasable`.
 
     Returns
     -------
@@ -181,6 +187,7 @@ def build_rows(snap: Snapshot, device: int | None = None) -> RowTable:
     stream = np.asarray(seg.stream, np.int64)
     address = np.asarray(seg.address, np.int64)
     pool = np.asarray(seg.pool_id, np.int64).reshape(n_seg, 2)
+    released = released_mask(pool, normalize_in_use(pools_in_use))
     # lexsort: last key is primary
     keys = (address[keep], stream[keep], small[keep], pool[keep, 1], pool[keep, 0], seg_dev[keep])
     order = keep[np.lexsort(keys)]
@@ -214,16 +221,20 @@ def build_rows(snap: Snapshot, device: int | None = None) -> RowTable:
     kind[state == _ALLOCATED] = KIND_ALLOCATED
     kind[state == _PENDING] = KIND_PENDING
     free = state == _INACTIVE
-    kind[free & (allocated[seg_of_blk] == 0) & ~expandable[seg_of_blk]] = KIND_RELEASABLE
+    gives_back = released[seg_of_blk]  # empty_cache may release the segment's pool now
+    kind[free & (allocated[seg_of_blk] == 0) & ~expandable[seg_of_blk] & gives_back] = (
+        KIND_RELEASABLE
+    )
 
     if expandable.any():
+        exp_back = expandable[seg_of_blk] & gives_back
         span_row, span_start, span_size, span_kind = _split_pages(
             row_of_blk,
             start,
             end,
             kind,
-            (free | (state == _PENDING)) & expandable[seg_of_blk],
-            free & expandable[seg_of_blk],
+            (free | (state == _PENDING)) & exp_back,
+            free & exp_back,
             small[seg_of_blk],
         )
     else:  # one span per block
