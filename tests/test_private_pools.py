@@ -102,7 +102,7 @@ def test_pool_kinds_and_labels_follow_torch_numbering():
     assert pool_label((2, 3)) == "private pool (2, 3)"
     assert normalize_in_use([(0, 1), [0, 3]]) == frozenset({(0, 1), (0, 3)})
     for bad in ("all", [(0, 1, 2)], [(0, True)], 3, [("0", 1)]):
-        with pytest.raises(ValueError, match="^pools_in_use must be"):
+        with pytest.raises(ValueError, match=r"^pools_in_use must be"):
             fragmentation(snap_dict(), pools_in_use=bad)
 
 
@@ -194,7 +194,7 @@ def test_can_fit_searches_only_the_requests_pool():
     assert "another pool" not in str(r.can_fit(10 * MIB))
     assert r.can_fit(10 * MIB).to_dict()["pool_id"] == (0, 0)
     for bad in ((0,), (0, "1"), "0,1", (True, 0)):
-        with pytest.raises(ValueError, match="^pool must be a pair of ints"):
+        with pytest.raises(ValueError, match=r"^pool must be a pair of ints"):
             r.can_fit(MIB, pool=bad)
 
 
