@@ -14,8 +14,9 @@ values are read the same way, and a bad one gets the same one-line SnapshotError
 belongs to `load_snapshot`; the analysis checks only what it reads.
 
 One job per module: `report` (the values returned), `columns` (both ways in -> columns), `reduce`
-(columns -> figures), `fit` (can_fit and its answer), `_util` (helpers `reduce` and `fit`
-share).
+(columns -> figures), `pools` (the private pools' in-use assumption and per-pool figures), `fit`
+(can_fit and its answer), `expandable_fit` (where can_fit lands in expandable mode), `_util`
+(helpers `reduce` and `fit` share).
 """
 
 from __future__ import annotations

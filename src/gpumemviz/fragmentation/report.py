@@ -408,13 +408,6 @@ class FragmentationReport:
             ),
         }
 
-    def pool_in_use(self, pool_id: tuple[int, int]) -> bool:
-        """Whether the analysis takes this pool as in use (the default pool always is)."""
-        key = (int(pool_id[0]), int(pool_id[1]))
-        if key == (0, 0) or self.pools_in_use is True:
-            return True
-        return False if self.pools_in_use is False else key in self.pools_in_use
-
     def can_fit(
         self,
         nbytes: int | str,
