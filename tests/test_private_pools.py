@@ -22,7 +22,7 @@ from gpumemviz.cli import main
 from gpumemviz.fragmentation import ASSUMED_IN_USE, fragmentation
 from gpumemviz.render.rows import KIND_RELEASABLE, build_rows
 from gpumemviz.render.wire import header_numbers
-from gpumemviz.report_html import report_data
+from gpumemviz.report_html import MAX_POOLS, report_data
 from gpumemviz.snapshot import Snapshot
 from gpumemviz.snapshot.pools import normalize_in_use, pool_kind, pool_label
 from gpumemviz.widget import MemoryPanel
@@ -204,15 +204,16 @@ def test_pool_advice_with_its_numbers():
     idle, share = advice
     assert idle.evidence == {
         "device": 0,
-        "pool_a": 0,
-        "pool_b": 3,
+        "pools": 1,
+        "largest_pool_a": 0,
+        "largest_pool_b": 3,
         "reserved": 128 * MIB,
-        "allocated": 0,
         "bytes_freed": 128 * MIB,
         "assumed_in_use": 1,
     }
     assert idle.message.startswith("MemPool (0, 3) on the device holds 128.00 MiB with nothing")
-    assert "so this one was assumed to be" in idle.message
+    assert "release it (graph.reset()" in idle.message
+    assert "so each was assumed to be" in idle.message
     # two graphs with their own pools: one shared pool holds about the larger (100 MiB)
     assert share.evidence == {
         "device": 0,
@@ -225,9 +226,27 @@ def test_pool_advice_with_its_numbers():
     # taken as released: empty_cache alone returns the idle pool; (0, 1) frees only 42 MiB
     released = advise(fragmentation(snap_dict(), pools_in_use=False))
     (idle2,) = (a for a in released if a.kind == "release_idle_pool")
-    assert idle2.evidence["assumed_in_use"] == 0 and idle2.evidence["bytes_freed"] == 128 * MIB
-    assert "torch.cuda.empty_cache() returns 128.00 MiB" in idle2.message
-    assert 42 * MIB < POOL_BYTES_MIN
+    assert idle2.evidence["assumed_in_use"] == 0
+    # (0, 3)'s 128 MiB, (0, 1)'s 42 MiB (S4, S8): one advice for the device, largest first
+    assert idle2.evidence["pools"] == 2 and idle2.evidence["bytes_freed"] == 170 * MIB
+    assert idle2.message.startswith(
+        "2 private pools (MemPool (0, 3) 128.00 MiB, MemPool (0, 1) 42.00 MiB) on the device, "
+        "taken as released (pools_in_use), still cache 170.00 MiB"
+    )
+    assert "torch.cuda.empty_cache() returns 170.00 MiB" in idle2.message
+
+
+def test_idle_pools_of_a_device_make_one_advice():
+    # five idle graph pools of 20 MiB each: 100 MiB together, the largest three named
+    segs = [_seg(0x10000000 * (n + 1), (n + 1, 0), [(20 + n, F)]) for n in range(5)]
+    (idle,) = (a for a in advise({"segments": segs}) if a.kind == "release_idle_pool")
+    assert idle.evidence["pools"] == 5 and idle.evidence["bytes_freed"] == 110 * MIB
+    assert idle.evidence["largest_pool_a"] == 5
+    assert idle.message.startswith(
+        "5 private pools (CUDA graph pool (5, 0) 24.00 MiB, CUDA graph pool (4, 0) 23.00 MiB, "
+        "CUDA graph pool (3, 0) 22.00 MiB and 2 more) on the device hold 110.00 MiB with "
+        "nothing allocated. If their graph or MemPool is no longer needed, release them"
+    )
 
 
 def test_pool_advice_stays_quiet_below_its_thresholds():
@@ -354,3 +373,10 @@ def test_the_report_lists_the_pools():
     # a snapshot with the default pool only lists no pools
     plain = {"segments": [SEGMENTS[0]], "device_traces": [[]]}
     assert report_data(Snapshot.from_torch(plain), replay_advice=False)["pools"] == []
+    # many pools: the default pool and the 11 largest private ones, in the report's order
+    many = [SEGMENTS[0]] + [_seg(0x10000000 * (n + 2), (n + 1, 0), [(2 + n, A)]) for n in range(20)]
+    listed = report_data(Snapshot.from_torch({"segments": many}), replay_advice=False)["pools"]
+    assert len(listed) == MAX_POOLS == 12
+    assert [p["label"] for p in listed] == ["default pool"] + [
+        f"CUDA graph pool ({n}, 0)" for n in range(10, 21)
+    ]

@@ -154,9 +154,10 @@ def advise(
     Private pools (`MemoryFigures.pools`): "share_graph_pool" when two or more CUDA graphs
     each hold their own pool (ids (n, 0): captured without ``pool=``), with the bytes one
     shared pool would save if the graphs run one after another (all but the largest pool's
-    reserved); "release_idle_pool" when a private pool holds at least `POOL_BYTES_MIN` in
-    segments with nothing allocated. A snapshot does not record whether a pool is still in use:
-    the advice follows the report's `pools_in_use` assumption and says which it took.
+    reserved); "release_idle_pool" when private pools with nothing allocated (assumed in use),
+    or taken as released and still caching, hold at least `POOL_BYTES_MIN` together (one advice
+    per device and case, naming the largest pools). A snapshot does not record whether a pool
+    is still in use: the advice follows the report's `pools_in_use` assumption and says which.
 
     Examples
     --------
@@ -356,36 +357,45 @@ def _pool_advice(f: MemoryFigures, d: int, name: str) -> list[tuple[int, Advice]
                 "bytes_saved": saved,
             }
             out.append((saved, Advice("share_graph_pool", msg, evidence)))
-    for p in f.pools:
-        idle = p.releasable + p.releasable_after_release
-        if p.kind == "default" or idle < POOL_BYTES_MIN:
+    private = [p for p in f.pools if p.kind != "default"]
+    # assumed in use with nothing live in it; or taken as released, still caching segments
+    idle = [p for p in private if p.in_use and p.allocated == 0 and p.pending_free == 0]
+    cached = [p for p in private if not p.in_use and p.releasable]
+    for pools, in_use in ((idle, True), (cached, False)):
+        freed = sum(p.releasable + p.releasable_after_release for p in pools)
+        if freed < POOL_BYTES_MIN:
             continue
-        if p.in_use and p.allocated == 0 and p.pending_free == 0:
+        pools = sorted(pools, key=lambda p: -(p.releasable + p.releasable_after_release))
+        named = ", ".join(
+            f"{p.label} {format_size(p.releasable + p.releasable_after_release)}" for p in pools[:3]
+        ) + (f" and {len(pools) - 3} more" if len(pools) > 3 else "")
+        what = pools[0].label if len(pools) == 1 else f"{len(pools)} private pools ({named})"
+        if in_use:
             msg = (
-                f"{p.label} on {name} holds {format_size(p.reserved)} with nothing allocated "
-                "in it. If its graph or MemPool is no longer needed, release it (graph.reset(), "
-                "or drop the last reference to the MemPool) and call torch.cuda.empty_cache() "
-                f"to return {format_size(idle)}; a snapshot does not record whether a pool is "
-                "still in use, so this one was assumed to be."
-            )
-        elif not p.in_use:
-            msg = (
-                f"{p.label} on {name} was taken as released (pools_in_use), yet it still "
-                f"caches {format_size(idle)} in segments with nothing allocated: "
-                f"torch.cuda.empty_cache() returns {format_size(idle)} to the device."
+                f"{what} on {name} hold{'s' if len(pools) == 1 else ''} "
+                f"{format_size(freed)} with nothing allocated. If "
+                f"{'its' if len(pools) == 1 else 'their'} graph or MemPool is no longer needed, "
+                f"release {'it' if len(pools) == 1 else 'them'} (graph.reset(), or drop the last "
+                "reference to the MemPool) and call "
+                f"torch.cuda.empty_cache() to return {format_size(freed)}; a snapshot does not "
+                "record whether a pool is still in use, so each was assumed to be."
             )
         else:
-            continue
+            msg = (
+                f"{what} on {name}, taken as released (pools_in_use), still cache "
+                f"{format_size(freed)} in segments with nothing allocated: "
+                f"torch.cuda.empty_cache() returns {format_size(freed)} to the device."
+            )
         evidence = {
             "device": d,
-            "pool_a": p.pool_id[0],
-            "pool_b": p.pool_id[1],
-            "reserved": p.reserved,
-            "allocated": p.allocated,
-            "bytes_freed": idle,
-            "assumed_in_use": int(p.in_use),
+            "pools": len(pools),
+            "largest_pool_a": pools[0].pool_id[0],
+            "largest_pool_b": pools[0].pool_id[1],
+            "reserved": sum(p.reserved for p in pools),
+            "bytes_freed": freed,
+            "assumed_in_use": int(in_use),
         }
-        out.append((idle, Advice("release_idle_pool", msg, evidence)))
+        out.append((freed, Advice("release_idle_pool", msg, evidence)))
     return out
 
 

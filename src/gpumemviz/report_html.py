@@ -64,7 +64,7 @@ DATA_FORMAT = 1
 SIZE_FACTOR = 2  # data bytes per byte of the input pickle
 ANALYSIS_ALLOWANCE = 8 << 10  # figures, advice and sites: bounded, whatever the input's size
 TIMELINE_POINTS = 1500  # per device, at most: each a bucket's peaks
-MAX_POOLS = 12  # pools listed per device (most reserved first): within ANALYSIS_ALLOWANCE
+MAX_POOLS = 12  # pools the page lists (about 300 bytes each): within ANALYSIS_ALLOWANCE
 _CELL_STEPS = (1024, 512, 256, 128, 64, 32, 16)
 _B64 = 4 / 3
 
@@ -226,7 +226,7 @@ def report_data(
         ),
         "sites": {"live": live, "trace": traced, "trace_device": trace_dev},
         "violations": [v.message for v in report_.violations][:20],
-        "pools": [_pool(p) for f in report_.devices.values() for p in _listed(f.pools)],
+        "pools": [_pool(p) for p in _listed(list(report_.devices.values()))],
         "pools_note": ASSUMED_IN_USE if report_.pools_in_use is True else "",
     }
     room = None if budget is None else max(0, budget - len(json.dumps(out)) + ANALYSIS_ALLOWANCE)
@@ -344,15 +344,18 @@ def _device_figures(f: MemoryFigures) -> JsonDict:
     return {k: getattr(f, k) for k in (*FIGURE_NAMES, "free_stuck")}
 
 
-def _listed(pools: tuple[PoolFigures, ...]) -> list[PoolFigures]:
-    """A device's pools for the page, when it has a private one: the default pool and the
-    `MAX_POOLS` - 1 private pools holding the most, in id order (inspect --json lists every
-    pool)."""
-    if all(p.pool_id == (0, 0) for p in pools):
-        return []
-    private = sorted((p for p in pools if p.pool_id != (0, 0)), key=lambda p: -p.reserved)
-    kept = {id(p) for p in private[: MAX_POOLS - 1]}
-    return [p for p in pools if p.pool_id == (0, 0) or id(p) in kept]  # in the report's order
+def _listed(devices: list[MemoryFigures]) -> list[PoolFigures]:
+    """The pools the page lists, when a device has a private one: at most `MAX_POOLS` rows
+    (the data's size stays bounded): the default pool of each device holding a private one,
+    then the private pools holding the most, in the report's order (inspect --json lists
+    every pool)."""
+    private = [p for f in devices for p in f.pools if p.pool_id != (0, 0)]
+    homes = {p.device for p in private}
+    default = [p for f in devices for p in f.pools if p.pool_id == (0, 0) and p.device in homes]
+    room = max(MAX_POOLS - len(default), 0)
+    kept = {id(p) for p in sorted(private, key=lambda p: -p.reserved)[:room]}
+    shown = {id(p) for p in default} | kept
+    return [p for f in devices for p in f.pools if id(p) in shown]
 
 
 def _pool(p: PoolFigures) -> JsonDict:
