@@ -43,16 +43,17 @@ def pool_figures(
         return ()
     if not pool_id.any() and not (device != device[0]).any():  # the common case: one pool
         uniq = np.array([[int(device[0]), 0, 0]], dtype=np.int64)
-        inverse = np.zeros(len(device), dtype=np.int64)
+        order = np.arange(len(device))
+        starts = np.zeros(1, dtype=np.int64)
     else:
         keys = np.column_stack([device, pool_id])
         uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-        inverse = inverse.reshape(-1)
-    k = len(uniq)
+        order = np.argsort(inverse.reshape(-1), kind="stable")  # segments pool by pool
+        starts = np.searchsorted(inverse.reshape(-1)[order], np.arange(len(uniq)))
 
-    def add(values: np.ndarray) -> list[int]:
-        out = np.zeros(k, dtype=np.int64)
-        np.add.at(out, inverse, values)
+    def add(values: np.ndarray, ufunc: np.ufunc = np.add) -> list[int]:
+        """Per pool, exactly (int64, no float weights)."""
+        out = ufunc.reduceat(np.asarray(values, dtype=np.int64)[order], starts)
         return [int(v) for v in out.tolist()]
 
     rel = sums["releasable"]
@@ -61,10 +62,8 @@ def pool_figures(
     reserved, allocated = add(sums["total_size"]), add(sums["allocated"])
     pending, free = add(sums["pending_free"]), add(sums["free"])
     count = add(np.ones(len(device), dtype=np.int64))
-    largest = np.zeros(k, dtype=np.int64)
-    np.maximum.at(largest, inverse, largest_free)
-    first = np.zeros(k, dtype=np.int64)  # a segment of each pool: its `released` is the pool's
-    first[inverse[::-1]] = np.arange(len(device))[::-1]
+    largest = add(largest_free, np.maximum)
+    first = order[starts]  # a segment of each pool: its `released` is the pool's
     out: list[PoolFigures] = []
     for i, (d, a, b) in enumerate(uniq.tolist()):
         pid = (int(a), int(b))
@@ -79,7 +78,7 @@ def pool_figures(
                 allocated=allocated[i],
                 pending_free=pending[i],
                 free=free[i],
-                largest_free=int(largest[i]),
+                largest_free=largest[i],
                 releasable=now[i],
                 releasable_after_release=later[i],
                 segments=count[i],
