@@ -380,3 +380,24 @@ def test_the_report_lists_the_pools():
     assert [p["label"] for p in listed] == ["default pool"] + [
         f"CUDA graph pool ({n}, 0)" for n in range(10, 21)
     ]
+
+
+def test_an_expandable_run_in_a_pool_gives_back_its_whole_pages_once_released():
+    # a 40 MiB mapped run of MemPool (0, 4): 10 MiB allocated, then 30 MiB free; pages are
+    # 20 MiB (large), so [20, 40) is a whole free page and [10, 20) a sliver
+    run = _seg(0x7F0000000000, (0, 4), [(10, A), (30, F)])
+    run["is_expandable"] = True
+    d = {"segments": [run], "allocator_settings": {"expandable_segments": True}}
+    kept = fragmentation(d).device(0)
+    (p,) = kept.pools
+    assert (p.releasable, p.releasable_after_release) == (0, 20 * MIB)
+    assert (kept.releasable, kept.free_stuck, kept.free_stuck_expandable) == (0, 30 * MIB, 0)
+    gone = fragmentation(d, pools_in_use=False).device(0)
+    assert (gone.releasable, gone.free_stuck, gone.free_stuck_expandable) == (
+        20 * MIB,
+        10 * MIB,
+        10 * MIB,
+    )
+    snap = Snapshot.from_torch(d)
+    assert build_rows(snap).totals()["free_releasable"] == 0
+    assert build_rows(snap, pools_in_use=False).totals()["free_releasable"] == 20 * MIB

@@ -16,6 +16,7 @@ from ..allocator.rules import (
     oversize_rejects,
     round_size,
 )
+from ..snapshot.messages import short_repr
 from ..snapshot.pools import pool_label
 from ..units import format_size, parse_size
 from ._util import pool_name
@@ -256,7 +257,7 @@ def _pool_id(pool_id: object) -> tuple[int, int]:
         and all(isinstance(v, int) and not isinstance(v, bool) for v in pool_id)
     ):
         return int(pool_id[0]), int(pool_id[1])
-    raise ValueError(f"pool must be a pair of ints such as (0, 0), got {pool_id!r:.60}")
+    raise ValueError(f"pool must be a pair of ints such as (0, 0), got {short_repr(pool_id)}")
 
 
 def _other_pools(

@@ -133,7 +133,7 @@ def make_columns(
             np.where((allocated > 0) & ~is_expandable, free, 0),
             rel_now,
             releasable - rel_now,
-            np.where(is_expandable & default_pool, stuck, 0),
+            np.where(is_expandable & released, stuck, 0),
             _group(free_segment, fstarts, np.ones(len(free_segment), np.int64), n, np.add),
             _group(pend_segment, pstarts, np.ones(len(pend_segment), np.int64), n, np.add),
         ]

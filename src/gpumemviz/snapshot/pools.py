@@ -17,6 +17,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from .messages import short_repr
+
 __all__ = [
     "DEFAULT_POOL",
     "POOL_KINDS",
@@ -79,7 +81,7 @@ def normalize_in_use(pools_in_use: object) -> bool | frozenset[tuple[int, int]]:
         return pools_in_use
     bad = ValueError(
         "pools_in_use must be True, False or a collection of pool ids such as [(0, 1)], got "
-        f"{pools_in_use!r:.80}"
+        f"{short_repr(pools_in_use)}"
     )
     if isinstance(pools_in_use, str | bytes) or not isinstance(pools_in_use, Iterable):
         raise bad
