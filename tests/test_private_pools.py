@@ -401,3 +401,39 @@ def test_an_expandable_run_in_a_pool_gives_back_its_whole_pages_once_released():
     snap = Snapshot.from_torch(d)
     assert build_rows(snap).totals()["free_releasable"] == 0
     assert build_rows(snap, pools_in_use=False).totals()["free_releasable"] == 20 * MIB
+
+
+def test_two_devices_keep_their_pools_apart(tmp_path, capsys):
+    segs = [_seg(0x10000000, (0, 0), [(20, F)]), _seg(0x20000000, (0, 1), [(20, F)])]
+    other = [dict(s, device=1) for s in [_seg(0x10000000, (0, 0), [(4, A), (16, F)]), segs[1]]]
+    d = {"segments": segs + other, "device_traces": [[], []]}
+    r = fragmentation(d)
+    for dev in (0, 1):
+        assert [(p.device, p.pool_id) for p in r.device(dev).pools] == [
+            (dev, (0, 0)),
+            (dev, (0, 1)),
+        ]
+    assert [(p.device, p.pool_id) for p in r.total.pools] == [
+        (0, (0, 0)),
+        (0, (0, 1)),
+        (1, (0, 0)),
+        (1, (0, 1)),
+    ]
+    assert (r.total.releasable, r.total.releasable_private) == (20 * MIB, 40 * MIB)
+    # device 1's default pool has a 16 MiB block: a default-pool request is told of device 1's
+    # pool (device 0's 20 MiB blocks are another device's)
+    assert "MemPool (0, 1) holds a free 20.00 MiB block" in str(r.can_fit(19 * MIB, device=1))
+    assert r.can_fit(19 * MIB, device=1, pool=(0, 1)).block_address == 0x20000000
+    rows = build_rows(Snapshot.from_torch(d))
+    assert [(g.device, g.label) for g in rows.groups] == [
+        (0, ""),
+        (0, "MemPool (0, 1)"),
+        (1, ""),
+        (1, "MemPool (0, 1)"),
+    ]
+    path = tmp_path / "two.pickle"
+    path.write_bytes(pickle.dumps(d))
+    assert main(["inspect", str(path), "--no-replay"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("  pools:\n") == 2  # under each device, not again under "all devices"
+    assert text.count("    MemPool (0, 1): 1 segments, reserved 20.00 MiB") == 2

@@ -168,7 +168,7 @@ def _device_lines(
         f"  left after empty_cache {fs(f.free_stuck)} ({fs(f.free_stuck_expandable)} in "
         "partial pages of expandable segments)",
     ]
-    if any(p.pool_id != (0, 0) for p in f.pools):
+    if f.device is not None and any(p.pool_id != (0, 0) for p in f.pools):  # per device only
         assumed = any(p.in_use and p.pool_id != (0, 0) for p in f.pools)
         lines.append("  pools:")
         lines += [f"    {_pool_line(p)}" for p in f.pools]
