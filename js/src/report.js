@@ -37,7 +37,7 @@ const MAX_ZOOM = 1e6;
  * @typedef {{device: number, label: string, kind: string, in_use: boolean, reserved: number,
  *   allocated: number, pending_free: number, free: number, largest_free: number,
  *   releasable: number, releasable_after_release: number, note: string,
- *   external_fragmentation: number}} PoolRow a device's pool (report_html.py `_pool`)
+ *   external_fragmentation: number}} PoolRow a device's pool (`PoolFigures.to_dict()`)
  */
 
 /**

@@ -226,7 +226,7 @@ def report_data(
         ),
         "sites": {"live": live, "trace": traced, "trace_device": trace_dev},
         "violations": [v.message for v in report_.violations][:20],
-        "pools": [_pool(p) for p in _listed(list(report_.devices.values()))],
+        "pools": [p.to_dict() for p in _listed(list(report_.devices.values()))],
         "pools_note": ASSUMED_IN_USE if report_.pools_in_use is True else "",
     }
     room = None if budget is None else max(0, budget - len(json.dumps(out)) + ANALYSIS_ALLOWANCE)
@@ -356,15 +356,6 @@ def _listed(devices: list[MemoryFigures]) -> list[PoolFigures]:
     kept = {id(p) for p in sorted(private, key=lambda p: -p.reserved)[:room]}
     shown = {id(p) for p in default} | kept
     return [p for f in devices for p in f.pools if id(p) in shown]
-
-
-def _pool(p: PoolFigures) -> JsonDict:
-    keys = ("device", "label", "kind", "in_use", "reserved", "allocated", "pending_free", "free")
-    out: JsonDict = {k: getattr(p, k) for k in keys}
-    out |= {"largest_free": p.largest_free, "releasable": p.releasable}
-    out |= {"releasable_after_release": p.releasable_after_release, "note": p.note}
-    out["external_fragmentation"] = p.external_fragmentation
-    return out
 
 
 def _worst(w: SegmentSummary) -> JsonDict:
