@@ -370,6 +370,11 @@ def test_the_report_lists_the_pools():
     groups = data["map"]["layout"]["groups"]
     assert [g["pool_label"] for g in groups][1:3] == ["MemPool (0, 1)"] * 2
     assert {a["kind"] for a in data["advice"]} == {"release_idle_pool", "share_graph_pool"}
+    # the worst segments name their private pool
+    assert [(w["address"], w["pool_label"]) for w in data["worst"]][:2] == [
+        (0x60000000, "CUDA graph pool (2, 0)"),
+        (0x10000000, ""),
+    ]
     # a snapshot with the default pool only lists no pools
     plain = {"segments": [SEGMENTS[0]], "device_traces": [[]]}
     assert report_data(Snapshot.from_torch(plain), replay_advice=False)["pools"] == []

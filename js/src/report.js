@@ -22,7 +22,7 @@ const MAX_ZOOM = 1e6;
  * @typedef {{label: string, bytes: number, count: number}} Site
  * @typedef {{device: number, address: number, total_size: number, allocated: number,
  *   free: number, largest_free: number, stuck_free: number, pool: string, stream: number,
- *   is_expandable: boolean}} Worst
+ *   is_expandable: boolean, pool_label?: string}} Worst ``pool_label``: a private pool's name
  * @typedef {{entries: number, series: [string, string], x: string, t: string | null,
  *   oom_t: number[] | null, reserved: string, allocated: string, oom: number[]}} DeviceTimeline
  *   base64 float64 columns: entry index `x`, time `t` in seconds (null: no recorded times)
@@ -119,7 +119,8 @@ function analysis(data, host) {
   s.append(table(head, body, "figures"));
   if (data.pools && data.pools.length) {
     s.append(el("h3", "", "Pools"));
-    if (data.pools_note) s.append(el("p", "gmv-muted", `Private pools: ${data.pools_note}.`));
+    const note = data.pools_note;
+    if (note) s.append(el("p", "gmv-muted", `${note[0].toUpperCase()}${note.slice(1)}.`));
     s.append(table(
       ["device", "pool", "reserved", "allocated", "pending free", "free", "largest free",
         "fragmentation", "empty_cache() releases"],
@@ -143,7 +144,8 @@ function analysis(data, host) {
       ["device", "segment", "pool", "size", "allocated", "free", "stuck free", "largest free"],
       data.worst.map((w) => [
         `cuda:${w.device}`, `0x${w.address.toString(16)}${w.is_expandable ? " exp" : ""}`,
-        `${w.pool} · stream ${w.stream}`, formatSize(w.total_size), formatSize(w.allocated),
+        `${w.pool_label ? `${w.pool_label} · ` : ""}${w.pool} · stream ${w.stream}`,
+        formatSize(w.total_size), formatSize(w.allocated),
         formatSize(w.free), formatSize(w.stuck_free), formatSize(w.largest_free),
       ]), "worst"));
   }

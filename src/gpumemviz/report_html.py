@@ -46,6 +46,7 @@ from .render.wire import header_numbers
 from .render.wire_frame import BLOCK_BYTES, ROW_OVERHEAD, pack_frame, row_meta
 from .snapshot import ACTIONS, Snapshot
 from .snapshot.messages import one_line, short_repr
+from .snapshot.pools import pool_label
 from .snapshot.schema import JsonDict
 
 __all__ = [
@@ -362,6 +363,7 @@ def _worst(w: SegmentSummary) -> JsonDict:
     keys = ("device", "address", "total_size", "allocated", "free", "largest_free")
     out: JsonDict = {k: getattr(w, k) for k in keys}
     out |= {"stuck_free": w.stuck_free, "pool": w.pool, "stream": w.stream}
+    out["pool_label"] = "" if w.pool_id == (0, 0) else pool_label(w.pool_id)
     out["is_expandable"] = bool(w.is_expandable)
     return out
 
