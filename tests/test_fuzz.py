@@ -108,7 +108,8 @@ def test_the_dict_target_finds_the_two_ways_apart(monkeypatch):
     case = fuzz.load_seeds(5, slices=1).dicts[-1]  # the plain segment list of every run
     assert isinstance(case, list) and fuzz.run_fragmentation(copy.deepcopy(case)) == "frag:report"
     real = frag_module.from_torch
-    monkeypatch.setattr(frag_module, "from_torch", lambda d: real(d + d))  # a segment too many
+    # a segment too many (the pools_in_use assumption passed through)
+    monkeypatch.setattr(frag_module, "from_torch", lambda d, *rest: real(d + d, *rest))
     with pytest.raises(fuzz.Finding) as found:
         fuzz.run_fragmentation(copy.deepcopy(case))
     assert found.value.sig == "frag-differs@report"

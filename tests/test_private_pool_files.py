@@ -3,11 +3,14 @@
 THUDM's slime: 297 of its 298 segments in pool (0, 1), on device 3, with a 2,515-entry trace;
 volcengine's verl: vLLM weights in pool (0, 1), the KV cache in pool (0, 2), no trace.
 
-Loading, analysis, advice, rendering, the panel, the HTML report, exports, diff and `inspect`
-run on both and keep the conservation law (allocated + free + pending_free == reserved, per
-device and per segment). The model holds private pools, so slime's trace replays with every
-allocation at its recorded address, each in the pool the file names, `whatif` reports per
-pool and the advice check replays it; verl (no trace) gets the no-trace line.
+What holds on both: loading, analysis, advice, rendering, the panel, the HTML report, exports,
+diff and `inspect` run without error and keep the conservation law (allocated + free +
+pending_free == reserved, per device, per pool and per segment); each pool's figures, worked out
+here from the raw dicts with plain Python, are the analysis's (docs/private-pools.md), and
+`inspect`, the report and the panel show the pools apart; `can_fit` keeps pools apart. The model
+holds private pools, so slime's trace replays with every allocation at its recorded address,
+each in the pool the file names, `whatif` reports per pool and the advice check replays it;
+verl (no trace) gets the no-trace line.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from gpumemviz.render.wire_frame import decode_frame
 from gpumemviz.report_html import report, report_data
 from gpumemviz.sites import live_sites
 from gpumemviz.snapshot import Snapshot
+from gpumemviz.snapshot.pools import pool_label
+from gpumemviz.units import format_size
 from gpumemviz.widget import MemoryPanel
 from test_report_html import decoded_map, page_data
 
@@ -98,6 +103,42 @@ def _pool_bytes(raw: dict, device: int) -> dict[tuple[int, int], int]:
             pid = tuple(s["segment_pool_id"])
             out[pid] = out.get(pid, 0) + s["total_size"]
     return out
+
+
+def _pool_sums(raw: dict) -> dict[tuple[int, tuple[int, int]], dict[str, int]]:
+    """Per (device, pool), from the raw dict alone: the pool's figures."""
+    out: dict[tuple[int, tuple[int, int]], dict[str, int]] = {}
+    for s in _segs(raw):
+        key = (s["device"], tuple(s["segment_pool_id"]))
+        d = out.setdefault(key, collections.Counter())
+        blocks = s["blocks"]
+        d["reserved"] += s["total_size"]
+        d["allocated"] += _by_state(blocks, "active_allocated")
+        d["pending_free"] += _by_state(blocks, "active_pending_free")
+        d["free"] += _by_state(blocks, "inactive")
+        d["segments"] += 1
+        free_sizes = [b["size"] for b in blocks if b["state"] == "inactive"]
+        d["largest_free"] = max([d["largest_free"], *free_sizes])
+        # empty_cache syncs pending frees, then returns every segment with nothing allocated
+        if not any(b["state"] == "active_allocated" for b in blocks):
+            d["whole_free"] += s["total_size"]
+    return out
+
+
+def _free_blocks(raw: dict, device: int, pool: tuple[int, int], large: bool):
+    """(size, address) of the inactive blocks of one device's pool and size class, stream 0."""
+    out = []
+    for s in _segs(raw):
+        if (s["device"], tuple(s["segment_pool_id"]), s["stream"]) != (device, pool, 0):
+            continue
+        if (s["segment_type"] == "large") != large:
+            continue
+        at = s["address"]
+        for b in s["blocks"]:
+            if b["state"] == "inactive":
+                out.append((b["size"], at))
+            at += b["size"]
+    return sorted(out)
 
 
 # -- the files ----------------------------------------------------------------------------------
@@ -167,6 +208,77 @@ def test_fragmentation_keeps_the_conservation_law(path, raw):
     json.dumps(report_.to_dict())
 
 
+def test_each_pool_has_its_own_figures(path, raw):
+    sums = _pool_sums(raw)
+    report_ = fragmentation(path)
+    assert report_.pools_in_use is True
+    for dev, f in report_.devices.items():
+        want = sorted((pool for d, pool in sums if d == dev), key=lambda p: (p != (0, 0), p))
+        assert [p.pool_id for p in f.pools] == want
+        for p in f.pools:
+            w = sums[(dev, p.pool_id)]
+            got = (p.reserved, p.allocated, p.pending_free, p.free, p.segments, p.largest_free)
+            assert got == (
+                w["reserved"],
+                w["allocated"],
+                w["pending_free"],
+                w["free"],
+                w["segments"],
+                w["largest_free"],
+            )
+            assert p.allocated + p.pending_free + p.free == p.reserved
+            assert p.label == pool_label(p.pool_id)
+            # assumed in use: a private pool's whole-free segments wait on its release
+            if p.pool_id == (0, 0):
+                assert (p.releasable, p.releasable_after_release) == (w["whole_free"], 0)
+            else:
+                assert (p.releasable, p.releasable_after_release) == (0, w["whole_free"])
+                assert p.note == ("only after the pool is released" if w["whole_free"] else "")
+        private = sum(v["whole_free"] for (d, pool), v in sums.items() if d == dev and any(pool))
+        assert f.releasable == sums[(dev, (0, 0))]["whole_free"]
+        assert f.releasable_private == private
+        released = fragmentation(path, pools_in_use=False).device(dev)
+        assert released.releasable == f.releasable + private
+        assert released.releasable_private == 0
+    # what PROVENANCE.md says, in the analysis's words
+    if path.name == VERL:
+        kv = report_.device(0).pool((0, 2))
+        assert (kv.label, kv.segments, kv.reserved) == ("MemPool (0, 2)", 24, 21793603584)
+    else:
+        f = report_.device(3)
+        assert f.pool((0, 1)).segments == 297
+        # 360 MiB free in reserved at 97.2 % external fragmentation, nearly all in the pool
+        assert (format_size(f.free), f"{f.external_fragmentation:.1%}") == ("360.29 MiB", "97.2%")
+        assert format_size(f.pool((0, 1)).free) == "358.29 MiB"
+
+
+def test_can_fit_keeps_the_pools_apart(which, path, raw):
+    (dev,) = DEVICES[which]
+    report_ = fragmentation(path)
+    mib = 1 << 20
+    # MemPool (0, 1)'s best fit for 8 MiB: the smallest large free block of at least 8 MiB,
+    # lowest address first on ties
+    mine = [b for b in _free_blocks(raw, dev, (0, 1), large=True) if b[0] >= 8 * mib]
+    a = report_.can_fit(8 * mib, device=dev, pool=(0, 1))
+    assert (a.verdict, a.block_size, a.block_address) == ("cached", *mine[0])
+    assert a.pool_id == (0, 1) and "MemPool (0, 1)" in a.explanation
+    default = [b for b in _free_blocks(raw, dev, (0, 0), large=True) if b[0] >= 8 * mib]
+    d = report_.can_fit(8 * mib, device=dev, device_free=0)
+    if default:  # verl: the default pool has its own
+        assert (d.verdict, d.block_size, d.block_address) == ("cached", *default[0])
+    else:  # slime: MemPool (0, 1)'s blocks are not the default pool's
+        assert d.verdict == "out_of_memory"
+        largest = max(b[0] for b in mine)
+        assert (
+            f"(MemPool (0, 1) holds a free {format_size(largest)} block, but a request in the "
+            "default pool cannot use another pool's blocks)"
+        ) in d.explanation
+    # a pool with no room: the flush returns only the default pool's whole-free segments
+    big = report_.can_fit(4 << 30, device=dev, device_free=0, pool=(0, 1))
+    assert big.releasable == _pool_sums(raw)[(dev, (0, 0))]["whole_free"]
+    assert big.verdict == "out_of_memory"
+
+
 def test_live_sites_add_up_to_the_allocated_bytes(path, raw):
     sites = live_sites(path, top=None)
     assert sum(s.bytes for s in sites) == sum(v["allocated"] for v in _device_sums(raw).values())
@@ -230,6 +342,15 @@ def test_the_panel_draws_the_file(which, path, raw):
         sums = _device_sums(raw)
         assert p.header["reserved"] == sum(v["reserved"] for v in sums.values())
         assert p.header["allocated"] == sum(v["allocated"] for v in sums.values())
+        # the map's groups name their pool: as many rows under each label as it has segments
+        rows_by_label = collections.Counter()
+        for g in p.map_layout["groups"]:
+            rows_by_label[g["pool_label"]] += g["count"]
+        want = collections.Counter()
+        for (_d, pool), v in _pool_sums(raw).items():
+            want["" if pool == (0, 0) else pool_label(pool)] += v["segments"]
+        assert rows_by_label == want
+        assert set(want) - {""} == {pool_label(pool) for pool in POOLS[which] if any(pool)}
     finally:
         p.close()
 
@@ -253,6 +374,13 @@ def test_the_html_report_by_the_cli_and_the_api(which, path, raw, tmp_path, caps
         assert data["header"]["allocated"] == sum(v["allocated"] for v in sums.values())
         assert {int(d) for d in data["devices"]} == set(sums)
         assert data["violations"] == []
+        pools = _pool_sums(raw)
+        assert [(p["label"], p["reserved"]) for p in data["pools"]] == [
+            (pool_label(pool), pools[(d, pool)]["reserved"])
+            for d, pool in sorted(pools, key=lambda k: (k[0], k[1] != (0, 0), k[1]))
+        ]
+        labels = {g["pool_label"] for g in data["map"]["layout"]["groups"]}
+        assert labels == {""} | {pool_label(pool) for pool in POOLS[which] if any(pool)}
     data = report_data(load_snapshot(path))
     # the report's timeline is the recorded trace's own walk: slime's device 3, none for verl
     assert {int(d) for d in data["timeline"]} == set(TRACE_LENGTHS[which])
@@ -337,11 +465,24 @@ def test_inspect_json_and_text(which, path, raw, capsys):
     t = out["total"]
     assert t["allocated"] + t["free"] + t["pending_free"] == t["reserved"]
     assert isinstance(out["advice"], list)
+    assert out["pools_in_use"] is True
+    pools = _pool_sums(raw)
+    for d in sums:
+        listed = out["devices"][str(d)]["pools"]
+        assert {tuple(p["pool_id"]): p["reserved"] for p in listed} == {
+            pool: v["reserved"] for (dd, pool), v in pools.items() if dd == d
+        }
+        for p in listed:
+            assert p["allocated"] + p["pending_free"] + p["free"] == p["reserved"]
     assert main(["inspect", str(path)]) == 0
     text = capsys.readouterr().out
     for d in sums:
         assert f"device {d}: reserved" in text
     assert "Traceback" not in text
+    for (_d, pool), v in pools.items():
+        head = f"    {pool_label(pool)}: {v['segments']} segments, reserved "
+        assert head + format_size(v["reserved"]) in text
+    assert "    note: private pools are assumed in use" in text
 
 
 # -- replay and whatif ---------------------------------------------------------------------------

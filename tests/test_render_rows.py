@@ -94,7 +94,13 @@ def test_real_rows_are_grouped_and_sorted(recorded_dict):
     segs = recorded_dict["segments"] if isinstance(recorded_dict, dict) else recorded_dict
     rows = build_rows(Snapshot.from_torch(recorded_dict))
     keys = [
-        (s.get("device", 0), s.get("segment_type") == "small", s["stream"], s["address"])
+        (
+            s.get("device", 0),
+            tuple(s.get("segment_pool_id", (0, 0))),  # the default pool, then private ones
+            s.get("segment_type") == "small",
+            s["stream"],
+            s["address"],
+        )
         for s in (segs[i] for i in rows.segment)
     ]
     assert keys == sorted(keys)
@@ -102,7 +108,7 @@ def test_real_rows_are_grouped_and_sorted(recorded_dict):
     for g in rows.groups:
         assert g.first == covered
         inside = keys[g.first : g.first + g.count]
-        assert {(k[0], k[1], k[2]) for k in inside} == {(g.device, g.pool == "small", g.stream)}
+        assert {k[:4] for k in inside} == {(g.device, g.pool_id, g.pool == "small", g.stream)}
         covered += g.count
     assert covered == rows.n_rows
 

@@ -163,7 +163,17 @@ def test_layout_version_moves_only_when_rows_regroup():
     assert wire.set_rows(build_rows(synthetic(11, 2)))
     lay = wire.layout()
     assert lay["version"] == 2 and lay["n_rows"] == 11
-    assert lay["groups"] == [{"device": 0, "pool": "large", "stream": 0, "first": 0, "count": 11}]
+    assert lay["groups"] == [
+        {
+            "device": 0,
+            "pool": "large",
+            "stream": 0,
+            "first": 0,
+            "count": 11,
+            "pool_id": [0, 0],
+            "pool_label": "",
+        }
+    ]
 
 
 def test_rows_that_vanish_are_forgotten():

@@ -2,8 +2,8 @@
 import { KIND_NAMES, STATE_NAMES } from "./decode.js";
 import { logEvent } from "./probe.js";
 import {
-  blockAt, blockKind, cellColor, cellRange, cellsFor, formatSize, geometry, keepWindow, parseColor,
-  rowLabel, zoomWindow,
+  blockAt, blockKind, cellColor, cellRange, cellsFor, formatSize, geometry, groupTitle, keepWindow,
+  parseColor, rowLabel, zoomWindow,
 } from "./rows.js";
 
 export const ROW_H = 12;
@@ -124,8 +124,7 @@ export function createHeatmap(host, opts) {
       const grp = groups[g];
       ctx.fillStyle = palette.muted;
       const stream = grp.stream === 0 ? "default stream" : `stream 0x${grp.stream.toString(16)}`;
-      ctx.fillText(`cuda:${grp.device} · ${grp.pool} pool · ${stream} · ${grp.count} segments`,
-        4, y + HEAD_H / 2 + 1);
+      ctx.fillText(groupTitle(grp, stream), 4, y + HEAD_H / 2 + 1);
     }
     for (let r = first; r < first + count; r++) {
       const y = geo.rowTop(r) - top;

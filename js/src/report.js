@@ -22,7 +22,7 @@ const MAX_ZOOM = 1e6;
  * @typedef {{label: string, bytes: number, count: number}} Site
  * @typedef {{device: number, address: number, total_size: number, allocated: number,
  *   free: number, largest_free: number, stuck_free: number, pool: string, stream: number,
- *   is_expandable: boolean}} Worst
+ *   is_expandable: boolean, pool_label?: string}} Worst ``pool_label``: a private pool's name
  * @typedef {{entries: number, series: [string, string], x: string, t: string | null,
  *   oom_t: number[] | null, reserved: string, allocated: string, oom: number[]}} DeviceTimeline
  *   base64 float64 columns: entry index `x`, time `t` in seconds (null: no recorded times)
@@ -32,7 +32,12 @@ const MAX_ZOOM = 1e6;
  *   oom: Record<string, number>, settings?: Record<string, unknown> | null,
  *   sites: {live: Site[], trace: Site[], trace_device: number | null}, violations: string[],
  *   timeline: Record<string, DeviceTimeline>, map: {layout: import("./heatmap.js").Layout,
- *   content: import("./decode.js").FrameContent, buffers: string[]}}} ReportData
+ *   content: import("./decode.js").FrameContent, buffers: string[]},
+ *   pools?: PoolRow[], pools_note?: string}} ReportData
+ * @typedef {{device: number, label: string, kind: string, in_use: boolean, reserved: number,
+ *   allocated: number, pending_free: number, free: number, largest_free: number,
+ *   releasable: number, releasable_after_release: number, note: string,
+ *   external_fragmentation: number}} PoolRow a device's pool (`PoolFigures.to_dict()`)
  */
 
 /**
@@ -112,6 +117,22 @@ function analysis(data, host) {
     return row;
   });
   s.append(table(head, body, "figures"));
+  if (data.pools && data.pools.length) {
+    s.append(el("h3", "", "Pools"));
+    const note = data.pools_note;
+    if (note) s.append(el("p", "gmv-muted", `${note[0].toUpperCase()}${note.slice(1)}.`));
+    s.append(table(
+      ["device", "pool", "reserved", "allocated", "pending free", "free", "largest free",
+        "fragmentation", "empty_cache() releases"],
+      data.pools.map((p) => [
+        `cuda:${p.device}`, p.label, formatSize(p.reserved), formatSize(p.allocated),
+        formatSize(p.pending_free), formatSize(p.free), formatSize(p.largest_free),
+        p.external_fragmentation.toFixed(3),
+        p.releasable_after_release
+          ? `${formatSize(p.releasable)} now; ${formatSize(p.releasable_after_release)} ${p.note}`
+          : formatSize(p.releasable),
+      ]), "pools"));
+  }
   if (data.violations.length) {
     const ul = el("ul", "gmv-violations");
     for (const v of data.violations) ul.append(el("li", "", String(v)));
@@ -123,7 +144,8 @@ function analysis(data, host) {
       ["device", "segment", "pool", "size", "allocated", "free", "stuck free", "largest free"],
       data.worst.map((w) => [
         `cuda:${w.device}`, `0x${w.address.toString(16)}${w.is_expandable ? " exp" : ""}`,
-        `${w.pool} · stream ${w.stream}`, formatSize(w.total_size), formatSize(w.allocated),
+        `${w.pool_label ? `${w.pool_label} · ` : ""}${w.pool} · stream ${w.stream}`,
+        formatSize(w.total_size), formatSize(w.allocated),
         formatSize(w.free), formatSize(w.stuck_free), formatSize(w.largest_free),
       ]), "worst"));
   }

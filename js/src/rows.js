@@ -2,7 +2,9 @@
 import { cellParts, KIND_ALLOCATED, LEVELS } from "./decode.js";
 
 /**
- * @typedef {{device: number, pool: string, stream: number, first: number, count: number}} Group
+ * @typedef {{device: number, pool: string, stream: number, first: number, count: number,
+ *   pool_id?: number[], pool_label?: string}} Group ``pool_label``: a private pool's name from
+ *   Python (render/rows.py Group), empty for the default pool
  * @typedef {{rowH: number, headH: number}} Metrics
  * @typedef {[number, number, number]} RGB
  */
@@ -15,6 +17,16 @@ import { cellParts, KIND_ALLOCATED, LEVELS } from "./decode.js";
  */
 export function keepWindow(first, count) {
   return [first - count, first + 2 * count];
+}
+
+/**
+ * A group's header text: device, private pool (when one), size class, stream, segment count.
+ * @param {Group} g
+ * @param {string} stream the stream as shown ("default stream", "stream 0x…")
+ */
+export function groupTitle(g, stream) {
+  const pool = g.pool_label ? `${g.pool_label} · ` : "";
+  return `cuda:${g.device} · ${pool}${g.pool} pool · ${stream} · ${g.count} segments`;
 }
 
 /**

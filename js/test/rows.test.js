@@ -1,7 +1,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
-  blockAt, cellColor, cellRange, cellsFor, formatSize, geometry, keepWindow, parseColor, rowLabel,
+  blockAt, cellColor, cellRange, cellsFor, formatSize, geometry, groupTitle, keepWindow, parseColor,
+  rowLabel,
 } from "../src/rows.js";
 
 const groups = [
@@ -38,6 +39,17 @@ test("thousands of rows: every row top is found back by hit()", () => {
   for (let i = 0; i < 40; i++) many.push({ device: 0, pool: "large", stream: i, first: i * 100, count: 100 });
   const g = geometry(many, m);
   for (let r = 0; r < 4000; r += 37) assert.equal(g.hit(g.rowTop(r) + 1), r);
+});
+
+test("a private pool's group header names the pool Python labelled", () => {
+  const g = { device: 0, pool: "large", stream: 0, first: 0, count: 24, pool_id: [0, 2],
+    pool_label: "MemPool (0, 2)" };
+  assert.equal(groupTitle(g, "default stream"),
+    "cuda:0 · MemPool (0, 2) · large pool · default stream · 24 segments");
+  assert.equal(groupTitle({ ...g, pool_id: [0, 0], pool_label: "" }, "stream 0x5"),
+    "cuda:0 · large pool · stream 0x5 · 24 segments");
+  assert.equal(groupTitle(groups[1], "default stream"),
+    "cuda:0 · small pool · default stream · 2 segments");
 });
 
 test("keep window matches render/wire.py", () => {

@@ -31,6 +31,7 @@ __all__ = [
     "FREE_SHARE_MIN",
     "NEAR_CAPACITY",
     "OVERSIZE_SPLIT_SHARE",
+    "POOL_BYTES_MIN",
     "RETRIES_CLIMBING",
     "Advice",
     "advise",
@@ -43,6 +44,8 @@ ADVICE_KINDS = (
     "max_split_size_mb",
     "no_empty_cache_in_loop",
     "smaller_batch_or_checkpointing",
+    "share_graph_pool",
+    "release_idle_pool",
 )
 
 # Half the cached free bytes cannot serve a request as large as the largest free block: past
@@ -60,6 +63,8 @@ OVERSIZE_SPLIT_SHARE = 0.5
 RETRIES_CLIMBING = 3
 # Live tensors alone fill this share of the device: no allocator setting can make room.
 NEAR_CAPACITY = 0.9
+# A private pool's advice asks for a code change: worth it from a few default 20 MiB segments.
+POOL_BYTES_MIN = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,8 @@ class Advice:
     ----------
     kind : str
         One of `ADVICE_KINDS`: "expandable_segments", "max_split_size_mb",
-        "no_empty_cache_in_loop", "smaller_batch_or_checkpointing".
+        "no_empty_cache_in_loop", "smaller_batch_or_checkpointing", "share_graph_pool",
+        "release_idle_pool".
     message : str
         What to do and why, for a person.
     evidence : {str: int or float}
@@ -145,6 +151,14 @@ def advise(
     "no_empty_cache_in_loop" rule needs `stats`, "smaller_batch_or_checkpointing" needs
     `device_total`. The thresholds are this module's constants.
 
+    Private pools (`MemoryFigures.pools`): "share_graph_pool" when two or more CUDA graphs
+    each hold their own pool (ids (n, 0): captured without ``pool=``), with the bytes one
+    shared pool would save if the graphs run one after another (all but the largest pool's
+    reserved); "release_idle_pool" when private pools with nothing allocated (assumed in use),
+    or taken as released and still caching, hold at least `POOL_BYTES_MIN` together (one advice
+    per device and case, naming the largest pools). A snapshot does not record whether a pool
+    is still in use: the advice follows the report's `pools_in_use` assumption and says which.
+
     Examples
     --------
     >>> used = {"size": 2**20, "requested_size": 2**20, "state": "active_allocated"}
@@ -173,6 +187,7 @@ def advise(
             a = _near_capacity(f, d, device_total, name)
             if a is not None:
                 out.append(a)
+        out += _pool_advice(f, d, name)
     if stats is not None:
         a = _retries(stats)
         if a is not None:
@@ -315,6 +330,73 @@ def _near_capacity(
     )
     evidence = {"device": d, "allocated": f.allocated, "device_total": device_total}
     return f.allocated, Advice("smaller_batch_or_checkpointing", msg, evidence)
+
+
+def _pool_advice(f: MemoryFigures, d: int, name: str) -> list[tuple[int, Advice]]:
+    """The private-pool rules of `advise` (Notes there) for one device."""
+    out: list[tuple[int, Advice]] = []
+    graphs = [p for p in f.pools if p.kind == "graph" and p.reserved > 0]
+    if len(graphs) >= 2:
+        largest = max(p.reserved for p in graphs)
+        total = sum(p.reserved for p in graphs)
+        saved = total - largest
+        if saved >= POOL_BYTES_MIN:
+            msg = (
+                f"{len(graphs)} CUDA graphs on {name} each hold their own memory pool "
+                f"({format_size(total)} reserved in all, the largest {format_size(largest)}). "
+                "If they run one after another, capture them into one shared pool "
+                "(pool=torch.cuda.graph_pool_handle(), the same handle for each "
+                f"torch.cuda.graph): that would hold about {format_size(largest)}, saving up to "
+                f"{format_size(saved)}."
+            )
+            evidence = {
+                "device": d,
+                "graph_pools": len(graphs),
+                "reserved_in_graph_pools": total,
+                "largest_graph_pool": largest,
+                "bytes_saved": saved,
+            }
+            out.append((saved, Advice("share_graph_pool", msg, evidence)))
+    private = [p for p in f.pools if p.kind != "default"]
+    # assumed in use with nothing live in it; or taken as released, still caching segments
+    idle = [p for p in private if p.in_use and p.allocated == 0 and p.pending_free == 0]
+    cached = [p for p in private if not p.in_use and p.releasable]
+    for pools, in_use in ((idle, True), (cached, False)):
+        freed = sum(p.releasable + p.releasable_after_release for p in pools)
+        if freed < POOL_BYTES_MIN:
+            continue
+        pools = sorted(pools, key=lambda p: -(p.releasable + p.releasable_after_release))
+        named = ", ".join(
+            f"{p.label} {format_size(p.releasable + p.releasable_after_release)}" for p in pools[:3]
+        ) + (f" and {len(pools) - 3} more" if len(pools) > 3 else "")
+        what = pools[0].label if len(pools) == 1 else f"{len(pools)} private pools ({named})"
+        if in_use:
+            msg = (
+                f"{what} on {name} hold{'s' if len(pools) == 1 else ''} "
+                f"{format_size(freed)} with nothing allocated. If "
+                f"{'its' if len(pools) == 1 else 'their'} graph or MemPool is no longer needed, "
+                f"release {'it' if len(pools) == 1 else 'them'} (graph.reset(), or drop the last "
+                "reference to the MemPool) and call "
+                f"torch.cuda.empty_cache() to return {format_size(freed)}; a snapshot does not "
+                "record whether a pool is still in use, so each was assumed to be."
+            )
+        else:
+            msg = (
+                f"{what} on {name}, taken as released (pools_in_use), still cache "
+                f"{format_size(freed)} in segments with nothing allocated: "
+                f"torch.cuda.empty_cache() returns {format_size(freed)} to the device."
+            )
+        evidence = {
+            "device": d,
+            "pools": len(pools),
+            "largest_pool_a": pools[0].pool_id[0],
+            "largest_pool_b": pools[0].pool_id[1],
+            "reserved": sum(p.reserved for p in pools),
+            "bytes_freed": freed,
+            "assumed_in_use": int(in_use),
+        }
+        out.append((freed, Advice("release_idle_pool", msg, evidence)))
+    return out
 
 
 def _free_matters(f: MemoryFigures) -> bool:

@@ -30,7 +30,14 @@ from . import sites as _sites
 from .advice_check import Checked, CheckedAdvice, check_advice
 from .bundles import bundle_path
 from .export import trace_rows
-from .fragmentation import FIGURE_NAMES, MemoryFigures, SegmentSummary, fragmentation
+from .fragmentation import (
+    ASSUMED_IN_USE,
+    FIGURE_NAMES,
+    MemoryFigures,
+    PoolFigures,
+    SegmentSummary,
+    fragmentation,
+)
 from .frames import Redactor
 from .io import SnapshotLike, as_snapshot, atomic_write
 from .io.json_text import json_ready
@@ -39,6 +46,7 @@ from .render.wire import header_numbers
 from .render.wire_frame import BLOCK_BYTES, ROW_OVERHEAD, pack_frame, row_meta
 from .snapshot import ACTIONS, Snapshot
 from .snapshot.messages import one_line, short_repr
+from .snapshot.pools import pool_label
 from .snapshot.schema import JsonDict
 
 __all__ = [
@@ -57,6 +65,7 @@ DATA_FORMAT = 1
 SIZE_FACTOR = 2  # data bytes per byte of the input pickle
 ANALYSIS_ALLOWANCE = 8 << 10  # figures, advice and sites: bounded, whatever the input's size
 TIMELINE_POINTS = 1500  # per device, at most: each a bucket's peaks
+MAX_POOLS = 12  # pools the page lists (about 300 bytes each): within ANALYSIS_ALLOWANCE
 _CELL_STEPS = (1024, 512, 256, 128, 64, 32, 16)
 _B64 = 4 / 3
 
@@ -218,6 +227,8 @@ def report_data(
         ),
         "sites": {"live": live, "trace": traced, "trace_device": trace_dev},
         "violations": [v.message for v in report_.violations][:20],
+        "pools": [p.to_dict() for p in _listed(list(report_.devices.values()))],
+        "pools_note": ASSUMED_IN_USE if report_.pools_in_use is True else "",
     }
     room = None if budget is None else max(0, budget - len(json.dumps(out)) + ANALYSIS_ALLOWANCE)
     timeline_room = None if room is None else room // 4
@@ -334,10 +345,25 @@ def _device_figures(f: MemoryFigures) -> JsonDict:
     return {k: getattr(f, k) for k in (*FIGURE_NAMES, "free_stuck")}
 
 
+def _listed(devices: list[MemoryFigures]) -> list[PoolFigures]:
+    """The pools the page lists, when a device has a private one: at most `MAX_POOLS` rows
+    (the data's size stays bounded): the default pool of each device holding a private one,
+    then the private pools holding the most, in the report's order (inspect --json lists
+    every pool)."""
+    private = [p for f in devices for p in f.pools if p.pool_id != (0, 0)]
+    homes = {p.device for p in private}
+    default = [p for f in devices for p in f.pools if p.pool_id == (0, 0) and p.device in homes]
+    room = max(MAX_POOLS - len(default), 0)
+    kept = {id(p) for p in sorted(private, key=lambda p: -p.reserved)[:room]}
+    shown = {id(p) for p in default} | kept
+    return [p for f in devices for p in f.pools if id(p) in shown]
+
+
 def _worst(w: SegmentSummary) -> JsonDict:
     keys = ("device", "address", "total_size", "allocated", "free", "largest_free")
     out: JsonDict = {k: getattr(w, k) for k in keys}
     out |= {"stuck_free": w.stuck_free, "pool": w.pool, "stream": w.stream}
+    out["pool_label"] = "" if w.pool_id == (0, 0) else pool_label(w.pool_id)
     out["is_expandable"] = bool(w.is_expandable)
     return out
 

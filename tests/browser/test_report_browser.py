@@ -12,6 +12,7 @@ import pytest
 
 from gpumemviz.io import load_snapshot
 from gpumemviz.report_html import report
+from gpumemviz.snapshot.pools import pool_label
 from test_report_html import EVIL, big_snapshot, evil_snapshot  # tests/ is on sys.path
 
 # scroll the map from top to bottom; a row counts once it was drawn from data (not as empty)
@@ -75,6 +76,10 @@ def test_real_file_report_draws_every_segment_offline(page, recorded_path, tmp_p
     zoom.hover(position={"x": 20, "y": 10})
     assert page.locator(".gmv-zoom .gmv-tip").inner_text().startswith("segment 0x")
     assert page.locator("table[data-table=figures] tbody tr").count() >= 10
+    # private pools (slime, verl): one row per pool, named as inspect names it
+    pools = {tuple(p) for p in load_snapshot(recorded_path).segments.pool_id.tolist()}
+    shown = page.locator("table[data-table=pools] tbody td:nth-child(2)").all_inner_texts()
+    assert sorted(shown) == (sorted(map(pool_label, pools)) if pools != {(0, 0)} else [])
     # one panel timeline per traced device, every embedded point drawn, one mark per OOM
     traced = [d for d, t in load_snapshot(recorded_path).traces.items() if len(t)]
     assert page.locator(".gmv-report-timeline").count() == len(traced)

@@ -7,7 +7,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..advice import advise_each_device, oom_device_free
-from ..fragmentation import FragmentationReport, MemoryFigures, SegmentSummary, fragmentation
+from ..fragmentation import (
+    ASSUMED_IN_USE,
+    FragmentationReport,
+    MemoryFigures,
+    PoolFigures,
+    SegmentSummary,
+    fragmentation,
+)
+from ..snapshot.pools import pool_label
 from ..units import format_size
 from .common import NOT_RECORDED, UsageError, input_name, snapshot_input
 from .output import quoted, say, say_json
@@ -39,6 +47,13 @@ def add_inspect(sub: Subparsers) -> None:
     p.add_argument("--device", type=int, default=None, help="only this device index")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     p.add_argument(
+        "--pools-released",
+        action="store_true",
+        help="take every private pool (CUDA graph, torch.cuda.MemPool) as released, so "
+        "empty_cache would return its free segments (a snapshot does not record it; by default "
+        "every pool is assumed still in use)",
+    )
+    p.add_argument(
         "--no-replay",
         action="store_true",
         help="do not check setting advice by replaying the recorded trace (faster; the "
@@ -57,7 +72,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     from ..io import load_snapshot  # the loader is only needed once a file is named
 
     snap = load_snapshot(snapshot_input(args.file))
-    report = fragmentation(snap)
+    report = fragmentation(snap, pools_in_use=not args.pools_released)
     devices = list(report.devices)
     if args.device is not None:
         if args.device not in report.devices:
@@ -86,7 +101,8 @@ def _json(
     oom_free: dict[int, int],
     only: int | None,
 ) -> JsonDict:
-    """`{"total": {...}, "devices": {"0": {...}}}` (with --device: total = that device).
+    """`{"total": {...}, "devices": {"0": {...}}}` (with --device: total = that device); each
+    figures dict lists its `pools`, and `pools_in_use` says what was assumed of private pools.
 
     Each advice is `{kind, message, evidence, replay, replay_skipped}`; `rejected_advice` holds
     the setting advice the replay refuted, in the same shape."""
@@ -95,6 +111,7 @@ def _json(
         "total": full["devices"][str(only)] if only is not None else full["total"],
         "devices": {str(d): full["devices"][str(d)] for d in devices},
         "settings": full["settings"],
+        "pools_in_use": full["pools_in_use"],
         "advice": [c.to_dict() for c in checked.shown],
         "rejected_advice": [c.to_dict() for c in checked.rejected],
     }
@@ -151,6 +168,15 @@ def _device_lines(
         f"  left after empty_cache {fs(f.free_stuck)} ({fs(f.free_stuck_expandable)} in "
         "partial pages of expandable segments)",
     ]
+    if f.device is not None and any(p.pool_id != (0, 0) for p in f.pools):  # per device only
+        assumed = any(p.in_use and p.pool_id != (0, 0) for p in f.pools)
+        lines.append("  pools:")
+        lines += [f"    {_pool_line(p)}" for p in f.pools]
+        lines.append(
+            f"    note: {ASSUMED_IN_USE}"
+            if assumed
+            else "    note: private pools taken as released"
+        )
     if oom_free is not None:
         lines.append(f"  last OOM: the driver had {fs(oom_free)} free")
     if worst and f.worst_segments:
@@ -159,8 +185,24 @@ def _device_lines(
     return lines
 
 
+def _pool_line(p: PoolFigures) -> str:
+    fs = format_size
+    if p.releasable_after_release:
+        rel = f"{fs(p.releasable)} now, {fs(p.releasable_after_release)} {p.note}"
+    else:
+        rel = fs(p.releasable)
+    pending = f", pending free {fs(p.pending_free)}" if p.pending_free else ""
+    return (
+        f"{p.label}: {p.segments} segments, reserved {fs(p.reserved)}, allocated "
+        f"{fs(p.allocated)}{pending}, free {fs(p.free)} (largest {fs(p.largest_free)}, external "
+        f"fragmentation {p.external_fragmentation:.1%}); empty_cache releases {rel}"
+    )
+
+
 def _segment_line(s: SegmentSummary) -> str:
     kind = f"{s.pool}{' expandable' if s.is_expandable else ''}"
+    if s.pool_id != (0, 0):
+        kind += f" in {pool_label(s.pool_id)}"
     stream = f", stream {s.stream}" if s.stream else ""
     # pending frees become free when empty_cache syncs, so they count in what stays stuck
     pending = f" and {format_size(s.pending_free)} pending" if s.pending_free else ""

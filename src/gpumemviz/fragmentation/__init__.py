@@ -14,8 +14,9 @@ values are read the same way, and a bad one gets the same one-line SnapshotError
 belongs to `load_snapshot`; the analysis checks only what it reads.
 
 One job per module: `report` (the values returned), `columns` (both ways in -> columns), `reduce`
-(columns -> figures), `fit` (can_fit and its answer), `_util` (helpers `reduce` and `fit`
-share).
+(columns -> figures), `pools` (the private pools' in-use assumption and per-pool figures), `fit`
+(can_fit and its answer), `expandable_fit` (where can_fit lands in expandable mode), `_util`
+(helpers `reduce` and `fit` share).
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ from typing import TYPE_CHECKING
 from gpumemviz._callable import make_module_callable
 from gpumemviz.fragmentation.columns import from_snapshot, from_torch
 from gpumemviz.fragmentation.fit import VERDICTS, FitAnswer
+from gpumemviz.fragmentation.pools import ASSUMED_IN_USE, PoolsInUse, normalize_in_use
 from gpumemviz.fragmentation.report import (  # N_WORST: public before the split, kept here
     FIGURE_NAMES,
     N_WORST,
     ConservationViolation,
     FragmentationReport,
     MemoryFigures,
+    PoolFigures,
     PoolKey,
     SegmentFigures,
     SegmentSummary,
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
     from gpumemviz.io import SnapshotLike
 
 __all__ = [
+    "ASSUMED_IN_USE",
     "FIGURE_NAMES",
     "N_WORST",
     "VERDICTS",
@@ -47,6 +51,7 @@ __all__ = [
     "FitAnswer",
     "FragmentationReport",
     "MemoryFigures",
+    "PoolFigures",
     "PoolKey",
     "SegmentFigures",
     "SegmentSummary",
@@ -54,7 +59,9 @@ __all__ = [
 ]
 
 
-def fragmentation(snapshot: SnapshotLike) -> FragmentationReport:
+def fragmentation(
+    snapshot: SnapshotLike, *, pools_in_use: PoolsInUse = True
+) -> FragmentationReport:
     """Measure the allocator's memory and its fragmentation in a snapshot.
 
     Parameters
@@ -62,6 +69,12 @@ def fragmentation(snapshot: SnapshotLike) -> FragmentationReport:
     snapshot : Snapshot, dict, list, str, os.PathLike or bytes
         A `gpumemviz.Snapshot`, the dict of `torch.cuda.memory._snapshot()`, the segment list of
         `torch.cuda.memory_snapshot()`, or a snapshot file (path or bytes).
+    pools_in_use : bool or collection of (int, int)
+        Which private pools (CUDA graphs, ``torch.cuda.MemPool``) are still in use: a snapshot
+        does not record it, and empty_cache releases a pool's free segments only once it is not
+        (its MemPool deleted, its graph reset). True (the default): all; False: none; else the
+        ids of those in use. The report keeps the assumption (`pools_in_use`) and each pool's
+        figures say what waits on the release (`MemoryFigures.pools`).
 
     Returns
     -------
@@ -73,6 +86,8 @@ def fragmentation(snapshot: SnapshotLike) -> FragmentationReport:
     gpumemviz.SnapshotError
         When a segment or block lacks what the analysis reads, or holds a value it cannot read
         (one line, saying where: the message `Snapshot.from_torch` gives).
+    ValueError
+        When `pools_in_use` is none of those.
 
     Notes
     -----
@@ -93,11 +108,12 @@ def fragmentation(snapshot: SnapshotLike) -> FragmentationReport:
     >>> r.reserved, r.allocated, r.internal_waste, r.free_trapped, r.releasable
     (2097152, 512, 412, 2096640, 0)
     """
+    in_use = normalize_in_use(pools_in_use)
     if isinstance(snapshot, dict | list):  # what `as_snapshot` reads with Snapshot.from_torch
-        return from_torch(snapshot)
+        return from_torch(snapshot, in_use)
     from gpumemviz.io import as_snapshot  # paths and bytes: io is needed only off the dict path
 
-    return from_snapshot(as_snapshot(snapshot))
+    return from_snapshot(as_snapshot(snapshot), in_use)
 
 
 make_module_callable(__name__, fragmentation)

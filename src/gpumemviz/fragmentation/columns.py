@@ -7,23 +7,28 @@ import numpy as np
 
 from ..snapshot import ALLOCATED, INACTIVE, PENDING_FREE, Snapshot, read_torch
 from ..snapshot.schema import TorchDict, TorchList
+from .pools import released_mask
 from .reduce import make_columns, reduce_columns
 from .report import FragmentationReport
 from .settings import parse_settings
 
 
-def from_torch(obj: TorchDict | TorchList) -> FragmentationReport:
+def from_torch(
+    obj: TorchDict | TorchList, pools_in_use: bool | frozenset[tuple[int, int]] = True
+) -> FragmentationReport:
     """A torch dict or bare segment list, read by the reader `Snapshot.from_torch` uses."""
     cols = read_torch(obj, full=False)
-    return _report(cols.seg, cols.blk, cols.allocator_settings, cols.traced_devices())
+    return _report(cols.seg, cols.blk, cols.allocator_settings, cols.traced_devices(), pools_in_use)
 
 
-def from_snapshot(snap: Snapshot) -> FragmentationReport:
+def from_snapshot(
+    snap: Snapshot, pools_in_use: bool | frozenset[tuple[int, int]] = True
+) -> FragmentationReport:
     sg, bl = snap.segments, snap.blocks
     seg = {k: getattr(sg, k) for k in _SEG_COLUMNS}
     seg["block_count"] = sg.block_count
     blk = {"size": bl.size, "requested_size": bl.requested_size, "state": bl.state}
-    return _report(seg, blk, snap.allocator_settings, tuple(snap.devices))
+    return _report(seg, blk, snap.allocator_settings, tuple(snap.devices), pools_in_use)
 
 
 _SEG_COLUMNS = ("device", "address", "total_size", "stream", "is_small", "is_expandable", "pool_id")
@@ -34,6 +39,7 @@ def _report(
     blk: dict[str, np.ndarray],
     settings: object,  # the recorded allocator_settings, read leniently (`parse_settings`)
     devices: tuple[int, ...],
+    pools_in_use: bool | frozenset[tuple[int, int]],
 ) -> FragmentationReport:
     """Per-segment sums and the inactive and pending-free blocks (segment, offset, size), from
     one row per block in segment order; then the shared reduction."""
@@ -56,6 +62,7 @@ def _report(
     fsel = np.flatnonzero(state == INACTIVE)
     psel = np.flatnonzero(state == PENDING_FREE)
     parsed = parse_settings(settings)
+    pool_id = np.asarray(seg["pool_id"], dtype=np.int64).reshape(n, 2)
     cols = make_columns(
         device=np.asarray(seg["device"], dtype=np.int64),
         address=np.asarray(seg["address"], dtype=np.int64),
@@ -66,7 +73,7 @@ def _report(
         stream=np.asarray(seg["stream"], dtype=np.int64),
         is_small=np.asarray(seg["is_small"], dtype=bool),
         is_expandable=np.asarray(seg["is_expandable"], dtype=bool),
-        pool_id=np.asarray(seg["pool_id"], dtype=np.int64).reshape(n, 2),
+        pool_id=pool_id,
         free_segment=seg_of[fsel],
         free_offset=offsets[fsel],
         free_size=size[fsel],
@@ -74,8 +81,9 @@ def _report(
         pend_offset=offsets[psel],
         pend_size=size[psel],
         config=parsed[0],
+        released=released_mask(pool_id, pools_in_use),
     )
-    return reduce_columns(cols, settings, devices, parsed)
+    return reduce_columns(cols, settings, devices, parsed, pools_in_use)
 
 
 def _seg_sum(values: np.ndarray, start: np.ndarray, count: np.ndarray) -> np.ndarray:

@@ -14,15 +14,17 @@ from ..allocator.rules import (
     allocation_size,
     is_small,
     oversize_rejects,
-    page_size,
     round_size,
 )
+from ..snapshot.messages import short_repr
+from ..snapshot.pools import pool_label
 from ..units import format_size, parse_size
-from ._util import blocks_of, pool_name
+from ._util import pool_name
+from .expandable_fit import expandable_walk, pages_to_map
 
 if TYPE_CHECKING:  # annotations only: the report calls `can_fit` and imports this module
     from ..snapshot.schema import JsonDict
-    from .report import FragmentationReport, SegmentFigures
+    from .report import FragmentationReport
 
 #: `FitAnswer.verdict` values, in the order the allocator tries them
 #: (docs/allocator.md, The malloc path).
@@ -57,6 +59,7 @@ class FitAnswer:
     releasable: int
     device_free: int | None
     explanation: str
+    pool_id: tuple[int, int] = (0, 0)  # the private pool asked for; (0, 0): the default pool
 
     def __str__(self) -> str:
         return self.explanation
@@ -72,36 +75,37 @@ def can_fit(
     stream: int,
     device: int,
     device_free: int | str | None,
+    pool_id: tuple[int, int] = (0, 0),
 ) -> FitAnswer:
     req = parse_size(nbytes)
     room = None if device_free is None else parse_size(device_free)
     r.device(device)  # ValueError naming the devices present
+    pid = _pool_id(pool_id)
     cfg = r.config
     rounded = round_size(req, cfg.divisions)
     small = is_small(rounded)
     pool = pool_name(small)
     c = r.per_segment
     where = f"stream {stream}'s {pool} pool" if stream else f"the {pool} pool"
+    if pid != (0, 0):
+        where += f" of {pool_label(pid)}"
     base: JsonDict = {
         "nbytes": req,
         "rounded": rounded,
         "device": device,
         "stream": stream,
         "pool": pool,
+        "pool_id": pid,
     }
     asked = format_size(req) + ("" if rounded == req else f" (rounded to {format_size(rounded)})")
 
-    # (a) best fit among cached inactive blocks of this device, stream and pool
-    # (docs/allocator.md, Best fit)
+    # (a) best fit among cached inactive blocks of this device, stream and pool: each private
+    # pool has its own small and large pools (docs/allocator.md, Best fit)
     seg = r._free_segment
-    ok = (
-        (c.device[seg] == device)
-        & (c.stream[seg] == stream)
-        & (c.is_small[seg] == small)
-        & (c.pool_id[seg, 0] == 0)
-        & (c.pool_id[seg, 1] == 0)
-        & (r._free_size >= rounded)
-    )
+    same = (c.device[seg] == device) & (c.stream[seg] == stream) & (c.is_small[seg] == small)
+    big_enough = r._free_size >= rounded
+    mine = (c.pool_id[seg, 0] == pid[0]) & (c.pool_id[seg, 1] == pid[1])
+    ok = same & mine & big_enough
     exp_blk = c.is_expandable[seg]
     if not r.expandable_mode:
         ok &= ~exp_blk  # expandable blocks are skipped once the mode is off
@@ -113,7 +117,7 @@ def can_fit(
         cand, addr = cand[order], addr[order]
         pick = 0
         if r.expandable_mode and exp_blk[cand[0]]:
-            pick = _expandable_walk(r, cand)
+            pick = expandable_walk(r, cand)
         i = int(cand[pick])
         bsize = int(r._free_size[i])
         baddr = int(addr[pick])
@@ -139,10 +143,11 @@ def can_fit(
             f" (its best-fit block at 0x{baddr:x}, {format_size(bsize)}, is refused by the "
             f"max_split_size rules)"
         )
+    rejected += _other_pools(r, seg, same & ~mine & big_enough, pid)
 
     # (b) new memory: a cudaMalloc'd segment, or pages mapped beyond a free expandable tail
     if r.expandable_mode:
-        need, how = _pages_to_map(r, rounded, stream, device, small)
+        need, how = pages_to_map(r, rounded, stream, device, small, pool_id=pid)
     else:
         need = allocation_size(rounded, cfg.large_segment_size)
         how = f"a new {format_size(need)} segment"
@@ -194,7 +199,7 @@ def can_fit(
             "of its oldest unused segments."
         )
     elif not gc_high and fits_with(
-        oversize := _oversize_released(r, rounded, stream, device, small), need
+        oversize := _oversize_released(r, rounded, stream, device, small, pid), need
     ):
         verdict, fits = "new_segment", True
         tail = (
@@ -206,7 +211,7 @@ def can_fit(
         # the flush also unmaps the whole free pages of the tail it would grow, so in
         # expandable mode the retry needs the pages of the flushed layout
         after = (
-            _pages_to_map(r, rounded, stream, device, small, flushed=True)[0]
+            pages_to_map(r, rounded, stream, device, small, flushed=True, pool_id=pid)[0]
             if r.expandable_mode
             else need
         )
@@ -244,11 +249,49 @@ def can_fit(
     )
 
 
+def _pool_id(pool_id: object) -> tuple[int, int]:
+    """`pool` as a pair of ints, or a one-line ValueError."""
+    if (
+        isinstance(pool_id, tuple | list)
+        and len(pool_id) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in pool_id)
+    ):
+        return int(pool_id[0]), int(pool_id[1])
+    raise ValueError(f"pool must be a pair of ints such as (0, 0), got {short_repr(pool_id)}")
+
+
+def _other_pools(
+    r: FragmentationReport, seg: np.ndarray, sel: np.ndarray, pid: tuple[int, int]
+) -> str:
+    """Where another pool of the device holds a free block big enough: the request cannot use
+    it (each pool keeps its own blocks), and the answer says so."""
+    idx = np.flatnonzero(sel)
+    if not len(idx):
+        return ""
+    best = int(idx[np.argmax(r._free_size[idx])])
+    row = int(seg[best])
+    other = (int(r.per_segment.pool_id[row, 0]), int(r.per_segment.pool_id[row, 1]))
+    return (
+        f" ({_named(other)} holds a free {format_size(int(r._free_size[best]))} block, but a "
+        f"request in {_named(pid)} cannot use another pool's blocks)"
+    )
+
+
+def _named(pool_id: tuple[int, int]) -> str:
+    return "the default pool" if pool_id == (0, 0) else pool_label(pool_id)
+
+
 def _oversize_released(
-    r: FragmentationReport, rounded: int, stream: int, device: int, small: bool
+    r: FragmentationReport,
+    rounded: int,
+    stream: int,
+    device: int,
+    small: bool,
+    pool_id: tuple[int, int] = (0, 0),
 ) -> int:
     """What `release_available_cached_blocks` returns to the driver before the flush (0: it
-    fails, and the flush follows). Only with max_split_size set: the pool's smallest cached
+    fails, and the flush follows); it takes from the request's own pool, private or not.
+    Only with max_split_size set: the pool's smallest cached
     block of at least max(request, max_split_size), or else its largest oversize blocks,
     largest first, until as many bytes came back (as the allocator model)."""
     mss = r.config.max_split_size
@@ -260,7 +303,8 @@ def _oversize_released(
         (c.device[seg] == device)
         & (c.stream[seg] == stream)
         & (c.is_small[seg] == small)
-        & ~c.pool_id[seg].any(axis=1)
+        & (c.pool_id[seg, 0] == pool_id[0])
+        & (c.pool_id[seg, 1] == pool_id[1])
     )
     if not len(idx):
         return 0
@@ -309,184 +353,3 @@ def _garbage_collected(
     )
     freeable = int(c.total_size[whole].sum())
     return min(freeable, reserved - limit), freeable
-
-
-def _expandable_walk(r: FragmentationReport, cand: np.ndarray) -> int:
-    """The expandable-size walk: prefer blocks that cannot grow over a growable (tail) block.
-
-    A block's "expandable size" is its size plus the unmapped range after it: for the last free
-    block of a mapped run, the gap to the next run of the same stream and pool, or (after the
-    last run) the rest of the reservation, which the snapshot does not record and which counts
-    as unbounded. The walk moves on while the next candidate's expandable size is smaller.
-    """
-    c = r.per_segment
-
-    def grows(k: int) -> float:
-        i = int(cand[k])
-        row = int(r._free_segment[i])
-        size = int(r._free_size[i])
-        if int(r._free_offset[i]) + size != int(c.total_size[row]):
-            return float(size)
-        nxt = _next_run(c, row)
-        end = int(c.address[row] + c.total_size[row])
-        return float("inf") if nxt is None else float(size + int(c.address[nxt]) - end)
-
-    pick = 0
-    here = grows(0)
-    while pick + 1 < len(cand) and c.is_expandable[r._free_segment[cand[pick + 1]]]:
-        there = grows(pick + 1)
-        if not there < here:
-            break
-        pick += 1
-        here = there
-    return pick
-
-
-def _next_run(c: SegmentFigures, row: int) -> int | None:
-    """The next mapped run above `row` of the same device, stream and pool, if any."""
-    same = np.flatnonzero(
-        c.is_expandable
-        & (c.device == c.device[row])
-        & (c.stream == c.stream[row])
-        & (c.is_small == c.is_small[row])
-        & (c.pool_id[:, 0] == c.pool_id[row, 0])
-        & (c.pool_id[:, 1] == c.pool_id[row, 1])
-        & (c.address > c.address[row])
-    )
-    return None if not len(same) else int(same[np.argmin(c.address[same])])
-
-
-def _pages_to_map(
-    r: FragmentationReport,
-    rounded: int,
-    stream: int,
-    device: int,
-    small: bool,
-    flushed: bool = False,
-) -> tuple[int, str]:
-    """Bytes an expandable allocation maps, as `find_expandable_block` and `map_block` do.
-
-    The unmapped ranges of the stream's pool are tried in address order: the gaps between its
-    mapped runs (one reservation, starting at the lowest run, is assumed: the snapshot does not
-    record reservations), then the space after the last run. A range is taken when, counted
-    from the free block just before it and through every free block and unmapped range after
-    it, there are `rounded` bytes in a row; then only the missing part is mapped, in whole pages
-    (docs/allocator.md, Expandable segments). `flushed`: the layout after the allocator's own
-    flush, which completes the pending frees and unmaps every whole free page first, so the
-    tail it grows shrinks.
-    """
-    c = r.per_segment
-    page = page_size(small, r.config.large_segment_size)
-    rows = np.flatnonzero(
-        (c.device == device)
-        & (c.stream == stream)
-        & (c.is_small == small)
-        & c.is_expandable
-        & (c.pool_id[:, 0] == 0)
-        & (c.pool_id[:, 1] == 0)
-    )
-    rows = rows[np.argsort(c.address[rows], kind="stable")].tolist()
-    runs: list[tuple[int, int, int, int]] = []  # (address, total, free head, free tail)
-    for row in rows:
-        runs.extend(_flushed_pieces(r, row, page) if flushed else [_run_shape(r, row)])
-    base = int(c.address[rows[0]]) if rows else 0
-    found = _first_fit(runs, base, rounded, page)
-    if found is not None:
-        mapped, tail, gap_at = found
-        where = (
-            f"after the {format_size(tail)} free tail at 0x{gap_at - tail:x}"
-            if tail
-            else f"at 0x{gap_at:x} of its reservation"
-        )
-        return mapped, f"{mapped // page} more {format_size(page)} page(s) mapped {where}"
-    need = -(-rounded // page) * page
-    return need, f"{need // page} {format_size(page)} page(s) of a new expandable segment"
-
-
-def _first_fit(
-    runs: list[tuple[int, int, int, int]], base: int, rounded: int, page: int
-) -> tuple[int, int, int] | None:
-    """`find_expandable_block` over mapped runs (address, total, free head, free tail) of one
-    reservation from `base`: (bytes mapped, free tail used, address of the unmapped range), or
-    None when no unmapped range of the reservation serves (a new reservation then)."""
-    if not runs:
-        return None
-    # the reservation in address order: ("gap", size) and ("run", total, head, tail)
-    items: list[tuple[str, float, int, int]] = []
-    at = base
-    for addr, total, head, tail in runs:
-        if addr > at:
-            items.append(("gap", float(addr - at), 0, 0))
-        items.append(("run", float(total), head, tail))
-        at = addr + total
-    items.append(("gap", float("inf"), 0, 0))
-    ends = []  # address of each item's end
-    at = base
-    for _kind, size, _, _ in items:
-        at = at + int(size) if size != float("inf") else at
-        ends.append(at)
-    for g, (kind, _, _, _) in enumerate(items):
-        if kind != "gap":
-            continue
-        tail = items[g - 1][3] if g and items[g - 1][0] == "run" else 0
-        have, mapped = tail, 0
-        for kind2, size, head, _ in items[g:]:
-            if have >= rounded:
-                break
-            if kind2 == "gap":
-                take = min(size, rounded - have)
-                pages = -(-int(take) // page) * page
-                mapped += pages
-                have += pages
-            else:
-                have += head
-                if head != size:
-                    break
-        if have >= rounded:
-            return mapped, tail, ends[g - 1] if g else base
-    return None
-
-
-def _flushed_pieces(r: FragmentationReport, row: int, page: int) -> list[tuple[int, int, int, int]]:
-    """A mapped run after the flush: its free and pending-free ranges lose their whole pages,
-    which splits it into mapped pieces (address, total, free head, free tail)."""
-    start = int(r.per_segment.address[row])
-    total = int(r.per_segment.total_size[row])
-    blocks = sorted(
-        [
-            *blocks_of(r._free_segment, r._free_offset, r._free_size, row),
-            *blocks_of(r._pend_segment, r._pend_offset, r._pend_size, row),
-        ]
-    )
-    ranges: list[list[int]] = []  # merged free ranges, offsets in the run
-    for off, size in blocks:
-        if ranges and ranges[-1][1] == off:
-            ranges[-1][1] = off + size
-        else:
-            ranges.append([off, off + size])
-    pieces: list[tuple[int, int, int, int]] = []
-    lo = head = 0  # the current piece's start and free head (offsets in the run)
-    for b, e in ranges:
-        ub, ue = -(-b // page) * page, e // page * page
-        if ub >= ue:  # no whole page inside: the range stays mapped
-            if b == lo:
-                head = e - b
-            continue
-        if ub > lo:  # a piece ends here, with the sliver [b, ub) as its free tail
-            pieces.append((start + lo, ub - lo, head, ub - b))
-        lo, head = ue, e - ue
-    if lo < total:
-        last_b, last_e = ranges[-1] if ranges else (0, 0)
-        pieces.append((start + lo, total - lo, head, total - last_b if last_e == total else 0))
-    return pieces
-
-
-def _run_shape(r: FragmentationReport, row: int) -> tuple[int, int, int, int]:
-    """A mapped run's address, total size, free head and free tail."""
-    sel = np.flatnonzero(r._free_segment == row)
-    total = int(r.per_segment.total_size[row])
-    offs = r._free_offset[sel]
-    sizes = r._free_size[sel]
-    lead = int(sizes[offs == 0].sum())
-    tail = int(sizes[offs + sizes == total].sum())
-    return int(r.per_segment.address[row]), total, lead, tail

@@ -12,11 +12,13 @@ import numpy as np
 from ..allocator.config import AllocatorConfig
 from ..allocator.rules import page_size
 from ._util import blocks_of, pool_name
+from .pools import pool_figures
 from .report import (
     N_WORST,
     ConservationViolation,
     FragmentationReport,
     MemoryFigures,
+    PoolFigures,
     PoolKey,
     SegmentFigures,
     SegmentSummary,
@@ -36,8 +38,8 @@ SUM_ROWS = (
     "requested",
     "n_blocks",
     "free_trapped",  # free in non-expandable segments that still hold an allocated block
-    "releasable_default",  # what empty_cache returns, default pool
-    "releasable_private",  # the same in private pools (only once the pool is released)
+    "releasable_now",  # what empty_cache returns: default pool, private pools taken as released
+    "releasable_private",  # the same in private pools in use (only once the pool is released)
     "stuck_expandable",  # free that stays in partial pages of expandable segments
     "n_free",
     "n_pending",
@@ -56,6 +58,7 @@ class _Columns:
     is_small: np.ndarray
     is_expandable: np.ndarray
     pool_id: np.ndarray
+    released: np.ndarray  # bool: empty_cache may release the segment's pool now
     largest_free: np.ndarray
     free_sq: np.ndarray  # f64: the exact sum of squared inactive sizes, rounded once
     releasable: np.ndarray
@@ -97,8 +100,11 @@ def make_columns(
     pend_offset: np.ndarray,
     pend_size: np.ndarray,
     config: AllocatorConfig,
+    released: np.ndarray | None = None,
 ) -> _Columns:
-    """`_Columns` from plain per-segment columns and the inactive and pending-free blocks."""
+    """`_Columns` from plain per-segment columns and the inactive and pending-free blocks;
+    `released` marks the segments whose pool empty_cache may release (default: the default
+    pool's; `pools.released_mask`)."""
     n = len(total_size)
     fstarts, pstarts = _starts(free_segment), _starts(pend_segment)
     free = _group(free_segment, fstarts, free_size, n, np.add)
@@ -113,8 +119,9 @@ def make_columns(
         ]
         releasable[row] = _whole_pages(runs, page)
     stuck = np.maximum(free + pend - releasable, 0)
-    default_pool = ~pool_id.any(axis=1)
-    rel_default = np.where(default_pool, releasable, 0)
+    default_pool = ~np.asarray(pool_id.any(axis=1), dtype=bool)
+    released = default_pool if released is None else released
+    rel_now = np.where(released, releasable, 0)
     sums = np.stack(
         [
             total_size,
@@ -124,9 +131,9 @@ def make_columns(
             requested,
             n_blocks,
             np.where((allocated > 0) & ~is_expandable, free, 0),
-            rel_default,
-            releasable - rel_default,
-            np.where(is_expandable & default_pool, stuck, 0),
+            rel_now,
+            releasable - rel_now,
+            np.where(is_expandable & released, stuck, 0),
             _group(free_segment, fstarts, np.ones(len(free_segment), np.int64), n, np.add),
             _group(pend_segment, pstarts, np.ones(len(pend_segment), np.int64), n, np.add),
         ]
@@ -139,6 +146,7 @@ def make_columns(
         is_small=is_small,
         is_expandable=is_expandable,
         pool_id=pool_id,
+        released=released,
         largest_free=_group(free_segment, fstarts, free_size, n, np.maximum),
         free_sq=_free_sq(free_segment, fstarts, free_size, n),
         releasable=releasable,
@@ -202,8 +210,10 @@ def reduce_columns(
     settings: object,
     devices: tuple[int, ...],
     parsed: tuple[AllocatorConfig, bool] | None = None,
+    pools_in_use: bool | frozenset[tuple[int, int]] = True,
 ) -> FragmentationReport:
-    """The report; `parsed` is `parse_settings(settings)` where the caller needed it already."""
+    """The report; `parsed` is `parse_settings(settings)` where the caller needed it already;
+    `pools_in_use` is the assumption `cols.released` was made with."""
     config, expandable_mode = parsed or parse_settings(settings)
     if not expandable_mode and not isinstance(settings, Mapping):
         expandable_mode = bool(cols.is_expandable.any())
@@ -246,6 +256,7 @@ def reduce_columns(
         allocator_settings=settings if isinstance(settings, Mapping) else None,
         config=config,
         expandable_mode=expandable_mode,
+        pools_in_use=pools_in_use,
         _free_segment=cols.free_segment,
         _free_offset=cols.free_offset,
         _free_size=cols.free_size,
@@ -328,7 +339,26 @@ def _figures(c: SegmentFigures, cols: _Columns, device: int | None) -> JsonDict:
         "largest_free_by_pool": _largest_by_pool(c, rows, cols.default_pools),
         "worst_segments": _worst(c, rows, cols.stuck),
         "violations": _violations(c, bad),
+        "pools": _pools(c, cols, rows),
     }
+
+
+def _pools(c: SegmentFigures, cols: _Columns, rows: np.ndarray | None) -> tuple[PoolFigures, ...]:
+    """The figures of each pool of the given segments (None: all)."""
+
+    def pick(a: np.ndarray) -> np.ndarray:
+        return a if rows is None else a[rows]
+
+    sums = {
+        "total_size": pick(c.total_size),
+        "allocated": pick(c.allocated),
+        "pending_free": pick(c.pending_free),
+        "free": pick(c.free),
+        "releasable": pick(cols.releasable),
+    }
+    return pool_figures(
+        pick(c.device), pick(c.pool_id), sums, pick(cols.largest_free), pick(cols.released)
+    )
 
 
 def _total(figs: list[MemoryFigures], c: SegmentFigures) -> MemoryFigures:
@@ -338,7 +368,9 @@ def _total(figs: list[MemoryFigures], c: SegmentFigures) -> MemoryFigures:
     by_pool: dict[PoolKey, int] = {}
     worst: list[SegmentSummary] = []
     violations: list[ConservationViolation] = []
+    pools: list[PoolFigures] = []
     for f in figs:
+        pools.extend(f.pools)
         by_pool.update(f.largest_free_by_pool)
         worst.extend(f.worst_segments)
         violations.extend(f.violations)
@@ -352,6 +384,7 @@ def _total(figs: list[MemoryFigures], c: SegmentFigures) -> MemoryFigures:
         largest_free_by_pool=by_pool,
         worst_segments=tuple(worst[:N_WORST]),
         violations=tuple(violations),
+        pools=tuple(pools),
     )
 
 
@@ -368,6 +401,7 @@ _SUMMED = tuple(
         "largest_free_by_pool",
         "worst_segments",
         "violations",
+        "pools",
     }
 )
 
@@ -441,6 +475,7 @@ def _summary(c: SegmentFigures, i: int, stuck: int) -> SegmentSummary:
         pool=pool_name(c.is_small.item(i)),
         is_expandable=c.is_expandable.item(i),
         n_blocks=c.n_blocks.item(i),
+        pool_id=(c.pool_id.item(i, 0), c.pool_id.item(i, 1)),
     )
 
 

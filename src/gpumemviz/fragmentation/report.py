@@ -62,6 +62,49 @@ class PoolKey:
 
 
 @dataclass(frozen=True)
+class PoolFigures:
+    """One pool of one device: the default pool, or a private pool (a CUDA graph's, a MemPool).
+
+    allocated + pending_free + free == reserved, as for a device. A snapshot does not record a
+    private pool's use count, so whether empty_cache may release it is an assumption
+    (`fragmentation(..., pools_in_use=)`, in `in_use`): `releasable` is what empty_cache returns
+    from the pool now, `releasable_after_release` what it returns on top once the pool is
+    released (its MemPool deleted, its graph reset): non-zero only for a pool taken as in use.
+    """
+
+    device: int
+    pool_id: tuple[int, int]
+    kind: str  # snapshot.pools.POOL_KINDS: "default", "graph", "mempool", "private"
+    label: str  # "default pool", "CUDA graph pool (3, 0)", "MemPool (0, 2)", ...
+    in_use: bool  # assumed in use (the default pool always is)
+    reserved: int
+    allocated: int
+    pending_free: int
+    free: int
+    largest_free: int
+    releasable: int  # what empty_cache returns from this pool now
+    releasable_after_release: int  # what it returns on top once the pool is released
+    segments: int
+
+    @property
+    def external_fragmentation(self) -> float:
+        """1 - largest_free / free (0.0 when free is 0)."""
+        return 0.0 if self.free <= 0 else 1.0 - self.largest_free / self.free
+
+    @property
+    def note(self) -> str:
+        """ "only after the pool is released" where its free segments wait on that, else ""."""
+        return "only after the pool is released" if self.releasable_after_release else ""
+
+    def to_dict(self) -> JsonDict:
+        d: JsonDict = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["pool_id"] = list(self.pool_id)
+        d["external_fragmentation"] = self.external_fragmentation
+        d["note"] = self.note
+        return d
+
+
+@dataclass(frozen=True)
 class SegmentSummary:
     """One segment, for humans (the worst segments of a device)."""
 
@@ -79,6 +122,7 @@ class SegmentSummary:
     pool: str
     is_expandable: bool
     n_blocks: int
+    pool_id: tuple[int, int] = (0, 0)  # the private pool, (0, 0) the default pool
 
     @property
     def external_fragmentation(self) -> float:
@@ -86,6 +130,7 @@ class SegmentSummary:
 
     def to_dict(self) -> JsonDict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["pool_id"] = list(self.pool_id)
         d["external_fragmentation"] = self.external_fragmentation
         return d
 
@@ -128,6 +173,10 @@ class MemoryFigures:
       syncs events first), plus the whole free pages of expandable runs (2 MiB small,
       large_segment_size large).
     - `external_fragmentation` is 0.0 when `free` is 0.
+    - `releasable` counts the private pools taken as released (`fragmentation(...,
+      pools_in_use=)`; by default none: a snapshot does not record a pool's use count);
+      `releasable_private` is what the pools taken as in use would add once released.
+    - `pools`: one `PoolFigures` per pool holding a segment (default pool first, then by id).
     - `largest_free_by_pool`: {`PoolKey`: bytes}; `worst_segments`: at most `N_WORST`, most
       stuck free bytes first; `violations`: segments where allocated + free + pending !=
       total_size (reported, never raised).
@@ -144,8 +193,8 @@ class MemoryFigures:
     free_trapped: int  # free inside non-expandable segments that still hold an allocated block
     free_stuck: int  # free + pending_free - releasable: what stays free after empty_cache
     free_stuck_expandable: int  # the part of free_stuck in partial pages of expandable segments
-    releasable: int  # what empty_cache would return from the default pool
-    releasable_private: int  # the same for private pools (only once the pool is released)
+    releasable: int  # what empty_cache would return now (default pool, released pools)
+    releasable_private: int  # the same in private pools in use (only once they are released)
     largest_free: int  # the largest inactive block, over all streams and pools
     external_fragmentation: float  # 1 - largest_free / free
     fragmentation_sq: float  # 1 - sum(free_i^2) / free^2
@@ -157,12 +206,14 @@ class MemoryFigures:
     largest_free_by_pool: Mapping[PoolKey, int] = field(default_factory=dict)
     worst_segments: tuple[SegmentSummary, ...] = ()
     violations: tuple[ConservationViolation, ...] = ()
+    pools: tuple[PoolFigures, ...] = ()
 
     def to_dict(self) -> JsonDict:
         """Plain JSON-ready values (the `--json` shape of `gpumemviz inspect`)."""
         d: JsonDict = {}
+        skip = ("device", "largest_free_by_pool", "worst_segments", "violations", "pools")
         for f in fields(self):
-            if f.name in ("device", "largest_free_by_pool", "worst_segments", "violations"):
+            if f.name in skip:
                 continue
             d[f.name] = getattr(self, f.name)
         d["largest_free_by_pool"] = [
@@ -170,7 +221,13 @@ class MemoryFigures:
         ]
         d["worst_segments"] = [s.to_dict() for s in self.worst_segments]
         d["violations"] = [v.message for v in self.violations]
+        d["pools"] = [p.to_dict() for p in self.pools]
         return d
+
+    def pool(self, pool_id: tuple[int, int]) -> PoolFigures | None:
+        """The figures of one pool (None: it holds no segment here)."""
+        key = tuple(pool_id)
+        return next((p for p in self.pools if p.pool_id == key), None)
 
 
 @dataclass(frozen=True, eq=False)
@@ -190,7 +247,7 @@ class SegmentFigures:
     free: np.ndarray  # i64
     largest_free: np.ndarray  # i64
     free_sq: np.ndarray  # f64: sum of squared inactive block sizes
-    releasable: np.ndarray  # i64: what empty_cache would return from this segment
+    releasable: np.ndarray  # i64: what empty_cache returns from this segment (once its pool may)
     n_blocks: np.ndarray  # i64
     stream: np.ndarray  # i64
     is_small: np.ndarray  # bool
@@ -240,6 +297,10 @@ class FragmentationReport:
         Parsed from them (PyTorch's defaults when none were recorded).
     expandable_mode : bool
         Recorded ``expandable_segments``, else inferred from expandable segments.
+    pools_in_use : bool or frozenset of (int, int)
+        The assumption on private pools (a snapshot does not record their use count): True,
+        all in use (the default); False, all released; a set: exactly those in use. A pool in
+        use keeps its free segments through empty_cache.
 
     Examples
     --------
@@ -261,6 +322,7 @@ class FragmentationReport:
     allocator_settings: TorchMapping | None
     config: AllocatorConfig
     expandable_mode: bool
+    pools_in_use: bool | frozenset[tuple[int, int]]
     # inactive blocks, for can_fit: segment row, offset in the segment, size
     _free_segment: np.ndarray = field(repr=False)
     _free_offset: np.ndarray = field(repr=False)
@@ -317,8 +379,9 @@ class FragmentationReport:
         -------
         dict
             ``{"total": {...}, "devices": {"0": {...}}, "settings": {"recorded",
-            "expandable_segments", "max_split_size", "roundup_power2_divisions"}}``; each
-            figures dict is `MemoryFigures.to_dict()`. Plain ints, floats, lists and strings.
+            "expandable_segments", "max_split_size", "roundup_power2_divisions"},
+            "pools_in_use": true | false | [[a, b], ...]}``; each figures dict is
+            `MemoryFigures.to_dict()`. Plain ints, floats, lists and strings.
 
         Examples
         --------
@@ -338,6 +401,11 @@ class FragmentationReport:
                 ),
                 "roundup_power2_divisions": list(self.config.roundup_power2_divisions),
             },
+            "pools_in_use": (
+                self.pools_in_use
+                if isinstance(self.pools_in_use, bool)
+                else [list(p) for p in sorted(self.pools_in_use)]
+            ),
         }
 
     def can_fit(
@@ -346,6 +414,7 @@ class FragmentationReport:
         stream: int = 0,
         device: int = 0,
         device_free: int | str | None = None,
+        pool: tuple[int, int] = (0, 0),
     ) -> FitAnswer:
         """Would `torch.empty(nbytes)` on `stream` succeed now, by the allocator's own rules?
 
@@ -360,6 +429,9 @@ class FragmentationReport:
         device_free : int or str, optional
             Bytes the driver has free (cudaMemGetInfo, or an `oom` entry's device_free). Without
             it, a request that needs new memory is answered "room_unknown".
+        pool : (int, int)
+            The pool the request goes to: (0, 0), the default pool; a private pool's id for a
+            request made under ``torch.cuda.use_mem_pool`` or during a graph capture.
 
         Returns
         -------
@@ -369,7 +441,8 @@ class FragmentationReport:
         Raises
         ------
         ValueError
-            When `device` is not in the snapshot, or a size is not one `parse_size` reads.
+            When `device` is not in the snapshot, a size is not one `parse_size` reads, or
+            `pool` is not a pair of ints.
 
         Notes
         -----
@@ -391,7 +464,11 @@ class FragmentationReport:
         - "room_unknown": needs new memory and no `device_free` was given (`fits` is None).
 
         A recorded ``per_process_memory_fraction`` caps reserved + allocation size at fraction
-        x (device_free + reserved) at every step. Only the default pool is searched; pending
+        x (device_free + reserved) at every step. Only the request's pool is searched: each
+        private pool has its own small and large pools, so a request in the default pool never
+        takes a private pool's free block, nor the reverse (the answer names a private pool's
+        block that would have fitted); the flush returns the default pool's free segments and
+        those of private pools taken as released (`pools_in_use`). Pending
         frees are not reused (their events may not have completed). Checked against
         `CachingAllocator.from_segments` on every real file and on random states (expandable
         with pending frees; fraction caps with and without GC; max_split_size states where
@@ -409,7 +486,7 @@ class FragmentationReport:
         >>> fragmentation([seg]).can_fit(40 * 2**20, device_free=0).verdict
         'out_of_memory'
         """
-        return can_fit(self, nbytes, stream, device, device_free)
+        return can_fit(self, nbytes, stream, device, device_free, pool)
 
 
 _FIGURE_NAMES = frozenset(f.name for f in fields(MemoryFigures)) - {"device"}

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from gpumemviz.snapshot.pools import PoolsInUse, normalize_in_use, pool_label, released_mask
 from gpumemviz.units import format_size
 
 if TYPE_CHECKING:
@@ -60,21 +61,30 @@ _INACTIVE, _ALLOCATED, _PENDING = 0, 1, 2
 
 @dataclass(frozen=True)
 class Group:
-    """A run of consecutive rows that share device, pool and stream."""
+    """A run of consecutive rows that share device, pool (private pool and size class) and
+    stream. `label` names a private pool ("MemPool (0, 2)", "CUDA graph pool (3, 0)"; empty
+    for the default pool): the map's group header shows it."""
 
     device: int
     pool: str  # "large" or "small"
     stream: int
     first: int
     count: int
+    pool_id: tuple[int, int] = (0, 0)
 
-    def to_dict(self) -> dict[str, int | str]:
+    @property
+    def label(self) -> str:
+        return "" if self.pool_id == (0, 0) else pool_label(self.pool_id)
+
+    def to_dict(self) -> dict[str, int | str | list[int]]:
         return {
             "device": self.device,
             "pool": self.pool,
             "stream": self.stream,
             "first": self.first,
             "count": self.count,
+            "pool_id": list(self.pool_id),
+            "pool_label": self.label,
         }
 
 
@@ -135,7 +145,9 @@ class RowTable:
         return out
 
 
-def build_rows(snap: Snapshot, device: int | None = None) -> RowTable:
+def build_rows(
+    snap: Snapshot, device: int | None = None, pools_in_use: PoolsInUse = True
+) -> RowTable:
     """Order a snapshot's segments into the rows of the segment map and classify their bytes.
 
     Parameters
@@ -144,12 +156,16 @@ def build_rows(snap: Snapshot, device: int | None = None) -> RowTable:
         The columnar snapshot (gpumemviz.snapshot).
     device : int, optional
         Keep only this device's segments.
+    pools_in_use : bool or collection of (int, int)
+        As `fragmentation(..., pools_in_use=)`: the free segments of a private pool in use are
+        painted trapped (empty_cache keeps them until the pool is released), so the map's
+        releasable bytes are the report's `releasable`.
 
     Returns
     -------
     RowTable
-        Rows grouped by device, pool (large before small) and stream, addresses ascending inside
-        a group.
+        Rows grouped by device, pool (the default pool, then private pools by id; in each,
+        large before small) and stream, addresses ascending inside a group.
 
     Examples
     --------
@@ -170,8 +186,11 @@ def build_rows(snap: Snapshot, device: int | None = None) -> RowTable:
     small = np.asarray(seg.is_small, bool)
     stream = np.asarray(seg.stream, np.int64)
     address = np.asarray(seg.address, np.int64)
+    pool = np.asarray(seg.pool_id, np.int64).reshape(n_seg, 2)
+    released = released_mask(pool, normalize_in_use(pools_in_use))
     # lexsort: last key is primary
-    order = keep[np.lexsort((address[keep], stream[keep], small[keep], seg_dev[keep]))]
+    keys = (address[keep], stream[keep], small[keep], pool[keep, 1], pool[keep, 0], seg_dev[keep])
+    order = keep[np.lexsort(keys)]
 
     total = np.asarray(seg.total_size, np.int64)
     expandable = np.asarray(seg.is_expandable, bool)
@@ -202,16 +221,20 @@ def build_rows(snap: Snapshot, device: int | None = None) -> RowTable:
     kind[state == _ALLOCATED] = KIND_ALLOCATED
     kind[state == _PENDING] = KIND_PENDING
     free = state == _INACTIVE
-    kind[free & (allocated[seg_of_blk] == 0) & ~expandable[seg_of_blk]] = KIND_RELEASABLE
+    gives_back = released[seg_of_blk]  # empty_cache may release the segment's pool now
+    kind[free & (allocated[seg_of_blk] == 0) & ~expandable[seg_of_blk] & gives_back] = (
+        KIND_RELEASABLE
+    )
 
     if expandable.any():
+        exp_back = expandable[seg_of_blk] & gives_back
         span_row, span_start, span_size, span_kind = _split_pages(
             row_of_blk,
             start,
             end,
             kind,
-            (free | (state == _PENDING)) & expandable[seg_of_blk],
-            free & expandable[seg_of_blk],
+            (free | (state == _PENDING)) & exp_back,
+            free & exp_back,
             small[seg_of_blk],
         )
     else:  # one span per block
@@ -245,7 +268,7 @@ def build_rows(snap: Snapshot, device: int | None = None) -> RowTable:
         block_size=size,
         block_requested=requested,
         block_state=state,
-        groups=_groups(seg_dev[order], small[order], stream[order]),
+        groups=_groups(seg_dev[order], small[order], stream[order], pool[order]),
     )
 
 
@@ -425,12 +448,17 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return out
 
 
-def _groups(device: np.ndarray, small: np.ndarray, stream: np.ndarray) -> tuple[Group, ...]:
+def _groups(
+    device: np.ndarray, small: np.ndarray, stream: np.ndarray, pool: np.ndarray
+) -> tuple[Group, ...]:
     n = len(device)
     if n == 0:
         return ()
     change = np.flatnonzero(
-        (device[1:] != device[:-1]) | (small[1:] != small[:-1]) | (stream[1:] != stream[:-1])
+        (device[1:] != device[:-1])
+        | (small[1:] != small[:-1])
+        | (stream[1:] != stream[:-1])
+        | (pool[1:] != pool[:-1]).any(axis=1)
     )
     starts = np.concatenate([[0], change + 1])
     ends = np.concatenate([change + 1, [n]])
@@ -441,6 +469,7 @@ def _groups(device: np.ndarray, small: np.ndarray, stream: np.ndarray) -> tuple[
             stream=int(stream[s]),
             first=int(s),
             count=int(e - s),
+            pool_id=(int(pool[s, 0]), int(pool[s, 1])),
         )
         for s, e in zip(starts, ends, strict=True)
     )
