@@ -22,9 +22,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Event", "Recording", "record"]
+__all__ = ["Event", "MetaError", "Recording", "record"]
 
 ALLOC, FREE, BLAS = 0, 1, 2
+
+
+class MetaError(ValueError):
+    """The step cannot run on the meta device: an operator whose output size depends on
+    tensor values (nonzero, unique, `.item()`), or one with neither a meta nor a fake kernel."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,8 +208,15 @@ def record(
                     return out
             try:
                 out = func(*args, **kwargs)
-            except NotImplementedError:
-                out = fake_run(func, args, kwargs)
+            except NotImplementedError as e:
+                try:
+                    out = fake_run(func, args, kwargs)
+                except Exception:
+                    raise MetaError(
+                        f"aten::{func.overloadpacket.__name__} at {user_frame(skip) or '?'} "
+                        f"cannot run on the meta device nor under FakeTensorMode: "
+                        f"{_first_line(e)}"
+                    ) from None
             name = str(func.overloadpacket.__name__)
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
@@ -213,17 +230,24 @@ def record(
             return out
 
     start = time.perf_counter()
-    with patch_paths(cuda_paths), Recorder():
-        if setup is not None:
-            state = setup(meta)
-            for t in _tensors(state):
-                track(t, "")
-            phase[0] = "step"
-            out = step(state)
-        else:
-            phase[0] = "step"
-            out = step(meta)
-        del out
-        phase[0] = "done"
+    try:
+        with patch_paths(cuda_paths), Recorder():
+            if setup is not None:
+                state = setup(meta)
+                for t in _tensors(state):
+                    track(t, "")
+                phase[0] = "step"
+                out = step(state)
+            else:
+                phase[0] = "step"
+                out = step(meta)
+            del out
+            phase[0] = "done"
+    except (RuntimeError, NotImplementedError) as e:  # what meta refuses, e.g. .item()
+        where, phase[0] = phase[0], "done"
+        raise MetaError(
+            f"{'setup' if where == 'setup' else 'step'} failed on the meta device: "
+            f"{type(e).__name__}: {_first_line(e)}"
+        ) from e
     rec.seconds = time.perf_counter() - start
     return rec
