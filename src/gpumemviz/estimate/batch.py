@@ -4,11 +4,18 @@ Each batch size is run on the meta device once; every allocator setting then dri
 recording through the model, so trying two settings costs one meta run per batch, not two.
 The search doubles the batch until one fails, then bisects between the last that fits and the
 first that does not: it assumes memory does not shrink as the batch grows.
+
+Most steps allocate the same tensors at every batch size, each of a size affine in the batch
+(activations, logits). With `extrapolate` (the default), the batches `start` and `2 * start`
+are run on meta and every other batch's recording is computed from them; each setting's answer
+is then run on meta for real, and if its sizes differ from the computed ones the search starts
+again with a meta run per batch. A search then costs two meta runs plus one per answer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -85,6 +92,7 @@ def max_batch(
     limit: int = 1 << 16,
     cublas_workspace_config: str | None = None,
     cuda_paths: bool = True,
+    extrapolate: bool = True,
 ) -> MaxBatch:
     """The largest batch that fits in `capacity`, for each allocator setting, by bisection.
 
@@ -101,6 +109,9 @@ def max_batch(
         As in `estimate`.
     start, limit : int
         The smallest batch tried, and the largest (a setting that fits `limit` reports it).
+    extrapolate : bool
+        Compute the recordings of the batches tried from two meta runs where the step's
+        allocation sizes are affine in the batch (checked on each answer; module docstring).
 
     Returns
     -------
@@ -131,38 +142,88 @@ def max_batch(
     if limit < start:
         raise ValueError(f"limit {limit} is below start {start}")
     parsed = {c: check_args(capacity, c, arch, cublas_workspace_config) for c in configs}
-    recordings: dict[int, tuple[Recording, bool]] = {}
+    real: dict[int, tuple[Recording, bool]] = {}
+    model: list[Callable[[int], Recording | None] | None] = [None]
+
+    def run_meta(batch: int) -> tuple[Recording, bool]:
+        if batch not in real:
+            step, setup = make(batch)
+            rec = record_step(step, setup=setup, cuda_paths=cuda_paths)
+            real[batch] = (rec, setup is not None)
+        return real[batch]
 
     def recording(batch: int) -> tuple[Recording, bool]:
-        if batch not in recordings:
-            step, setup = make(batch)
-            recordings[batch] = (
-                record_step(step, setup=setup, cuda_paths=cuda_paths),
-                setup is not None,
-            )
-        return recordings[batch]
+        at = model[0]
+        if batch not in real and at is not None:
+            rec = at(batch)
+            if rec is not None:
+                return rec, real[start][1]
+        return run_meta(batch)
 
     def ok(batch: int, *, config: str) -> bool:
         cap, conf, ws = parsed[config]
         rec, warm = recording(batch)
         return fits(rec, capacity=cap, config=conf, workspace=ws, warm=warm)
 
+    if extrapolate and 2 * start <= limit:
+        model[0] = _affine(start, run_meta(start)[0], 2 * start, run_meta(2 * start)[0])
     batches: dict[str, int] = {}
     estimates: dict[str, Estimate | None] = {}
-    for config in configs:
+    configs = list(configs)
+    i = 0
+    while i < len(configs):
+        config = configs[i]
         best = _largest(partial(ok, config=config), start, limit)
         batches[config] = best
+        estimates[config] = None
         if best:
+            guess = recording(best)[0]
+            rec, warm = run_meta(best)
+            if model[0] is not None and [e.size for e in guess.events] != [
+                e.size for e in rec.events
+            ]:
+                model[0] = None  # the sizes are not affine in the batch: search again, for real
+                batches.clear()
+                estimates.clear()
+                i = 0
+                continue
             cap, conf, ws = parsed[config]
-            rec, warm = recording(best)
             estimates[config] = estimate_recording(
                 rec, capacity=cap, config=conf, workspace=ws, warm=warm, arch=str(arch)
             )
-        else:
-            estimates[config] = None
-    return MaxBatch(
-        batches, estimates, parsed[configs[0]][0] if configs else 0, len(recordings), limit
-    )
+        i += 1
+    capacity_bytes = parsed[configs[0]][0] if configs else 0
+    return MaxBatch(batches, estimates, capacity_bytes, len(real), limit)
+
+
+def _affine(
+    a: int, ra: Recording, b: int, rb: Recording
+) -> Callable[[int], Recording | None] | None:
+    """`at(n)`: the recording at batch n where every event's size is affine in the batch (the
+    same events in the same order at batches a and b), None at an n that gives a fraction or a
+    negative size; None when the two recordings differ in anything but sizes."""
+    ea, eb = ra.events, rb.events
+    if len(ea) != len(eb) or ra.fake_ops != rb.fake_ops:
+        return None
+    for x, y in zip(ea, eb, strict=True):
+        if (x.kind, x.key, x.op, x.phase, x.blas) != (y.kind, y.key, y.op, y.phase, y.blas):
+            return None
+    slopes = [y.size - x.size for x, y in zip(ea, eb, strict=True)]
+    span = b - a
+
+    def at(n: int) -> Recording | None:
+        events = []
+        for x, d in zip(ea, slopes, strict=True):
+            if d == 0:
+                events.append(x)
+                continue
+            grown, rest = divmod(d * (n - a), span)
+            if rest or x.size + grown < 0:
+                return None
+            events.append(replace(x, size=x.size + grown))
+        return Recording(events=events, fake_ops=dict(ra.fake_ops), ops=ra.ops)
+
+    return at
 
 
 def _largest(ok: Callable[[int], bool], start: int, limit: int) -> int:
