@@ -212,13 +212,29 @@ def test_max_batch_bisects_each_setting_and_matches_brute_force():
         assert best > 0
         assert estimate(make(best)[0], capacity="200MiB", config=config).fits
         assert not estimate(make(best + 1)[0], capacity="200MiB", config=config).fits
-    assert fit.meta_runs < 2 * 12  # one meta run per batch size, shared by the settings
+    # two meta runs, then one per answer: the other batches' sizes are affine in the batch
+    assert fit.meta_runs <= 2 + len(fit)
+    real = max_batch(make, capacity="200MiB", extrapolate=False)
+    assert dict(real) == dict(fit) and real.meta_runs > fit.meta_runs
+
     text = str(fit)
     assert "default" in text and "expandable_segments:True" in text
     none = max_batch(make, capacity="1MiB", configs=("",))
     assert none[""] == 0 and none.estimates[""] is None
     with pytest.raises(ValueError, match="configs must be a sequence"):
         max_batch(make, capacity="1GiB", configs="expandable_segments:True")
+
+
+def test_max_batch_searches_again_where_sizes_are_not_affine():
+    def make(batch):
+        def step(device):  # quadratic in the batch: two runs mislead the extrapolation
+            return torch.empty(batch * batch, MiB // 4, device=device)
+
+        return step, None
+
+    fit = max_batch(make, capacity="400MiB", configs=("",))
+    assert fit[""] == 20  # 20 x 20 MiB = 400 MiB; 21 x 21 would be 441
+    assert fit.estimates[""].peak_allocated == 400 * MiB
 
 
 # ---------------------------------------------------------------- against a real recording
