@@ -101,6 +101,22 @@ def test_foreach_optimizer_path_as_on_cuda():
     assert "meta" not in optimizer._get_foreach_kernels_supported_devices()
 
 
+@pytest.mark.parametrize(
+    ("dtype", "kernel"), [(torch.float32, "efficient"), (torch.bfloat16, "flash")]
+)
+def test_attention_takes_the_fused_kernel_cuda_picks(dtype, kernel):
+    def step(device):
+        q = torch.randn(2, 8, 1024, 64, device=device, dtype=dtype, requires_grad=True)
+        torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+
+    scores = 2 * 8 * 1024 * 1024 * 4  # the fp32 score matrix the math path makes
+    fused = record_step(step)
+    math = record_step(step, cuda_paths=False)
+    assert any(e.op == f"_scaled_dot_product_{kernel}_attention" for e in fused.events)
+    assert max(e.size for e in fused.events) < scores <= max(e.size for e in math.events)
+    assert estimate(step).peak_allocated < estimate(step, cuda_paths=False).peak_allocated / 4
+
+
 def test_operator_without_meta_kernel_runs_under_fake_tensor_mode():
     lib = torch.library.Library("gpumemviz_estimate_test", "DEF")
     lib.define("thrice(Tensor x) -> Tensor")

@@ -70,6 +70,8 @@ def plan(rec: Recording, *, workspace: int, warm: bool) -> tuple[list[Step], int
                 for b in step_handles:
                     add_workspace(b.blas, b.frame, "setup")
             start = len(out)
+        if e.size == 0 and e.kind != BLAS:  # torch hands out nullptr and records nothing
+            continue
         if e.kind == ALLOC:
             out.append(Step(False, e.key, e.size, e.op, e.frame, e.phase))
         elif e.kind == FREE:

@@ -13,6 +13,12 @@ Optimizer paths: for CUDA tensors torch's optimizers and `clip_grad_norm_` defau
 foreach kernels (`torch.utils._foreach_utils._get_foreach_kernels_supported_devices`), which
 allocate their temporaries for every parameter at once; for meta tensors they would take the
 per-parameter loop. `cuda_paths()` counts meta as a CUDA-like device while the step runs.
+
+Attention: `scaled_dot_product_attention` picks its kernel by device; on meta it takes the math
+path, which allocates the (queries x keys) score matrix that CUDA's fused kernels never make.
+`cuda_paths()` sends it to the fused kernel CUDA would pick (`sdpa_backend`: flash attention
+for fp16 / bf16 without a mask, else memory-efficient attention), whose meta kernels give
+CUDA's outputs (the output and its log-sum-exp, kept for the backward).
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from ..snapshot.messages import short_repr
 
-__all__ = ["BLAS_OPS", "cuda_paths", "workspace_size"]
+__all__ = ["BLAS_OPS", "cuda_paths", "sdpa_backend", "workspace_size"]
 
 # the aten operators (overload packets) that call cuBLAS / cuBLASLt on CUDA
 BLAS_OPS = frozenset(
@@ -110,7 +117,85 @@ def cuda_paths(on: bool = True) -> Iterator[None]:
                 patched.append((m, name, original))
                 setattr(m, name, with_meta(original))
     try:
-        yield
+        with _fused_attention():
+            yield
     finally:
         for mod, name, original in patched:
             setattr(mod, name, original)
+
+
+def sdpa_backend(
+    dtype_name: str, head_dim: int, *, has_mask: bool, gqa: bool = False, ndim: int = 4
+) -> str:
+    """The kernel CUDA's `scaled_dot_product_attention` picks: "flash", "efficient" or "math".
+
+    A simplification of torch's `sdp_utils.cpp` on sm80 and later: flash attention for fp16 /
+    bf16 inputs without a mask and a head size that is a multiple of 8 up to 256; else
+    memory-efficient attention for fp16 / bf16 / fp32 with a head size that is a multiple of 8;
+    else the math path.
+
+    >>> sdpa_backend("bfloat16", 64, has_mask=False), sdpa_backend("float32", 64, has_mask=True)
+    ('flash', 'efficient')
+    """
+    if gqa or ndim != 4 or head_dim % 8:
+        return "math"
+    if dtype_name in ("float16", "bfloat16") and not has_mask and head_dim <= 256:
+        return "flash"
+    if dtype_name in ("float16", "bfloat16", "float32"):
+        return "efficient"
+    return "math"
+
+
+@contextmanager
+def _fused_attention() -> Iterator[None]:
+    """While inside, `F.scaled_dot_product_attention` on meta tensors runs `sdpa_backend`'s
+    fused kernel (its autograd formula included) instead of the math path."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    aten = torch.ops.aten
+
+    def fused(
+        q: Any,
+        k: Any,
+        v: Any,
+        attn_mask: Any = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> Any:  # Any: tensors
+        if not all(isinstance(t, torch.Tensor) and t.device.type == "meta" for t in (q, k, v)):
+            return None
+        kind = sdpa_backend(
+            str(q.dtype).removeprefix("torch."),
+            int(q.size(-1)),
+            has_mask=attn_mask is not None,
+            gqa=enable_gqa,
+            ndim=q.dim(),
+        )
+        if kind == "flash":
+            return aten._scaled_dot_product_flash_attention(
+                q, k, v, dropout_p, is_causal, False, scale=scale
+            )[0]
+        if kind == "efficient":
+            grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+            return aten._scaled_dot_product_efficient_attention(
+                q, k, v, attn_mask, grad, dropout_p, is_causal, scale=scale
+            )[0]
+        return None
+
+    class FusedAttention(TorchFunctionMode):  # type: ignore[misc]
+        def __torch_function__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:  # Any: torch's function-mode arguments
+            kwargs = kwargs or {}
+            if func is sdpa:
+                out = fused(*args, **kwargs)
+                if out is not None:
+                    return out
+            return func(*args, **kwargs)
+
+    with FusedAttention():
+        yield
