@@ -292,6 +292,10 @@ def test_gpt2_medium_inference_matches_the_real_recording():
     # measured when written: every size in order, both figures exact
     assert matched == 1.0 and est.start_allocated == start and est.peak_allocated == peak
     assert est.fits and est.workspaces == 1
+    # and the allocator's side: the recording's peak reserved and its segments at that peak
+    recorded = gpumemviz.replay(REAL)
+    assert est.peak_reserved == recorded.recorded_peak_reserved(0)
+    assert est.segments == recorded.peak_segments(0, "recording") == 98
 
 
 def test_small_training_step_is_consistent():
