@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +92,8 @@ def user_frame(skip: tuple[str, ...]) -> str:
 
 
 def _tensors(value: Any) -> Iterator[Any]:  # Any: whatever an operator or setup returns
-    """Every tensor in a (nested) value: tensors, lists, tuples, dicts, modules, optimizers."""
+    """Every tensor in a (nested) value: tensors, lists, tuples, dicts, dataclasses, modules,
+    optimizers."""
     import torch
 
     stack = [value]
@@ -113,6 +114,8 @@ def _tensors(value: Any) -> Iterator[Any]:  # Any: whatever an operator or setup
         elif isinstance(v, torch.nn.Module):
             stack.extend(v.parameters())
             stack.extend(v.buffers())
+        elif is_dataclass(v) and not isinstance(v, type):
+            stack.extend(getattr(v, f.name) for f in fields(v))
         elif isinstance(v, torch.optim.Optimizer):
             stack.extend(v.state.values())
             stack.extend(p for g in v.param_groups for p in g["params"])
