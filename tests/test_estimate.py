@@ -240,6 +240,8 @@ def test_max_batch_bisects_each_setting_and_matches_brute_force():
     assert none[""] == 0 and none.estimates[""] is None
     with pytest.raises(ValueError, match="configs must be a sequence"):
         max_batch(make, capacity="1GiB", configs="expandable_segments:True")
+    with pytest.raises(ValueError, match=r"make\(1\) must return \(step, setup\), got <function"):
+        max_batch(lambda b: make(b)[0], capacity="1GiB")
 
 
 def test_max_batch_searches_again_where_sizes_are_not_affine():

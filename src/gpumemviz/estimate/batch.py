@@ -147,7 +147,10 @@ def max_batch(
 
     def run_meta(batch: int) -> tuple[Recording, bool]:
         if batch not in real:
-            step, setup = make(batch)
+            made = make(batch)
+            if not isinstance(made, tuple) or len(made) != 2:
+                raise ValueError(f"make({batch}) must return (step, setup), got {short_repr(made)}")
+            step, setup = made
             rec = record_step(step, setup=setup, cuda_paths=cuda_paths)
             real[batch] = (rec, setup is not None)
         return real[batch]
