@@ -146,6 +146,7 @@ def record(
 
     rec = Recording()
     has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    composites: dict[Any, bool] = {}  # operator -> has a CompositeImplicitAutograd kernel
     events = rec.events
     keys: dict[int, int] = {}  # StorageImpl address -> key, while the storage lives
     skip = _library_dirs()
@@ -202,7 +203,10 @@ def record(
         ) -> Any:
             rec.ops += 1
             kwargs = kwargs or {}
-            if has_kernel(func.name(), "CompositeImplicitAutograd"):
+            composite = composites.get(func)
+            if composite is None:
+                composite = composites[func] = has_kernel(func.name(), "CompositeImplicitAutograd")
+            if composite:
                 # under inference_mode the composite operator reaches the mode whole: run its
                 # decomposition here, so its temporaries (einsum's copies) are seen as on CUDA
                 with self:
@@ -221,9 +225,12 @@ def record(
                         f"{_first_line(e)}"
                     ) from None
             name = str(func.overloadpacket.__name__)
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    track(t, name)
+            if isinstance(out, torch.Tensor):
+                track(out, name)
+            else:
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor):
+                        track(t, name)
             if name in blas_ops:
                 handle = "autograd" if torch._C._current_graph_task_id() != -1 else "main"
                 if handle not in handles:
