@@ -113,7 +113,8 @@ def cuda_paths(on: bool = True) -> Iterator[None]:
     patched: list[tuple[object, str, object]] = []
     for m in list(sys.modules.values()):
         for name, original in originals.items():
-            if getattr(m, name, None) is original:
+            # the module's own namespace: a module-level __getattr__ may import or warn
+            if getattr(m, "__dict__", {}).get(name) is original:
                 patched.append((m, name, original))
                 setattr(m, name, with_meta(original))
     try:
