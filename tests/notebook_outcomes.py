@@ -355,10 +355,60 @@ def _check_paged(v: Values, text: str, nb: NotebookNode) -> None:
     assert "contiguous: 0 OOMs" in text and "paged: 0 OOMs" in text
 
 
+# ------------------------------------------------------------------------------- 05 will it fit
+
+FIT_PROBES = {
+    "nb05-06": {  # one estimate: batch 8 on an H100
+        "fits": "est.fits",
+        "peak": "est.peak_allocated",
+        "start": "est.start_allocated",
+        "workspaces": "est.workspaces",
+        "capacity": "est.capacity",
+    },
+    "nb05-08": {  # the largest batch, both settings
+        "batches": "dict(fit)",
+        "meta_runs": "fit.meta_runs",
+        "segments": "{c: e.segments for c, e in fit.estimates.items()}",
+        "reserved": "{c: e.peak_reserved for c, e in fit.estimates.items()}",
+        "allocated": "{c: e.peak_allocated for c, e in fit.estimates.items()}",
+    },
+    "nb05-10": {  # the panel on the predicted peak
+        "panel_segments": "panel.header['segments']",
+        "panel_reserved": "panel.header['reserved']",
+        "errors": "list(panel.errors)",
+    },
+}
+
+
+def _check_fit(v: Values, text: str, nb: NotebookNode) -> None:
+    default, expandable = "", "expandable_segments:True"
+    # batch 8 fits, with the forward's and the backward's cuBLAS workspaces
+    assert v["fits"] and v["workspaces"] == 2
+    assert v["start"] < v["peak"] <= v["capacity"] == 79 * GIB
+    b = v["batches"]
+    assert set(b) == {default, expandable}, b
+    assert all(8 < n < 64 for n in b.values()), b
+    # two meta runs and one per answer (the sizes are affine in the batch)
+    assert v["meta_runs"] <= 2 + len(b)
+    for config in b:
+        assert v["allocated"][config] > v["peak"]  # a bigger batch than 8
+        assert v["reserved"][config] <= 79 * GIB
+    # expandable segments hold the peak in far fewer segments, with less reserve
+    assert v["segments"][expandable] < v["segments"][default] // 10, v["segments"]
+    assert v["reserved"][expandable] < v["reserved"][default]
+    # the panel shows the state at the default's allocated peak (reserved peaks later or then)
+    assert v["panel_segments"] == v["segments"][default]
+    assert v["allocated"][default] <= v["panel_reserved"] <= v["reserved"][default]
+    assert v["errors"] == []
+    assert "largest batch that fits in 79.00 GiB" in text
+    assert "estimate on 79.00 GiB (default settings, arch 9.0): fits" in text
+
+
 #: notebook file name -> what it must show
 OUTCOMES: dict[str, Outcome] = {
     "01_quickstart.ipynb": Outcome(QUICKSTART_PROBES, _check_quickstart, _static_quickstart),
     "02_fragmentation_and_fixes.ipynb": Outcome(FRAGMENTATION_PROBES, _check_fragmentation),
     "03_replay_a_snapshot.ipynb": Outcome(REPLAY_PROBES, _check_replay),
     "04_paged_kv_cache.ipynb": Outcome(PAGED_PROBES, _check_paged),
+    "05_will_it_fit.ipynb": Outcome(FIT_PROBES, _check_fit),
 }

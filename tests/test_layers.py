@@ -63,11 +63,15 @@ ALLOWED: dict[str, set[str]] = {
         *("live", "sample", "sampler", "sources", "fragmentation", "snapshot", "units"),
         "prometheus",
     },
+    # a step recorded on the meta device (torch lazily), driven through the allocator model
+    "estimate.": {
+        *("snapshot", "io", "allocator", "units", "fragmentation", "_callable", "estimate"),
+    },
     "commands": _ANALYSIS,  # the panel's commands: never the panel itself
     "widget.": {*_ANALYSIS, "commands", "widget"},
     "magics": {*_ANALYSIS, "commands", "widget"},
     "cli.": {*_ANALYSIS, ""},  # "": the package, for __version__
-    "": {*_ANALYSIS, "commands", "widget", "magics", "cli"},  # re-exports
+    "": {*_ANALYSIS, "commands", "widget", "magics", "cli", "estimate"},  # re-exports
 }
 # third-party modules that may only be imported inside functions (lazily)
 LAZY_ONLY = {"torch", "pynvml", "plotly", "anywidget", "IPython", "ipywidgets", "prometheus_client"}

@@ -177,6 +177,10 @@ PLANTED = {
     ),
     ("03_replay_a_snapshot", "expandable segments need as large a budget"): _as_recorded,
     ("04_paged_kv_cache", "the paged cache runs out of 22 GiB"): _set("paged_completed", False),
+    ("05_will_it_fit", "batch 8 no longer fits"): _set("fits", False),
+    ("05_will_it_fit", "expandable segments no longer save segments"): _set(
+        "segments", "expandable_segments:True", 10_000
+    ),
 }
 
 

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from gpumemviz.allocator.replay import replay as replay
     from gpumemviz.capture import capture_oom as capture_oom
     from gpumemviz.diff import diff as diff
+    from gpumemviz.estimate import estimate as estimate
+    from gpumemviz.estimate import max_batch as max_batch
     from gpumemviz.export import export as export
     from gpumemviz.fragmentation import FragmentationReport as FragmentationReport
     from gpumemviz.fragmentation import fragmentation as fragmentation
@@ -55,6 +57,8 @@ _LAZY: dict[str, str] = {
     "export": "gpumemviz.export",
     "report": "gpumemviz.report_html",
     "diff": "gpumemviz.diff",
+    "estimate": "gpumemviz.estimate",  # the callable module: estimate(step, ...)
+    "max_batch": "gpumemviz.estimate",
     "redact_paths": "gpumemviz.frames",
     "monitor": "gpumemviz.widget",
     "MemoryPanel": "gpumemviz.widget",
