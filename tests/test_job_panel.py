@@ -89,9 +89,14 @@ def test_a_click_shows_the_ranks_published_map_and_fields(job):
     assert panel.strips["strips"][panel.strips["selected"]]["rank"] == 1
     assert panel.header["reserved"] == detail["reserved"] > 0
     assert panel.header["num_ooms"] == detail["ooms"]
-    assert SUMMARY_NOTE in panel.status and "(64 bins)" in SUMMARY_NOTE
+    assert panel.job["what"] == SUMMARY_NOTE and "(64 bins), not the full" in SUMMARY_NOTE
+    assert panel.status == f"reading the job's store every {TICK:g} s"
     port = panel.view.port
     assert panel.title == f"job 127.0.0.1:{port} \u00b7 rank 1 \u00b7 cuda:0 \u00b7 host-a"
+    panel.command("rank", rank=2, device=0)
+    assert panel.flush() and panel.status.startswith(
+        f"reading the job's store every {TICK:g} s; rank 2 is stale: "
+    )
     bad = panel.command("rank", rank=9, device=0)
     assert not bad["ok"] and bad["text"] == "rank: no strip of rank 9 cuda:0 here"
 

@@ -224,8 +224,10 @@ class JobPanel(MemoryPanel):
         elif detail is None:
             self.status = "click a strip for its published map"
         else:
-            stale = f" ({detail['note']})" if detail.get("stale") else ""
-            self.status = f"rank {detail.get('rank')}: {SUMMARY_NOTE}{stale}"
+            stale = (
+                f"; rank {detail.get('rank')} is {detail['note']}" if detail.get("stale") else ""
+            )
+            self.status = f"reading the job's store every {self.feed.interval:g} s{stale}"
         self.job = self._job_state(detail)
 
     def _note(self) -> str:
