@@ -8,7 +8,8 @@ import { cellColor, formatSize, parseColor } from "./rows.js";
  * One strip's figures (render/strips.py `device_summary` keys, bytes) and its label.
  * @typedef {{label?: string, device?: number, reserved?: number, allocated?: number,
  *   free?: number, largest_free?: number, fragmentation?: number, ooms?: number,
- *   bins?: number[]}} Strip
+ *   bins?: number[], rank?: number, title?: string, note?: string, stale?: boolean}} Strip
+ *   a job's strips (distributed/grid.py `grid_rows`) add the rank fields, title and note
  * @typedef {{strips?: Strip[], selected?: number | null, totals?: Record<string, number>,
  *   note?: string}} StripSet the `strips` trait (render/strips.py `strip_set`)
  */
@@ -40,9 +41,44 @@ export function totalsText(set) {
   const t = set.totals || {};
   const where = strips.filter((s) => num(s.ooms) > 0)
     .map((s) => `${s.label || `cuda:${num(s.device)}`} (${num(s.ooms)})`);
-  return `${strips.length} devices · reserved ${formatSize(num(t.reserved))}` +
+  const ranks = new Set(strips.filter((s) => typeof s.rank === "number").map((s) => s.rank));
+  const what = ranks.size ? `${ranks.size} ranks · ${strips.length} devices` :
+    `${strips.length} devices`;
+  return `${what} · reserved ${formatSize(num(t.reserved))}` +
     ` · allocated ${formatSize(num(t.allocated))} · free ${formatSize(num(t.free))}` +
     ` · OOMs: ${where.length ? where.join(", ") : "none"}`;
+}
+
+/**
+ * Paint cell bytes (render/strips.py `device_bins`) across a canvas, in the panel's colours.
+ * @param {HTMLCanvasElement} canvas
+ * @param {number[]} bins
+ * @param {number} height  canvas pixels
+ * @param {Element} styled  where the --gmv-* colours are read
+ */
+export function paintBins(canvas, bins, height, styled) {
+  const css = getComputedStyle(styled);
+  /** @param {string} n @param {string} f */
+  const v = (n, f) => css.getPropertyValue(n).trim() || f;
+  const kinds = /** @type {import("./rows.js").RGB[]} */ ([
+    parseColor(v("--gmv-allocated", "#0072b2")), parseColor(v("--gmv-pending", "#e69f00")),
+    parseColor(v("--gmv-releasable", "#009e73")), parseColor(v("--gmv-trapped", "#d55e00")),
+  ]);
+  const empty = parseColor(v("--gmv-empty", "#dddddd"));
+  const width = Math.max(64, canvas.clientWidth || 256);
+  canvas.width = width;
+  canvas.height = height;
+  const ctx = canvas.getContext("2d");
+  if (!ctx) return;
+  ctx.fillStyle = `rgb(${empty.join(",")})`;
+  ctx.fillRect(0, 0, width, height);
+  const n = bins.length;
+  for (let i = 0; i < n; i++) {
+    const x0 = Math.floor((i * width) / n), x1 = Math.floor(((i + 1) * width) / n);
+    const [r, g, b] = cellColor(bins[i], kinds, empty);
+    ctx.fillStyle = `rgb(${r},${g},${b})`;
+    ctx.fillRect(x0, 0, Math.max(1, x1 - x0), height);
+  }
 }
 
 /**
@@ -64,38 +100,13 @@ export function createStrips(host, opts) {
   /** @type {StripSet} */
   let shown = {};
 
-  /** @param {HTMLCanvasElement} canvas @param {number[]} bins */
-  function paint(canvas, bins) {
-    const css = getComputedStyle(wrap);
-    /** @param {string} n @param {string} f */
-    const v = (n, f) => css.getPropertyValue(n).trim() || f;
-    const kinds = /** @type {import("./rows.js").RGB[]} */ ([
-      parseColor(v("--gmv-allocated", "#0072b2")), parseColor(v("--gmv-pending", "#e69f00")),
-      parseColor(v("--gmv-releasable", "#009e73")), parseColor(v("--gmv-trapped", "#d55e00")),
-    ]);
-    const empty = parseColor(v("--gmv-empty", "#dddddd"));
-    const width = Math.max(64, canvas.clientWidth || 256);
-    canvas.width = width;
-    canvas.height = STRIP_H;
-    const ctx = canvas.getContext("2d");
-    if (!ctx) return;
-    ctx.fillStyle = `rgb(${empty.join(",")})`;
-    ctx.fillRect(0, 0, width, STRIP_H);
-    const n = bins.length;
-    for (let i = 0; i < n; i++) {
-      const x0 = Math.floor((i * width) / n), x1 = Math.floor(((i + 1) * width) / n);
-      const [r, g, b] = cellColor(bins[i], kinds, empty);
-      ctx.fillStyle = `rgb(${r},${g},${b})`;
-      ctx.fillRect(x0, 0, Math.max(1, x1 - x0), STRIP_H);
-    }
-  }
-
   /** @param {StripSet} set */
   function update(set) {
     shown = set || {};
     const strips = shown.strips || [];
     wrap.hidden = strips.length === 0;
     wrap.dataset.strips = String(strips.length);
+    wrap.dataset.ranks = String(strips.some((s) => typeof s.rank === "number"));
     list.replaceChildren();
     if (!strips.length) return;
     totals.textContent = totalsText(shown);
@@ -108,7 +119,9 @@ export function createStrips(host, opts) {
       row.dataset.device = String(num(s.device));
       row.dataset.ooms = String(num(s.ooms));
       row.dataset.selected = String(shown.selected === i);
-      row.title = `${s.label || ""}: ${stripText(s)} (click to show its full map)`;
+      if (typeof s.rank === "number") row.dataset.rank = String(s.rank);
+      row.dataset.stale = String(Boolean(s.stale));
+      row.title = `${s.label || ""}: ${stripText(s)} (click to show its ${typeof s.rank === "number" ? "published" : "full"} map)`;
       const label = document.createElement("span");
       label.className = "gmv-strip-label";
       label.textContent = s.label || `cuda:${num(s.device)}`;
@@ -123,10 +136,14 @@ export function createStrips(host, opts) {
       oom.className = "gmv-strip-oom";
       oom.hidden = num(s.ooms) === 0;
       oom.textContent = `OOM ×${num(s.ooms)}`;
-      row.append(label, canvas, oom, figs);
+      const mark = document.createElement("span");
+      mark.className = "gmv-strip-note";  // a job's: stale with its age, or the last OOM's cause
+      mark.hidden = !s.note;
+      mark.textContent = s.note || "";
+      row.append(label, canvas, oom, mark, figs);
       row.addEventListener("click", () => opts.onSelect(i, s));
       list.append(row);
-      paint(canvas, bins);
+      paintBins(canvas, bins, STRIP_H, wrap);
     });
   }
 

@@ -2,6 +2,7 @@
 import { decodeBlocks, decodeFrame } from "./decode.js";
 import { createHeatmap } from "./heatmap.js";
 import { createHeader, createToolbar } from "./controls.js";
+import { createJobDetail } from "./jobdetail.js";
 import { createStrips } from "./strips.js";
 import { createTimeline } from "./timeline.js";
 import { logEvent, registerView } from "./probe.js";
@@ -13,7 +14,8 @@ let nextId = 0;
  * @typedef {{title: string, status: string, demo: boolean, header: Record<string, unknown>,
  *   advice: {kind: string, message: string}[], oom: Record<string, unknown>,
  *   controls: import("./controls.js").Controls, map_layout: import("./heatmap.js").Layout,
- *   strips: import("./strips.js").StripSet}} Traits
+ *   strips: import("./strips.js").StripSet, job?: import("./jobdetail.js").Job}} Traits
+ *   (``job``: a job's panel only, widget/job.py `JobPanel`)
  */
 /**
  * A custom message from Python, told apart by `kind` (a message of another kind is ignored).
@@ -43,9 +45,13 @@ function render({ model, el }) {
   };
   const toolbar = createToolbar(root, send);
   const strips = createStrips(root, {
-    onSelect(_index, strip) { send("select", { value: strip.device }); },
+    onSelect(_index, strip) {
+      if (typeof strip.rank === "number") send("rank", { rank: strip.rank, device: strip.device });
+      else send("select", { value: strip.device });
+    },
   });
   root.prepend(strips.element);  // every device first, then the selected one's header and map
+  const job = createJobDetail(root, send);  // a job's panel: the selected rank's published map
   const timeline = createTimeline(root, {
     onSync(since) { model.send({ kind: "timeline_sync", view: id, since }); },
     colours() {
@@ -72,6 +78,11 @@ function render({ model, el }) {
   });
   const onControls = () => toolbar.update(model.get("controls") || {});
   const onStrips = () => strips.update(model.get("strips") || {});
+  const onJob = () => {
+    const value = model.get("job") || {};
+    root.dataset.mode = value.address ? "job" : "panel";  // a job hides the map, toolbar, timeline
+    job.update(value);
+  };
   const onLayout = () => {
     const layout = model.get("map_layout") || { n_rows: 0, groups: [] };
     root.dataset.rows = String(layout.n_rows || 0);
@@ -111,15 +122,16 @@ function render({ model, el }) {
     ["change:header", onHeader], ["change:title", onHeader], ["change:status", onHeader],
     ["change:demo", onHeader], ["change:advice", onHeader], ["change:oom", onHeader],
     ["change:map_layout", onLayout], ["change:controls", onControls], ["change:strips", onStrips],
-    ["msg:custom", onMsg],
+    ["change:job", onJob], ["msg:custom", onMsg],
   ];
   for (const [name, fn] of events) model.on(name, fn);
   onHeader();
   onControls();
   onStrips();
+  onJob();
   model.send({ kind: "timeline_sync", view: id, since: 0 });
   onLayout();
-  registerView(id, { map, root, model, toolbar, timeline, strips });
+  registerView(id, { map, root, model, toolbar, timeline, strips, job });
 
   return () => {
     for (const [name, fn] of events) model.off(name, fn);
@@ -128,6 +140,7 @@ function render({ model, el }) {
     header.destroy();
     toolbar.destroy();
     strips.destroy();
+    job.destroy();
     timeline.destroy();
     root.remove();
     registerView(id, null);

@@ -21,6 +21,8 @@ from gpumemviz.snapshot.messages import short_repr
 from gpumemviz.units import format_size, parse_size
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     import numpy as np
 
     from gpumemviz.fragmentation import FragmentationReport
@@ -29,7 +31,14 @@ if TYPE_CHECKING:
     from gpumemviz.snapshot.schema import JsonDict
     from gpumemviz.sources.base import HistorySource, Source, TimeTravelSource
 
-__all__ = ["RESET_PEAKS_TEXT", "CommandError", "Panel", "file_url", "run_command"]
+__all__ = [
+    "RESET_PEAKS_TEXT",
+    "CommandError",
+    "JobPanelLike",
+    "Panel",
+    "file_url",
+    "run_command",
+]
 
 RESET_PEAKS_TEXT = (
     "torch's peak counters reset for everyone in this process "
@@ -60,6 +69,13 @@ class Panel(Protocol):
     def follow_device(self, device: int, sampler: Sampler) -> None: ...
     def select_device(self, device: int) -> None: ...
     def follow_devices(self) -> None: ...
+
+
+class JobPanelLike(Protocol):
+    """What the job commands use of a job's panel (`gpumemviz.widget.job.JobPanel`)."""
+
+    def select_rank(self, rank: int, device: int = 0) -> None: ...
+    def ask_snapshot(self, rank: int) -> Future[Path]: ...
 
 
 def run_command(panel: Panel, name: str, args: JsonDict) -> JsonDict:
@@ -231,6 +247,36 @@ def _select(panel: Panel, args: JsonDict) -> JsonDict:
     return {"text": f"showing cuda:{device} in full", "device": device}
 
 
+def _job(panel: Panel) -> JobPanelLike:
+    if not callable(getattr(panel, "ask_snapshot", None)):
+        raise CommandError("this panel shows no job: it has no ranks")
+    return cast("JobPanelLike", panel)
+
+
+def _rank(panel: Panel, args: JsonDict) -> JsonDict:
+    """A click on a rank's strip: show that (rank, device)'s published map and figures."""
+    job = _job(panel)
+    try:
+        rank = int(args.get("rank"))  # type: ignore[arg-type]  # None: TypeError, caught
+        device = int(args.get("device", 0))
+        job.select_rank(rank, device)
+    except (TypeError, ValueError) as exc:
+        raise CommandError(f"rank: {exc}") from None
+    return {"text": f"showing rank {rank} cuda:{device}", "rank": rank, "device": device}
+
+
+def _rank_snapshot(panel: Panel, args: JsonDict) -> JsonDict:
+    """The snapshot button: ask the rank on a thread of the panel's; the outcome (the path it
+    wrote, or why not) arrives in the panel's ``job`` trait."""
+    job = _job(panel)
+    try:
+        rank = int(args.get("rank"))  # type: ignore[arg-type]  # None: TypeError, caught
+        job.ask_snapshot(rank)
+    except (TypeError, ValueError) as exc:
+        raise CommandError(f"snapshot: {exc}") from None
+    return {"text": f"asking rank {rank} for its snapshot", "rank": rank}
+
+
 _COMMANDS: dict[str, Callable[[Panel, JsonDict], JsonDict]] = {
     "device": _device,
     "empty_cache": _empty_cache,
@@ -242,6 +288,8 @@ _COMMANDS: dict[str, Callable[[Panel, JsonDict], JsonDict]] = {
     "seek": _seek,
     "select": _select,
     "play": _play,
+    "rank": _rank,
+    "rank_snapshot": _rank_snapshot,
     "record_history": _record_history,
     "reset_peaks": _reset_peaks,
 }

@@ -4,8 +4,9 @@ The magic is a thin shell over `gpumemviz.widget.monitor`'s parts: one sampler p
 shared one, or the extension's own for ``--demo`` and ``--replay``), one panel per device for the
 magic (re-running the cell replaces the panel and reuses the sampler), and in a terminal IPython,
 where no widget can show, a text summary of one read instead. ``--device all`` (and a replayed
-file of several devices) shows every device in one panel of strips (`MemoryPanel.attach_devices`).
-It stays whole (about 670 lines): the argument parsing, the feeds, the cell hooks and the
+file of several devices) shows every device in one panel of strips (`MemoryPanel.attach_devices`);
+``--job HOST:PORT`` every rank of a torch.distributed job (`gpumemviz.widget.job.JobPanel`).
+It stays whole (about 720 lines): the argument parsing, the feeds, the cell hooks and the
 terminal summary all serve the one `%gpumemviz` command and share the extension's state of
 which feeds and panels it opened.
 """
@@ -44,7 +45,7 @@ __all__ = [
 
 USAGE = (
     "%gpumemviz [--device N|all] [--devices N] [--interval S] [--demo WORKLOAD] [--replay FILE] "
-    "[stop | status | export [--force] PATH]"
+    "[--job HOST:PORT] [stop | status | export [--force] PATH]"
 )
 DEMO_DEVICES = 4  # --demo WORKLOAD --device all simulates this many devices unless --devices N
 
@@ -102,6 +103,15 @@ def _parser() -> _Parser:
         "--replay", metavar="FILE", default=None, help="play back a recorded snapshot file"
     )
     p.add_argument(
+        "--job",
+        metavar="HOST:PORT",
+        default=None,
+        help="every rank of a torch.distributed job whose ranks run gpumemviz.distributed."
+        "publish (torchrun's MASTER_ADDR:MASTER_PORT): a strip per (rank, device), the rank "
+        "closest to OOM first, stale ranks marked; click one for its published map, ask it "
+        "for its snapshot (a terminal: the grid printed once)",
+    )
+    p.add_argument(
         "command",
         nargs="?",
         choices=("stop", "status", "export"),
@@ -143,6 +153,7 @@ class GpumemvizMagics(Magics):
         super().__init__(shell)
         self.feeds: dict[int, _Feed] = {}
         self.multi: _AllFeed | None = None  # --device all
+        self.job_panel: MemoryPanel | None = None  # --job HOST:PORT
         self.started: set[int] = set()  # devices whose shared sampler this extension started
         self.last_device = 0
         # None: decide from the shell (a kernel has a widget front end, a terminal has not)
@@ -177,6 +188,8 @@ class GpumemvizMagics(Magics):
             raise UsageError("%gpumemviz: --devices N is for --demo WORKLOAD --device all")
         if args.devices is not None and not 1 <= args.devices <= 64:
             raise UsageError(f"%gpumemviz: --devices must be in 1..64, got {args.devices}")
+        if args.job is not None:
+            return self._show_job(args)
         if args.device == "all":
             if args.command == "stop":
                 self._stop_all()
@@ -214,6 +227,40 @@ class GpumemvizMagics(Magics):
         return self._show(device, args)
 
     # ------------------------------------------------------------------------------------------
+    def _show_job(self, args: argparse.Namespace) -> MemoryPanel | None:
+        """``--job HOST:PORT``: the job's panel (re-running replaces it; ``stop`` closes it),
+        or in a terminal the grid printed once (`gpumemviz.distributed.terminal`)."""
+        from gpumemviz.distributed import JobView
+        from gpumemviz.distributed.jobview import parse_address
+
+        others = (args.device, args.devices, args.demo, args.replay, args.path)
+        if any(a is not None for a in others) or args.command not in (None, "stop") or args.force:
+            raise UsageError("%gpumemviz: --job takes only --interval S (and stop)")
+        if self.job_panel is not None:
+            self.job_panel.close()
+            self.job_panel = None
+        if args.command == "stop":
+            print(f"gpumemviz: stopped showing the job at {args.job}")
+            return None
+        interval = 1.0 if args.interval is None else args.interval
+        try:
+            check_interval(interval, "--interval")
+            host, port = parse_address(args.job)
+            view = JobView(host, port)
+        except (ValueError, ConnectionError) as exc:  # StoreGone is a ConnectionError
+            raise UsageError(f"%gpumemviz --job: {exc}") from None
+        if not self._has_widgets():
+            from gpumemviz.distributed.terminal import grid_text
+            from gpumemviz.snapshot.messages import one_line
+
+            text = grid_text(view.ranks(), title=f"gpumemviz job {host}:{port}")
+            print("\n".join(map(one_line, text.split("\n"))))  # other processes wrote it
+            return None
+        from gpumemviz.widget.job import JobPanel
+
+        self.job_panel = JobPanel(view, interval=interval)
+        return self.job_panel
+
     def _show(self, device: int, args: argparse.Namespace) -> MemoryPanel | None:
         from gpumemviz.widget import MemoryPanel
 
@@ -499,6 +546,9 @@ class GpumemvizMagics(Magics):
             self._drop(feed)
         self.feeds.clear()
         self._drop_all()
+        if self.job_panel is not None:
+            self.job_panel.close()
+            self.job_panel = None
         for device in sorted(self.started):
             shared(device).stop()
         self.started.clear()

@@ -58,11 +58,12 @@ def parse_address(text: str) -> tuple[str, int]:
     >>> parse_address("127.0.0.1:29500"), parse_address("[::1]:80")
     (('127.0.0.1', 29500), ('::1', 80))
     """
-    host, sep, port = text.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"expected HOST:PORT (the job's MASTER_ADDR:MASTER_PORT), got {text!r}")
-    return host, int(port)
+    from ..distributed.jobview import parse_address as parse
+
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def run_job(args: argparse.Namespace) -> int:

@@ -27,13 +27,26 @@ from gpumemviz.distributed.keys import (
 from gpumemviz.distributed.store import Store, connect, read_counter, read_value, read_values
 from gpumemviz.snapshot.messages import short_repr
 
-__all__ = ["JobError", "JobView", "read_ranks"]
+__all__ = ["JobError", "JobView", "parse_address", "read_ranks"]
 
 _POLL_S = 0.05
 
 
 class JobError(RuntimeError):
     """A rank cannot do what was asked (unknown, stale, no snapshot_dir, its write failed)."""
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets) as (host, port); a one-line ValueError otherwise.
+
+    >>> parse_address("127.0.0.1:29500"), parse_address("[::1]:80")
+    (('127.0.0.1', 29500), ('::1', 80))
+    """
+    host, sep, port = str(text).rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT (the job's MASTER_ADDR:MASTER_PORT), got {text!r}")
+    return host, int(port)
 
 
 def read_ranks(store: Store, now: float | None = None) -> list[Json]:

@@ -41,6 +41,7 @@ def monitor(
     source: Source | None = None,
     *,
     subshell: bool = True,
+    job: str | None = None,
 ) -> MemoryPanel:
     """A live panel of one device's caching allocator, updated in the background.
 
@@ -59,6 +60,11 @@ def monitor(
     subshell : bool
         Handle the panel's clicks on a kernel subshell, so they act while a cell runs (default
         True, where the kernel allows it); False queues them until the running cell finishes.
+    job : str, optional
+        ``"HOST:PORT"`` of a torch.distributed job whose ranks run
+        `gpumemviz.distributed.publish` (torchrun's MASTER_ADDR:MASTER_PORT): a
+        `gpumemviz.widget.job.JobPanel` instead, a strip per (rank, device), the rank closest
+        to OOM first, re-read every `interval` seconds (give no device nor source).
 
     Returns
     -------
@@ -80,6 +86,8 @@ def monitor(
     """
     from gpumemviz.live import local_devices, sampler_for, shared
 
+    if job is not None:
+        return _job_panel(job, device, interval, source, subshell)
     if device == "all":
         if source is not None:
             raise ValueError("device='all' reads every device's shared sampler: give no source")
@@ -105,3 +113,16 @@ def monitor(
     panel.attach(sampler, owned=source is not None)
     sampler.start()
     return panel
+
+
+def _job_panel(
+    job: str, device: int | str, interval: float, source: Source | None, subshell: bool
+) -> MemoryPanel:
+    from gpumemviz.distributed import JobView
+    from gpumemviz.distributed.jobview import parse_address
+    from gpumemviz.widget.job import JobPanel
+
+    if source is not None or device != 0:
+        raise ValueError("job= shows every rank's published devices: give no device nor source")
+    host, port = parse_address(job)
+    return JobPanel(JobView(host, port), interval=interval, subshell=subshell)

@@ -730,7 +730,7 @@ class MemoryPanel(anywidget.AnyWidget):
         ----------
         name : str
             empty_cache, export, pause, resume, interval, fit, seek, play, record_history,
-            reset_peaks or device (`gpumemviz.commands`).
+            reset_peaks, device, select; a job panel's rank, rank_snapshot (`gpumemviz.commands`).
         **args
             The command's arguments as the browser sends them (``value``, ``index``, ...).
 
