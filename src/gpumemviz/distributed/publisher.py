@@ -83,12 +83,13 @@ class Publisher:
         *,
         who: RankIdentity,
         interval: float = 1.0,
-        snapshot_dir: Path | None = None,
-        oom_dir: Path | None = None,
+        snapshot_dir: str | os.PathLike[str] | None = None,
+        oom_dir: str | os.PathLike[str] | None = None,
         oom_wait: float = 5.0,
         record_history: bool = False,
         bins: int = STRIP_BINS,
     ) -> None:
+        snapshot_dir, oom_dir = (None if d is None else Path(d) for d in (snapshot_dir, oom_dir))
         self.store = store
         self.who = who
         self.interval = check_interval(interval)
