@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     from .model import CachingAllocator
 
-__all__ = ["GRAPH_POOL", "PoolStep", "apply_pool_step", "graph_program", "rl_program"]
+__all__ = ["GRAPH_POOL", "Ids", "PoolStep", "apply_pool_step", "graph_program", "rl_program"]
 
 PoolStep = tuple[Literal["create_pool", "begin_pool", "end_pool", "release_pool"], tuple[int, int]]
 Step = (
@@ -50,7 +50,9 @@ def apply_pool_step(allocator: CachingAllocator, step: Sequence[object]) -> bool
     return True
 
 
-class _Ids:
+class Ids:
+    """Fresh allocation ids for a program's ops: 1, 2, 3, ... (the catalogue's programs too)."""
+
     def __init__(self) -> None:
         self.n = 0
 
@@ -60,7 +62,7 @@ class _Ids:
 
 
 def _forward(
-    new: _Ids, layers: int, act: Sequence[int], stream: int, keep: int
+    new: Ids, layers: int, act: Sequence[int], stream: int, keep: int
 ) -> Iterator[Step | list[int]]:
     """One forward pass: per layer the activations `act`, all freed but the last `keep` of
     the output (yielded last as the list of ids kept)."""
@@ -95,7 +97,7 @@ def graph_program(
     `make_graphed_callables` or `pool=` does) reuses the first one's freed blocks. At the end
     graph 1 is reset and the cache emptied: the pool's memory stays, graph 2 still holds it.
     """
-    new = _Ids()
+    new = Ids()
     yield ("mark", "warm-up (eager)")
     for _ in range(3):
         kept: list[int] = []
@@ -155,7 +157,7 @@ def rl_program(
     pool is kept, so reloading the weights reuses its cached blocks at the same addresses.
     Training (gradients, optimizer state, activations) runs in the default pools.
     """
-    new = _Ids()
+    new = Ids()
     weights_pool = (0, 1)
     yield ("create_pool", weights_pool)
     state: list[int] = []

@@ -25,7 +25,7 @@ import numpy as np
 from ..snapshot.messages import short_repr
 from .model import CachingAllocator
 from .oom import OutOfMemory
-from .pool_workloads import PoolStep, apply_pool_step, graph_program, rl_program
+from .pool_workloads import Ids, PoolStep, apply_pool_step, graph_program, rl_program
 
 __all__ = [
     "ITERATION_MARK",
@@ -131,16 +131,7 @@ class Workload:
 # --------------------------------------------------------------------------- training
 
 
-class _Ids:
-    def __init__(self) -> None:
-        self.n = 0
-
-    def __call__(self) -> int:
-        self.n += 1
-        return self.n
-
-
-def _mallocs(new: _Ids, sizes: Iterable[int]) -> Generator[Op, None, list[int]]:
+def _mallocs(new: Ids, sizes: Iterable[int]) -> Generator[Op, None, list[int]]:
     """Allocate one tensor per size on stream 0; the generator's return value is their ids."""
     ids = []
     for size in sizes:
@@ -170,7 +161,7 @@ def _training_program(
     gradients. AdamW's two states per parameter appear at the first optimizer step.
     """
     d = shape.dtype_bytes
-    new = _Ids()
+    new = Ids()
     yield ("mark", "weights")
     sizes = [shape.vocab * shape.hidden * d]
     sizes += [size for _ in range(shape.layers) for size in shape.layer_weights()]
@@ -309,7 +300,7 @@ def _server_program(
     """Continuous batching: each request prefills, decodes, and frees its KV cache."""
     per_token = shape.kv_bytes_per_token()
     d = shape.dtype_bytes
-    new = _Ids()
+    new = Ids()
     yield ("mark", "weights")
     for _ in range(shape.layers):
         for size in shape.layer_weights():
