@@ -45,7 +45,9 @@ def parse_address(text: str) -> tuple[str, int]:
     host, sep, port = str(text).rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"expected HOST:PORT (the job's MASTER_ADDR:MASTER_PORT), got {text!r}")
+        raise ValueError(
+            f"expected HOST:PORT (the job's MASTER_ADDR:MASTER_PORT), got {short_repr(text)}"
+        )
     return host, int(port)
 
 
@@ -135,7 +137,9 @@ class JobView:
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
             raise ValueError(f"rank must be an int >= 0, got {short_repr(rank)}")
         if not isinstance(timeout, int | float) or not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+            raise ValueError(
+                f"timeout must be a positive number of seconds, got {short_repr(timeout)}"
+            )
         rows = self.ranks()
         mine = [r for r in rows if r["rank"] == rank]
         if not mine:

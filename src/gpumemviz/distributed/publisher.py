@@ -425,7 +425,9 @@ def publish(
     else:
         sources = [source] if not isinstance(source, Sequence) else list(source)
         if not sources or not all(callable(getattr(s, "sample", None)) for s in sources):
-            raise ValueError(f"source must be a Source or a sequence of them, got {source!r}")
+            raise ValueError(
+                f"source must be a Source or a sequence of them, got {short_repr(source)}"
+            )
         for src in sources:
             sampler = sampler_for(src, interval=min(interval, 0.5))
             feeds.append((sampler, True, sampler.start()))
