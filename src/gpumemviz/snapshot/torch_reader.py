@@ -292,7 +292,10 @@ def _read_plain(segs: TorchList, full: bool) -> dict[str, Any] | None:
     n = len(segs)
 
     def ints(key: str, rows: int, parts: dict[str, TorchList] = parts) -> np.ndarray:
-        return np.concatenate(parts[key]) if key in parts else np.zeros(rows, np.int64)
+        if key not in parts:
+            return np.zeros(rows, np.int64)
+        got = parts[key]  # one chunk's own array (not a view of _ZEROS) is the column itself
+        return got[0] if len(got) == 1 and got[0].base is None else np.concatenate(got)
 
     def flags(key: str) -> np.ndarray:
         return np.frombuffer(b"".join(parts[key]), np.uint8).astype(bool)
