@@ -155,7 +155,9 @@ def loads_restricted(
     with MemoryGuard(len(data)) as guard:
         try:
             with no_gc():
-                obj = _RestrictedUnpickler(_Stream(data, frames, guard)).load()
+                # typeshed wants bytes from read(); the C unpickler takes any buffer (views)
+                stream: Any = _Stream(data, frames, guard)
+                obj = _RestrictedUnpickler(stream).load()
         except SnapshotError:
             raise
         except (pickle.UnpicklingError, EOFError) as e:
