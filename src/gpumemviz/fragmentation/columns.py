@@ -50,17 +50,15 @@ def _report(
         np.cumsum(count[:-1], out=start[1:])
     state = np.asarray(blk["state"])
     size = np.asarray(blk["size"], dtype=np.int64)
-    seg_of = np.repeat(np.arange(n, dtype=np.int64), count)
     is_alloc = state == ALLOCATED
     alloc = _seg_sum(np.where(is_alloc, size, 0), start, count)
     req = np.asarray(blk["requested_size"], dtype=np.int64)
     req = _seg_sum(np.where(is_alloc, req, 0), start, count)
-    offsets = np.zeros(len(size), dtype=np.int64)
-    if len(size):
-        excl = np.cumsum(size) - size  # exclusive prefix sum over all blocks
-        offsets = excl - excl[start[seg_of]]
-    fsel = np.flatnonzero(state == INACTIVE)
-    psel = np.flatnonzero(state == PENDING_FREE)
+    # the inactive and pending-free blocks only (a third of them): segment and offset in it
+    before = np.cumsum(size) - size  # bytes of all blocks before each
+    ends = start + count
+    fseg, foff, fsel = _where(np.flatnonzero(state == INACTIVE), ends, start, before)
+    pseg, poff, psel = _where(np.flatnonzero(state == PENDING_FREE), ends, start, before)
     parsed = parse_settings(settings)
     pool_id = np.asarray(seg["pool_id"], dtype=np.int64).reshape(n, 2)
     cols = make_columns(
@@ -74,16 +72,25 @@ def _report(
         is_small=np.asarray(seg["is_small"], dtype=bool),
         is_expandable=np.asarray(seg["is_expandable"], dtype=bool),
         pool_id=pool_id,
-        free_segment=seg_of[fsel],
-        free_offset=offsets[fsel],
+        free_segment=fseg,
+        free_offset=foff,
         free_size=size[fsel],
-        pend_segment=seg_of[psel],
-        pend_offset=offsets[psel],
+        pend_segment=pseg,
+        pend_offset=poff,
         pend_size=size[psel],
         config=parsed[0],
         released=released_mask(pool_id, pools_in_use),
     )
     return reduce_columns(cols, settings, devices, parsed, pools_in_use)
+
+
+def _where(
+    rows: np.ndarray, ends: np.ndarray, start: np.ndarray, before: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For block rows: their segment (the first whose blocks end past the row: empty ones end
+    where the next starts), their offset in it, and the rows."""
+    seg = np.searchsorted(ends, rows, side="right").astype(np.int64, copy=False)
+    return seg, before[rows] - before[start[seg]], rows
 
 
 def _seg_sum(values: np.ndarray, start: np.ndarray, count: np.ndarray) -> np.ndarray:

@@ -64,7 +64,10 @@ class _Stream:
         self._i, self._p = 0, 0  # the current span, the position in the data
         self._guard = guard
 
-    def _take(self, n: int, advance: bool) -> bytes:
+    def _take(self, n: int, advance: bool) -> bytes | memoryview:
+        """The next `n` bytes (fewer at the end), FRAME opcodes left out: a view of the data
+        where they lie in one span (the unpickler reads any buffer; a copy would double what a
+        small file costs to load), else a copy joining the spans."""
         out = []
         i, p, n = self._i, self._p, min(n, self._left)
         taken = n
@@ -78,13 +81,13 @@ class _Stream:
                 p = self._spans[i][0]
         if advance:
             self._i, self._p, self._left = i, p, self._left - taken
-        return b"".join(out)
+        return out[0] if len(out) == 1 else b"".join(out)
 
-    def peek(self, n: int = 0) -> bytes:
+    def peek(self, n: int = 0) -> bytes | memoryview:
         self._guard.check()
         return self._take(max(n, _CHUNK), advance=False)
 
-    def read(self, n: int = -1) -> bytes:
+    def read(self, n: int = -1) -> bytes | memoryview:
         self._guard.check()
         return self._take(self._left if n is None or n < 0 else n, advance=True)
 
@@ -93,7 +96,7 @@ class _Stream:
         buf[: len(data)] = data
         return len(data)
 
-    def readline(self) -> bytes:
+    def readline(self) -> bytes | memoryview:
         self._guard.check()
         i, p, n = self._i, self._p, 0
         while True:
@@ -152,7 +155,9 @@ def loads_restricted(
     with MemoryGuard(len(data)) as guard:
         try:
             with no_gc():
-                obj = _RestrictedUnpickler(_Stream(data, frames, guard)).load()
+                # typeshed wants bytes from read(); the C unpickler takes any buffer (views)
+                stream: Any = _Stream(data, frames, guard)
+                obj = _RestrictedUnpickler(stream).load()
         except SnapshotError:
             raise
         except (pickle.UnpicklingError, EOFError) as e:

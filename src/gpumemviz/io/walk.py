@@ -37,6 +37,7 @@ _CONTAINERS = frozenset({dict, list, tuple})
 _PLAIN = _SCALARS | _CONTAINERS
 _SLICE = 16384  # values read at a time (the largest slice; small inputs use smaller ones)
 _MOST = 1 << 16  # ... and while they are all shared leaves met before
+_FEW = 64  # the smallest slice
 _LONG = 16  # a list or tuple this long is compared with those met before
 _RUNS = 4  # how many are remembered per length and first item
 
@@ -115,8 +116,11 @@ class _Walk:
     def __init__(self, guard: Guard | None) -> None:
         self.guard = guard
         n = 1 << 30 if guard is None else guard.n
-        self.slice = max(256, min(_SLICE, n // 256))
-        self.most = max(self.slice, min(_MOST, n // 16))  # a slice of shared leaves met before
+        # slices grow with the input, so that on a small file the walk's dicts and sets of ids
+        # (~100 bytes a value) stay a few % of what it decodes to, as on a large one
+        self.slice = max(_FEW, min(_SLICE, n // 256))
+        # ... and so does a slice of shared leaves met before (the walk's frames lists)
+        self.most = self.slice if n < _MOST else min(_MOST, n // 16)
         self.leaves: set[int] = set()  # shared containers holding no container: seen
         self.pending: dict[int, int] = {}  # shared containers holding some: references left
         self.by_count = True  # whether `_count` reads reference counts first

@@ -185,6 +185,14 @@ _ZEROS = np.zeros(2 * _CHUNK, np.int64)
 _ZEROS.flags.writeable = False
 
 
+def _getter(keys: tuple[Any, ...]) -> Callable[[str], itemgetter[Any]]:
+    """`itemgetter` of a row's key, by the first row's own key object: a decoded file's rows
+    share their key strings (pickle and json memoize them), so each lookup matches by identity,
+    not by comparing the strings (each pass over the rows: ~13% less)."""
+    own: dict[Any, Any] = {k: k for k in keys}
+    return lambda key: itemgetter(own.get(key, key))
+
+
 def _ints(values: TorchList) -> np.ndarray:
     """`values` as int64 if each is an int (or bool: what `array("q")` takes), else TypeError
     or OverflowError. The int sum says they are in one C pass (a float makes it a float);
@@ -233,15 +241,16 @@ def _read_plain(segs: TorchList, full: bool) -> dict[str, Any] | None:
         read_seg, read_blk = _ANALYSIS_SEG_KEYS, _ANALYSIS_BLOCK_KEYS if blk_keys else ()
     has = frozenset(read_seg)
     n_seg_keys, n_blk_keys = len(seg_keys), len(blk_keys)
-    seg_ints = [(k, itemgetter(k), _ints_or_zeros if k in _RARE else _ints) for k in read_seg
+    seg_get, blk_get = _getter(seg_keys), _getter(blk_keys)
+    seg_ints = [(k, seg_get(k), _ints_or_zeros if k in _RARE else _ints) for k in read_seg
                 if k in _SEG_INTS]  # fmt: skip
-    blk_ints = [(k, itemgetter(k)) for k in read_blk if k in _BLOCK_INTS]
+    blk_ints = [(k, blk_get(k)) for k in read_blk if k in _BLOCK_INTS]
     parts: dict[str, TorchList] = {k: [] for k in (*has, "block_count")}  # segment columns
     bparts: dict[str, TorchList] = {k: [] for k in read_blk}  # block columns
-    get_blocks, get_type, get_pool, get_exp, get_frames, get_state = map(
-        itemgetter,
-        ("blocks", "segment_type", "segment_pool_id", "is_expandable", "frames", "state"),
+    get_blocks, get_type, get_pool, get_exp = map(
+        seg_get, ("blocks", "segment_type", "segment_pool_id", "is_expandable")
     )
+    get_frames, get_state = blk_get("frames"), blk_get("state")
     seg_frames: TorchList = []
     blk_frames: TorchList = []
     state_code, small_code = _STATE_CODE.__getitem__, _SMALL_CODE.__getitem__
@@ -277,13 +286,14 @@ def _read_plain(segs: TorchList, full: bool) -> dict[str, Any] | None:
         blocks = list(chain(blists))
         if not blocks:
             continue
+        m = len(blocks)
         if set(map(type, blocks)) != _DICT:
             return None
-        if full and sum(map(len, blocks)) != n_blk_keys * len(blocks):
+        if full and sum(map(len, blocks)) != n_blk_keys * m:
             return None
         for key, get in blk_ints:
             bparts[key].append(_ints(list(map(get, blocks))))
-        bparts["state"].append(bytes(map(state_code, map(get_state, blocks))))
+        bparts["state"].append(np.fromiter(map(state_code, map(get_state, blocks)), np.uint8, m))
         if keep_frames:
             blk_frames += map(get_frames, blocks)
         elif check_frames:  # a block without frames is a torch 2.0 one: the careful reader's
@@ -292,7 +302,10 @@ def _read_plain(segs: TorchList, full: bool) -> dict[str, Any] | None:
     n = len(segs)
 
     def ints(key: str, rows: int, parts: dict[str, TorchList] = parts) -> np.ndarray:
-        return np.concatenate(parts[key]) if key in parts else np.zeros(rows, np.int64)
+        if key not in parts:
+            return np.zeros(rows, np.int64)
+        got = parts[key]  # one chunk's own array (not a view of _ZEROS) is the column itself
+        return got[0] if len(got) == 1 and got[0].base is None else np.concatenate(got)
 
     def flags(key: str) -> np.ndarray:
         return np.frombuffer(b"".join(parts[key]), np.uint8).astype(bool)
@@ -310,11 +323,13 @@ def _read_plain(segs: TorchList, full: bool) -> dict[str, Any] | None:
         "pool_id": ints("segment_pool_id", 2 * n).reshape(n, 2),
     }
     size = ints("size", 0, bparts)
-    state = b"".join(bparts.get("state", ()))
+    state = bparts.get("state")
     blk = {
         "size": size,
         "requested_size": ints("requested_size", 0, bparts) if "requested_size" in bparts else size,
-        "state": np.frombuffer(state, np.uint8) if state else np.zeros(0, np.uint8),
+        "state": (state[0] if len(state) == 1 else np.concatenate(state))
+        if state
+        else np.zeros(0, np.uint8),
     }
     out: dict[str, Any] = {"seg": seg, "blk": blk}
     if full:
