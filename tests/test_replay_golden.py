@@ -29,3 +29,22 @@ def test_every_real_trace_replays_at_the_recorded_addresses() -> None:
         for dev, d in got.get("recorded", {}).items():
             assert d["allocs_matched"] == d["allocs"], (name, dev)
             assert d["final_matched"] is True, (name, dev)
+
+
+def test_prepared_replays_share_one_reconstruction() -> None:
+    """`prepare` once, then one what-if pass per settings: the same answers as `replay`, on
+    one reconstruction and one recorded pass (what the advice check runs)."""
+    from gpumemviz.allocator.replay import prepare, replay
+    from gpumemviz.io import load_snapshot
+
+    snap = load_snapshot(next(p for p in SHIPPED_FILES if "oom_snapshot" in p.name))
+    prepared = prepare(snap)
+    a = prepared.replay("expandable_segments:True")
+    b = prepared.replay("max_split_size_mb:64", 8 << 30)
+    assert a.timelines[0] is b.timelines[0] and a.recorded[0] is b.recorded[0]
+    for got, want in ((a, replay(snap, "expandable_segments:True")),
+                      (b, replay(snap, "max_split_size_mb:64", 8 << 30))):  # fmt: skip
+        for dev, d in want.devices.items():
+            assert got.devices[dev].peak_reserved == d.peak_reserved
+            assert (got.devices[dev].reserved == d.reserved).all()
+            assert got.devices[dev].oom == d.oom

@@ -2,9 +2,10 @@
 
 `advise()` reads one moment (the fragmentation it sees); a setting it suggests is a hypothesis
 about the whole run. Where the snapshot records a trace for the advice's device, this module
-replays that trace (`allocator.replay`, the same replay `gpumemviz whatif` runs) twice: with the
-recorded settings, and with the advised setting added to them, and compares peak reserved,
-peak segments and the OOM. Only advice whose kind is an allocator setting is checked
+replays that trace (`allocator.replay`, the same replay `gpumemviz whatif` runs) once with the
+recorded settings and once more per advised setting added to them (every check shares one
+reconstruction and one recorded pass, `replay.prepare`), and compares peak reserved, peak
+segments and the OOM. Only advice whose kind is an allocator setting is checked
 (`CHECKED_KINDS`); the others, and advice for a device without a trace, pass unchanged.
 
 Advice the replay shows to be worse (a higher peak reserved, an OOM the recorded settings did
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from .advice import Advice
 from .allocator.config import AllocatorConfig, ConfigError
-from .allocator.replay import ReplayError, ReplayResult, replay
+from .allocator.replay import Prepared, ReplayError, ReplayResult, prepare
 from .io import SnapshotLike, as_snapshot
 from .snapshot import ACTIONS, Snapshot, SnapshotError
 from .snapshot.messages import error_line
@@ -195,6 +196,7 @@ def check_advice(snapshot: SnapshotLike, advice: Iterable[Advice]) -> CheckedAdv
     snap = as_snapshot(snapshot)
     base = _recorded_config(snap)
     runs: dict[str, tuple[ReplayResult, float] | str] = {}  # one replay per settings string
+    prepared: list[Prepared | str] = []  # the one reconstruction every check shares
     shown: list[Checked] = []
     rejected: list[Checked] = []
     for a in advice:
@@ -208,7 +210,9 @@ def check_advice(snapshot: SnapshotLike, advice: Iterable[Advice]) -> CheckedAdv
             shown.append(Checked(a, unchecked=config))
             continue
         if config.settings not in runs:
-            runs[config.settings] = _replay(snap, config)
+            if not prepared:
+                prepared.append(_prepare(snap))
+            runs[config.settings] = _replay(prepared[0], config)
         run = runs[config.settings]
         if isinstance(run, str):
             shown.append(Checked(a, unchecked=run))
@@ -268,11 +272,22 @@ def _with_setting(base: AllocatorConfig, setting: str) -> AllocatorConfig | str:
     return replace(base, settings=settings, expandable_segments=extra.expandable_segments)
 
 
-def _replay(snap: Snapshot, config: AllocatorConfig) -> tuple[ReplayResult, float] | str:
-    """One what-if replay (every traced device), or why it could not run."""
+def _prepare(snap: Snapshot) -> Prepared | str:
+    """The snapshot reconstructed and scored once (`replay.prepare`), or why it cannot be."""
+    try:
+        return prepare(snap)
+    except (ReplayError, SnapshotError, ValueError) as e:
+        return f"the trace cannot be replayed: {error_line(e)}"
+
+
+def _replay(prepared: Prepared | str, config: AllocatorConfig) -> tuple[ReplayResult, float] | str:
+    """One what-if pass (every traced device) on the shared reconstruction, or why it could
+    not run; the seconds are the what-if pass's own."""
+    if isinstance(prepared, str):
+        return prepared
     t = time.perf_counter()
     try:
-        result = replay(snap, config=config)
+        result = prepared.replay(config)
     except (ReplayError, SnapshotError, ValueError) as e:
         return f"the trace cannot be replayed: {error_line(e)}"
     return result, time.perf_counter() - t

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ...io import SnapshotLike
     from ...snapshot.schema import TorchMapping
 
-__all__ = ["DeviceReplay", "ReplayError", "ReplayResult", "replay"]
+__all__ = ["DeviceReplay", "Prepared", "ReplayError", "ReplayResult", "prepare", "replay"]
 
 
 # --------------------------------------------------------------------------- the public entry
@@ -167,67 +167,101 @@ def replay(
     >>> r.allocs, r.allocs_matched, r.allocs_matched_per_decision, r.peak_reserved
     (2, 2, 2, 23068672)
     """
-    from .drive import drive  # the model loads here, not with the package
-
     caps: dict[int, int | None] | int | None
     if isinstance(capacity, Mapping):
         caps = {d: _as_capacity(c, f"capacity of device {d}") for d, c in capacity.items()}
     else:
         caps = _as_capacity(capacity)
     snap = _as_dict(snapshot)
-    recorded_cfg = AllocatorConfig.from_settings(snap.get("allocator_settings"))
-    cfg = _as_config(config, recorded_cfg)
-    traces = snap.get("device_traces") or []
-    traced = [d for d, t in enumerate(traces) if t]
-    if not traced:
-        raise ReplayError("snapshot has no trace to replay (recorded with history off?)")
-    devices: dict[int, DeviceReplay] = {}
-    recorded: dict[int, DeviceReplay] = {}
-    timelines: dict[int, Recording] = {}
-    any_what_if = False
-    for dev in traced:
-        try:
-            tl = Recording.from_snapshot(snap, dev)
-        except LayoutError as err:
-            raise ReplayError(f"device {dev}: {err}") from None
-        timelines[dev] = tl
-        inferred = _capacity_from_oom(tl)
-        oom_at = _first_oom(tl)
-        total = inferred
-        rec, _ = drive(tl, recorded_cfg, inferred, device_total=total)
-        if rec.allocs_matched < rec.allocs or not rec.exact:
-            per, _ = drive(tl, recorded_cfg, inferred, device_total=total, resync=True)
-            rec.allocs_matched_per_decision = per.allocs_matched
-        _source(rec, "unknown" if inferred is None else "oom entry", oom_at)
-        recorded[dev] = rec
-        cap = caps.get(dev) if isinstance(caps, dict) else caps
-        source = "user"
-        if cap is None:
-            cap = inferred
-            source = rec.capacity_source
-        what_if = not _same_rules(cfg, recorded_cfg) or cap != inferred
-        any_what_if = any_what_if or what_if
-        if what_if:
-            devices[dev], _ = drive(
-                tl,
-                cfg,
-                cap,
-                what_if=True,
-                explicit=set(rec.explicit_bursts),
-                device_total=cap or total,
-            )
-            _source(devices[dev], source, oom_at)
-        else:
-            devices[dev] = rec
-    return ReplayResult(
-        config=cfg.settings,
-        recorded_config=recorded_cfg.settings,
-        what_if=any_what_if,
-        devices=devices,
-        recorded=recorded,
-        timelines=timelines,
-        settings_recorded=isinstance(snap.get("allocator_settings"), Mapping),
-    )
+    cfg = _as_config(config, AllocatorConfig.from_settings(snap.get("allocator_settings")))
+    return Prepared(snap).replay(cfg, caps)
+
+
+class Prepared:
+    """A snapshot made ready for any number of replays: each traced device's start state
+    reconstructed and its recording scored once with the recorded settings (`prepare`).
+
+    `replay` then drives the model once more per what-if; the reconstruction and the recorded
+    pass are shared by every call (what the advice check does with several settings).
+    """
+
+    def __init__(self, snap: TorchMapping):
+        from .drive import drive  # the model loads here, not with the package
+
+        self.recorded_cfg = AllocatorConfig.from_settings(snap.get("allocator_settings"))
+        self.settings_recorded = isinstance(snap.get("allocator_settings"), Mapping)
+        traces = snap.get("device_traces") or []
+        traced = [d for d, t in enumerate(traces) if t]
+        if not traced:
+            raise ReplayError("snapshot has no trace to replay (recorded with history off?)")
+        self.recorded: dict[int, DeviceReplay] = {}
+        self.timelines: dict[int, Recording] = {}
+        self.inferred: dict[int, int | None] = {}
+        self.oom_at: dict[int, int | None] = {}
+        for dev in traced:
+            try:
+                tl = Recording.from_snapshot(snap, dev)
+            except LayoutError as err:
+                raise ReplayError(f"device {dev}: {err}") from None
+            self.timelines[dev] = tl
+            inferred = self.inferred[dev] = _capacity_from_oom(tl)
+            oom_at = self.oom_at[dev] = _first_oom(tl)
+            rec, _ = drive(tl, self.recorded_cfg, inferred, device_total=inferred)
+            if rec.allocs_matched < rec.allocs or not rec.exact:
+                per, _ = drive(tl, self.recorded_cfg, inferred, device_total=inferred, resync=True)
+                rec.allocs_matched_per_decision = per.allocs_matched
+            _source(rec, "unknown" if inferred is None else "oom entry", oom_at)
+            self.recorded[dev] = rec
+
+    def replay(
+        self,
+        config: str | AllocatorConfig | None = None,
+        capacity: dict[int, int | None] | int | None = None,
+    ) -> ReplayResult:
+        """`replay`'s answer for these settings and capacity (bytes; {device: bytes})."""
+        from .drive import drive
+
+        cfg = _as_config(config, self.recorded_cfg)
+        devices: dict[int, DeviceReplay] = {}
+        any_what_if = False
+        for dev, tl in self.timelines.items():
+            rec, inferred, oom_at = self.recorded[dev], self.inferred[dev], self.oom_at[dev]
+            cap = capacity.get(dev) if isinstance(capacity, dict) else capacity
+            source = "user"
+            if cap is None:
+                cap = inferred
+                source = rec.capacity_source
+            what_if = not _same_rules(cfg, self.recorded_cfg) or cap != inferred
+            any_what_if = any_what_if or what_if
+            if what_if:
+                devices[dev], _ = drive(
+                    tl,
+                    cfg,
+                    cap,
+                    what_if=True,
+                    explicit=set(rec.explicit_bursts),
+                    device_total=cap or inferred,
+                )
+                _source(devices[dev], source, oom_at)
+            else:
+                devices[dev] = rec
+        return ReplayResult(
+            config=cfg.settings,
+            recorded_config=self.recorded_cfg.settings,
+            what_if=any_what_if,
+            devices=devices,
+            recorded=dict(self.recorded),
+            timelines=dict(self.timelines),
+            settings_recorded=self.settings_recorded,
+        )
+
+
+def prepare(snapshot: SnapshotLike | TorchMapping) -> Prepared:
+    """Reconstruct and score a snapshot once, for several `Prepared.replay` calls.
+
+    Takes what `replay` takes; raises `ReplayError` as it does.
+    """
+    return Prepared(_as_dict(snapshot))
 
 
 # `import gpumemviz.allocator.replay` binds the package attribute to this module: keep it callable.
