@@ -1,5 +1,5 @@
 """What every real recording's replay gives, as plain numbers: the golden record that
-tests/test_replay_golden.py compares against (tests/data/replay_golden.json).
+tests/test_replay_golden.py compares against (tests/data/golden_replay_results.json).
 
 Regenerate only when a change is meant to alter replay results:
 ``PYTHONPATH=src python tests/replay_golden.py`` (it rewrites the JSON).
@@ -19,7 +19,7 @@ from conftest import CI_ONLY_FILES, DATA_DIR, SHIPPED_FILES
 from gpumemviz.allocator.replay import ReplayError, replay
 from gpumemviz.io import load_snapshot
 
-GOLDEN = DATA_DIR / "replay_golden.json"
+GOLDEN = DATA_DIR / "golden_replay_results.json"
 #: The what-if asked of every file: expandable segments under a capacity of 8 GiB.
 WHATIF_CONF = "expandable_segments:True"
 WHATIF_CAPACITY = 8 << 30

@@ -1,6 +1,6 @@
 """Replay results stay what they were before the million-entry work (issue 20, point 5):
 every real recording replays to the same scores, figures and what-if answers as recorded in
-tests/data/replay_golden.json (tests/replay_golden.py wrote it before the change)."""
+tests/data/golden_replay_results.json (tests/replay_golden.py wrote it before the change)."""
 
 from __future__ import annotations
 

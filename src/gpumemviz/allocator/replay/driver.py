@@ -123,9 +123,10 @@ class Driver:
         self.choices: list[int | None] = [None] * len(self.steps)
         self.stopped = False  # a what-if ran out of memory on an alloc the program made
         n = len(self.steps)
-        self.reserved = np.zeros(n, np.int64)  # the model's figures after each trace entry
-        self.allocated = np.zeros(n, np.int64)
-        self.nsegs = np.zeros(n, np.int64)
+        # the model's figures after each trace entry (lists: numpy's item assignment is slower)
+        self.reserved: list[int] = [0] * n
+        self.allocated: list[int] = [0] * n
+        self.nsegs: list[int] = [0] * n
         self.cut_at = -1  # the first malloc, when the cut hid the segment it made
         self.cut_grew: list[tuple[str, int, int]] = []
         self.plan = recording.pools
@@ -429,6 +430,16 @@ class Driver:
                 got, oomed = self._synced_oom(size, stream, leading)
             else:
                 got, oomed = self._try(size, stream)
+                if (
+                    not run
+                    and not oomed
+                    and action == "alloc"
+                    and i != self.cut_at
+                    and self.model.trace_len() == mark + 1
+                ):  # the common case: only its alloc entry, no segment entry to score
+                    assert got is not None
+                    self._placed(i, addr, got)
+                    return
         else:  # the model's own release after a failed cudaMalloc, or else an empty_cache
             saved = self._checkpoint()
 
@@ -512,6 +523,23 @@ class Driver:
                 self._own(mark)
                 differs = True
         if differs and self.resync and not self.what_if:
+            self._resynchronise(i)
+
+    def _placed(self, i: int, addr: int, got: int) -> None:
+        """An alloc the model served from its cache (no segment entry, nothing recorded
+        before it): what the general path does then, without its lists."""
+        self.provider.synced = self.model.trace_len()
+        out = self.out
+        out.allocs += 1
+        self.choices[i] = got
+        self.where[self.rename(addr)] = got
+        if self.what_if:
+            return
+        if got == addr:
+            out.allocs_matched += 1
+            return
+        self._miss(i, "alloc", f"model chose {got:#x}, recorded {addr:#x}")
+        if self.resync:
             self._resynchronise(i)
 
     def _synced_oom(
@@ -700,7 +728,9 @@ class Driver:
             self._standalone_run(run)
             self._finish_synced(leading, synced)
         out = self.out
-        out.reserved, out.allocated, out.segments = reserved[:done], allocated[:done], nsegs[:done]
+        out.reserved = np.array(reserved[:done], np.int64)
+        out.allocated = np.array(allocated[:done], np.int64)
+        out.segments = np.array(nsegs[:done], np.int64)
         start_reserved, start_allocated, _ = self.tl.start.totals()
         out.peak_reserved = max(int(out.reserved.max(initial=0)), start_reserved)
         out.peak_allocated = max(int(out.allocated.max(initial=0)), start_allocated)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,8 +29,7 @@ class LayoutError(ValueError):
     """A trace entry that does not fit the layout it is applied to (one line: what and where)."""
 
 
-def _key(block: list[int]) -> int:
-    return block[0]
+_key = itemgetter(0)  # a block's address (C-level: the bisects below run per trace entry)
 
 
 class Seg:
@@ -251,14 +251,16 @@ class Layout:
             raise LayoutError(f"{addr:#x} is not free")
         return seg, b[0], b[0] + b[1]
 
-    def release(self, addr: int, what: str) -> None:
-        """Make the block at `addr` free and merge it with free neighbours."""
+    def release(self, addr: int, what: str) -> tuple[int, int]:
+        """Make the block at `addr` free and merge it with free neighbours; returns the
+        block's (state, size) before."""
         seg, i = self.block_at(addr, what)
         if seg.blocks[i][2] == INACTIVE:
             raise LayoutError(f"{what}: block at {addr:#x} is already free")
         seg = self._own(seg)
         blocks = seg.blocks
         b = blocks[i]
+        was = (b[2], b[1])
         b[2], b[3] = INACTIVE, 0
         if i + 1 < len(blocks) and blocks[i + 1][2] == INACTIVE:
             b[1] += blocks[i + 1][1]
@@ -266,10 +268,14 @@ class Layout:
         if i > 0 and blocks[i - 1][2] == INACTIVE:
             blocks[i - 1][1] += b[1]
             del blocks[i]
+        return was
 
-    def set_state(self, addr: int, state: int, what: str) -> int:
-        """Change an active block's state; returns its size."""
+    def set_state(self, addr: int, state: int, what: str, only: int | None = None) -> int:
+        """Change an active block's state (only from state `only`, when given); returns its
+        size."""
         seg, i = self.block_at(addr, what)
+        if only is not None and seg.blocks[i][2] != only:
+            raise LayoutError(f"block at {addr:#x} is not {STATE_NAMES[only].split('_')[-1]}")
         if seg.blocks[i][2] == INACTIVE:
             raise LayoutError(f"{what}: block at {addr:#x} is free")
         seg = self._own(seg)

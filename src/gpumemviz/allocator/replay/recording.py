@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Recording", "apply_step"]
 
+_GROWS = ("segment_alloc", "segment_map")
+_SHRINKS = ("segment_free", "segment_unmap")
+
 
 def _pool_ahead(steps: Sequence[Step], i: int, rules: Rules) -> bool:
     """Small pool? for a new mapped range: the alloc that caused the map follows it."""
@@ -74,14 +77,9 @@ def apply_step(lay: Layout, steps: Sequence[Step], i: int, rules: Rules) -> int:
         lay.carve(addr, bsize, ALLOCATED, size, "alloc")
         return bsize
     if action == "free_requested":
-        seg, k = lay.block_at(addr, "free_requested")
-        if seg.blocks[k][2] != ALLOCATED:
-            raise LayoutError(f"block at {addr:#x} is not allocated")
-        return -lay.set_state(addr, PENDING_FREE, "free_requested")
+        return -lay.set_state(addr, PENDING_FREE, "free_requested", only=ALLOCATED)
     if action == "free_completed":
-        seg, k = lay.block_at(addr, "free_completed")
-        was, size_was = seg.blocks[k][2], seg.blocks[k][1]
-        lay.release(addr, "free_completed")
+        was, size_was = lay.release(addr, "free_completed")
         return -size_was if was == ALLOCATED else 0
     if action == "segment_alloc":
         lay.add_segment(addr, size, stream, size == page_size(True), "segment_alloc")
@@ -127,27 +125,32 @@ class Recording:
         self.every = every
         self.start = start.copy()
         n = len(self.steps)
-        self.reserved = np.zeros(n, dtype=np.int64)
-        self.allocated = np.zeros(n, dtype=np.int64)
-        self.segments = np.zeros(n, dtype=np.int64)
+        res: list[int] = [0] * n  # lists while filling (numpy's item assignment is slower)
+        alc: list[int] = [0] * n
+        nsegs: list[int] = [0] * n
         lay = start.copy()
         reserved, allocated, _ = lay.totals()
         self._checkpoints: list[Layout] = []
-        for i in range(n):
-            if i % every == 0:
-                self._checkpoints.append(lay.copy())
-            action, _addr, size, _ = self.steps[i]
-            try:
-                allocated += apply_step(lay, self.steps, i, rules)
-            except LayoutError as err:
-                raise LayoutError(f"trace event {i} ({action}): {err}") from None
-            if action in ("segment_alloc", "segment_map"):
-                reserved += size
-            elif action in ("segment_free", "segment_unmap"):
-                reserved -= size
-            self.reserved[i] = reserved
-            self.allocated[i] = allocated
-            self.segments[i] = len(lay.segs)
+        steps = self.steps
+        with no_gc():  # a list per block: the cyclic GC would rescan them all, often
+            for i in range(n):
+                if i % every == 0:
+                    self._checkpoints.append(lay.copy())
+                action, _addr, size, _ = steps[i]
+                try:
+                    allocated += apply_step(lay, steps, i, rules)
+                except LayoutError as err:
+                    raise LayoutError(f"trace event {i} ({action}): {err}") from None
+                if action in _GROWS:
+                    reserved += size
+                elif action in _SHRINKS:
+                    reserved -= size
+                res[i] = reserved
+                alc[i] = allocated
+                nsegs[i] = len(lay.segs)
+        self.reserved = np.array(res, dtype=np.int64)
+        self.allocated = np.array(alc, dtype=np.int64)
+        self.segments = np.array(nsegs, dtype=np.int64)
         self.final = lay
         self._trace: list[TorchDict] | None = None
         # allocation stacks: per address, the alloc entries there (indices, frames) and the
