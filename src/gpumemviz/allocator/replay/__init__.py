@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..._callable import make_module_callable
+from ...snapshot.gc_pause import no_gc
 from ...snapshot.messages import short_repr
 from ...units import parse_size
 from ..config import AllocatorConfig
@@ -186,8 +187,6 @@ class Prepared:
     """
 
     def __init__(self, snap: TorchMapping):
-        from .drive import drive  # the model loads here, not with the package
-
         self.recorded_cfg = AllocatorConfig.from_settings(snap.get("allocator_settings"))
         self.settings_recorded = isinstance(snap.get("allocator_settings"), Mapping)
         traces = snap.get("device_traces") or []
@@ -198,20 +197,27 @@ class Prepared:
         self.timelines: dict[int, Recording] = {}
         self.inferred: dict[int, int | None] = {}
         self.oom_at: dict[int, int | None] = {}
-        for dev in traced:
-            try:
-                tl = Recording.from_snapshot(snap, dev)
-            except LayoutError as err:
-                raise ReplayError(f"device {dev}: {err}") from None
-            self.timelines[dev] = tl
-            inferred = self.inferred[dev] = _capacity_from_oom(tl)
-            oom_at = self.oom_at[dev] = _first_oom(tl)
-            rec, _ = drive(tl, self.recorded_cfg, inferred, device_total=inferred)
-            if rec.allocs_matched < rec.allocs or not rec.exact:
-                per, _ = drive(tl, self.recorded_cfg, inferred, device_total=inferred, resync=True)
-                rec.allocs_matched_per_decision = per.allocs_matched
-            _source(rec, "unknown" if inferred is None else "oom entry", oom_at)
-            self.recorded[dev] = rec
+        with no_gc():  # a list per block and per entry: the cyclic GC would rescan them often
+            for dev in traced:
+                self._prepare(snap, dev)
+
+    def _prepare(self, snap: TorchMapping, dev: int) -> None:
+        """Reconstruct device `dev` and score its recorded pass."""
+        from .drive import drive  # the model loads here, not with the package
+
+        try:
+            tl = Recording.from_snapshot(snap, dev)
+        except LayoutError as err:
+            raise ReplayError(f"device {dev}: {err}") from None
+        self.timelines[dev] = tl
+        inferred = self.inferred[dev] = _capacity_from_oom(tl)
+        oom_at = self.oom_at[dev] = _first_oom(tl)
+        rec, _ = drive(tl, self.recorded_cfg, inferred, device_total=inferred)
+        if rec.allocs_matched < rec.allocs or not rec.exact:
+            per, _ = drive(tl, self.recorded_cfg, inferred, device_total=inferred, resync=True)
+            rec.allocs_matched_per_decision = per.allocs_matched
+        _source(rec, "unknown" if inferred is None else "oom entry", oom_at)
+        self.recorded[dev] = rec
 
     def replay(
         self,
@@ -234,14 +240,15 @@ class Prepared:
             what_if = not _same_rules(cfg, self.recorded_cfg) or cap != inferred
             any_what_if = any_what_if or what_if
             if what_if:
-                devices[dev], _ = drive(
-                    tl,
-                    cfg,
-                    cap,
-                    what_if=True,
-                    explicit=set(rec.explicit_bursts),
-                    device_total=cap or inferred,
-                )
+                with no_gc():
+                    devices[dev], _ = drive(
+                        tl,
+                        cfg,
+                        cap,
+                        what_if=True,
+                        explicit=set(rec.explicit_bursts),
+                        device_total=cap or inferred,
+                    )
                 _source(devices[dev], source, oom_at)
             else:
                 devices[dev] = rec
