@@ -211,14 +211,16 @@ class Layout:
         if i < 0:
             return None
         seg = self.segs[self.bases[i]]
-        return seg if addr < self.bases[i] + seg.size else None
+        last = seg.blocks[-1]
+        return seg if addr < last[0] + last[1] else None
 
     def block_at(self, addr: int, what: str) -> tuple[Seg, int]:
         """The segment and index of the block that starts exactly at `addr`."""
         seg = self.segment_at(addr)
         if seg is not None:
-            i = seg.index(addr)
-            if seg.blocks[i][0] == addr:
+            blocks = seg.blocks
+            i = bisect.bisect_right(blocks, addr, key=_key) - 1
+            if blocks[i][0] == addr:
                 return seg, i
         raise LayoutError(f"{what}: no block starts at {addr:#x}")
 
