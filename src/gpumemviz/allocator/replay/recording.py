@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Recording", "apply_step"]
 
+#: The widest spacing of layout checkpoints, in entries (a jump applies at most this many).
+MAX_SPACING = 4096
 _GROWS = ("segment_alloc", "segment_map")
 _SHRINKS = ("segment_free", "segment_unmap")
 
@@ -133,11 +135,15 @@ class Recording:
         lay = start.copy()
         reserved, allocated, _ = lay.totals()
         self._checkpoints: list[Layout] = []
+        self._checkpoint_at: list[int] = []  # the entry each checkpoint is the layout before
         steps = self.steps
+        at = 0
         with no_gc():  # a list per block: the cyclic GC would rescan them all, often
             for i in range(n):
-                if i % every == 0:
+                if i == at:
+                    at = i + self._spacing(lay)
                     self._checkpoints.append(lay.copy())
+                    self._checkpoint_at.append(i)
                 action, _addr, size, _ = steps[i]
                 try:
                     allocated += apply_step(lay, steps, i, rules)
@@ -162,6 +168,16 @@ class Recording:
         # which private pool each alloc went to (None: the segments name none)
         self.pools: PoolPlan | None = None
 
+    def _spacing(self, lay: Layout) -> int:
+        """Entries until the next checkpoint: `every`, or more where a checkpoint is heavy.
+
+        A checkpoint costs its segment table, and the segments changed since the last one are
+        copied (copy-on-write); spacing them by twice that weight keeps the checkpoints' memory
+        a small constant per entry, and at most `MAX_SPACING` entries keep a jump fast.
+        """
+        weight = len(lay.segs) + sum(len(seg.blocks) for seg in lay.owned)
+        return max(self.every, min(2 * weight, MAX_SPACING))
+
     @classmethod
     def from_snapshot(
         cls,
@@ -178,7 +194,8 @@ class Recording:
         device
             Which device's trace.
         **kw
-            ``every``: checkpoint spacing in trace entries (default 128).
+            ``every``: checkpoint spacing in trace entries (default 128; heavier layouts
+            get wider spacing, up to `MAX_SPACING`).
 
         Examples
         --------
@@ -267,9 +284,9 @@ class Recording:
             raise IndexError(f"event index {event_index} outside [-1, {n - 1}]")
         if event_index < 0:
             return self.start.copy()
-        k = event_index // self.every
+        k = bisect.bisect_right(self._checkpoint_at, event_index) - 1
         lay = self._checkpoints[k].copy()
-        for i in range(k * self.every, event_index + 1):
+        for i in range(self._checkpoint_at[k], event_index + 1):
             apply_step(lay, self.steps, i, self.rules)
         return lay
 
