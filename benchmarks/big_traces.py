@@ -8,9 +8,11 @@ measurement's memory never counts in the next one's peak: the file's size; plain
 (time, peak memory); one model pass (the bare `CachingAllocator` driven through the alloc and
 free events); `load_snapshot`; `replay()`; `gpumemviz inspect`, `whatif --conf
 expandable_segments:True` and `report` (the CLI's `main()` in-process); `%gpumemviz --replay`'s
-source (`PlaybackSource` from the file, plus its first sample) and its seek (seek + sample at
-random entries, median and max); and torch's own `torch.cuda._memory_viz.trace_plot` and `segsum`
-on the same dict. Then each target of issue 20 with its figure, met or not.
+source (`PlaybackSource` from the file, plus its first sample), its seek (seek + sample at
+random entries, median and max) and, while it plays with a sampler thread reading it, the longest
+a 2 ms sleep on the main thread (the kernel's) overshoots; and torch's own
+`torch.cuda._memory_viz.trace_plot` and `segsum` on the same dict. Then each target of issue 20
+with its figure, met or not.
 
 Peak memory is the subprocess's resident-set high-water mark above its level just before the
 measured call (`/proc/self/status`: VmHWM - VmRSS; ``--tracemalloc`` uses tracemalloc's peak
@@ -104,6 +106,23 @@ def _model_pass(d: dict[str, Any]) -> int:
     return n
 
 
+def _play_stall(src: Any, seconds: float = 3.0) -> float:
+    """Playing: a sampler thread reads the source (segments every sample) while this thread
+    sleeps 2 ms at a time, as a kernel's own work would run; the longest overshoot, seconds."""
+    from gpumemviz.sampler import Sampler
+
+    src.play(speed=src.n / 30)
+    sampler = Sampler(src, interval=0.05, segment_interval=0.05)
+    sampler.start()
+    worst, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        time.sleep(0.002)
+        worst = max(worst, time.perf_counter() - t0 - 0.002)
+    sampler.close()
+    return worst
+
+
 def _cli(argv: list[str]) -> str:
     from gpumemviz.cli import main
 
@@ -179,7 +198,7 @@ def worker(op: str, path: str, use_tracemalloc: bool) -> dict[str, Any]:
             src.sample()
             seeks.append(time.perf_counter() - t0)
         return {"secs": secs, "peak": peak, "seek_med": statistics.median(seeks),
-                "seek_max": max(seeks)}  # fmt: skip
+                "seek_max": max(seeks), "stall": _play_stall(src)}  # fmt: skip
     d = read_plain(data)
     data = b""
     if op == "model":
@@ -242,7 +261,7 @@ def main() -> int:
             f"{'load s(x)':>11} {'mem(x)':>7} {'replay s':>9} {'ev/s(x model)':>15} "
             f"{'inspect s(x) n':>15} {'whatif s(x)':>12} {'report s(x)':>12} {'KiB':>5} "
             f"{'cmd mem x':>9} {'open s(x)':>10} {'seek ms med/max':>16} "
-            f"{'trace_plot s':>12} {'segsum s':>9}")  # fmt: skip
+            f"{'play stall ms':>13} {'trace_plot s':>12} {'segsum s':>9}")  # fmt: skip
     print(head)
     print("-" * len(head))
     verdicts: list[tuple[str, str, str, bool]] = []
@@ -290,6 +309,7 @@ def _row(shape: str, n: int, mib: float, r: dict[str, dict[str, Any]]) -> str:
         f"{r['report'].get('html', 0) / 1024:>5.0f} {max(peaks) / max(p.get('peak', 1), 1):>9.2f} "
         f"{cmd('panel', 1):>10} "
         f"{pn.get('seek_med', 0) * 1e3:>7.1f}/{pn.get('seek_max', 0) * 1e3:<8.1f} "
+        f"{pn.get('stall', 0) * 1e3:>13.1f} "
         f"{_fmt_s(r['trace_plot']):>12} {_fmt_s(r['segsum']):>9}"
     )
 
@@ -319,6 +339,7 @@ def _targets(row: str, r: dict[str, dict[str, Any]]) -> list[tuple[str, str, str
             add(f"{op} memory / pickle.loads", r[op]["peak"] / p["peak"], 2)
     if "seek_max" in r["panel"]:
         add("panel seek, worst of random entries", r["panel"]["seek_max"] * 1e3, 100, " ms")
+        add("playing: longest stall of the kernel's thread", r["panel"]["stall"] * 1e3, 100, " ms")
     return out
 
 
