@@ -21,6 +21,7 @@ from gpumemviz.render.wire_frame import decode_frame
 from gpumemviz.report_html import (
     ANALYSIS_ALLOWANCE,
     SIZE_FACTOR,
+    TIMELINE_POINTS,
     render_html,
     renderer_size,
     report,
@@ -226,3 +227,42 @@ def test_redact_paths_hides_user_names():
     data = page_data(text)
     assert data["title"] == "~user1/run.pickle"
     assert [s["label"] for s in data["sites"]["live"]] == ["model.py:3:user1"]
+
+
+def test_a_long_trace_keeps_its_size_budget_and_its_true_peaks(tmp_path):
+    """10^5 trace entries: the timeline is a level-of-detail summary (at most TIMELINE_POINTS
+    points per device), the page stays within the budget, and the points drawn hold the true
+    highest and lowest reserved and allocated of the whole trace (the envelope keeps them)."""
+    import base64
+    import random
+
+    rng = random.Random(3)
+    a = CachingAllocator(1 << 40)
+    live: list[int] = []
+    peak_alloc = peak_res = 0
+    low_alloc = low_res = None
+    while a.trace_len() < 100_000:
+        if live and (len(live) > 400 or rng.random() < 0.5):
+            a.free(live.pop(rng.randrange(len(live))))
+        else:
+            live.append(a.malloc(rng.randrange(1, 8 << 20)))
+        if rng.random() < 0.0005:
+            a.empty_cache()
+        alloc, res = a.allocated, a.reserved
+        peak_alloc, peak_res = max(peak_alloc, alloc), max(peak_res, res)
+        if a.trace_len() > 1:  # after the first entry: the lows the trace shows
+            low_alloc = alloc if low_alloc is None else min(low_alloc, alloc)
+            low_res = res if low_res is None else min(low_res, res)
+    src = save_snapshot(a.snapshot(record=False), tmp_path / "long.pickle")
+    out = report(src, tmp_path / "long.html")
+    assert out.stat().st_size <= budget(src.stat().st_size)
+    (tl,) = page_data(out.read_text())["timeline"].values()
+    assert tl["entries"] == a.trace_len()
+
+    def column(name):
+        return np.frombuffer(base64.b64decode(tl[name]), "<f8")
+
+    x, reserved, allocated = column("x"), column("reserved"), column("allocated")
+    assert 1000 <= len(x) <= TIMELINE_POINTS and np.all(np.diff(x) > 0)
+    assert reserved.max() == peak_res and allocated.max() == peak_alloc
+    assert reserved.min() <= low_res and allocated.min() <= low_alloc

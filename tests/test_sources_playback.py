@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
 
 from conftest import REAL_DIR, read_real, real_file, standin_file
+from gpumemviz.allocator.replay.recording import Recording
 from gpumemviz.sampler import Sampler
+from gpumemviz.snapshot import Snapshot
 from gpumemviz.sources import Source, SourceCommandError
 from gpumemviz.sources.playback import PlaybackSource
 
@@ -90,3 +93,34 @@ def test_commands_and_the_sampler():
     one = s.sample_once(segments=True)
     assert one.state == "ok" and one.segments is not None and not one.demo
     s.close()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(lambda: TRACED, id="Wedsonlin"),
+        pytest.param(lambda: standin_file("training_10k"), id="standin:training_10k"),
+    ],
+)
+def test_seek_at_random_entries_matches_a_full_replay_to_that_entry(path):
+    """The panel's seek (a checkpoint every 128 entries, then the few entries after it) gives
+    the state a replay from the start of the trace to that entry gives (a Recording with no
+    checkpoint but the start), frames included, in random order of entries."""
+    raw = read_real(path())
+    src = PlaybackSource(raw, loop=False)
+    n = src.n
+    full = Recording.from_snapshot(raw, every=n + 1)  # one checkpoint: the start
+    assert len(full._checkpoints) == 1
+    rng = random.Random(20)
+    entries = [-1, 0, n - 1, *rng.sample(range(n), 12)]
+    rng.shuffle(entries)
+    for i in entries:
+        src.seek(i)
+        got = src.sample()
+        assert got.state == "ok", got.error
+        segs = full.layout_at(i).to_segments(0, frames=full.frames_after(i))
+        want = Snapshot.from_torch(segs)
+        assert got.segments.to_torch() == want.to_torch(), f"entry {i}"
+        blocks = [b for s in segs for b in s["blocks"]]
+        allocated = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
+        assert got.stats.allocated == allocated, f"entry {i}"

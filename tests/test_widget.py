@@ -508,7 +508,7 @@ def test_export_with_nothing_shown_says_so(panel, tmp_path):
     [
         # 2,515 entries on device 3 (one point each), twelve nccl scopes inside the run
         ("real:THUDM__slime__init_model_mempool.pickle", 3, False, 24),
-        # 10,000 entries in 4,000 points; the forward, backward and optimizer scopes of its window
+        # 10,000 entries in at most 4,000 points; the forward, backward and optimizer scopes of its window
         ("standin:training_10k", 0, True, 136),
         # CI-only: 6,445 entries on device 0 and two scopes
         ("real:Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle", 0, True, 4),
@@ -518,8 +518,8 @@ def test_export_with_nothing_shown_says_so(panel, tmp_path):
 def test_a_replay_timeline_is_the_recorded_run_with_its_annotations(
     panel, sent, name, device, bucketed, n_marks
 ):
-    """Replay mode: the timeline holds the trace's own times and replayed figures (peaks kept
-    when bucketed), and record_function scopes (external_annotations) as markers."""
+    """Replay mode: the timeline holds the trace's own times and replayed figures (peaks and
+    troughs kept when bucketed), and record_function scopes (external_annotations) as markers."""
     from gpumemviz.render.timeline import MAX_POINTS
     from gpumemviz.sampler import Sampler
     from gpumemviz.sources.playback import PlaybackSource
@@ -534,12 +534,17 @@ def test_a_replay_timeline_is_the_recorded_run_with_its_annotations(
     assert panel.flush()
     first, points = panel.timeline.since(0)
     trace = raw["device_traces"][device]
-    assert first == 0 and len(points) == min(len(trace), MAX_POINTS)
-    assert (len(trace) > MAX_POINTS) == bucketed
+    assert first == 0 and (len(trace) > MAX_POINTS) == bucketed
+    if bucketed:  # the envelope: each bucket's highest and lowest entries, in order
+        assert MAX_POINTS // 4 <= len(points) <= MAX_POINTS
+    else:
+        assert len(points) == len(trace)
     times = {e["time_us"] / 1e6 for e in trace}
     assert all(p[0] in times for p in points)
     assert [p[0] for p in points] == sorted(p[0] for p in points)
     assert max(p[1] for p in points) == int(src.recording.allocated.max())  # the peak survives
+    assert max(p[2] for p in points) == int(src.recording.reserved.max())
+    assert min(p[1] for p in points) == int(src.recording.allocated.min())  # so does the trough
     notes = [a for a in raw["external_annotations"] if a["device"] == device]
     marks = panel.timeline.marks()
     assert len(marks) == len(notes) == n_marks

@@ -39,6 +39,7 @@ __all__ = [
     "export",
     "sample_rows",
     "trace_rows",
+    "trace_totals",
 ]
 
 FORMATS = ("pickle", "json", "csv")
@@ -247,27 +248,15 @@ def trace_rows(snapshot: SnapshotLike, *, device: int | None = None) -> dict[str
         n = len(trace)
         names = trace.action_names
         action = trace.action
-        seg = snap.segments.device == d
-        blk = (snap.segments.device[snap.blocks.segment] == d) & (snap.blocks.state != INACTIVE)
-        reserved = _running(
-            int(snap.segments.total_size[seg].sum()), action, trace.size, names, _DELTA_RESERVED
-        )
-        requested = _running(
-            int(snap.blocks.requested_size[blk].sum()),
-            action,
-            trace.size,
-            names,
-            _DELTA_REQUESTED,
-        )
         if torch_dict is None:
             torch_dict = snap.to_torch()
+        reserved, requested, replayed = trace_totals(snap, d, torch_dict)
         allocated: Sequence[Cell]
         segments: Sequence[Cell]
-        try:
-            tl = Recording.from_snapshot(torch_dict, d)
-            allocated, segments = tl.allocated.tolist(), tl.segments.tolist()
-        except (ValueError, KeyError, IndexError):
+        if replayed is None:
             allocated = segments = [""] * n
+        else:
+            allocated, segments = replayed[0].tolist(), replayed[1].tolist()
         cols["device"] += [d] * n
         cols["index"] += list(range(n))
         cols["time_us"] += _cells(trace.time_us)
@@ -282,6 +271,37 @@ def trace_rows(snapshot: SnapshotLike, *, device: int | None = None) -> dict[str
         cols["requested"] += requested.tolist()
         cols["segments"] += segments
     return cols
+
+
+def trace_totals(
+    snap: Snapshot, device: int, torch_dict: TorchDict | None = None
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+    """``(reserved, requested, (allocated, segments))`` after each of `device`'s trace
+    entries, as int64 columns without a Python object per entry (`trace_rows`' columns); the
+    last is None when the trace cannot be replayed. `torch_dict`: ``snap.to_torch()`` when the
+    caller has it.
+
+    >>> from gpumemviz.allocator.model import CachingAllocator
+    >>> a = CachingAllocator(1 << 30); a.free(a.malloc(3 << 20))
+    >>> res, req, (alc, segs) = trace_totals(Snapshot.from_torch(a.snapshot(record=False)), 0)
+    >>> [int(v) >> 20 for v in res], [int(v) >> 20 for v in alc]
+    ([20, 20, 20, 20], [0, 3, 0, 0])
+    """
+    trace = snap.traces[device]
+    names, action = trace.action_names, trace.action
+    seg = snap.segments.device == device
+    blk = (snap.segments.device[snap.blocks.segment] == device) & (snap.blocks.state != INACTIVE)
+    reserved = _running(
+        int(snap.segments.total_size[seg].sum()), action, trace.size, names, _DELTA_RESERVED
+    )
+    requested = _running(
+        int(snap.blocks.requested_size[blk].sum()), action, trace.size, names, _DELTA_REQUESTED
+    )
+    try:
+        tl = Recording.from_snapshot(snap.to_torch() if torch_dict is None else torch_dict, device)
+    except (ValueError, KeyError, IndexError):
+        return reserved, requested, None
+    return reserved, requested, (tl.allocated, tl.segments)
 
 
 def _running(

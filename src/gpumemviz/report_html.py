@@ -29,7 +29,7 @@ from . import advice as _advice
 from . import sites as _sites
 from .advice_check import Checked, CheckedAdvice, check_advice
 from .bundles import bundle_path
-from .export import trace_rows
+from .export import trace_totals
 from .fragmentation import (
     ASSUMED_IN_USE,
     FIGURE_NAMES,
@@ -42,6 +42,7 @@ from .frames import Redactor
 from .io import SnapshotLike, as_snapshot, atomic_write
 from .io.json_text import json_ready
 from .render.rows import MAX_CELLS, RowTable, build_rows, encode_cells
+from .render.timeline import envelope
 from .render.wire import header_numbers
 from .render.wire_frame import BLOCK_BYTES, ROW_OVERHEAD, pack_frame, row_meta
 from .snapshot import ACTIONS, Snapshot
@@ -287,7 +288,9 @@ def _map(rows: RowTable, room: int | None) -> JsonDict:
 
 
 def _timelines(snap: Snapshot, room: int | None) -> JsonDict:
-    """Per device with a trace: reserved and allocated after each entry, bucket peaks kept.
+    """Per device with a trace: reserved and allocated after each entry, a level-of-detail
+    summary for long traces (`envelope`: each bucket's highest and lowest entries, so the line
+    drawn through them keeps every peak and trough at any trace length).
 
     `x` is the entry index of each point, `t` its time in seconds (the entry's time_us; None
     when the trace has no times), `oom` the entry indices of oom entries and `oom_t` their times.
@@ -299,18 +302,15 @@ def _timelines(snap: Snapshot, room: int | None) -> JsonDict:
     points = TIMELINE_POINTS
     if room is not None:  # 4 float64 columns per point, base64
         points = max(16, min(points, int(room / (len(traced) * 4 * 8 * _B64))))
+    torch_dict = snap.to_torch()
     for d in traced:
-        cols = trace_rows(snap, device=d)
-        reserved = np.asarray(cols["reserved"], np.float64)
-        alloc_col = cols["allocated"]
-        if alloc_col and alloc_col[0] != "":
-            allocated = np.asarray(alloc_col, np.float64)
-            label = "allocated"
-        else:
-            allocated = np.asarray(cols["requested"], np.float64)
-            label = "requested"
+        reserved, requested, replayed = trace_totals(snap, d, torch_dict)
+        allocated, label = (
+            (requested, "requested") if replayed is None else (replayed[0], "allocated")
+        )
         n = len(reserved)
-        x, res, alc = _peaks(n, points, reserved, allocated)
+        keep = envelope(points, reserved, allocated)
+        x, res, alc = (keep.astype(np.float64), reserved[keep] * 1.0, allocated[keep] * 1.0)
         trace = snap.traces[d]
         oom_code = trace.action_names.index("oom") if "oom" in trace.action_names else -1
         ooms = np.flatnonzero(trace.action == oom_code)[:100] if oom_code >= 0 else np.zeros(0)
@@ -327,15 +327,6 @@ def _timelines(snap: Snapshot, room: int | None) -> JsonDict:
             "oom": ooms.astype(np.int64).tolist(),
         }
     return out
-
-
-def _peaks(n: int, points: int, *series: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Entry index and each series' maximum per bucket (all points when they fit)."""
-    if n <= points:
-        return (np.arange(n, dtype=np.float64), *series)
-    edges = np.linspace(0, n, points + 1).astype(np.int64)
-    starts = edges[:-1]
-    return (starts.astype(np.float64), *(np.maximum.reduceat(s, starts) for s in series))
 
 
 def _device_figures(f: MemoryFigures) -> JsonDict:

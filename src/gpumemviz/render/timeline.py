@@ -7,7 +7,6 @@ Points are numbered from the first one ever appended, so a browser view that hol
 from __future__ import annotations
 
 import collections
-import itertools
 import math
 import threading
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ __all__ = [
     "TimelineData",
     "annotation_marks",
     "entry_at_time",
+    "envelope",
     "recorded_points",
     "trace_times",
 ]
@@ -133,7 +133,8 @@ def recorded_points(
     """Timeline points of a recorded trace, one per entry: t from the entry's ``time_us`` (in
     seconds; the entry index when the trace has no times), the replayed allocated and reserved.
 
-    Longer traces keep, per bucket of entries, the one with the most allocated (peaks survive).
+    Longer traces keep their `envelope`: per bucket of entries, those with the most and the
+    least allocated and reserved (peaks and troughs survive).
 
     >>> recorded_points([{"time_us": 2_000_000}, {"time_us": 3_500_000}], [512, 0], [2 << 20] * 2)
     [[2.0, 512, 2097152, None, None, None], [3.5, 0, 2097152, None, None, None]]
@@ -146,17 +147,35 @@ def recorded_points(
     t = np.array(times, np.float64) / 1e6 if timed else np.arange(n, dtype=np.float64)
     alloc = np.asarray(allocated[:n], np.int64)
     res = np.asarray(reserved[:n], np.int64)
-    keep = np.arange(n)
-    if n > max_points:
-        edges = np.linspace(0, n, max_points + 1).astype(np.int64)
-        keep = np.array(
-            [
-                lo + int(np.argmax(alloc[lo:hi]))
-                for lo, hi in itertools.pairwise(edges.tolist())
-                if hi > lo
-            ]
-        )
+    keep = envelope(max_points, alloc, res)
     return [[float(t[i]), int(alloc[i]), int(res[i]), None, None, None] for i in keep.tolist()]
+
+
+def envelope(points: int, *series: np.ndarray) -> np.ndarray:
+    """The entries to draw of equally long `series`: all when there are at most `points`;
+    else, per bucket of consecutive entries, the first entry with each series' maximum and
+    minimum there (in order), at most `points` entries in all.
+
+    A line through them is each series' min/max envelope (M4 decimation without the ends):
+    every peak and every trough of every series is an entry kept, with its true values.
+
+    >>> envelope(4, np.array([1, 9, 2, 0, 5, 3, 8, 1]))
+    array([1, 3, 6, 7])
+    >>> envelope(10, np.array([1, 9, 2]))
+    array([0, 1, 2])
+    """
+    n = len(series[0]) if series else 0
+    if n <= points:
+        return np.arange(n)
+    buckets = max(1, points // (2 * len(series)))
+    starts = np.unique(np.linspace(0, n, buckets + 1).astype(np.int64)[:-1])
+    bucket = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+    keep = []
+    for s in series:
+        for reduce in (np.maximum, np.minimum):
+            hit = np.flatnonzero(s == reduce.reduceat(s, starts)[bucket])
+            keep.append(hit[np.unique(bucket[hit], return_index=True)[1]])  # first per bucket
+    return np.unique(np.concatenate(keep))
 
 
 def annotation_marks(annotations: Sequence[object] | None, device: int) -> list[Mark]:

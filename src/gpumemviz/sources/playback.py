@@ -4,10 +4,17 @@ The panel then shows a run that happened elsewhere (a file from a cluster, a col
 way it would have looked live: segment state after each trace entry, rebuilt by
 `allocator.replay.recording.Recording` (reconstruct the start, apply the entries forwards at the
 recorded addresses).
+
+Long traces (10^6 entries, a stack per entry) are millions of containers the cyclic GC would
+scan again and again: the source is built with the GC paused and one collection after it, so
+the collections that follow see those objects as old and leave them be (a full pass over them
+took over a second in the middle of a seek); a seek builds only the shown entry's segments (not
+the trace up to it) with the GC paused too.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import threading
@@ -16,10 +23,12 @@ from typing import TYPE_CHECKING
 
 from gpumemviz.allocator.replay.recording import Recording
 from gpumemviz.sample import SEGMENTS_NOT_READ, DeviceInfo, MemoryStats, Sample
+from gpumemviz.snapshot.gc_pause import no_gc
 from gpumemviz.sources.base import SourceCommandError, short_error
 
 if TYPE_CHECKING:
     from gpumemviz.io import SnapshotLike
+    from gpumemviz.snapshot import Snapshot
     from gpumemviz.snapshot.schema import TorchDict
 
 __all__ = ["PlaybackSource"]
@@ -89,6 +98,20 @@ class PlaybackSource:
         duration: float = 30.0,
         loop: bool = True,
     ) -> None:
+        with no_gc():  # millions of containers: the GC would rescan them several times over
+            self._build(snapshot, device, speed, duration)
+            # one full collection now, while opening: the file's objects become old, and no
+            # collection in the middle of a seek (or of the user's next cell) scans them again
+            gc.collect()
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._anchor_pos = -1.0
+        self._anchor_t = time.monotonic()
+        self._playing = True
+
+    def _build(
+        self, snapshot: SnapshotLike, device: int | None, speed: float | None, duration: float
+    ) -> None:
         raw = _as_dict(snapshot)
         traces = raw.get("device_traces") or []
         if device is None:
@@ -106,7 +129,6 @@ class PlaybackSource:
         self.recording = Recording.from_snapshot(raw, device=device)
         self.n = len(self.recording)
         self.speed = float(speed) if speed else max(1.0, self.n / max(duration, 1e-3))
-        self.loop = loop
         self.label = f"replay of a recorded trace (device {device}, {self.n} entries)"
         self._trace = traces[device] if device < len(traces) else []
         # OOMs recorded up to each entry: the header's "OOMs" at the entry shown
@@ -115,10 +137,6 @@ class PlaybackSource:
                 int(isinstance(e, dict) and e.get("action") == "oom") for e in self._trace
             )
         )
-        self._lock = threading.Lock()
-        self._anchor_pos = -1.0
-        self._anchor_t = time.monotonic()
-        self._playing = True
 
     # time travel -------------------------------------------------------------------------------
     @property
@@ -177,11 +195,7 @@ class PlaybackSource:
                     "num_ooms": self._ooms[i] if 0 <= i < len(self._ooms) else 0,
                 }
             )
-            snap = None
-            if segments:
-                from gpumemviz.snapshot import Snapshot
-
-                snap = Snapshot.from_torch(tl.snapshot_at(i)["segments"])
+            snap = self.segments_at(i) if segments else None
         except Exception as exc:
             return Sample.failed(
                 self.device, f"replay: {short_error(exc)}", source_label=self.label
@@ -207,6 +221,18 @@ class PlaybackSource:
             segments_note=None if segments else SEGMENTS_NOT_READ,
             notes=(note,),
         )
+
+    def segments_at(self, index: int) -> Snapshot:
+        """The segments after entry ``index`` (-1: before the first), as `Recording.snapshot_at`
+        gives them but without its ``device_traces`` (a copy of the trace up to the entry)."""
+        from gpumemviz.snapshot import Snapshot
+
+        tl = self.recording
+        with no_gc():  # thousands of short-lived containers: no collection in the seek
+            segs = tl.layout_at(index).to_segments(
+                tl.device, shared=True, frames=tl.frames_after(index)
+            )
+            return Snapshot.from_torch(segs)
 
     def empty_cache(self) -> dict[int, int]:
         raise SourceCommandError("a replay shows a recorded run: there is no cache to empty")
