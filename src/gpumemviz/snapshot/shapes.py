@@ -36,9 +36,11 @@ class RowShape:
     @staticmethod
     def of(rows: Sequence[TorchDict], known: tuple[str, ...]) -> RowShape:
         """Record each row's key tuple; keep the values of keys outside `known`."""
-        index: dict[tuple[str, ...], int] = {}
-        codes = [index.setdefault(k, len(index)) for k in map(tuple, rows)]
-        layouts = tuple(index)
+        row_keys = list(map(tuple, rows))  # C-level passes: a file has a handful of layouts
+        layouts = tuple(dict.fromkeys(row_keys))  # in the order first met
+        index = {k: c for c, k in enumerate(layouts)}
+        codes = list(map(index.__getitem__, row_keys)) if len(layouts) > 1 else [0] * len(rows)
+        del row_keys
         known_set = frozenset(known)
         odd = {c for c, keys in enumerate(layouts) if not known_set.issuperset(keys)}
         extra: dict[int, TorchDict] = {}
