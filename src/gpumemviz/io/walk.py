@@ -318,14 +318,15 @@ def _holds_containers(objs: list[Any]) -> list[bool]:
 
 def _containers(part: list[Any]) -> list[Any]:
     """The containers among `part`; `SnapshotError` on a value that is not plain data."""
-    types = set(map(type, part))
+    each = list(map(type, part))  # read once: a dict's values are scalars and containers
+    types = set(each)
     if not types <= _PLAIN:
         raise SnapshotError(f"a value of type {_names(types - _PLAIN)} (only plain data allowed)")
     if types <= _SCALARS:
         return []
     if types <= _CONTAINERS:
         return part
-    return list(compress(part, map(_CONTAINERS.__contains__, map(type, part))))
+    return list(compress(part, map(_CONTAINERS.__contains__, each)))
 
 
 def _names(types: set[type]) -> str:
