@@ -181,10 +181,10 @@ class _Walk:
             for seq in compress(batch, map(operator.not_, met)):
                 runs.append(seq)
                 held += len(seq)
-                if held >= self.size:
+                if held >= self.slice:
                     deeper = self._runs(runs, out) or deeper
                     runs, held = [], 0
-            size = min(2 * size, _SLICE)
+            size = min(2 * size, _SLICE) if 0 not in met else _BATCH  # grows while all met
         deeper = self._runs(runs, out) or deeper
         return out, deeper
 
@@ -323,15 +323,14 @@ def _holds_containers(objs: list[Any]) -> list[bool]:
 
 def _containers(part: list[Any]) -> list[Any]:
     """The containers among `part`; `SnapshotError` on a value that is not plain data."""
-    each = list(map(type, part))  # read once: a dict's values are scalars and containers
-    types = set(each)
+    types = set(map(type, part))
     if not types <= _PLAIN:
         raise SnapshotError(f"a value of type {_names(types - _PLAIN)} (only plain data allowed)")
     if types <= _SCALARS:
         return []
     if types <= _CONTAINERS:
         return part
-    return list(compress(part, map(_CONTAINERS.__contains__, each)))
+    return list(compress(part, map(_CONTAINERS.__contains__, map(type, part))))
 
 
 def _names(types: set[type]) -> str:
