@@ -13,13 +13,14 @@ seconds, the best of `reps`; memory is tracemalloc's peak, after a full collecti
 tests/test_io_bounds.py measures). Targets: time within 3x of `pickle.loads`, peak memory
 within 1.5x.
 
-Measured here (Dec 2026, 2 busy cores: +-20 %), load_snapshot / GC-paused floor, before -> after
-the walk's batched run comparison and the trace columns' C-level passes: 10^5 entries stacks
-5.1x -> 5.2-5.8x, mixed 14.0x -> 7.1-8.4x, none 8.7x -> 5.6-9.7x; 10^6 stacks 4.7x -> 3.8x,
-mixed 8.2x -> 7.4x, none 7.7x -> 6.8x; memory 1.06-1.19x of pickle.loads before and after.
-Where the time goes (10^5, multiples of the floor): the opcode scan about 1x, the unpickle 1x,
-the walk 1.2x (stacks), 3.4x (mixed; 7.6x before), 2.5-4x (none), the columns 0.5-2x. Targets
-not met against the floor; against plain pickle.loads met from 10^5 entries up (0.8-2.5x).
+Measured here (Dec 2026, 2 busy cores: +-15 %), load_snapshot / GC-paused floor, before -> after
+the walk's batched run comparison and the trace columns' C-level passes: 10^4 entries stacks
+5.4x -> 5.0x, mixed 13.6x -> 8.9x, none 9.3x -> 9.6x; 10^5 stacks 5.1x -> 4.6x, mixed 14.0x ->
+7.8x, none 8.7x -> 7.9x; 10^6 stacks 4.7x -> 4.9x, mixed 8.2x -> 8.0x (14.0 s -> 10.0 s), none
+7.7x -> 5.9x; memory 1.06-1.15x of pickle.loads before and after. Where the time goes (10^5,
+multiples of the floor): the opcode scan about 1x, the unpickle 1x, the walk 1.2x (stacks),
+3.4x (mixed; 7.6x before), 2.5-4x (none), the columns 0.5-2x. The 3x target is not met against
+the floor; against plain pickle.loads (the GC on) it is from 10^5 entries up (1.1-3.0x).
 
 Run: .venv/bin/python benchmarks/load_big.py [--quick] [--sizes 10000,100000,1000000]
 """
