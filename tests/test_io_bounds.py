@@ -230,6 +230,40 @@ def test_one_frames_list_shared_by_every_block_and_entry_loads():
     assert peak <= LOAD_FACTOR * len(data) + LOAD_SLACK
 
 
+def _stacks_trace(stacks: list[list[dict]]) -> bytes:
+    entries = [{"action": "alloc", "addr": 512 * i, "size": 512, "stream": 0, "frames": f}
+               for i, f in enumerate(stacks)]  # fmt: skip
+    return pickle.dumps({"segments": [], "device_traces": [entries]}, protocol=4)
+
+
+@pytest.mark.parametrize("tail", ["cycle", "deep", "fine"])
+def test_past_1500_different_stacks_the_walk_still_reads_every_list(tail, monkeypatch):
+    # every stack differs: runs stop being remembered (benchmarks/load_big.py, "mixed"), and
+    # what the last lists hide is found all the same
+    from gpumemviz.io import walk
+
+    rng = random.Random(20)
+    pool = [{"filename": f"/src/m{i}.py", "line": i, "name": "f"} for i in range(300)]
+    stacks = [rng.choices(pool, k=rng.randint(20, 100)) for _ in range(1500)]
+    stacks += [list(stacks[5]), list(stacks[1490])]  # equal to one met before
+    hidden: list = []
+    if tail == "cycle":
+        hidden.append(hidden)
+    elif tail == "deep":
+        for _ in range(70):
+            hidden = [hidden]
+    stacks[-1] = [*stacks[-1][:-1], hidden]  # a long list whose last item is not a frame
+    data = _stacks_trace(stacks)
+    walked = _count_walked(monkeypatch)
+    if tail == "fine":
+        obj = pickle.loads(data)
+        walk.check_plain(obj)
+        assert sum(walked) == _containers(obj)  # each container once
+    else:
+        with pytest.raises(SnapshotError, match="nested deeper than 64"):
+            loads_restricted(data)
+
+
 def test_a_cycle_is_refused_and_a_caller_held_reference_reads_as_one():
     from gpumemviz.io import walk
 

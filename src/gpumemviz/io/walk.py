@@ -14,11 +14,16 @@ no bookkeeping; a shared one holding no containers (a frame dict, an empty tuple
 a cycle or deepen anything, so it is only remembered as met; only shared containers holding
 containers (frames lists) are counted down, in a dict. A long list equal to one met before
 whose items were all such leaves (torch's 6,000 frames lists hold some 130 different stacks)
-is one C-level comparison. Each level is read in slices of at most `_SLICE` values; every
+is one C-level comparison, made for a batch of lists at a time (`list.__contains__` over the
+runs met with the same length and first item); runs are remembered only while lists are found
+equal to them (a trace whose every stack differs would otherwise remember, and re-read, one per
+list). Each level is read in slices of at most `_SLICE` values, and whether the last slice held
+only shared leaves met before carries over from one batch of lists to the next; every
 per-reference step is a C-level pass (map, set, compress, Counter), and Python loops run per
-level (at most `max_depth`), per slice and per long list. On the real files the walk takes
-about what the old level-by-level walk did on the small ones and half on the large ones;
-memory, a few % of the decoded data.
+level (at most `max_depth`), per slice and per batch. On the real files the walk takes about
+what the old level-by-level walk did on the small ones and half on the large ones; on a
+10^5-entry torch-shaped trace whose every stack differs, 0.5 s where it took 1.2 s
+(benchmarks/load_big.py); memory, a few % of the decoded data.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ _MOST = 1 << 16  # ... and while they are all shared leaves met before
 _FEW = 64  # the smallest slice
 _LONG = 16  # a list or tuple this long is compared with those met before
 _RUNS = 4  # how many are remembered per length and first item
+_KEEP = 1024  # runs remembered before they must be met (a quarter as often) to go on
+_BATCH = 64  # long lists compared at a time (the first batch; it grows to _SLICE)
 
 
 class Guard(Protocol):
@@ -126,6 +133,10 @@ class _Walk:
         self.by_count = True  # whether `_count` reads reference counts first
         # long lists and tuples of shared leaves, by length and first item's id
         self.runs: dict[tuple[int, int], list[list[Any] | tuple[Any, ...]]] = {}
+        self.kept, self.hits = 0, 0  # runs remembered, and lists found equal to one
+        # the slice of list items read next, and whether the last held only shared leaves met
+        # before (kept from one `_runs` to the next: a level's lists are read in many calls)
+        self.size, self.known = self.slice, False
 
     def next_level(self, level: list[Any]) -> tuple[list[Any], bool]:
         """Check one level; return the containers whose every reference is now met, and
@@ -154,20 +165,34 @@ class _Walk:
         # equal to one met before whose items were all shared leaves (torch's frames lists:
         # 6,000 lists, 130 different stacks) needs only a comparison; the others are read by
         # identity first, in slices.
+        # The long ones are compared in batches, each a C-level pass (`_met_runs`), so that
+        # runs remembered from one batch are met by the next.
         is_long = list(map(_LONG.__le__, map(len, seqs)))
         runs: list[Any] = list(compress(seqs, map(operator.not_, is_long)))  # short: all read
         held = sum(map(len, runs))
-        for seq in compress(seqs, is_long):
-            if self._met_run(seq):
+        longs = iter(list(compress(seqs, is_long)))
+        del seqs, is_long
+        size = _BATCH
+        while batch := list(islice(longs, size)):
+            met = self._met_runs(batch)
+            if 1 in met:
                 deeper = True
-                continue
-            runs.append(seq)
-            held += len(seq)
-            if held >= self.slice:
-                deeper = self._runs(runs, out) or deeper
-                runs, held = [], 0
+                self.hits += met.count(1)
+            for seq in compress(batch, map(operator.not_, met)):
+                runs.append(seq)
+                held += len(seq)
+                if held >= self.slice:
+                    deeper = self._runs(runs, out) or deeper
+                    runs, held = [], 0
+            size = min(2 * size, _SLICE) if 0 not in met else _BATCH  # grows while all met
         deeper = self._runs(runs, out) or deeper
         return out, deeper
+
+    def _met_runs(self, seqs: list[Any]) -> bytes:
+        """`_met_run` of each of `seqs` (long lists and tuples), as 0/1 bytes: C-level passes.
+        `seq in same` compares as `_met_run` does (identity first, then equality)."""
+        keys = zip(map(len, seqs), map(id, map(operator.itemgetter(0), seqs)), strict=True)
+        return bytes(map(operator.contains, map(self.runs.get, keys, repeat(())), seqs))
 
     def _met_run(self, seq: list[Any] | tuple[Any, ...]) -> bool:
         """Whether `seq` equals a long list or tuple met before, all of whose items were shared
@@ -181,24 +206,32 @@ class _Walk:
         shared leaves are remembered (up to `_RUNS` per length and first item)."""
         deeper = False
         values = chain.from_iterable(seqs)
-        size, known = self.slice, False
-        while part := list(islice(values, size)):
-            new = self._items(part, out, known)
+        while part := list(islice(values, self.size)):
+            new = self._items(part, out, self.known)
             deeper = deeper or new is not None
-            known = new == 0
-            size = (
-                min(2 * size, self.most) if new is not None and new * 8 < len(part) else self.slice
+            self.known = new == 0
+            self.size = (
+                min(2 * self.size, self.most)
+                if new is not None and new * 8 < len(part)
+                else self.slice
             )
             del part
             self._check()
-        for seq in compress(seqs, map(_LONG.__le__, map(len, seqs))):
-            same = self.runs.setdefault((len(seq), id(seq[0])), [])
+        if self.kept > _KEEP and self.kept > 4 * self.hits:  # runs seldom met: none kept
+            return deeper
+        longs = list(compress(seqs, map(_LONG.__le__, map(len, seqs))))
+        keys = list(zip(map(len, longs), map(id, map(operator.itemgetter(0), longs)), strict=True))
+        # only those whose length and first item have room left are looked at one by one
+        room = map(_RUNS.__gt__, map(len, map(self.runs.get, keys, repeat(()))))
+        for key, seq in compress(zip(keys, longs, strict=True), room):
+            same = self.runs.setdefault(key, [])
             if (
                 len(same) < _RUNS
                 and not self._met_run(seq)
                 and self.leaves.issuperset(map(id, seq))
             ):
                 same.append(seq)
+                self.kept += 1
         return deeper
 
     def _check(self) -> None:

@@ -36,14 +36,15 @@ class RowShape:
     @staticmethod
     def of(rows: Sequence[TorchDict], known: tuple[str, ...]) -> RowShape:
         """Record each row's key tuple; keep the values of keys outside `known`."""
-        index: dict[tuple[str, ...], int] = {}
-        codes = [index.setdefault(k, len(index)) for k in map(tuple, rows)]
-        layouts = tuple(index)
+        # C-level passes, no tuple kept per row: a file has a handful of layouts
+        layouts = tuple(dict.fromkeys(map(tuple, rows)))  # in the order first met
+        index = {k: c for c, k in enumerate(layouts)}
+        codes = list(map(index.__getitem__, map(tuple, rows))) if len(layouts) > 1 else None
         known_set = frozenset(known)
         odd = {c for c, keys in enumerate(layouts) if not known_set.issuperset(keys)}
         extra: dict[int, TorchDict] = {}
         if odd:
-            for i, c in enumerate(codes):
+            for i, c in enumerate([0] * len(rows) if codes is None else codes):
                 if c in odd:
                     extra[i] = {k: v for k, v in rows[i].items() if k not in known_set}
         if len(layouts) <= 1:

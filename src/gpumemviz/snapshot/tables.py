@@ -167,9 +167,9 @@ class Trace:
             raise SnapshotError(f"{where} is {type_phrase(entries)}, not a list")
         if not entries:
             return cls.empty()
-        for i, e in enumerate(entries):
-            if type(e) is not dict:
-                raise SnapshotError(f"{where}, entry {i} is {type_phrase(e)}, not a dict")
+        if set(map(type, entries)) != {dict}:
+            i, e = next((i, e) for i, e in enumerate(entries) if type(e) is not dict)
+            raise SnapshotError(f"{where}, entry {i} is {type_phrase(e)}, not a dict")
         shape = RowShape.of(entries, TRACE_KEYS)
 
         def at(i: int) -> str:
@@ -190,13 +190,21 @@ class Trace:
             raise SnapshotError(f"{where}: more than 255 distinct actions")
         action_names = tuple(table)
         action = np.fromiter(map(table.__getitem__, names), np.uint8, len(names))
+        present = set().union(*shape.layouts)
+        everywhere = set.intersection(*map(set, shape.layouts))
+
+        def column(k: str, default: Any) -> list[Any]:  # Any: the file's values
+            if k in everywhere:  # one C-level pass
+                return list(map(itemgetter(k), entries))
+            return [e.get(k, default) for e in entries]
+
+        absent = np.full(len(entries), -1, np.int64)  # a key no entry has (device_free)
         cols = {
-            k: readonly(int_column([e.get(k, -1) for e in entries], k, at))
+            k: readonly(int_column(column(k, -1), k, at) if k in present else absent.copy())
             for k in ("addr", "size", "stream", "time_us", "device_free")
         }
-        present = set().union(*shape.layouts)
         objects = {
-            k: ([e.get(k) for e in entries] if k in present else None)
+            k: (column(k, None) if k in present else None)
             for k in ("frames", "compile_context", "user_metadata")
         }
         return cls(
