@@ -508,7 +508,8 @@ def test_export_with_nothing_shown_says_so(panel, tmp_path):
     [
         # 2,515 entries on device 3 (one point each), twelve nccl scopes inside the run
         ("real:THUDM__slime__init_model_mempool.pickle", 3, False, 24),
-        # 10,000 entries in at most 4,000 points; the forward, backward and optimizer scopes of its window
+        # 10,000 entries in at most 4,000 points; the forward, backward and optimizer scopes
+        # of its window
         ("standin:training_10k", 0, True, 136),
         # CI-only: 6,445 entries on device 0 and two scopes
         ("real:Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle", 0, True, 4),
