@@ -3,11 +3,13 @@ an outside client, the simulated device running out of memory through the OOM pa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -177,10 +179,11 @@ def test_history_off_is_said_once_and_record_history_turns_it_on(master, tmp_pat
     assert len(src2.export()["device_traces"][0]) > 0
 
 
-def test_a_store_that_goes_away_stops_the_publisher_with_one_line(caplog):
-    caplog.set_level(logging.WARNING, logger="gpumemviz.distributed")
+@contextlib.contextmanager
+def store_that_goes_away() -> Iterator[int]:
+    """The port of a TCPStore served by a child process, which is killed as the block ends."""
     code = (
-        "import sys, time, torch.distributed as d\n"
+        "import sys, torch.distributed as d\n"
         "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
         "print(s.port, flush=True); sys.stdin.read()\n"
     )
@@ -188,14 +191,20 @@ def test_a_store_that_goes_away_stops_the_publisher_with_one_line(caplog):
         [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
-        port = int(child.stdout.readline())
+        assert child.stdout is not None
+        yield int(child.stdout.readline())
+    finally:
+        child.kill()
+        child.communicate()
+
+
+def test_a_store_that_goes_away_stops_the_publisher_with_one_line(caplog):
+    caplog.set_level(logging.WARNING, logger="gpumemviz.distributed")
+    with store_that_goes_away() as port:
         client = torch_dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
         pub = publish(TICK, store=client, source=sim())
         time.sleep(2 * TICK)
         assert pub.running
-    finally:
-        child.kill()
-        child.communicate()
     deadline = time.monotonic() + 10
     while pub.running and time.monotonic() < deadline:
         time.sleep(TICK)

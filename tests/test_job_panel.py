@@ -4,8 +4,6 @@ a click showing a rank's published map, the snapshot button answering with the p
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 
@@ -22,7 +20,7 @@ from gpumemviz.io import load_snapshot  # noqa: E402
 from gpumemviz.magics import _MAGICS  # noqa: E402
 from gpumemviz.widget import MemoryPanel, monitor  # noqa: E402
 from gpumemviz.widget.job import SUMMARY_NOTE, JobPanel  # noqa: E402
-from test_distributed import TICK, rank, sim, wait_until  # noqa: E402
+from test_distributed import TICK, rank, sim, store_that_goes_away, wait_until  # noqa: E402
 
 STALE_AFTER = 4 * TICK + 0.1  # a stopped rank's summary is stale after 3 intervals
 
@@ -184,23 +182,11 @@ def test_monitor_job_and_the_magic_open_the_panel_a_terminal_prints_the_grid(mas
 
 
 def test_a_store_that_goes_away_stops_the_reads_and_keeps_the_last_grid():
-    code = (
-        "import sys, torch.distributed as d\n"
-        "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
-        "print(s.port, flush=True); sys.stdin.read()\n"
-    )
-    child = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    try:
-        port = int(child.stdout.readline())
+    with store_that_goes_away() as port:
         client = torch_dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
         pub = rank(client, 0, sim())
         panel = JobPanel(JobView("127.0.0.1", port), interval=TICK, subshell=False)
         _ranks(panel, 1)
-    finally:
-        child.kill()
-        child.communicate()
     try:
         wait_until(lambda: panel.flush() and panel.job["stopped"])
         assert panel.job["stopped"].startswith("the job store went away: ")
