@@ -12,6 +12,9 @@ Advice the replay shows to be worse (a higher peak reserved, an OOM the recorded
 not have, or an earlier one) is moved to a separate `rejected` list with its numbers rather
 than dropped: a reader who sees heavy fragmentation expects the setting, and the numbers say
 why it is not suggested (and can be reproduced with `gpumemviz whatif`).
+
+`SharedReplay` holds that one reconstruction, made on first use; a caller that passes its own
+(the HTML report) reads the recordings afterwards instead of building them again.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING
 from .advice import Advice
 from .allocator.config import AllocatorConfig, ConfigError
 from .allocator.replay import Prepared, ReplayError, ReplayResult, prepare
+from .allocator.replay.recording import Recording
 from .io import SnapshotLike, as_snapshot
 from .snapshot import ACTIONS, Snapshot, SnapshotError
 from .snapshot.messages import error_line
@@ -37,6 +41,7 @@ __all__ = [
     "Checked",
     "CheckedAdvice",
     "ReplayCheck",
+    "SharedReplay",
     "check_advice",
     "setting_of",
 ]
@@ -175,7 +180,32 @@ def setting_of(advice: Advice) -> str | None:
     return None
 
 
-def check_advice(snapshot: SnapshotLike, advice: Iterable[Advice]) -> CheckedAdvice:
+class SharedReplay:
+    """A snapshot's one reconstruction (`allocator.replay.prepare`), made on first use.
+
+    `check_advice` prepares through it only when an advice needs a replay; the caller then
+    reads `recordings()` (the recorded history of each traced device) rather than reconstruct
+    the trace once more.
+    """
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        self._got: Prepared | str | None = None
+
+    def get(self) -> Prepared | str:
+        """The prepared snapshot, or why its trace cannot be replayed."""
+        if self._got is None:
+            self._got = _prepare(self.snap)
+        return self._got
+
+    def recordings(self) -> dict[int, Recording]:
+        """Each traced device's `Recording`, when the replay was prepared (else empty)."""
+        return dict(self._got.timelines) if isinstance(self._got, Prepared) else {}
+
+
+def check_advice(
+    snapshot: SnapshotLike, advice: Iterable[Advice], *, shared: SharedReplay | None = None
+) -> CheckedAdvice:
     """Replay each setting advice on the snapshot's recorded trace; keep what is not worse.
 
     Parameters
@@ -184,6 +214,9 @@ def check_advice(snapshot: SnapshotLike, advice: Iterable[Advice]) -> CheckedAdv
         The snapshot the advice was computed from (its trace and recorded settings).
     advice : iterable of Advice
         What `advise()` returned, in its order.
+    shared : SharedReplay, optional
+        The reconstruction to replay on, made on first need (default: one of its own); pass
+        one built on the same snapshot to read its recordings afterwards.
 
     Returns
     -------
@@ -194,9 +227,11 @@ def check_advice(snapshot: SnapshotLike, advice: Iterable[Advice]) -> CheckedAdv
         the recorded ones cannot take) is shown unchanged, with the reason in `unchecked`.
     """
     snap = as_snapshot(snapshot)
+    if shared is not None and shared.snap is not snap:
+        raise ValueError("check_advice: `shared` was made for another snapshot")
     base = _recorded_config(snap)
     runs: dict[str, tuple[ReplayResult, float] | str] = {}  # one replay per settings string
-    prepared: list[Prepared | str] = []  # the one reconstruction every check shares
+    prepared = SharedReplay(snap) if shared is None else shared  # every check shares it
     shown: list[Checked] = []
     rejected: list[Checked] = []
     for a in advice:
@@ -210,9 +245,7 @@ def check_advice(snapshot: SnapshotLike, advice: Iterable[Advice]) -> CheckedAdv
             shown.append(Checked(a, unchecked=config))
             continue
         if config.settings not in runs:
-            if not prepared:
-                prepared.append(_prepare(snap))
-            runs[config.settings] = _replay(prepared[0], config)
+            runs[config.settings] = _replay(prepared.get(), config)
         run = runs[config.settings]
         if isinstance(run, str):
             shown.append(Checked(a, unchecked=run))

@@ -24,6 +24,7 @@ from .frames import redact_paths as _redact_paths
 from .io import as_snapshot, atomic_write, write_torch
 from .sample import STAT_FIGURES, HasHistory, HasSamples, Sample
 from .snapshot import ACTIONS, INACTIVE, Snapshot
+from .snapshot.gc_pause import no_gc
 from .snapshot.messages import short_repr
 
 if TYPE_CHECKING:
@@ -274,12 +275,16 @@ def trace_rows(snapshot: SnapshotLike, *, device: int | None = None) -> dict[str
 
 
 def trace_totals(
-    snap: Snapshot, device: int, torch_dict: TorchDict | None = None
+    snap: Snapshot,
+    device: int,
+    torch_dict: TorchDict | None = None,
+    recording: Recording | None = None,
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
     """``(reserved, requested, (allocated, segments))`` after each of `device`'s trace
     entries, as int64 columns without a Python object per entry (`trace_rows`' columns); the
     last is None when the trace cannot be replayed. `torch_dict`: ``snap.to_torch()`` when the
-    caller has it.
+    caller has it; `recording`: the device's `Recording` when the caller has one (a replay's),
+    so the trace is not applied again.
 
     >>> from gpumemviz.allocator.model import CachingAllocator
     >>> a = CachingAllocator(1 << 30); a.free(a.malloc(3 << 20))
@@ -297,8 +302,13 @@ def trace_totals(
     requested = _running(
         int(snap.blocks.requested_size[blk].sum()), action, trace.size, names, _DELTA_REQUESTED
     )
+    if recording is not None:
+        return reserved, requested, (recording.allocated, recording.segments)
     try:
-        tl = Recording.from_snapshot(snap.to_torch() if torch_dict is None else torch_dict, device)
+        with no_gc():  # a tuple and a dict per entry: the cyclic GC would rescan them often
+            tl = Recording.from_snapshot(
+                snap.to_torch() if torch_dict is None else torch_dict, device
+            )
     except (ValueError, KeyError, IndexError):
         return reserved, requested, None
     return reserved, requested, (tl.allocated, tl.segments)

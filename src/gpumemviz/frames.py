@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
+from itertools import filterfalse
 from typing import Any
 
 from .io import SnapshotLike, as_snapshot
@@ -26,6 +27,7 @@ __all__ = [
     "OMIT_FUNCTIONS",
     "UNKNOWN",
     "Redactor",
+    "UserFrames",
     "elide_repeats",
     "filter_frames",
     "find_user_names",
@@ -176,6 +178,43 @@ def user_frame(frames: Sequence[TorchDict]) -> TorchDict | None:
     """The first frame outside torch and the interpreter (see `user_frame_index`), or None."""
     i = user_frame_index(frames)
     return None if i is None else frames[i]
+
+
+class UserFrames:
+    """`user_frame` over many stacks that share their frame dicts, as torch's traces do (a
+    fresh list per entry over a few hundred distinct frames): each distinct frame object is
+    judged once, then a stack is searched at C speed by its frames' identities. The finder
+    holds every frame it judged, so an identity is never reused while it lives.
+
+    >>> a = {"filename": "/x/site-packages/torch/nn/m.py", "line": 1, "name": "f"}
+    >>> b = {"filename": "train.py", "line": 9, "name": "step"}
+    >>> find = UserFrames()
+    >>> find([a, b]) is b, find([a]), find([b, a]) is b
+    (True, None, True)
+    """
+
+    def __init__(self) -> None:
+        self._other: dict[int, object] = {}  # id -> frame: torch's or the interpreter's
+        self._user: dict[int, TorchDict] = {}  # id -> frame: the user's
+
+    def __call__(self, frames: Sequence[TorchDict]) -> TorchDict | None:
+        """The first frame of `frames` outside torch and the interpreter, or None."""
+        while True:
+            # the first frame not known to be torch's or the interpreter's
+            hit = next(filterfalse(self._other.__contains__, map(id, frames)), None)
+            if hit is None:
+                return None
+            user = self._user.get(hit)
+            if user is not None:
+                return user
+            self._judge(frames)  # a frame not seen before: judge the stack's new ones
+
+    def _judge(self, frames: Sequence[TorchDict]) -> None:
+        for f in frames:
+            if id(f) not in self._other and id(f) not in self._user:
+                name, filename = _fields(f)
+                user = not _is_interpreter(name, filename) and not _is_torch(filename)
+                (self._user if user else self._other)[id(f)] = f
 
 
 def format_frame(frame: TorchDict, *, full_filename: bool = False) -> str:

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import advice as _advice
 from . import sites as _sites
-from .advice_check import Checked, CheckedAdvice, check_advice
+from .advice_check import Checked, CheckedAdvice, SharedReplay, check_advice
 from .bundles import bundle_path
 from .export import trace_totals
 from .fragmentation import (
@@ -125,17 +125,17 @@ def report(
     ...     report(a.snapshot(), os.path.join(d, "r.html")).read_text()[:15]
     '<!doctype html>'
     """
-    text = render_html(
+    parts = _page(
         snapshot,
         title=title,
         input_size=input_size,
         redact_paths=redact_paths,
         replay_advice=replay_advice,
     )
-    data = text.encode("utf-8")
 
     def write(f: BinaryIO) -> None:
-        f.write(data)
+        for part in parts:  # the page's bytes are never joined: one copy of the data
+            f.write(part)
 
     target = Path(path)
     atomic_write(target, write, force=force)
@@ -151,6 +151,25 @@ def render_html(
     replay_advice: bool = True,
 ) -> str:
     """The report page as a string (what `report` writes); see `report` for the parameters."""
+    parts = _page(
+        snapshot,
+        title=title,
+        input_size=input_size,
+        redact_paths=redact_paths,
+        replay_advice=replay_advice,
+    )
+    return b"".join(parts).decode("utf-8")
+
+
+def _page(
+    snapshot: SnapshotLike,
+    *,
+    title: str | None,
+    input_size: int | None,
+    redact_paths: bool,
+    replay_advice: bool,
+) -> list[bytes]:
+    """The page's UTF-8 bytes in three parts: before the data, the data, after it."""
     name = _source_name(snapshot)
     if input_size is None:
         input_size = _input_size(snapshot)
@@ -162,22 +181,26 @@ def render_html(
         redactor = Redactor()
         snap = snap.map_objects(redactor.redact)
         page_title = redactor.text(page_title)
-    data = report_data(
-        snap, title=page_title, budget=SIZE_FACTOR * input_size, replay_advice=replay_advice
+    # the data dict lives only as long as its JSON is being written
+    data = _json_for_script(
+        report_data(
+            snap, title=page_title, budget=SIZE_FACTOR * input_size, replay_advice=replay_advice
+        )
     )
     js, css = _renderer()
-    return _PAGE.format(
-        title=html.escape(page_title, quote=True),
-        css=_inert_css(css),
-        data=_json_for_script(data),
-        js=_inert_js(js),
-    )
+    head, tail = _PAGE.split("{data}")
+    return [
+        head.format(title=html.escape(page_title, quote=True), css=_inert_css(css)).encode(),
+        data,
+        tail.format(js=_inert_js(js)).encode(),
+    ]
 
 
 def renderer_size() -> int:
     """Bytes of the page without any snapshot data: the renderer the size budget excludes."""
     js, css = _renderer()
-    page = _PAGE.format(title="", css=_inert_css(css), data="", js=_inert_js(js))
+    head, tail = _PAGE.split("{data}")
+    page = head.format(title="", css=_inert_css(css)) + tail.format(js=_inert_js(js))
     return len(page.encode("utf-8"))
 
 
@@ -196,8 +219,10 @@ def report_data(
     ooms = _advice.oom_device_free(snap)
     found = _advice.advise_each_device(report_, ooms)  # as `gpumemviz inspect` advises
     # setting advice the recorded trace's replay refutes goes to its own list, as in inspect
+    # the advice checks' reconstruction, when they make one, also gives the timeline's figures
+    shared = SharedReplay(snap)
     checked = (
-        check_advice(snap, found)
+        check_advice(snap, found, shared=shared)
         if replay_advice
         else CheckedAdvice([Checked(a) for a in found], [])
     )
@@ -233,7 +258,8 @@ def report_data(
     }
     room = None if budget is None else max(0, budget - len(json.dumps(out)) + ANALYSIS_ALLOWANCE)
     timeline_room = None if room is None else room // 4
-    out["timeline"] = _timelines(snap, timeline_room)
+    out["timeline"] = _timelines(snap, timeline_room, shared)
+    del shared  # the reconstruction goes before the map is drawn
     if room is not None:
         room = max(0, room - len(json.dumps(out["timeline"])))
     out["map"] = _map(rows, room)
@@ -287,13 +313,15 @@ def _map(rows: RowTable, room: int | None) -> JsonDict:
     }
 
 
-def _timelines(snap: Snapshot, room: int | None) -> JsonDict:
+def _timelines(snap: Snapshot, room: int | None, shared: SharedReplay) -> JsonDict:
     """Per device with a trace: reserved and allocated after each entry, a level-of-detail
     summary for long traces (`envelope`: each bucket's highest and lowest entries, so the line
     drawn through them keeps every peak and trough at any trace length).
 
     `x` is the entry index of each point, `t` its time in seconds (the entry's time_us; None
     when the trace has no times), `oom` the entry indices of oom entries and `oom_t` their times.
+    The allocated figures are the recorded history's: `shared`'s recordings where the advice
+    check made them, else each device's trace applied here.
     """
     out: JsonDict = {}
     traced = [d for d, t in sorted(snap.traces.items()) if len(t)]
@@ -302,9 +330,11 @@ def _timelines(snap: Snapshot, room: int | None) -> JsonDict:
     points = TIMELINE_POINTS
     if room is not None:  # 4 float64 columns per point, base64
         points = max(16, min(points, int(room / (len(traced) * 4 * 8 * _B64))))
-    torch_dict = snap.to_torch()
+    recordings = shared.recordings()
+    # one torch dict for the devices whose history is not made yet (none after a replay)
+    torch_dict = None if all(d in recordings for d in traced) else snap.to_torch()
     for d in traced:
-        reserved, requested, replayed = trace_totals(snap, d, torch_dict)
+        reserved, requested, replayed = trace_totals(snap, d, torch_dict, recordings.pop(d, None))
         allocated, label = (
             (requested, "requested") if replayed is None else (replayed[0], "allocated")
         )
@@ -419,19 +449,22 @@ def _b64(b: bytes) -> str:
 # ---------------------------------------------------------------------------- page
 
 
-def _json_for_script(data: object) -> str:
-    """JSON that is inert inside a <script> element: no `<`, `>`, `&` or line separators.
+def _json_for_script(data: object) -> bytes:
+    """JSON that is inert inside a <script> element (UTF-8): no `<`, `>`, `&` or line
+    separators.
 
     Each becomes its \\u escape, which JSON.parse reads back as the same character, so a
-    frame named ``</script><script>alert(1)</script>`` stays a string.
+    frame named ``</script><script>alert(1)</script>`` stays a string. The caller hands over
+    its only reference to `data`, which goes once its text is written.
     """
     data = json_ready(data)  # no NaN or infinity: JSON.parse refuses them
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    del data
     for ch, esc in _SCRIPT_ESCAPES:
         text = text.replace(ch, esc)
     # lone surrogates (a non-UTF-8 file name's bytes) cannot be UTF-8: as \u escapes, JSON.parse
     # reads them back as the same code units
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.encode("utf-8", "backslashreplace")
 
 
 _SCRIPT_ESCAPES = (

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .frames import format_frame, frame_fields, user_frame
+from .frames import UserFrames, format_frame, frame_fields
 from .io import SnapshotLike, as_snapshot
 from .snapshot import ACTIONS, ALLOCATED, Snapshot
 from .snapshot.schema import TorchDict
@@ -73,6 +73,7 @@ def _group(
     keys: dict[tuple[str, int, str], int] = {}
     info: list[tuple[tuple[str, int, str], str, TorchDict | None]] = []
     group = np.empty(len(rows), np.int64)
+    user_frame = UserFrames()  # each distinct frame judged once: traces share their frames
     for j, r in enumerate(rows.tolist()):
         fr = frames_of[r]
         g = by_list.get(id(fr))

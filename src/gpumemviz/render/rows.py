@@ -296,9 +296,9 @@ def encode_cells(
     if select.size and (select.min() < 0 or select.max() >= rows.n_rows):
         raise ValueError(f"row index out of range 0..{rows.n_rows - 1}")
     out = np.empty((len(select), cells), np.uint8)
-    # a chunk's temporaries are a dozen or so float64 arrays of rows x (cells + 1): 2^16 edges
-    # keep them to a few MB (2^21 made 150 MB, ten times a 10^4-entry trace's pickle)
-    chunk = max(1, (1 << 16) // (cells + 1))
+    # a chunk's temporaries are about 15 float64 arrays of rows x (cells + 1) at once: 2^14
+    # edges keep them near 2 MB (2^21 made 150 MB for the report of a 4 MB file), no slower
+    chunk = max(1, (1 << 14) // (cells + 1))
     bounds = np.searchsorted(rows.span_row, np.arange(rows.n_rows + 1))
     for lo in range(0, len(select), chunk):
         part = select[lo : lo + chunk]
