@@ -13,7 +13,8 @@ PKG = Path(__file__).resolve().parents[1] / "src" / "gpumemviz"
 _ANALYSIS = {
     *("units", "_callable", "snapshot", "io", "allocator", "sample", "sources", "history"),
     *("sampler", "fragmentation", "advice", "advice_check", "render", "frames", "sites", "diff"),
-    *("export", "report_html", "figures", "capture", "live", "bundles", "distributed", "peaks"),
+    *("export", "report_html", "report_page", "figures", "capture", "live", "bundles"),
+    *("distributed", "peaks"),
 }
 
 # module (dotted, relative to the package; a trailing "." means the whole subpackage; "" is the
@@ -51,8 +52,10 @@ ALLOWED: dict[str, set[str]] = {
     "report_html": {
         *("snapshot", "io", "fragmentation", "advice", "advice_check", "sites", "frames"),
         "export",
-        *("render", "units", "bundles"),
+        *("render", "units", "report_page"),
     },
+    # the report's page around its data: the renderer's bundles, JSON made inert, blobs
+    "report_page": {"snapshot", "io", "bundles"},
     # ranks publish to the job's store; the job view reads it (torch.distributed lazily)
     "distributed.": {
         *("snapshot", "io", "sample", "sources", "sampler", "live", "fragmentation", "render"),

@@ -10,13 +10,12 @@ Size: the data part stays within `SIZE_FACTOR` (2x) the input pickle's size plus
 an aggregated row (cells at a resolution chosen to fit); exact blocks for the hover ride along
 for the rows they fit, as in the panel's frames. Untrusted text (frame names, file paths,
 settings) goes into the page only as JSON data read by the script, which puts it into text
-nodes; the JSON is written so that ``</script>`` and ``<!--`` cannot occur in it.
+nodes; the JSON is written so that ``</script>`` and ``<!--`` cannot occur in it
+(`report_page`, which makes and writes the page around the data computed here).
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import itertools
 import json
 import math
@@ -28,7 +27,6 @@ import numpy as np
 from . import advice as _advice
 from . import sites as _sites
 from .advice_check import Checked, CheckedAdvice, SharedReplay, check_advice
-from .bundles import bundle_path
 from .export import trace_totals
 from .fragmentation import (
     ASSUMED_IN_USE,
@@ -40,11 +38,20 @@ from .fragmentation import (
 )
 from .frames import Redactor
 from .io import SnapshotLike, as_snapshot, atomic_write
-from .io.json_text import json_ready
 from .render.rows import MAX_CELLS, RowTable, build_rows, encode_cells
 from .render.timeline import envelope
 from .render.wire import header_numbers
 from .render.wire_frame import BLOCK_BYTES, ROW_OVERHEAD, pack_frame, row_meta
+from .report_page import (
+    Blob,
+    Part,
+    blobs_as_text,
+    join_parts,
+    json_len,
+    page_parts,
+    renderer_size,
+    write_parts,
+)
 from .snapshot import ACTIONS, Snapshot
 from .snapshot.messages import one_line, short_repr
 from .snapshot.pools import pool_label
@@ -134,8 +141,7 @@ def report(
     )
 
     def write(f: BinaryIO) -> None:
-        for part in parts:  # the page's bytes are never joined: one copy of the data
-            f.write(part)
+        write_parts(f, parts)  # never joined: the page's data is in memory once
 
     target = Path(path)
     atomic_write(target, write, force=force)
@@ -158,7 +164,7 @@ def render_html(
         redact_paths=redact_paths,
         replay_advice=replay_advice,
     )
-    return b"".join(parts).decode("utf-8")
+    return join_parts(parts)
 
 
 def _page(
@@ -168,8 +174,8 @@ def _page(
     input_size: int | None,
     redact_paths: bool,
     replay_advice: bool,
-) -> list[bytes]:
-    """The page's UTF-8 bytes in three parts: before the data, the data, after it."""
+) -> list[Part]:
+    """The page in parts (`report_page.page_parts`), everything computed: only writing is left."""
     name = _source_name(snapshot)
     if input_size is None:
         input_size = _input_size(snapshot)
@@ -181,27 +187,11 @@ def _page(
         redactor = Redactor()
         snap = snap.map_objects(redactor.redact)
         page_title = redactor.text(page_title)
-    # the data dict lives only as long as its JSON is being written
-    data = _json_for_script(
-        report_data(
-            snap, title=page_title, budget=SIZE_FACTOR * input_size, replay_advice=replay_advice
-        )
+    # the data lives only until its JSON is made
+    return page_parts(
+        page_title,
+        _data(snap, title=page_title, budget=SIZE_FACTOR * input_size, replay_advice=replay_advice),
     )
-    js, css = _renderer()
-    head, tail = _PAGE.split("{data}")
-    return [
-        head.format(title=html.escape(page_title, quote=True), css=_inert_css(css)).encode(),
-        data,
-        tail.format(js=_inert_js(js)).encode(),
-    ]
-
-
-def renderer_size() -> int:
-    """Bytes of the page without any snapshot data: the renderer the size budget excludes."""
-    js, css = _renderer()
-    head, tail = _PAGE.split("{data}")
-    page = head.format(title="", css=_inert_css(css)) + tail.format(js=_inert_js(js))
-    return len(page.encode("utf-8"))
 
 
 def report_data(
@@ -213,6 +203,14 @@ def report_data(
     allowance); None: full resolution and every row's blocks. `replay_advice` checks setting
     advice on the recorded trace (`advice_check`), as `gpumemviz inspect` does.
     """
+    data: JsonDict = blobs_as_text(
+        _data(snap, title=title, budget=budget, replay_advice=replay_advice)
+    )
+    return data
+
+
+def _data(snap: Snapshot, *, title: str, budget: int | None, replay_advice: bool) -> JsonDict:
+    """`report_data` with its binary columns as `report_page.Blob`s (base64 once written)."""
     rows = build_rows(snap)
     report_ = fragmentation(snap)
     header = header_numbers(rows)
@@ -261,7 +259,7 @@ def report_data(
     out["timeline"] = _timelines(snap, timeline_room, shared)
     del shared  # the reconstruction goes before the map is drawn
     if room is not None:
-        room = max(0, room - len(json.dumps(out["timeline"])))
+        room = max(0, room - json_len(out["timeline"]))
     out["map"] = _map(rows, room)
     return out
 
@@ -309,7 +307,7 @@ def _map(rows: RowTable, room: int | None) -> JsonDict:
             "groups": [g.to_dict() for g in rows.groups],
         },
         "content": frame.content,
-        "buffers": [_b64(b) for b in frame.buffers],
+        "buffers": [Blob(b) for b in frame.buffers],
     }
 
 
@@ -349,11 +347,11 @@ def _timelines(snap: Snapshot, room: int | None, shared: SharedReplay) -> JsonDi
         out[str(d)] = {
             "entries": n,
             "series": ["reserved", label],
-            "x": _b64(x.astype("<f8").tobytes()),
-            "t": None if t is None else _b64(t.astype("<f8").tobytes()),
+            "x": Blob(x.astype("<f8").tobytes()),
+            "t": None if t is None else Blob(t.astype("<f8").tobytes()),
             "oom_t": (trace.time_us[ooms.astype(np.int64)] / 1e6).tolist() if timed else None,
-            "reserved": _b64(res.astype("<f8").tobytes()),
-            "allocated": _b64(alc.astype("<f8").tobytes()),
+            "reserved": Blob(res.astype("<f8").tobytes()),
+            "allocated": Blob(alc.astype("<f8").tobytes()),
             "oom": ooms.astype(np.int64).tolist(),
         }
     return out
@@ -440,79 +438,3 @@ def _input_size(snapshot: object) -> int | None:
     if isinstance(snapshot, (bytes, bytearray, memoryview)):
         return len(snapshot)
     return None
-
-
-def _b64(b: bytes) -> str:
-    return base64.b64encode(b).decode("ascii")
-
-
-# ---------------------------------------------------------------------------- page
-
-
-def _json_for_script(data: object) -> bytes:
-    """JSON that is inert inside a <script> element (UTF-8): no `<`, `>`, `&` or line
-    separators.
-
-    Each becomes its \\u escape, which JSON.parse reads back as the same character, so a
-    frame named ``</script><script>alert(1)</script>`` stays a string. The caller hands over
-    its only reference to `data`, which goes once its text is written.
-    """
-    data = json_ready(data)  # no NaN or infinity: JSON.parse refuses them
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    del data
-    for ch, esc in _SCRIPT_ESCAPES:
-        text = text.replace(ch, esc)
-    # lone surrogates (a non-UTF-8 file name's bytes) cannot be UTF-8: as \u escapes, JSON.parse
-    # reads them back as the same code units
-    return text.encode("utf-8", "backslashreplace")
-
-
-_SCRIPT_ESCAPES = (
-    ("<", "\\u003c"),
-    (">", "\\u003e"),
-    ("&", "\\u0026"),
-    ("\u2028", "\\u2028"),
-    ("\u2029", "\\u2029"),
-)
-
-
-def _inert_js(js: str) -> str:
-    # the bundle is ours; this keeps a literal "</script" in it from closing the element
-    return js.replace("</script", "<\\/script").replace("<!--", "<\\!--")
-
-
-def _inert_css(css: str) -> str:
-    return css.replace("</style", "<\\/style")
-
-
-def _renderer() -> tuple[str, str]:
-    """The page's script and style: the built bundles (gpumemviz.bundles), read as they are."""
-    js = bundle_path("report.js").read_text(encoding="utf-8")
-    css = "\n".join(
-        bundle_path(name).read_text(encoding="utf-8") for name in ("widget.css", "report.css")
-    )
-    return js, css
-
-
-_PAGE = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; \
-script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:">
-<title>{title} · gpumemviz report</title>
-<style>
-{css}
-</style>
-</head>
-<body>
-<main id="gmv-report" class="gmv-report"><noscript>This report draws with JavaScript.</noscript>\
-</main>
-<script type="application/json" id="gmv-data">{data}</script>
-<script type="module">
-{js}
-</script>
-</body>
-</html>
-"""
