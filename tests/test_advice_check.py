@@ -9,10 +9,17 @@ import pytest
 
 from conftest import fragmented_segments, read_real, real_file, recorded_peaks, standin_file
 from gpumemviz.advice import Advice, advise, oom_device_free
-from gpumemviz.advice_check import CHECKED_KINDS, ReplayCheck, check_advice, setting_of
+from gpumemviz.advice_check import (
+    CHECKED_KINDS,
+    ReplayCheck,
+    SharedReplay,
+    check_advice,
+    setting_of,
+)
 from gpumemviz.allocator import workloads
 from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.replay import replay
+from gpumemviz.allocator.replay.recording import Recording
 from gpumemviz.cli import main
 from gpumemviz.fragmentation import fragmentation
 from gpumemviz.report_html import report_data
@@ -341,3 +348,43 @@ def test_the_html_report_lists_the_rejected_apart_on_the_streams_standin():
     plain = report_data(snap, replay_advice=False)
     assert [a["kind"] for a in plain["advice"]] == ["expandable_segments"]
     assert plain["advice_rejected"] == []
+
+
+# -- one reconstruction, shared with the caller (the HTML report's timeline) ------------------
+
+
+def test_a_shared_replay_is_prepared_once_and_its_recordings_are_the_trace_applied():
+    snap = Snapshot.from_torch(read_real(standin_file(STREAMS)))
+    shared = SharedReplay(snap)
+    assert shared.recordings() == {}  # nothing is prepared before an advice needs it
+    checked = check_advice(snap, _inspect_advice(snap), shared=shared)
+    assert [c.advice.kind for c in checked.rejected] == ["expandable_segments"]
+    first = shared.get()
+    assert shared.get() is first  # made once, whatever asks again
+    (dev,) = shared.recordings()
+    fresh = Recording.from_snapshot(snap.to_torch(), dev)
+    assert shared.recordings()[dev].allocated.tolist() == fresh.allocated.tolist()
+    assert shared.recordings()[dev].segments.tolist() == fresh.segments.tolist()
+    with pytest.raises(ValueError, match="another snapshot"):
+        check_advice(Snapshot.from_torch(read_real(standin_file(STREAMS))), [], shared=shared)
+
+
+def test_the_report_applies_each_trace_once(monkeypatch):
+    """The advice check's reconstruction gives the timeline its figures: the recorded history
+    of the device is built once (it was built twice, a second torch dict beside it)."""
+    built: list[int] = []
+    real = Recording.from_snapshot.__func__
+
+    def counted(cls, snapshot, device=0, **kw):
+        built.append(device)
+        return real(cls, snapshot, device, **kw)
+
+    monkeypatch.setattr(Recording, "from_snapshot", classmethod(counted))
+    snap = Snapshot.from_torch(read_real(standin_file(STREAMS)))
+    data = report_data(snap)
+    assert [a["kind"] for a in data["advice_rejected"]] == ["expandable_segments"]
+    assert built == [0]
+    assert data["timeline"]["0"]["series"] == ["reserved", "allocated"]
+    built.clear()  # without the check, the timeline applies the trace itself, once
+    assert report_data(snap, replay_advice=False)["timeline"]["0"]["series"][1] == "allocated"
+    assert built == [0]

@@ -6,12 +6,15 @@ import pickle
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.cuda import _memory_viz as mv
 
 from conftest import REAL_FILES, read_real, real_file
 from gpumemviz.frames import (
     NO_HISTORY,
     Redactor,
+    UserFrames,
     elide_repeats,
     filter_frames,
     find_user_names,
@@ -334,3 +337,29 @@ def test_legacy_history_frames_are_redacted(name):
     frames = [f for fr in snap.block_frames() for f in fr]
     assert frames and all(f["filename"].startswith("~user1/") for f in frames)
     assert all("dingyiran" not in f["filename"] for f in frames)
+
+
+#: Frames of every kind the search meets: torch's, the interpreter's, the user's, a library's,
+#: and malformed ones (fields of other types, missing fields, not a dict at all).
+_POOL = [
+    {"filename": "/x/site-packages/torch/nn/modules/module.py", "line": 1, "name": "forward"},
+    {"filename": "??", "line": 0, "name": "PyEval_EvalFrame"},
+    {"filename": "/usr/lib/python3.11/threading.py", "line": 9, "name": "run"},
+    {"filename": "train.py", "line": 39, "name": "step"},
+    {"filename": "/x/site-packages/einops/einops.py", "line": 5, "name": "rearrange"},
+    {"filename": ["train.py"], "line": None, "name": 3},
+    {"line": 7},
+    "not a frame",
+    None,
+]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.lists(st.sampled_from(range(len(_POOL))), max_size=8), max_size=12))
+def test_user_frames_finds_what_user_frame_finds(stacks):
+    """Over stacks sharing their frames (a fresh list each, as torch writes traces), the finder
+    that judges each frame once answers as `user_frame` does, the same dict included."""
+    find = UserFrames()
+    for idx in stacks:
+        frames = [_POOL[i] for i in idx]
+        assert find(frames) is user_frame(frames)
