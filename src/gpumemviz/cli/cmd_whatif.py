@@ -76,7 +76,11 @@ def run_whatif(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise UsageError(f"--conf {short_repr(args.conf)}: {e}") from None
     snap = load_snapshot(snapshot_input(args.file))
-    result = replay(snap, config=conf, capacity=capacity)
+    recorded = snap.allocator_settings is not None
+    # the replay reads the torch dict; its columns go before the trace is reconstructed
+    data = snap.to_torch()
+    del snap
+    result = replay(data, config=conf, capacity=capacity)
     rows = {dev: _whatif_device(result, dev) for dev in sorted(result.devices)}
     if args.json:
         out = {
@@ -88,7 +92,6 @@ def run_whatif(args: argparse.Namespace) -> int:
         }
         say_json(out)
     else:
-        recorded = snap.allocator_settings is not None
         say("\n".join(_whatif_text(result, rows, input_name(args.file), recorded)))
     return 0
 
