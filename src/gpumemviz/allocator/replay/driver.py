@@ -134,6 +134,7 @@ class Driver:
         self.plan = recording.pools
         self.cur_pool: tuple[int, int] | None = None  # the pool of the malloc being replayed
         self.pool_peak: dict[tuple[int, int], int] = {}
+        self.small_of: dict[int, bool] = {}  # request size -> small pool?
         self._load(self._start().to_segments(recording.device), -1)
 
     # -- state ------------------------------------------------------------------------------
@@ -479,6 +480,14 @@ class Driver:
                 mark, allocated_before, got, oomed, _ = attempt(chosen)
             if chosen == "empty_cache":
                 self.out.explicit_bursts.append(rels[0])
+        self._scored(i, run, mark, allocated_before, got, oomed)
+
+    def _scored(
+        self, i: int, run: list[int], mark: int, allocated_before: int, got: int | None, oomed: bool
+    ) -> None:
+        """`_malloc` once the model has served malloc `i` (from trace_len `mark` on): its own
+        entries read, scored against the recorded `run` and counted."""
+        action, addr, size, _ = self.steps[i]
         model = self.model
         own = self._own(mark, run, allocated_before)
         if i == self.cut_at:  # the new segment the cut hid is not scored as the model's own
@@ -683,14 +692,15 @@ class Driver:
         synced: list[int] = []  # deferred frees completed inside that run (events synced)
         leading: list[int] = []  # deferred frees completed just before it
         done = n
+        provider = self.provider
         for i in range(n):
-            action = steps[i][0]
+            action, addr, size, stream = steps[i]
             if action in SEGMENT_ACTIONS:
                 run.append(i)  # its figures are filled in when the run is replayed
                 continue
             if (
                 action == "free_completed"
-                and self.rename(steps[i][1]) in self.deferred
+                and self.rename(addr) in self.deferred
                 and (run or self._release_follows(i))
             ):  # completed around a release (empty_cache, or the last retry)
                 (synced if run else leading).append(i)
@@ -701,22 +711,22 @@ class Driver:
                 self._standalone_run(run)
                 self._finish_synced(leading, synced)
                 run, synced, leading = [], [], []
-            if action in ("alloc", "oom"):
+            if action == "alloc" and not run and not leading and i != self.cut_at:
+                self._lone_malloc(i, addr, size, stream)  # the common case
+            elif action in ("alloc", "oom"):
                 self._fill(leading)
                 self._malloc(i, run, leading)
-                plan, pid = self.plan, self.cur_pool
-                if plan is not None and pid is not None and plan.unnamed.get(pid) == i:
-                    self.model.release_pool(pid)  # its last alloc: the pool was deleted
+                self._after_malloc(i)
                 self._finish_synced(leading, synced)
                 run, synced, leading = [], [], []
             elif action == "free_requested":
                 self._free_requested(i)
                 # frees never release segments: nothing for the provider to forget, and the
                 # model's trace ring may move on without it
-                self.provider.synced = self.model.trace_len()
+                provider.synced = self.model.trace_len()
             elif action == "free_completed":
                 self._free_completed(i)
-                self.provider.synced = self.model.trace_len()
+                provider.synced = self.model.trace_len()
             m = self.model
             reserved[i], allocated[i], nsegs[i] = m.reserved, m.allocated, len(self.runs)
             if self.plan is not None:
@@ -729,6 +739,41 @@ class Driver:
             self._fill(leading)
             self._standalone_run(run)
             self._finish_synced(leading, synced)
+        return self._result(done)
+
+    def _lone_malloc(self, i: int, addr: int, size: int, stream: int) -> None:
+        """An alloc with no segment entry and no deferred free recorded before it: what
+        `_malloc` does then, without its lists (most allocs of a trace)."""
+        m, provider = self.model, self.provider
+        if self.plan is not None:
+            self.cur_pool = self.plan.alloc[i]
+        small = self.small_of.get(size)
+        if small is None:
+            small = self.small_of[size] = is_small(self.tl.rules.round(size))
+        provider.window, provider.pos, provider.small = [], i, small
+        if provider.used:
+            provider.used = set()
+        provider.synced = mark = m.trace_len()
+        allocated_before = m.allocated
+        got, oomed = self._try(size, stream)
+        if not oomed and m.trace_len() == mark + 1:
+            assert got is not None  # not oomed: `_try` returned an address
+            self._placed(i, addr, got)
+        else:
+            self._scored(i, [], mark, allocated_before, got, oomed)
+        self._after_malloc(i)
+        provider.synced = self.model.trace_len()  # the model may have been reloaded
+
+    def _after_malloc(self, i: int) -> None:
+        """A pool deleted after its last alloc (`i`) is released."""
+        plan, pid = self.plan, self.cur_pool
+        if plan is not None and pid is not None and plan.unnamed.get(pid) == i:
+            self.model.release_pool(pid)  # its last alloc: the pool was deleted
+
+    def _result(self, done: int) -> DeviceReplay:
+        """The pass's figures up to entry `done`, its final layout, and how it scored."""
+        n = len(self.steps)
+        reserved, allocated, nsegs = self.reserved, self.allocated, self.nsegs
         out = self.out
         out.reserved = np.frombuffer(reserved, np.int64)[:done]
         out.allocated = np.frombuffer(allocated, np.int64)[:done]

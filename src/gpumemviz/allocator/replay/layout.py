@@ -230,7 +230,12 @@ class Layout:
         seg = self.segment_at(addr)
         if seg is None:
             raise LayoutError(f"{what}: {addr:#x} is in no segment")
-        i = seg.index(addr)
+        self.carve_at(seg, seg.index(addr), addr, size, state, requested, what)
+
+    def carve_at(
+        self, seg: Seg, i: int, addr: int, size: int, state: int, requested: int, what: str
+    ) -> None:
+        """`carve` inside block `i` of `seg` (the block containing `addr`)."""
         b = seg.blocks[i]
         if b[2] != INACTIVE or addr + size > b[0] + b[1]:
             raise LayoutError(f"{what}: [{addr:#x}, +{size}) is not inside one free block")
@@ -257,8 +262,12 @@ class Layout:
         """Make the block at `addr` free and merge it with free neighbours; returns the
         block's (state, size) before."""
         seg, i = self.block_at(addr, what)
+        return self.release_at(seg, i, what)
+
+    def release_at(self, seg: Seg, i: int, what: str) -> tuple[int, int]:
+        """`release` of block `i` of `seg` (what `block_at` found)."""
         if seg.blocks[i][2] == INACTIVE:
-            raise LayoutError(f"{what}: block at {addr:#x} is already free")
+            raise LayoutError(f"{what}: block at {seg.blocks[i][0]:#x} is already free")
         seg = self._own(seg)
         blocks = seg.blocks
         b = blocks[i]
@@ -276,6 +285,11 @@ class Layout:
         """Change an active block's state (only from state `only`, when given); returns its
         size."""
         seg, i = self.block_at(addr, what)
+        return self.set_state_at(seg, i, state, what, only)
+
+    def set_state_at(self, seg: Seg, i: int, state: int, what: str, only: int | None = None) -> int:
+        """`set_state` of block `i` of `seg` (what `block_at` found)."""
+        addr = seg.blocks[i][0]
         if only is not None and seg.blocks[i][2] != only:
             raise LayoutError(f"block at {addr:#x} is not {STATE_NAMES[only].split('_')[-1]}")
         if seg.blocks[i][2] == INACTIVE:

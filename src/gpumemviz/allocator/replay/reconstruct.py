@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING
 
 from ...snapshot.messages import short_repr
 from ..config import AllocatorConfig
-from ..rules import K_SMALL_SIZE, is_small, page_size, round_size
-from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
+from ..rules import K_SMALL_SIZE, is_small, page_size, round_size, should_split
+from .layout import ALLOCATED, INACTIVE, PENDING_FREE, Layout, LayoutError, Seg
+from .trail import Trail
 
 if TYPE_CHECKING:
     from ...snapshot.schema import TorchDict, TorchMapping
@@ -34,6 +35,7 @@ __all__ = [
 Step = tuple[str, int, int, int]  # (action, addr or device_free, size, stream)
 ALLOC_ACTIONS = frozenset({"alloc", "free_requested", "free_completed"})
 SEGMENT_ACTIONS = frozenset({"segment_alloc", "segment_free", "segment_map", "segment_unmap"})
+_GROWS = frozenset({"segment_alloc", "segment_map"})
 
 
 class Rules:
@@ -118,10 +120,12 @@ class _Hints:
         return None
 
 
-def _restored_size(lay: Layout, addr: int, size: int, i: int, rules: Rules, hints: _Hints) -> int:
-    """Size of the block that a free at `addr` released (tail rule, boundary hint, oversize)."""
+def _restored_size(
+    seg: Seg, end: int, addr: int, size: int, i: int, rules: Rules, hints: _Hints
+) -> int:
+    """Size of the block that a free at `addr` released (tail rule, boundary hint, oversize);
+    the free block containing `addr` ends at `end`."""
     rounded = rules.round(size)
-    seg, _start, end = lay.free_region(addr)
     if seg.small or seg.expandable:
         return rounded  # split whenever >= 512 B remain, so the block is exactly the request
     room = end - addr
@@ -147,7 +151,9 @@ def _pool_of_range(lay: Layout, steps: Sequence[Step], i: int, rules: Rules) -> 
     return size % page_size(False) != 0
 
 
-def reconstruct_layout(final: Layout, steps: Sequence[Step], rules: Rules) -> Layout:
+def reconstruct_layout(
+    final: Layout, steps: Sequence[Step], rules: Rules, trail: Trail | None = None
+) -> Layout:
     """Undo `steps` from the last to the first on a copy of `final`.
 
     Parameters
@@ -158,6 +164,9 @@ def reconstruct_layout(final: Layout, steps: Sequence[Step], rules: Rules) -> La
         The trace as `steps_of` gives it.
     rules
         Rounding and max_split_size of the recorded settings.
+    trail
+        When given, filled with the figures and checkpoints of the layouts passed through,
+        and with whether each step applied forwards retraces the walk (`Trail.exact`).
 
     Returns
     -------
@@ -174,28 +183,92 @@ def reconstruct_layout(final: Layout, steps: Sequence[Step], rules: Rules) -> La
     for i in range(len(steps) - 1, -1, -1):
         step = steps[i]
         action, addr, size, stream = step
+        if trail is not None:
+            trail.nsegs[i] = len(lay.segs)
         try:
             if action == "alloc":
-                lay.release(addr, "undo alloc")
+                seg, k = lay.block_at(addr, "undo alloc")
+                if trail is not None:
+                    trail.alloc_delta[i] = seg.blocks[k][1]
+                    if trail.exact:
+                        _check_alloc(trail, seg, k, size, rules)
+                lay.release_at(seg, k, "undo alloc")
             elif action == "free_completed":
-                bsize = _restored_size(lay, addr, size, i, rules, hints)
-                lay.carve(addr, bsize, PENDING_FREE, size, "undo free")
+                found = lay.segment_at(addr)
+                if found is None:
+                    raise LayoutError(f"{addr:#x} is in no segment")
+                seg = found
+                blocks = seg.blocks
+                k = seg.index(addr)
+                b = blocks[k]
+                if b[2] != INACTIVE:
+                    raise LayoutError(f"{addr:#x} is not free")
+                bsize = _restored_size(seg, b[0] + b[1], addr, size, i, rules, hints)
+                if trail is not None and (
+                    (k > 0 and addr == b[0] and blocks[k - 1][2] == INACTIVE)
+                    or (
+                        k + 1 < len(blocks)
+                        and addr + bsize == b[0] + b[1]
+                        and blocks[k + 1][2] == INACTIVE
+                    )
+                ):  # forwards, the free would merge with a free neighbour the walk keeps apart
+                    trail.exact = False
+                lay.carve_at(seg, k, addr, bsize, PENDING_FREE, size, "undo free")
             elif action == "free_requested":
-                lay.set_state(addr, ALLOCATED, "undo free_requested")
-            elif action in ("segment_alloc",):
-                lay.remove_segment(addr, size, "undo segment_alloc")
-            elif action == "segment_free":
-                lay.add_segment(addr, size, stream, size == page_size(True), "undo segment_free")
-            elif action == "segment_map":
-                lay.unmap_range(addr, size, "undo segment_map")
-            elif action == "segment_unmap":
-                small = _pool_of_range(lay, steps, i, rules)
-                lay.map_range(addr, size, stream, small, "undo segment_unmap")
+                seg, k = lay.block_at(addr, "undo free_requested")
+                if trail is not None:
+                    if seg.blocks[k][2] != PENDING_FREE:
+                        trail.exact = False
+                    trail.alloc_delta[i] = -seg.blocks[k][1]
+                lay.set_state_at(seg, k, ALLOCATED, "undo free_requested")
+            elif action in SEGMENT_ACTIONS:
+                if trail is not None:
+                    before = Trail.window(lay, addr, size) if trail.exact else []
+                    trail.reserved_delta[i] = size if action in _GROWS else -size
+                if action == "segment_alloc":
+                    lay.remove_segment(addr, size, "undo segment_alloc")
+                elif action == "segment_free":
+                    small = size == page_size(True)
+                    lay.add_segment(addr, size, stream, small, "undo segment_free")
+                elif action == "segment_map":
+                    lay.unmap_range(addr, size, "undo segment_map")
+                else:
+                    small = _pool_of_range(lay, steps, i, rules)
+                    lay.map_range(addr, size, stream, small, "undo segment_unmap")
+                if trail is not None and trail.exact:
+                    trail.check_segment_step(lay, before, steps, i, rules)
         except LayoutError as err:
             raise LayoutError(f"{_what(i, step)}: {err}") from None
+        if trail is not None:
+            trail.checkpoint(lay, i)
     # a block still pending here had its free requested before the trace began (a deferred
     # free, or the ring buffer cut between the two entries): it starts active_pending_free
+    if trail is not None:
+        trail.finish()
     return lay
+
+
+def _check_alloc(trail: Trail, seg: Seg, k: int, size: int, rules: Rules) -> None:
+    """Clear `trail.exact` unless the alloc, applied forwards once block k of `seg` is freed
+    (and merged), carves exactly that block again (state, size, requested size)."""
+    blocks = seg.blocks
+    b = blocks[k]
+    if b[2] != ALLOCATED or b[3] != size or (k > 0 and blocks[k - 1][2] == INACTIVE):
+        trail.exact = False
+        return
+    room = b[1]
+    if k + 1 < len(blocks) and blocks[k + 1][2] == INACTIVE:
+        room += blocks[k + 1][1]
+    rounded = rules.round(size)
+    split = should_split(
+        room,
+        rounded,
+        small=seg.small,
+        expandable=seg.expandable,
+        max_split_size=rules.max_split_size,
+    )
+    if (rounded if split else room) != b[1]:
+        trail.exact = False
 
 
 def reconstruct(

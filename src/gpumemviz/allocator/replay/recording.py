@@ -14,85 +14,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...snapshot.gc_pause import no_gc
-from ..rules import is_small, page_size, should_split
-from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
+from .forward import apply_step
+from .layout import Layout, LayoutError
 from .pools import PoolPlan, plan_pools
 from .reconstruct import Rules, Step, reconstruct_layout, steps_of
+from .trail import MAX_SPACING, Trail, spacing
 
 if TYPE_CHECKING:
     from ...snapshot.schema import TorchDict, TorchList, TorchMapping
 
-__all__ = ["Recording", "apply_step"]
+__all__ = ["MAX_SPACING", "Recording", "apply_step"]
 
-#: The widest spacing of layout checkpoints, in entries (a jump applies at most this many).
-MAX_SPACING = 4096
 _GROWS = ("segment_alloc", "segment_map")
 _SHRINKS = ("segment_free", "segment_unmap")
-
-
-def _pool_ahead(steps: Sequence[Step], i: int, rules: Rules) -> bool:
-    """Small pool? for a new mapped range: the alloc that caused the map follows it."""
-    for j in range(i + 1, len(steps)):
-        if steps[j][0] == "alloc":
-            return is_small(rules.round(steps[j][2]))
-    return steps[i][2] % page_size(False) != 0
-
-
-def apply_step(lay: Layout, steps: Sequence[Step], i: int, rules: Rules) -> int:
-    """Apply step `i` forwards at its recorded address.
-
-    Parameters
-    ----------
-    lay
-        The layout before the step (changed in place).
-    steps
-        The whole trace (a new mapping's pool is read from the alloc that follows it).
-    i
-        Which step.
-    rules
-        Rounding and max_split_size: an alloc's block is the request rounded, or the whole
-        free block where torch would not split it.
-
-    Returns
-    -------
-    int
-        The change in allocated bytes.
-
-    Raises
-    ------
-    LayoutError
-        When the step does not fit the layout.
-    """
-    action, addr, size, stream = steps[i]
-    if action == "alloc":
-        seg, start, end = lay.free_region(addr)
-        if start != addr:
-            raise LayoutError(f"no free block starts at {addr:#x}")
-        rounded = rules.round(size)
-        split = should_split(
-            end - start,
-            rounded,
-            small=seg.small,
-            expandable=seg.expandable,
-            max_split_size=rules.max_split_size,
-        )
-        bsize = rounded if split else end - start
-        lay.carve(addr, bsize, ALLOCATED, size, "alloc")
-        return bsize
-    if action == "free_requested":
-        return -lay.set_state(addr, PENDING_FREE, "free_requested", only=ALLOCATED)
-    if action == "free_completed":
-        was, size_was = lay.release(addr, "free_completed")
-        return -size_was if was == ALLOCATED else 0
-    if action == "segment_alloc":
-        lay.add_segment(addr, size, stream, size == page_size(True), "segment_alloc")
-    elif action == "segment_free":
-        lay.remove_segment(addr, size, "segment_free")
-    elif action == "segment_map":
-        lay.map_range(addr, size, stream, _pool_ahead(steps, i, rules), "segment_map")
-    elif action == "segment_unmap":
-        lay.unmap_range(addr, size, "segment_unmap")
-    return 0
 
 
 def _device_settings(snapshot: TorchMapping) -> TorchMapping | None:
@@ -120,6 +54,7 @@ class Recording:
         device: int = 0,
         settings: TorchMapping | None = None,
         every: int = 128,
+        walked: tuple[Trail, Layout] | None = None,
     ):
         self.device = device
         self.steps = list(steps)
@@ -127,6 +62,33 @@ class Recording:
         self.settings = settings
         self.every = every
         self.start = start.copy()
+        self._checkpoints: list[Layout] = []
+        self._checkpoint_at: list[int] = []  # the entry each checkpoint is the layout before
+        if walked is not None and walked[0].exact:
+            self._from_trail(*walked)
+        else:
+            self._forward(start)
+        self._trace: list[TorchDict] | None = None
+        # allocation stacks: per address, the alloc entries there (indices, frames) and the
+        # stacks of blocks alive before the trace; the layout itself carries none
+        self._allocs: dict[int, tuple[list[int], list[list[Any]]]] = {}
+        self._start_frames: dict[int, TorchList] = {}
+        # which private pool each alloc went to (None: the segments name none)
+        self.pools: PoolPlan | None = None
+
+    def _from_trail(self, trail: Trail, final: Layout) -> None:
+        """The figures and checkpoints the backward walk kept (it proved that applying each
+        entry forwards retraces it, so they are the forward pass's), ending on `final`."""
+        reserved, allocated, _ = self.start.totals()
+        self.reserved = reserved + np.cumsum(np.frombuffer(trail.reserved_delta, np.int64))
+        self.allocated = allocated + np.cumsum(np.frombuffer(trail.alloc_delta, np.int64))
+        self.segments = np.frombuffer(trail.nsegs, dtype=np.int64)
+        self._checkpoints = trail.checkpoints
+        self._checkpoint_at = trail.checkpoint_at
+        self.final = final
+
+    def _forward(self, start: Layout) -> None:
+        """Apply every entry forwards from `start`: figures after each, checkpoints, `final`."""
         n = len(self.steps)
         # C arrays while filling: 8 bytes an entry as numpy's, but item assignment is faster
         res = array("q", bytes(8 * n))
@@ -134,14 +96,14 @@ class Recording:
         nsegs = array("q", bytes(8 * n))
         lay = start.copy()
         reserved, allocated, _ = lay.totals()
-        self._checkpoints: list[Layout] = []
-        self._checkpoint_at: list[int] = []  # the entry each checkpoint is the layout before
-        steps = self.steps
+        self._checkpoints = []
+        self._checkpoint_at = []
+        steps, rules = self.steps, self.rules
         at = 0
         with no_gc():  # a list per block: the cyclic GC would rescan them all, often
             for i in range(n):
                 if i == at:
-                    at = i + self._spacing(lay)
+                    at = i + spacing(lay, self.every)
                     self._checkpoints.append(lay.copy())
                     self._checkpoint_at.append(i)
                 action, _addr, size, _ = steps[i]
@@ -160,23 +122,6 @@ class Recording:
         self.allocated = np.frombuffer(alc, dtype=np.int64)
         self.segments = np.frombuffer(nsegs, dtype=np.int64)
         self.final = lay
-        self._trace: list[TorchDict] | None = None
-        # allocation stacks: per address, the alloc entries there (indices, frames) and the
-        # stacks of blocks alive before the trace; the layout itself carries none
-        self._allocs: dict[int, tuple[list[int], list[list[Any]]]] = {}
-        self._start_frames: dict[int, TorchList] = {}
-        # which private pool each alloc went to (None: the segments name none)
-        self.pools: PoolPlan | None = None
-
-    def _spacing(self, lay: Layout) -> int:
-        """Entries until the next checkpoint: `every`, or more where a checkpoint is heavy.
-
-        A checkpoint costs its segment table, and the segments changed since the last one are
-        copied (copy-on-write); spacing them by twice that weight keeps the checkpoints' memory
-        a small constant per entry, and at most `MAX_SPACING` entries keep a jump fast.
-        """
-        weight = len(lay.segs) + sum(len(seg.blocks) for seg in lay.owned)
-        return max(self.every, min(2 * weight, MAX_SPACING))
 
     @classmethod
     def from_snapshot(
@@ -219,8 +164,9 @@ class Recording:
         segs = [s for s in snapshot["segments"] if int(s.get("device", 0)) == device]
         final = Layout.from_segments(segs)
         steps = steps_of(trace)
-        start = reconstruct_layout(final, steps, rules)
-        tl = cls(start, steps, rules, device=device, settings=settings, **kw)
+        trail = Trail(len(steps), kw.get("every", 128))
+        start = reconstruct_layout(final, steps, rules, trail)
+        tl = cls(start, steps, rules, device=device, settings=settings, walked=(trail, final), **kw)
         tl._trace = list(trace)
         tl.pools = plan_pools(start, steps, segs, tl.layout_at)
         tl._keep_frames(segs, tl._trace)
