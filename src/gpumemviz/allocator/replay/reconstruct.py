@@ -13,6 +13,8 @@ import bisect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ...snapshot.messages import short_repr
 from ..config import AllocatorConfig
 from ..rules import K_SMALL_SIZE, is_small, page_size, round_size, should_split
@@ -41,12 +43,13 @@ _GROWS = frozenset({"segment_alloc", "segment_map"})
 class Rules:
     """The settings that decide block sizes (roundup divisions, max_split_size), ready to use."""
 
-    __slots__ = ("config", "divisions", "max_split_size")
+    __slots__ = ("config", "divisions", "max_split_size", "rounded")
 
     def __init__(self, config: AllocatorConfig | None = None):
         self.config = config or AllocatorConfig()
         self.divisions = self.config.divisions
         self.max_split_size = self.config.max_split_size
+        self.rounded: dict[int, int] = {}  # size -> round(size), as asked (sizes repeat)
 
     @classmethod
     def from_settings(cls, settings: TorchMapping | None) -> Rules:
@@ -54,7 +57,10 @@ class Rules:
         return cls(AllocatorConfig.from_settings(settings))
 
     def round(self, size: int) -> int:
-        return round_size(size, self.divisions)
+        got = self.rounded.get(size)
+        if got is None:
+            got = self.rounded[size] = round_size(size, self.divisions)
+        return got
 
 
 def steps_of(trace: Sequence[TorchMapping]) -> list[Step]:
@@ -96,26 +102,47 @@ def _what(i: int, step: Step) -> str:
 
 
 class _Hints:
-    """Where blocks started while a given block was live: the boundary hint."""
+    """Where blocks started while a given block was live: the boundary hint.
+
+    Built at the first question (many traces never ask one): the alloc, free_requested and
+    free_completed entries sorted by address, then by position in the trace.
+    """
 
     def __init__(self, steps: Sequence[Step]):
-        pairs = sorted((s[1], i) for i, s in enumerate(steps) if s[0] in ALLOC_ACTIONS)
-        self.addrs = [a for a, _ in pairs]
-        self.index = [i for _, i in pairs]
-        self.allocs: dict[int, list[int]] = {}
-        for i, s in enumerate(steps):
-            if s[0] == "alloc":
-                self.allocs.setdefault(s[1], []).append(i)
+        self.steps = steps
+        self.addrs: list[int] = []
+        self.index: list[int] = []
+        self.is_alloc: list[bool] = []
+        self.built = False
+
+    def _build(self) -> None:
+        steps = self.steps
+        sel = [i for i, s in enumerate(steps) if s[0] in ALLOC_ACTIONS]
+        addrs = [steps[i][1] for i in sel]
+        order: Sequence[int]
+        try:
+            order = np.argsort(np.array(addrs, np.int64), kind="stable").tolist()
+        except OverflowError:  # an address beyond int64: sort them as Python ints
+            order = sorted(range(len(addrs)), key=addrs.__getitem__)
+        self.addrs = [addrs[k] for k in order]
+        self.index = [sel[k] for k in order]
+        self.is_alloc = [steps[i][0] == "alloc" for i in self.index]
+        self.built = True
 
     def boundary(self, addr: int, lo_end: int, hi_end: int, before: int) -> int | None:
         """The lowest block start X in (lo_end, hi_end] seen while the block at addr lived."""
-        born = self.allocs.get(addr, [])
-        k = bisect.bisect_left(born, before) - 1
-        since = born[k] if k >= 0 else -1
-        j = bisect.bisect_right(self.addrs, lo_end)
-        while j < len(self.addrs) and self.addrs[j] <= hi_end:
-            if since < self.index[j] < before:
-                return self.addrs[j]
+        if not self.built:
+            self._build()
+        addrs, index = self.addrs, self.index
+        lo = bisect.bisect_left(addrs, addr)
+        k = bisect.bisect_left(index, before, lo, bisect.bisect_right(addrs, addr, lo)) - 1
+        while k >= lo and not self.is_alloc[k]:
+            k -= 1
+        since = index[k] if k >= lo else -1  # the alloc that made the block at addr
+        j = bisect.bisect_right(addrs, lo_end)
+        while j < len(addrs) and addrs[j] <= hi_end:
+            if since < index[j] < before:
+                return addrs[j]
             j += 1
         return None
 
@@ -180,11 +207,13 @@ def reconstruct_layout(
     """
     lay = final.copy()
     hints = _Hints(steps)
+    segs = lay.segs  # the walk changes this dict in place
+    nsegs = trail.nsegs if trail is not None else None
     for i in range(len(steps) - 1, -1, -1):
         step = steps[i]
         action, addr, size, stream = step
-        if trail is not None:
-            trail.nsegs[i] = len(lay.segs)
+        if nsegs is not None:
+            nsegs[i] = len(segs)
         try:
             if action == "alloc":
                 seg, k = lay.block_at(addr, "undo alloc")
@@ -239,7 +268,7 @@ def reconstruct_layout(
                     trail.check_segment_step(lay, before, steps, i, rules)
         except LayoutError as err:
             raise LayoutError(f"{_what(i, step)}: {err}") from None
-        if trail is not None:
+        if trail is not None and (i <= trail.next_at or i == 0):
             trail.checkpoint(lay, i)
     # a block still pending here had its free requested before the trace began (a deferred
     # free, or the ring buffer cut between the two entries): it starts active_pending_free

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...snapshot.gc_pause import no_gc
+from .columns import alloc_entries, steps_from_columns
 from .forward import apply_step
 from .layout import Layout, LayoutError
 from .pools import PoolPlan, plan_pools
@@ -21,6 +22,7 @@ from .reconstruct import Rules, Step, reconstruct_layout, steps_of
 from .trail import MAX_SPACING, Trail, spacing
 
 if TYPE_CHECKING:
+    from ...snapshot import Trace
     from ...snapshot.schema import TorchDict, TorchList, TorchMapping
 
 __all__ = ["MAX_SPACING", "Recording", "apply_step"]
@@ -69,6 +71,7 @@ class Recording:
         else:
             self._forward(start)
         self._trace: list[TorchDict] | None = None
+        self._columns: Trace | None = None  # the trace's columns, when built from them
         # allocation stacks: per address, the alloc entries there (indices, frames) and the
         # stacks of blocks alive before the trace; the layout itself carries none
         self._allocs: dict[int, tuple[list[int], list[list[Any]]]] = {}
@@ -128,9 +131,11 @@ class Recording:
         cls,
         snapshot: TorchMapping,
         device: int = 0,
+        *,
+        columns: Trace | None = None,
         **kw: Any,  # Any: `__init__`'s options
     ) -> Recording:
-        """Reconstruct the start of `device`'s trace and replay it forwards.
+        """Reconstruct the start of `device`'s trace, and its layout after every entry.
 
         Parameters
         ----------
@@ -138,6 +143,9 @@ class Recording:
             A torch snapshot dict (``segments`` and ``device_traces``).
         device
             Which device's trace.
+        columns
+            That trace as a `Snapshot`'s columns (then the dict's ``device_traces`` are not
+            read, and entry dicts are built only when `snapshot_at` needs them).
         **kw
             ``every``: checkpoint spacing in trace entries (default 128; heavier layouts
             get wider spacing, up to `MAX_SPACING`).
@@ -157,19 +165,34 @@ class Recording:
         >>> len(tl.snapshot_at(-1)["segments"]), len(tl.snapshot_at(1)["segments"])
         (0, 1)
         """
-        traces = snapshot.get("device_traces") or []
-        trace = traces[device] if device < len(traces) else []
         settings = _device_settings(snapshot)
         rules = Rules.from_settings(settings)
         segs = [s for s in snapshot["segments"] if int(s.get("device", 0)) == device]
         final = Layout.from_segments(segs)
-        steps = steps_of(trace)
+        trace: list[TorchDict] | None = None
+        steps = steps_from_columns(columns) if columns is not None else None
+        if steps is None:
+            if columns is not None:
+                trace = columns.entries()
+            else:
+                traces = snapshot.get("device_traces") or []
+                trace = list(traces[device]) if device < len(traces) else []
+            steps = steps_of(trace)
         trail = Trail(len(steps), kw.get("every", 128))
         start = reconstruct_layout(final, steps, rules, trail)
         tl = cls(start, steps, rules, device=device, settings=settings, walked=(trail, final), **kw)
-        tl._trace = list(trace)
+        tl._trace, tl._columns = trace, columns
         tl.pools = plan_pools(start, steps, segs, tl.layout_at)
-        tl._keep_frames(segs, tl._trace)
+        if trace is not None:
+            allocs = [
+                (i, int(e["addr"]), e.get("frames") or [])
+                for i, e in enumerate(trace)
+                if e.get("action") == "alloc"
+            ]
+        else:
+            assert columns is not None  # steps came from them
+            allocs = alloc_entries(columns)
+        tl._keep_frames(segs, allocs)
         got, want = tl.final.key(requested=False), final.key(requested=False)
         if got != want:
             diff = [a[0] for a, b in zip(got, want, strict=False) if a != b]
@@ -181,15 +204,16 @@ class Recording:
             )
         return tl
 
-    def _keep_frames(self, segments: Iterable[TorchMapping], trace: Sequence[TorchMapping]) -> None:
-        """Record where each block's stack comes from: its trace `alloc` entry, except that a
-        block alive at the end (or since before the trace) takes the file's stack at its
-        address, which is what torch stored for it."""
-        for i, e in enumerate(trace):
-            if e.get("action") == "alloc":
-                at, frames = self._allocs.setdefault(int(e["addr"]), ([], []))
-                at.append(i)
-                frames.append(e.get("frames") or [])
+    def _keep_frames(
+        self, segments: Iterable[TorchMapping], allocs: Iterable[tuple[int, int, TorchList]]
+    ) -> None:
+        """Record where each block's stack comes from: its trace `alloc` entry (`allocs`:
+        index, address, frames), except that a block alive at the end (or since before the
+        trace) takes the file's stack at its address, which is what torch stored for it."""
+        for i, addr, frames in allocs:
+            at, stacks = self._allocs.setdefault(addr, ([], []))
+            at.append(i)
+            stacks.append(frames)
         for s in segments:
             addr = int(s["address"])
             for b in s["blocks"]:
@@ -257,6 +281,8 @@ class Recording:
 
     def _entries(self) -> list[TorchDict]:
         """The trace as torch dicts (the recorded ones when built from a snapshot)."""
+        if self._trace is None and self._columns is not None:
+            self._trace = self._columns.entries()
         if self._trace is None:
             self._trace = [
                 {"action": a, "addr": x, "size": s, "stream": st}

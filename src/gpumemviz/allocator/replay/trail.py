@@ -84,11 +84,11 @@ class Trail:
         self.next_at = n - every  # the next checkpoint: the layout before this entry
 
     def checkpoint(self, lay: Layout, i: int) -> None:
-        """`lay` is the layout before entry i: keep it when a checkpoint is due (always at 0)."""
-        if i <= self.next_at or i == 0:
-            self.checkpoints.append(lay.copy())
-            self.checkpoint_at.append(i)
-            self.next_at = i - spacing(lay, self.every)
+        """Keep `lay`, the layout before entry i, as a checkpoint (the walk calls this once
+        i reaches `next_at`, and at 0)."""
+        self.checkpoints.append(lay.copy())
+        self.checkpoint_at.append(i)
+        self.next_at = i - spacing(lay, self.every)
 
     def finish(self) -> None:
         """Put the checkpoints in ascending order (the walk made them from the last)."""
