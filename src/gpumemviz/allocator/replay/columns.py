@@ -15,9 +15,9 @@ import numpy as np
 if TYPE_CHECKING:
     from ...snapshot import Trace
     from ...snapshot.schema import TorchList
-    from .reconstruct import Step
+    from .reconstruct import ByAddress, Step
 
-__all__ = ["alloc_entries", "steps_from_columns"]
+__all__ = ["alloc_entries", "by_address", "steps_from_columns"]
 
 
 def steps_from_columns(trace: Trace) -> list[Step] | None:
@@ -58,3 +58,25 @@ def alloc_entries(trace: Trace) -> list[tuple[int, int, TorchList]]:
     frames = trace.frames()
     idx = at.tolist()
     return list(zip(idx, trace.addr[at].tolist(), [frames[i] or [] for i in idx], strict=True))
+
+
+def by_address(trace: Trace) -> ByAddress:
+    """The alloc, free_requested and free_completed entries sorted by address, then index:
+    (addresses, indices, is it an alloc), as `reconstruct_layout` takes them.
+
+    Examples
+    --------
+    >>> from gpumemviz.snapshot import Trace
+    >>> by_address(Trace.from_entries([
+    ...     {"action": "alloc", "addr": 8192, "size": 512, "stream": 0},
+    ...     {"action": "alloc", "addr": 4096, "size": 512, "stream": 0},
+    ...     {"action": "free_requested", "addr": 8192, "size": 512, "stream": 0}]))
+    ([4096, 8192, 8192], [1, 0, 2], [True, True, False])
+    """
+    names = trace.action_names
+    alloc = names.index("alloc")
+    codes = [alloc, names.index("free_requested"), names.index("free_completed")]
+    at = np.flatnonzero(np.isin(trace.action, codes))
+    order = np.argsort(trace.addr[at], kind="stable")
+    at = at[order]
+    return trace.addr[at].tolist(), at.tolist(), (trace.action[at] == alloc).tolist()

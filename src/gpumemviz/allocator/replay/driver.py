@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from array import array
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,10 +29,10 @@ from .layout import INACTIVE, Layout, LayoutError
 from .placement import INVENTED_TOP, Provider, ProviderState, Reservations, Runs
 from .reconstruct import SEGMENT_ACTIONS, Step
 from .recording import Recording
-from .result import DeviceReplay, ReplayError
+from .result import DeviceReplay, ReplayError, layout_key
 
 if TYPE_CHECKING:
-    from ...snapshot.schema import TorchDict, TorchMapping
+    from ...snapshot.schema import TorchDict
 
 __all__ = ["Driver"]
 
@@ -40,19 +40,6 @@ _RELEASES = ("segment_free", "segment_unmap")
 _GROWS = ("segment_alloc", "segment_map")
 _DELTA = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 _UNKNOWN_TOTAL = 1 << 40  # device_total when nothing recorded says it (sizes the expandable VA)
-
-
-def _layout_key(segments: Sequence[TorchMapping]) -> list[tuple[Any, ...]]:  # dict values
-    return sorted(
-        (
-            s["address"],
-            s["total_size"],
-            s["stream"],
-            bool(s.get("is_expandable")),
-            tuple((b["address"], b["size"], b["state"]) for b in s["blocks"]),
-        )
-        for s in segments
-    )
 
 
 def _without(lay: Layout, entry: tuple[str, int, int]) -> Layout | None:
@@ -618,7 +605,8 @@ class Driver:
         except OutOfMemory:
             return None, True
 
-    def _free_requested(self, i: int) -> None:
+    def _free_requested(self, i: int) -> bool:
+        """True when the block is freed at once (its free_completed, next, then does nothing)."""
         a = self._take(i)
         steps = self.steps
         nxt = steps[i + 1] if i + 1 < len(steps) else None
@@ -629,11 +617,12 @@ class Driver:
             and not self._release_follows(i + 1)
         ):  # freed at once (before a release, it may have waited on events until it)
             self.model.free(a)
-            return
+            return self.rename(steps[i][1]) not in self.deferred
         fake = -(1000 + i)  # the free waits on other streams' work until its free_completed
         self.model.record_stream(a, fake)
         self.model.free(a)
         self.deferred[self.rename(steps[i][1])] = fake
+        return False
 
     def _free_completed(self, i: int) -> None:
         key = self.rename(self.steps[i][1])
@@ -693,7 +682,10 @@ class Driver:
         leading: list[int] = []  # deferred frees completed just before it
         done = n
         provider = self.provider
+        skip = -1  # the free_completed of a free done at once: its figures are filled
         for i in range(n):
+            if i == skip:
+                continue
             action, addr, size, stream = steps[i]
             if action in SEGMENT_ACTIONS:
                 run.append(i)  # its figures are filled in when the run is replayed
@@ -720,7 +712,8 @@ class Driver:
                 self._finish_synced(leading, synced)
                 run, synced, leading = [], [], []
             elif action == "free_requested":
-                self._free_requested(i)
+                if self._free_requested(i):
+                    skip = i + 1
                 # frees never release segments: nothing for the provider to forget, and the
                 # model's trace ring may move on without it
                 provider.synced = self.model.trace_len()
@@ -729,6 +722,8 @@ class Driver:
                 provider.synced = self.model.trace_len()
             m = self.model
             reserved[i], allocated[i], nsegs[i] = m.reserved, m.allocated, len(self.runs)
+            if skip == i + 1:
+                reserved[skip], allocated[skip], nsegs[skip] = reserved[i], allocated[i], nsegs[i]
             if self.plan is not None:
                 self._pool_figures()
             if self.stopped:
@@ -750,9 +745,7 @@ class Driver:
         small = self.small_of.get(size)
         if small is None:
             small = self.small_of[size] = is_small(self.tl.rules.round(size))
-        provider.window, provider.pos, provider.small = [], i, small
-        if provider.used:
-            provider.used = set()
+        provider.window, provider.used, provider.pos, provider.small = [], set(), i, small
         provider.synced = mark = m.trace_len()
         allocated_before = m.allocated
         got, oomed = self._try(size, stream)
@@ -764,20 +757,17 @@ class Driver:
         self._after_malloc(i)
         provider.synced = self.model.trace_len()  # the model may have been reloaded
 
-    def _after_malloc(self, i: int) -> None:
-        """A pool deleted after its last alloc (`i`) is released."""
+    def _after_malloc(self, i: int) -> None:  # a pool deleted after its last alloc, released
         plan, pid = self.plan, self.cur_pool
         if plan is not None and pid is not None and plan.unnamed.get(pid) == i:
             self.model.release_pool(pid)  # its last alloc: the pool was deleted
 
     def _result(self, done: int) -> DeviceReplay:
         """The pass's figures up to entry `done`, its final layout, and how it scored."""
-        n = len(self.steps)
-        reserved, allocated, nsegs = self.reserved, self.allocated, self.nsegs
-        out = self.out
-        out.reserved = np.frombuffer(reserved, np.int64)[:done]
-        out.allocated = np.frombuffer(allocated, np.int64)[:done]
-        out.segments = np.frombuffer(nsegs, np.int64)[:done]
+        out, n = self.out, len(self.steps)
+        out.reserved = np.frombuffer(self.reserved, np.int64)[:done]
+        out.allocated = np.frombuffer(self.allocated, np.int64)[:done]
+        out.segments = np.frombuffer(self.nsegs, np.int64)[:done]
         start_reserved, start_allocated, _ = self.tl.start.totals()
         out.peak_reserved = max(int(out.reserved.max(initial=0)), start_reserved)
         out.peak_allocated = max(int(out.allocated.max(initial=0)), start_allocated)
@@ -788,7 +778,7 @@ class Driver:
             out.pool_final_reserved = dict(sorted(self.model.pool_reserved().items()))
         if not self.what_if:
             recorded = self.tl.final.to_segments(self.tl.device)
-            out.final_matched = _layout_key(out.final_segments) == _layout_key(recorded)
+            out.final_matched = layout_key(out.final_segments) == layout_key(recorded)
             if not out.final_matched:
                 self._miss(n - 1, "final", "the model's final segments differ from the recorded")
         if not self.resync:

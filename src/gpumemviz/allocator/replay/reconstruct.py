@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ALLOC_ACTIONS",
     "SEGMENT_ACTIONS",
+    "ByAddress",
     "Rules",
     "Step",
     "reconstruct",
@@ -35,6 +36,7 @@ __all__ = [
 ]
 
 Step = tuple[str, int, int, int]  # (action, addr or device_free, size, stream)
+ByAddress = tuple[list[int], list[int], list[bool]]  # see `reconstruct_layout`
 ALLOC_ACTIONS = frozenset({"alloc", "free_requested", "free_completed"})
 SEGMENT_ACTIONS = frozenset({"segment_alloc", "segment_free", "segment_map", "segment_unmap"})
 _GROWS = frozenset({"segment_alloc", "segment_map"})
@@ -108,12 +110,14 @@ class _Hints:
     free_completed entries sorted by address, then by position in the trace.
     """
 
-    def __init__(self, steps: Sequence[Step]):
+    def __init__(self, steps: Sequence[Step], by_address: ByAddress | None = None):
         self.steps = steps
         self.addrs: list[int] = []
         self.index: list[int] = []
         self.is_alloc: list[bool] = []
-        self.built = False
+        self.built = by_address is not None
+        if by_address is not None:
+            self.addrs, self.index, self.is_alloc = by_address
 
     def _build(self) -> None:
         steps = self.steps
@@ -140,10 +144,12 @@ class _Hints:
             k -= 1
         since = index[k] if k >= lo else -1  # the alloc that made the block at addr
         j = bisect.bisect_right(addrs, lo_end)
-        while j < len(addrs) and addrs[j] <= hi_end:
-            if since < index[j] < before:
+        while j < len(addrs) and addrs[j] <= hi_end:  # address by address, lowest first
+            end = bisect.bisect_right(addrs, addrs[j], j)
+            k = bisect.bisect_right(index, since, j, end)  # its first entry after `since`
+            if k < end and index[k] < before:
                 return addrs[j]
-            j += 1
+            j = end
         return None
 
 
@@ -179,7 +185,11 @@ def _pool_of_range(lay: Layout, steps: Sequence[Step], i: int, rules: Rules) -> 
 
 
 def reconstruct_layout(
-    final: Layout, steps: Sequence[Step], rules: Rules, trail: Trail | None = None
+    final: Layout,
+    steps: Sequence[Step],
+    rules: Rules,
+    trail: Trail | None = None,
+    by_address: ByAddress | None = None,
 ) -> Layout:
     """Undo `steps` from the last to the first on a copy of `final`.
 
@@ -194,6 +204,10 @@ def reconstruct_layout(
     trail
         When given, filled with the figures and checkpoints of the layouts passed through,
         and with whether each step applied forwards retraces the walk (`Trail.exact`).
+    by_address
+        The alloc, free_requested and free_completed steps sorted by address, then index:
+        (addresses, indices, is it an alloc), when the caller has them (`columns.by_address`);
+        otherwise sorted from `steps` if the walk needs them.
 
     Returns
     -------
@@ -206,7 +220,7 @@ def reconstruct_layout(
         When a step does not fit (its index and what is wrong are in the message).
     """
     lay = final.copy()
-    hints = _Hints(steps)
+    hints = _Hints(steps, by_address)
     segs = lay.segs  # the walk changes this dict in place
     nsegs = trail.nsegs if trail is not None else None
     for i in range(len(steps) - 1, -1, -1):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...snapshot.gc_pause import no_gc
-from .columns import alloc_entries, steps_from_columns
+from .columns import alloc_entries, by_address, steps_from_columns
 from .forward import apply_step
 from .layout import Layout, LayoutError
 from .pools import PoolPlan, plan_pools
@@ -179,7 +179,8 @@ class Recording:
                 trace = list(traces[device]) if device < len(traces) else []
             steps = steps_of(trace)
         trail = Trail(len(steps), kw.get("every", 128))
-        start = reconstruct_layout(final, steps, rules, trail)
+        sorted_steps = by_address(columns) if trace is None and columns is not None else None
+        start = reconstruct_layout(final, steps, rules, trail, sorted_steps)
         tl = cls(start, steps, rules, device=device, settings=settings, walked=(trail, final), **kw)
         tl._trace, tl._columns = trace, columns
         tl.pools = plan_pools(start, steps, segs, tl.layout_at)
