@@ -9,7 +9,10 @@ machinery sits in the subpackage's modules:
 
 - layout.py: `Layout`, one device's segments and blocks, moved by trace entries
 - reconstruct.py: the state at the start of a trace, by walking it backwards
-- recording.py: `Recording`, the recorded history applied forwards (the ground truth)
+- trail.py: what that walk keeps for the recording (figures, checkpoints, proof of exactness)
+- forward.py: one trace entry applied forwards at its recorded address
+- recording.py: `Recording`, the recorded history after every entry (the ground truth)
+- columns.py: a `Snapshot`'s trace read as steps from its numpy columns
 - placement.py: where the model's segments go (the recorded addresses)
 - driver.py and drive.py: one device's pass through a fresh model, scored (`drive`)
 - result.py: `DeviceReplay`, `ReplayResult`, `ReplayError`

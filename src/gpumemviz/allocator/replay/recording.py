@@ -1,7 +1,9 @@
-"""The recorded history of one device, applied forwards at the recorded addresses.
+"""The recorded history of one device, at the recorded addresses, after every entry.
 
 This is the ground truth the model is scored against, and what the panel scrubs through:
-`snapshot_at(i)` restores the nearest checkpoint and applies the few entries after it.
+`snapshot_at(i)` restores the nearest checkpoint and applies the few entries after it. Its
+figures and checkpoints come from the reconstruction's walk backwards where that walk is proven
+to be what applying the trace forwards gives (trail.py); otherwise from a forward pass.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ def _device_settings(snapshot: TorchMapping) -> TorchMapping | None:
 class Recording:
     """One device's recorded layouts after every trace entry, with checkpoints for fast jumps.
 
-    Build it with `Recording.from_snapshot` (it reconstructs the start, replays forwards at the
-    recorded addresses and checks that it ends on the recorded final segments). Index ``i``
+    Build it with `Recording.from_snapshot` (it reconstructs the start and checks that the
+    trace applied forwards at the recorded addresses ends on the recorded final segments:
+    proven entry by entry during the reconstruction, or by a forward pass). Index ``i``
     means "after trace entry i"; ``-1`` is the reconstructed state at the start of the trace.
     ``len()`` is the number of entries; `reserved`, `allocated` and `segments` are numpy
     arrays of the recorded figures after each entry; `start` and `final` are the first and
@@ -58,6 +61,8 @@ class Recording:
         every: int = 128,
         walked: tuple[Trail, Layout] | None = None,
     ):
+        """`walked`: the trail of the walk that reconstructed `start` and the final layout it
+        began from; used when the trail is exact, else the trace is applied forwards."""
         self.device = device
         self.steps = list(steps)
         self.rules = rules
