@@ -39,7 +39,15 @@ def steps_from_columns(trace: Trace) -> list[Step] | None:
     if (addr == -1).any() or (trace.size == -1).any() or (trace.stream == -1).any():
         return None
     names = np.array(trace.action_names, dtype=object)[trace.action].tolist()
-    return list(zip(names, addr.tolist(), trace.size.tolist(), trace.stream.tolist(), strict=True))
+    columns = (_shared(addr), _shared(trace.size), _shared(trace.stream))
+    return list(zip(names, *columns, strict=True))
+
+
+def _shared(column: np.ndarray) -> list[int]:
+    """The column as Python ints, one object per distinct value (addresses and sizes repeat
+    all through a trace: a step then costs its tuple, not three more ints)."""
+    values, where = np.unique(column, return_inverse=True)
+    return np.array(values.tolist(), dtype=object)[where].tolist()  # type: ignore[no-any-return]
 
 
 def alloc_entries(trace: Trace) -> list[tuple[int, int, TorchList]]:
