@@ -9,7 +9,10 @@ machinery sits in the subpackage's modules:
 
 - layout.py: `Layout`, one device's segments and blocks, moved by trace entries
 - reconstruct.py: the state at the start of a trace, by walking it backwards
-- recording.py: `Recording`, the recorded history applied forwards (the ground truth)
+- trail.py: what that walk keeps for the recording (figures, checkpoints, proof of exactness)
+- forward.py: one trace entry applied forwards at its recorded address
+- recording.py: `Recording`, the recorded history after every entry (the ground truth)
+- columns.py: a `Snapshot`'s trace read as steps from its numpy columns
 - placement.py: where the model's segments go (the recorded addresses)
 - driver.py and drive.py: one device's pass through a fresh model, scored (`drive`)
 - result.py: `DeviceReplay`, `ReplayResult`, `ReplayError`
@@ -20,11 +23,13 @@ playback read) does not load it.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..._callable import make_module_callable
+from ...snapshot import Snapshot
 from ...snapshot.gc_pause import no_gc
 from ...snapshot.messages import short_repr
 from ...units import parse_size
@@ -35,6 +40,7 @@ from .result import DeviceReplay, ReplayError, ReplayResult
 
 if TYPE_CHECKING:
     from ...io import SnapshotLike
+    from ...snapshot import Trace
     from ...snapshot.schema import TorchMapping
 
 __all__ = ["DeviceReplay", "Prepared", "ReplayError", "ReplayResult", "prepare", "replay"]
@@ -44,23 +50,36 @@ __all__ = ["DeviceReplay", "Prepared", "ReplayError", "ReplayResult", "prepare",
 
 
 def _as_dict(snapshot: SnapshotLike | TorchMapping) -> TorchMapping:
+    return _as_source(snapshot)[0]
+
+
+def _as_source(
+    snapshot: SnapshotLike | TorchMapping,
+) -> tuple[TorchMapping, Mapping[int, Trace] | None]:
+    """The torch dict replay reads, and each device's trace as columns where it has them.
+
+    A `Snapshot`'s dict is built without its traces (a dict per entry: the most of its time
+    and memory); the recordings read the traces' columns instead.
+    """
     if isinstance(snapshot, Mapping):
         if "segments" not in snapshot:
             raise ReplayError("snapshot dict has no 'segments' key")
-        return snapshot
+        return snapshot, None
     if isinstance(snapshot, list):
-        return {"segments": snapshot, "device_traces": []}
+        return {"segments": snapshot, "device_traces": []}, None
+    if isinstance(snapshot, Snapshot):
+        return dataclasses.replace(snapshot, traces={}).to_torch(), snapshot.traces
     to_torch = getattr(snapshot, "to_torch", None)
     if callable(to_torch):
         data: TorchMapping = to_torch()
-        return data
+        return data, None
     try:
         from ...io import load_snapshot
     except ImportError:  # pragma: no cover - io is part of the package
         raise ReplayError(
             f"cannot read a snapshot from {type(snapshot).__name__}: pass the torch dict"
         ) from None
-    return load_snapshot(snapshot).to_torch()
+    return _as_source(load_snapshot(snapshot))
 
 
 def _capacity_from_oom(tl: Recording) -> int | None:
@@ -173,9 +192,9 @@ def replay(
         caps = {d: _as_capacity(c, f"capacity of device {d}") for d, c in capacity.items()}
     else:
         caps = _as_capacity(capacity)
-    snap = _as_dict(snapshot)
+    snap, traces = _as_source(snapshot)
     cfg = _as_config(config, AllocatorConfig.from_settings(snap.get("allocator_settings")))
-    return Prepared(snap).replay(cfg, caps)
+    return Prepared(snap, traces).replay(cfg, caps)
 
 
 class Prepared:
@@ -186,11 +205,16 @@ class Prepared:
     pass are shared by every call (what the advice check does with several settings).
     """
 
-    def __init__(self, snap: TorchMapping):
+    def __init__(self, snap: TorchMapping, traces: Mapping[int, Trace] | None = None):
+        """`traces`: each device's trace as columns (then `snap`'s ``device_traces`` are not
+        read)."""
         self.recorded_cfg = AllocatorConfig.from_settings(snap.get("allocator_settings"))
         self.settings_recorded = isinstance(snap.get("allocator_settings"), Mapping)
-        traces = snap.get("device_traces") or []
-        traced = [d for d, t in enumerate(traces) if t]
+        self.traces = traces
+        if traces is not None:
+            traced = sorted(d for d, t in traces.items() if len(t))
+        else:
+            traced = [d for d, t in enumerate(snap.get("device_traces") or []) if t]
         if not traced:
             raise ReplayError("snapshot has no trace to replay (recorded with history off?)")
         self.recorded: dict[int, DeviceReplay] = {}
@@ -206,7 +230,8 @@ class Prepared:
         from .drive import drive  # the model loads here, not with the package
 
         try:
-            tl = Recording.from_snapshot(snap, dev)
+            columns = self.traces[dev] if self.traces is not None else None
+            tl = Recording.from_snapshot(snap, dev, columns=columns)
         except LayoutError as err:
             raise ReplayError(f"device {dev}: {err}") from None
         self.timelines[dev] = tl
@@ -268,7 +293,7 @@ def prepare(snapshot: SnapshotLike | TorchMapping) -> Prepared:
 
     Takes what `replay` takes; raises `ReplayError` as it does.
     """
-    return Prepared(_as_dict(snapshot))
+    return Prepared(*_as_source(snapshot))
 
 
 # `import gpumemviz.allocator.replay` binds the package attribute to this module: keep it callable.

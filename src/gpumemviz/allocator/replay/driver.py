@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from array import array
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,10 +29,10 @@ from .layout import INACTIVE, Layout, LayoutError
 from .placement import INVENTED_TOP, Provider, ProviderState, Reservations, Runs
 from .reconstruct import SEGMENT_ACTIONS, Step
 from .recording import Recording
-from .result import DeviceReplay, ReplayError
+from .result import DeviceReplay, ReplayError, layout_key
 
 if TYPE_CHECKING:
-    from ...snapshot.schema import TorchDict, TorchMapping
+    from ...snapshot.schema import TorchDict
 
 __all__ = ["Driver"]
 
@@ -40,19 +40,6 @@ _RELEASES = ("segment_free", "segment_unmap")
 _GROWS = ("segment_alloc", "segment_map")
 _DELTA = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 _UNKNOWN_TOTAL = 1 << 40  # device_total when nothing recorded says it (sizes the expandable VA)
-
-
-def _layout_key(segments: Sequence[TorchMapping]) -> list[tuple[Any, ...]]:  # dict values
-    return sorted(
-        (
-            s["address"],
-            s["total_size"],
-            s["stream"],
-            bool(s.get("is_expandable")),
-            tuple((b["address"], b["size"], b["state"]) for b in s["blocks"]),
-        )
-        for s in segments
-    )
 
 
 def _without(lay: Layout, entry: tuple[str, int, int]) -> Layout | None:
@@ -134,6 +121,7 @@ class Driver:
         self.plan = recording.pools
         self.cur_pool: tuple[int, int] | None = None  # the pool of the malloc being replayed
         self.pool_peak: dict[tuple[int, int], int] = {}
+        self.small_of: dict[int, bool] = {}  # request size -> small pool?
         self._load(self._start().to_segments(recording.device), -1)
 
     # -- state ------------------------------------------------------------------------------
@@ -479,6 +467,14 @@ class Driver:
                 mark, allocated_before, got, oomed, _ = attempt(chosen)
             if chosen == "empty_cache":
                 self.out.explicit_bursts.append(rels[0])
+        self._scored(i, run, mark, allocated_before, got, oomed)
+
+    def _scored(
+        self, i: int, run: list[int], mark: int, allocated_before: int, got: int | None, oomed: bool
+    ) -> None:
+        """`_malloc` once the model has served malloc `i` (from trace_len `mark` on): its own
+        entries read, scored against the recorded `run` and counted."""
+        action, addr, size, _ = self.steps[i]
         model = self.model
         own = self._own(mark, run, allocated_before)
         if i == self.cut_at:  # the new segment the cut hid is not scored as the model's own
@@ -609,7 +605,8 @@ class Driver:
         except OutOfMemory:
             return None, True
 
-    def _free_requested(self, i: int) -> None:
+    def _free_requested(self, i: int) -> bool:
+        """True when the block is freed at once (its free_completed, next, then does nothing)."""
         a = self._take(i)
         steps = self.steps
         nxt = steps[i + 1] if i + 1 < len(steps) else None
@@ -620,11 +617,12 @@ class Driver:
             and not self._release_follows(i + 1)
         ):  # freed at once (before a release, it may have waited on events until it)
             self.model.free(a)
-            return
+            return self.rename(steps[i][1]) not in self.deferred
         fake = -(1000 + i)  # the free waits on other streams' work until its free_completed
         self.model.record_stream(a, fake)
         self.model.free(a)
         self.deferred[self.rename(steps[i][1])] = fake
+        return False
 
     def _free_completed(self, i: int) -> None:
         key = self.rename(self.steps[i][1])
@@ -683,14 +681,18 @@ class Driver:
         synced: list[int] = []  # deferred frees completed inside that run (events synced)
         leading: list[int] = []  # deferred frees completed just before it
         done = n
+        provider = self.provider
+        skip = -1  # the free_completed of a free done at once: its figures are filled
         for i in range(n):
-            action = steps[i][0]
+            if i == skip:
+                continue
+            action, addr, size, stream = steps[i]
             if action in SEGMENT_ACTIONS:
                 run.append(i)  # its figures are filled in when the run is replayed
                 continue
             if (
                 action == "free_completed"
-                and self.rename(steps[i][1]) in self.deferred
+                and self.rename(addr) in self.deferred
                 and (run or self._release_follows(i))
             ):  # completed around a release (empty_cache, or the last retry)
                 (synced if run else leading).append(i)
@@ -701,24 +703,27 @@ class Driver:
                 self._standalone_run(run)
                 self._finish_synced(leading, synced)
                 run, synced, leading = [], [], []
-            if action in ("alloc", "oom"):
+            if action == "alloc" and not run and not leading and i != self.cut_at:
+                self._lone_malloc(i, addr, size, stream)  # the common case
+            elif action in ("alloc", "oom"):
                 self._fill(leading)
                 self._malloc(i, run, leading)
-                plan, pid = self.plan, self.cur_pool
-                if plan is not None and pid is not None and plan.unnamed.get(pid) == i:
-                    self.model.release_pool(pid)  # its last alloc: the pool was deleted
+                self._after_malloc(i)
                 self._finish_synced(leading, synced)
                 run, synced, leading = [], [], []
             elif action == "free_requested":
-                self._free_requested(i)
+                if self._free_requested(i):
+                    skip = i + 1
                 # frees never release segments: nothing for the provider to forget, and the
                 # model's trace ring may move on without it
-                self.provider.synced = self.model.trace_len()
+                provider.synced = self.model.trace_len()
             elif action == "free_completed":
                 self._free_completed(i)
-                self.provider.synced = self.model.trace_len()
+                provider.synced = self.model.trace_len()
             m = self.model
             reserved[i], allocated[i], nsegs[i] = m.reserved, m.allocated, len(self.runs)
+            if skip == i + 1:
+                reserved[skip], allocated[skip], nsegs[skip] = reserved[i], allocated[i], nsegs[i]
             if self.plan is not None:
                 self._pool_figures()
             if self.stopped:
@@ -729,10 +734,46 @@ class Driver:
             self._fill(leading)
             self._standalone_run(run)
             self._finish_synced(leading, synced)
-        out = self.out
-        out.reserved = np.frombuffer(reserved, np.int64)[:done]
-        out.allocated = np.frombuffer(allocated, np.int64)[:done]
-        out.segments = np.frombuffer(nsegs, np.int64)[:done]
+        return self._result(done)
+
+    def _lone_malloc(self, i: int, addr: int, size: int, stream: int) -> None:
+        """An alloc with no segment entry and no deferred free recorded before it: what
+        `_malloc` does then, without its lists (most allocs of a trace)."""
+        m, provider = self.model, self.provider
+        if self.plan is not None:
+            self.cur_pool = self.plan.alloc[i]
+        small = self.small_of.get(size)
+        if small is None:
+            small = self.small_of[size] = is_small(self.tl.rules.round(size))
+        provider.window, provider.used, provider.pos, provider.small = [], set(), i, small
+        provider.synced = mark = m.trace_len()
+        allocated_before = m.allocated
+        got, oomed = self._try(size, stream)
+        if got == addr and self.plan is None and not self.what_if and m.trace_len() == mark + 1:
+            provider.synced = mark + 1  # the commonest: from the cache, where it was recorded
+            self.out.allocs += 1
+            self.out.allocs_matched += 1
+            self.choices[i] = self.where[self.rename(addr)] = got
+            return
+        if not oomed and m.trace_len() == mark + 1:
+            assert got is not None  # not oomed: `_try` returned an address
+            self._placed(i, addr, got)
+        else:
+            self._scored(i, [], mark, allocated_before, got, oomed)
+        self._after_malloc(i)
+        provider.synced = self.model.trace_len()  # the model may have been reloaded
+
+    def _after_malloc(self, i: int) -> None:  # a pool deleted after its last alloc, released
+        plan, pid = self.plan, self.cur_pool
+        if plan is not None and pid is not None and plan.unnamed.get(pid) == i:
+            self.model.release_pool(pid)  # its last alloc: the pool was deleted
+
+    def _result(self, done: int) -> DeviceReplay:
+        """The pass's figures up to entry `done`, its final layout, and how it scored."""
+        out, n = self.out, len(self.steps)
+        out.reserved = np.frombuffer(self.reserved, np.int64)[:done]
+        out.allocated = np.frombuffer(self.allocated, np.int64)[:done]
+        out.segments = np.frombuffer(self.nsegs, np.int64)[:done]
         start_reserved, start_allocated, _ = self.tl.start.totals()
         out.peak_reserved = max(int(out.reserved.max(initial=0)), start_reserved)
         out.peak_allocated = max(int(out.allocated.max(initial=0)), start_allocated)
@@ -743,7 +784,7 @@ class Driver:
             out.pool_final_reserved = dict(sorted(self.model.pool_reserved().items()))
         if not self.what_if:
             recorded = self.tl.final.to_segments(self.tl.device)
-            out.final_matched = _layout_key(out.final_segments) == _layout_key(recorded)
+            out.final_matched = layout_key(out.final_segments) == layout_key(recorded)
             if not out.final_matched:
                 self._miss(n - 1, "final", "the model's final segments differ from the recorded")
         if not self.resync:

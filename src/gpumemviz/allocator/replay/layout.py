@@ -29,19 +29,21 @@ class LayoutError(ValueError):
     """A trace entry that does not fit the layout it is applied to (one line: what and where)."""
 
 
+Block = tuple[int, int, int, int]  # (address, size, state, requested_size)
 _key = itemgetter(0)  # a block's address (C-level: the bisects below run per trace entry)
 
 
 class Seg:
     """One segment (or one mapped run of an expandable segment): blocks in address order.
 
-    A block is a list ``[address, size, state, requested_size]``; lists so that state changes
-    are in place and copies are cheap.
+    A block is a tuple ``(address, size, state, requested_size)``; a move replaces it, never
+    changes it, so a copy shares the blocks of its original (checkpoints cost a list of
+    references per changed segment, and the GC leaves tuples of ints alone).
     """
 
     __slots__ = ("blocks", "cached", "expandable", "small", "stream")
 
-    def __init__(self, stream: int, small: bool, expandable: bool, blocks: list[list[int]]):
+    def __init__(self, stream: int, small: bool, expandable: bool, blocks: list[Block]):
         self.stream = stream
         self.small = small
         self.expandable = expandable
@@ -62,7 +64,7 @@ class Seg:
         return bisect.bisect_right(self.blocks, addr, key=_key) - 1
 
     def copy(self) -> Seg:
-        return Seg(self.stream, self.small, self.expandable, [b[:] for b in self.blocks])
+        return Seg(self.stream, self.small, self.expandable, self.blocks[:])
 
 
 class Layout:
@@ -87,7 +89,8 @@ class Layout:
         lay = cls()
         for s in segments:
             base = int(s["address"])
-            blocks, at = [], base
+            blocks: list[Block] = []
+            at = base
             for b in s["blocks"]:
                 size = int(b["size"])
                 state = _STATE_CODE.get(b["state"])
@@ -99,7 +102,7 @@ class Layout:
                 if state != INACTIVE:  # torch 2.0 keeps it in the block's history
                     hist = b.get("history") or [{}]
                     req = int(b.get("requested_size", hist[0].get("real_size", 0)) or 0)
-                blocks.append([int(b.get("address", at)), size, state, req])
+                blocks.append((int(b.get("address", at)), size, state, req))
                 at += size
             if not blocks:
                 raise LayoutError(f"segment {base:#x} has no blocks")
@@ -230,17 +233,22 @@ class Layout:
         seg = self.segment_at(addr)
         if seg is None:
             raise LayoutError(f"{what}: {addr:#x} is in no segment")
-        i = seg.index(addr)
+        self.carve_at(seg, seg.index(addr), addr, size, state, requested, what)
+
+    def carve_at(
+        self, seg: Seg, i: int, addr: int, size: int, state: int, requested: int, what: str
+    ) -> None:
+        """`carve` inside block `i` of `seg` (the block containing `addr`)."""
         b = seg.blocks[i]
         if b[2] != INACTIVE or addr + size > b[0] + b[1]:
             raise LayoutError(f"{what}: [{addr:#x}, +{size}) is not inside one free block")
         seg = self._own(seg)
-        new = [[addr, size, state, requested]]
+        new = [(addr, size, state, requested)]
         if addr > b[0]:
-            new.insert(0, [b[0], addr - b[0], INACTIVE, 0])
+            new.insert(0, (b[0], addr - b[0], INACTIVE, 0))
         end = b[0] + b[1]
         if addr + size < end:
-            new.append([addr + size, end - addr - size, INACTIVE, 0])
+            new.append((addr + size, end - addr - size, INACTIVE, 0))
         seg.blocks[i : i + 1] = new
 
     def free_region(self, addr: int) -> tuple[Seg, int, int]:
@@ -257,32 +265,42 @@ class Layout:
         """Make the block at `addr` free and merge it with free neighbours; returns the
         block's (state, size) before."""
         seg, i = self.block_at(addr, what)
+        return self.release_at(seg, i, what)
+
+    def release_at(self, seg: Seg, i: int, what: str) -> tuple[int, int]:
+        """`release` of block `i` of `seg` (what `block_at` found)."""
         if seg.blocks[i][2] == INACTIVE:
-            raise LayoutError(f"{what}: block at {addr:#x} is already free")
+            raise LayoutError(f"{what}: block at {seg.blocks[i][0]:#x} is already free")
         seg = self._own(seg)
         blocks = seg.blocks
         b = blocks[i]
-        was = (b[2], b[1])
-        b[2], b[3] = INACTIVE, 0
+        start, size, req, lo, hi = b[0], b[1], 0, i, i + 1
         if i + 1 < len(blocks) and blocks[i + 1][2] == INACTIVE:
-            b[1] += blocks[i + 1][1]
-            del blocks[i + 1]
-        if i > 0 and blocks[i - 1][2] == INACTIVE:
-            blocks[i - 1][1] += b[1]
-            del blocks[i]
-        return was
+            size += blocks[i + 1][1]
+            hi += 1
+        if i > 0 and blocks[i - 1][2] == INACTIVE:  # it takes the block in
+            prev = blocks[i - 1]
+            start, size, req, lo = prev[0], prev[1] + size, prev[3], i - 1
+        blocks[lo:hi] = [(start, size, INACTIVE, req)]
+        return b[2], b[1]
 
     def set_state(self, addr: int, state: int, what: str, only: int | None = None) -> int:
         """Change an active block's state (only from state `only`, when given); returns its
         size."""
         seg, i = self.block_at(addr, what)
+        return self.set_state_at(seg, i, state, what, only)
+
+    def set_state_at(self, seg: Seg, i: int, state: int, what: str, only: int | None = None) -> int:
+        """`set_state` of block `i` of `seg` (what `block_at` found)."""
+        addr = seg.blocks[i][0]
         if only is not None and seg.blocks[i][2] != only:
             raise LayoutError(f"block at {addr:#x} is not {STATE_NAMES[only].split('_')[-1]}")
         if seg.blocks[i][2] == INACTIVE:
             raise LayoutError(f"{what}: block at {addr:#x} is free")
         seg = self._own(seg)
-        seg.blocks[i][2] = state
-        return seg.blocks[i][1]
+        b = seg.blocks[i]
+        seg.blocks[i] = (b[0], b[1], state, b[3])
+        return b[1]
 
     # -- segment moves ----------------------------------------------------------------------
     def _insert(self, seg: Seg) -> None:
@@ -307,7 +325,7 @@ class Layout:
         """A new, entirely free, non-expandable segment."""
         if self.segment_at(addr) is not None or self.segment_at(addr + size - 1) is not None:
             raise LayoutError(f"{what}: [{addr:#x}, +{size}) overlaps a segment")
-        self._insert(Seg(stream, small, False, [[addr, size, INACTIVE, 0]]))
+        self._insert(Seg(stream, small, False, [(addr, size, INACTIVE, 0)]))
 
     def remove_segment(self, addr: int, size: int, what: str) -> Seg:
         """Drop an entirely free segment (cudaFree)."""
@@ -322,13 +340,14 @@ class Layout:
         """Map [addr, addr+size) of an expandable segment: free, joined to touching runs."""
         if self.segment_at(addr) is not None or self.segment_at(addr + size - 1) is not None:
             raise LayoutError(f"{what}: [{addr:#x}, +{size}) is already mapped")
-        blocks = [[addr, size, INACTIVE, 0]]
+        blocks: list[Block] = [(addr, size, INACTIVE, 0)]
         below = self.segment_at(addr - 1)
         if below is not None and below.expandable and below.stream == stream:
             below = self._remove(below.address)
             small = below.small
-            if below.blocks[-1][2] == INACTIVE:
-                below.blocks[-1][1] += size
+            last = below.blocks[-1]
+            if last[2] == INACTIVE:
+                below.blocks[-1] = (last[0], last[1] + size, last[2], last[3])
                 blocks = below.blocks
             else:
                 blocks = below.blocks + blocks
@@ -337,7 +356,8 @@ class Layout:
             above = self._remove(above.address)
             small = above.small
             if above.blocks[0][2] == INACTIVE:
-                blocks[-1][1] += above.blocks[0][1]
+                last = blocks[-1]
+                blocks[-1] = (last[0], last[1] + above.blocks[0][1], last[2], last[3])
                 blocks += above.blocks[1:]
             else:
                 blocks += above.blocks
@@ -355,11 +375,11 @@ class Layout:
         seg = self._remove(seg.address)
         lower = seg.blocks[:i]
         if addr > b[0]:
-            lower.append([b[0], addr - b[0], INACTIVE, 0])
+            lower.append((b[0], addr - b[0], INACTIVE, 0))
         upper = seg.blocks[i + 1 :]
         end = b[0] + b[1]
         if addr + size < end:
-            upper.insert(0, [addr + size, end - addr - size, INACTIVE, 0])
+            upper.insert(0, (addr + size, end - addr - size, INACTIVE, 0))
         for part in (lower, upper):
             if part:
                 self._insert(Seg(seg.stream, seg.small, True, part))

@@ -13,10 +13,13 @@ import bisect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from ...snapshot.messages import short_repr
 from ..config import AllocatorConfig
-from ..rules import K_SMALL_SIZE, is_small, page_size, round_size
-from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
+from ..rules import K_SMALL_SIZE, is_small, page_size, round_size, should_split
+from .layout import ALLOCATED, INACTIVE, PENDING_FREE, Layout, LayoutError, Seg
+from .trail import Trail
 
 if TYPE_CHECKING:
     from ...snapshot.schema import TorchDict, TorchMapping
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ALLOC_ACTIONS",
     "SEGMENT_ACTIONS",
+    "ByAddress",
     "Rules",
     "Step",
     "reconstruct",
@@ -32,19 +36,22 @@ __all__ = [
 ]
 
 Step = tuple[str, int, int, int]  # (action, addr or device_free, size, stream)
+ByAddress = tuple[list[int], list[int], list[bool]]  # see `reconstruct_layout`
 ALLOC_ACTIONS = frozenset({"alloc", "free_requested", "free_completed"})
 SEGMENT_ACTIONS = frozenset({"segment_alloc", "segment_free", "segment_map", "segment_unmap"})
+_GROWS = frozenset({"segment_alloc", "segment_map"})
 
 
 class Rules:
     """The settings that decide block sizes (roundup divisions, max_split_size), ready to use."""
 
-    __slots__ = ("config", "divisions", "max_split_size")
+    __slots__ = ("config", "divisions", "max_split_size", "rounded")
 
     def __init__(self, config: AllocatorConfig | None = None):
         self.config = config or AllocatorConfig()
         self.divisions = self.config.divisions
         self.max_split_size = self.config.max_split_size
+        self.rounded: dict[int, int] = {}  # size -> round(size), as asked (sizes repeat)
 
     @classmethod
     def from_settings(cls, settings: TorchMapping | None) -> Rules:
@@ -52,7 +59,10 @@ class Rules:
         return cls(AllocatorConfig.from_settings(settings))
 
     def round(self, size: int) -> int:
-        return round_size(size, self.divisions)
+        got = self.rounded.get(size)
+        if got is None:
+            got = self.rounded[size] = round_size(size, self.divisions)
+        return got
 
 
 def steps_of(trace: Sequence[TorchMapping]) -> list[Step]:
@@ -94,34 +104,61 @@ def _what(i: int, step: Step) -> str:
 
 
 class _Hints:
-    """Where blocks started while a given block was live: the boundary hint."""
+    """Where blocks started while a given block was live: the boundary hint.
 
-    def __init__(self, steps: Sequence[Step]):
-        pairs = sorted((s[1], i) for i, s in enumerate(steps) if s[0] in ALLOC_ACTIONS)
-        self.addrs = [a for a, _ in pairs]
-        self.index = [i for _, i in pairs]
-        self.allocs: dict[int, list[int]] = {}
-        for i, s in enumerate(steps):
-            if s[0] == "alloc":
-                self.allocs.setdefault(s[1], []).append(i)
+    Built at the first question (many traces never ask one): the alloc, free_requested and
+    free_completed entries sorted by address, then by position in the trace.
+    """
+
+    def __init__(self, steps: Sequence[Step], by_address: ByAddress | None = None):
+        self.steps = steps
+        self.addrs: list[int] = []
+        self.index: list[int] = []
+        self.is_alloc: list[bool] = []
+        self.built = by_address is not None
+        if by_address is not None:
+            self.addrs, self.index, self.is_alloc = by_address
+
+    def _build(self) -> None:
+        steps = self.steps
+        sel = [i for i, s in enumerate(steps) if s[0] in ALLOC_ACTIONS]
+        addrs = [steps[i][1] for i in sel]
+        order: Sequence[int]
+        try:
+            order = np.argsort(np.array(addrs, np.int64), kind="stable").tolist()
+        except OverflowError:  # an address beyond int64: sort them as Python ints
+            order = sorted(range(len(addrs)), key=addrs.__getitem__)
+        self.addrs = [addrs[k] for k in order]
+        self.index = [sel[k] for k in order]
+        self.is_alloc = [steps[i][0] == "alloc" for i in self.index]
+        self.built = True
 
     def boundary(self, addr: int, lo_end: int, hi_end: int, before: int) -> int | None:
         """The lowest block start X in (lo_end, hi_end] seen while the block at addr lived."""
-        born = self.allocs.get(addr, [])
-        k = bisect.bisect_left(born, before) - 1
-        since = born[k] if k >= 0 else -1
-        j = bisect.bisect_right(self.addrs, lo_end)
-        while j < len(self.addrs) and self.addrs[j] <= hi_end:
-            if since < self.index[j] < before:
-                return self.addrs[j]
-            j += 1
+        if not self.built:
+            self._build()
+        addrs, index = self.addrs, self.index
+        lo = bisect.bisect_left(addrs, addr)
+        k = bisect.bisect_left(index, before, lo, bisect.bisect_right(addrs, addr, lo)) - 1
+        while k >= lo and not self.is_alloc[k]:
+            k -= 1
+        since = index[k] if k >= lo else -1  # the alloc that made the block at addr
+        j = bisect.bisect_right(addrs, lo_end)
+        while j < len(addrs) and addrs[j] <= hi_end:  # address by address, lowest first
+            end = bisect.bisect_right(addrs, addrs[j], j)
+            k = bisect.bisect_right(index, since, j, end)  # its first entry after `since`
+            if k < end and index[k] < before:
+                return addrs[j]
+            j = end
         return None
 
 
-def _restored_size(lay: Layout, addr: int, size: int, i: int, rules: Rules, hints: _Hints) -> int:
-    """Size of the block that a free at `addr` released (tail rule, boundary hint, oversize)."""
+def _restored_size(
+    seg: Seg, end: int, addr: int, size: int, i: int, rules: Rules, hints: _Hints
+) -> int:
+    """Size of the block that a free at `addr` released (tail rule, boundary hint, oversize);
+    the free block containing `addr` ends at `end`."""
     rounded = rules.round(size)
-    seg, _start, end = lay.free_region(addr)
     if seg.small or seg.expandable:
         return rounded  # split whenever >= 512 B remain, so the block is exactly the request
     room = end - addr
@@ -147,7 +184,13 @@ def _pool_of_range(lay: Layout, steps: Sequence[Step], i: int, rules: Rules) -> 
     return size % page_size(False) != 0
 
 
-def reconstruct_layout(final: Layout, steps: Sequence[Step], rules: Rules) -> Layout:
+def reconstruct_layout(
+    final: Layout,
+    steps: Sequence[Step],
+    rules: Rules,
+    trail: Trail | None = None,
+    by_address: ByAddress | None = None,
+) -> Layout:
     """Undo `steps` from the last to the first on a copy of `final`.
 
     Parameters
@@ -158,6 +201,13 @@ def reconstruct_layout(final: Layout, steps: Sequence[Step], rules: Rules) -> La
         The trace as `steps_of` gives it.
     rules
         Rounding and max_split_size of the recorded settings.
+    trail
+        When given, filled with the figures and checkpoints of the layouts passed through,
+        and with whether each step applied forwards retraces the walk (`Trail.exact`).
+    by_address
+        The alloc, free_requested and free_completed steps sorted by address, then index:
+        (addresses, indices, is it an alloc), when the caller has them (`columns.by_address`);
+        otherwise sorted from `steps` if the walk needs them.
 
     Returns
     -------
@@ -170,32 +220,98 @@ def reconstruct_layout(final: Layout, steps: Sequence[Step], rules: Rules) -> La
         When a step does not fit (its index and what is wrong are in the message).
     """
     lay = final.copy()
-    hints = _Hints(steps)
+    hints = _Hints(steps, by_address)
+    segs = lay.segs  # the walk changes this dict in place
+    nsegs = trail.nsegs if trail is not None else None
     for i in range(len(steps) - 1, -1, -1):
         step = steps[i]
         action, addr, size, stream = step
+        if nsegs is not None:
+            nsegs[i] = len(segs)
         try:
             if action == "alloc":
-                lay.release(addr, "undo alloc")
+                seg, k = lay.block_at(addr, "undo alloc")
+                if trail is not None:
+                    trail.alloc_delta[i] = seg.blocks[k][1]
+                    if trail.exact:
+                        _check_alloc(trail, seg, k, size, rules)
+                lay.release_at(seg, k, "undo alloc")
             elif action == "free_completed":
-                bsize = _restored_size(lay, addr, size, i, rules, hints)
-                lay.carve(addr, bsize, PENDING_FREE, size, "undo free")
+                found = lay.segment_at(addr)
+                if found is None:
+                    raise LayoutError(f"{addr:#x} is in no segment")
+                seg = found
+                blocks = seg.blocks
+                k = seg.index(addr)
+                b = blocks[k]
+                if b[2] != INACTIVE:
+                    raise LayoutError(f"{addr:#x} is not free")
+                bsize = _restored_size(seg, b[0] + b[1], addr, size, i, rules, hints)
+                if trail is not None and (
+                    (k > 0 and addr == b[0] and blocks[k - 1][2] == INACTIVE)
+                    or (
+                        k + 1 < len(blocks)
+                        and addr + bsize == b[0] + b[1]
+                        and blocks[k + 1][2] == INACTIVE
+                    )
+                ):  # forwards, the free would merge with a free neighbour the walk keeps apart
+                    trail.exact = False
+                lay.carve_at(seg, k, addr, bsize, PENDING_FREE, size, "undo free")
             elif action == "free_requested":
-                lay.set_state(addr, ALLOCATED, "undo free_requested")
-            elif action in ("segment_alloc",):
-                lay.remove_segment(addr, size, "undo segment_alloc")
-            elif action == "segment_free":
-                lay.add_segment(addr, size, stream, size == page_size(True), "undo segment_free")
-            elif action == "segment_map":
-                lay.unmap_range(addr, size, "undo segment_map")
-            elif action == "segment_unmap":
-                small = _pool_of_range(lay, steps, i, rules)
-                lay.map_range(addr, size, stream, small, "undo segment_unmap")
+                seg, k = lay.block_at(addr, "undo free_requested")
+                if trail is not None:
+                    if seg.blocks[k][2] != PENDING_FREE:
+                        trail.exact = False
+                    trail.alloc_delta[i] = -seg.blocks[k][1]
+                lay.set_state_at(seg, k, ALLOCATED, "undo free_requested")
+            elif action in SEGMENT_ACTIONS:
+                if trail is not None:
+                    before = Trail.window(lay, addr, size) if trail.exact else []
+                    trail.reserved_delta[i] = size if action in _GROWS else -size
+                if action == "segment_alloc":
+                    lay.remove_segment(addr, size, "undo segment_alloc")
+                elif action == "segment_free":
+                    small = size == page_size(True)
+                    lay.add_segment(addr, size, stream, small, "undo segment_free")
+                elif action == "segment_map":
+                    lay.unmap_range(addr, size, "undo segment_map")
+                else:
+                    small = _pool_of_range(lay, steps, i, rules)
+                    lay.map_range(addr, size, stream, small, "undo segment_unmap")
+                if trail is not None and trail.exact:
+                    trail.check_segment_step(lay, before, steps, i, rules)
         except LayoutError as err:
             raise LayoutError(f"{_what(i, step)}: {err}") from None
+        if trail is not None and (i <= trail.next_at or i == 0):
+            trail.checkpoint(lay, i)
     # a block still pending here had its free requested before the trace began (a deferred
     # free, or the ring buffer cut between the two entries): it starts active_pending_free
+    if trail is not None:
+        trail.finish()
     return lay
+
+
+def _check_alloc(trail: Trail, seg: Seg, k: int, size: int, rules: Rules) -> None:
+    """Clear `trail.exact` unless the alloc, applied forwards once block k of `seg` is freed
+    (and merged), carves exactly that block again (state, size, requested size)."""
+    blocks = seg.blocks
+    b = blocks[k]
+    if b[2] != ALLOCATED or b[3] != size or (k > 0 and blocks[k - 1][2] == INACTIVE):
+        trail.exact = False
+        return
+    room = b[1]
+    if k + 1 < len(blocks) and blocks[k + 1][2] == INACTIVE:
+        room += blocks[k + 1][1]
+    rounded = rules.round(size)
+    split = should_split(
+        room,
+        rounded,
+        small=seg.small,
+        expandable=seg.expandable,
+        max_split_size=rules.max_split_size,
+    )
+    if (rounded if split else room) != b[1]:
+        trail.exact = False
 
 
 def reconstruct(

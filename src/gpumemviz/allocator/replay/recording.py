@@ -1,7 +1,9 @@
-"""The recorded history of one device, applied forwards at the recorded addresses.
+"""The recorded history of one device, at the recorded addresses, after every entry.
 
 This is the ground truth the model is scored against, and what the panel scrubs through:
-`snapshot_at(i)` restores the nearest checkpoint and applies the few entries after it.
+`snapshot_at(i)` restores the nearest checkpoint and applies the few entries after it. Its
+figures and checkpoints come from the reconstruction's walk backwards where that walk is proven
+to be what applying the trace forwards gives (trail.py); otherwise from a forward pass.
 """
 
 from __future__ import annotations
@@ -14,85 +16,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...snapshot.gc_pause import no_gc
-from ..rules import is_small, page_size, should_split
-from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
+from .columns import alloc_entries, by_address, steps_from_columns
+from .forward import apply_step
+from .layout import Layout, LayoutError
 from .pools import PoolPlan, plan_pools
 from .reconstruct import Rules, Step, reconstruct_layout, steps_of
+from .trail import MAX_SPACING, Trail, spacing
 
 if TYPE_CHECKING:
+    from ...snapshot import Trace
     from ...snapshot.schema import TorchDict, TorchList, TorchMapping
 
-__all__ = ["Recording", "apply_step"]
+__all__ = ["MAX_SPACING", "Recording", "apply_step"]
 
-#: The widest spacing of layout checkpoints, in entries (a jump applies at most this many).
-MAX_SPACING = 4096
 _GROWS = ("segment_alloc", "segment_map")
 _SHRINKS = ("segment_free", "segment_unmap")
-
-
-def _pool_ahead(steps: Sequence[Step], i: int, rules: Rules) -> bool:
-    """Small pool? for a new mapped range: the alloc that caused the map follows it."""
-    for j in range(i + 1, len(steps)):
-        if steps[j][0] == "alloc":
-            return is_small(rules.round(steps[j][2]))
-    return steps[i][2] % page_size(False) != 0
-
-
-def apply_step(lay: Layout, steps: Sequence[Step], i: int, rules: Rules) -> int:
-    """Apply step `i` forwards at its recorded address.
-
-    Parameters
-    ----------
-    lay
-        The layout before the step (changed in place).
-    steps
-        The whole trace (a new mapping's pool is read from the alloc that follows it).
-    i
-        Which step.
-    rules
-        Rounding and max_split_size: an alloc's block is the request rounded, or the whole
-        free block where torch would not split it.
-
-    Returns
-    -------
-    int
-        The change in allocated bytes.
-
-    Raises
-    ------
-    LayoutError
-        When the step does not fit the layout.
-    """
-    action, addr, size, stream = steps[i]
-    if action == "alloc":
-        seg, start, end = lay.free_region(addr)
-        if start != addr:
-            raise LayoutError(f"no free block starts at {addr:#x}")
-        rounded = rules.round(size)
-        split = should_split(
-            end - start,
-            rounded,
-            small=seg.small,
-            expandable=seg.expandable,
-            max_split_size=rules.max_split_size,
-        )
-        bsize = rounded if split else end - start
-        lay.carve(addr, bsize, ALLOCATED, size, "alloc")
-        return bsize
-    if action == "free_requested":
-        return -lay.set_state(addr, PENDING_FREE, "free_requested", only=ALLOCATED)
-    if action == "free_completed":
-        was, size_was = lay.release(addr, "free_completed")
-        return -size_was if was == ALLOCATED else 0
-    if action == "segment_alloc":
-        lay.add_segment(addr, size, stream, size == page_size(True), "segment_alloc")
-    elif action == "segment_free":
-        lay.remove_segment(addr, size, "segment_free")
-    elif action == "segment_map":
-        lay.map_range(addr, size, stream, _pool_ahead(steps, i, rules), "segment_map")
-    elif action == "segment_unmap":
-        lay.unmap_range(addr, size, "segment_unmap")
-    return 0
 
 
 def _device_settings(snapshot: TorchMapping) -> TorchMapping | None:
@@ -102,8 +40,9 @@ def _device_settings(snapshot: TorchMapping) -> TorchMapping | None:
 class Recording:
     """One device's recorded layouts after every trace entry, with checkpoints for fast jumps.
 
-    Build it with `Recording.from_snapshot` (it reconstructs the start, replays forwards at the
-    recorded addresses and checks that it ends on the recorded final segments). Index ``i``
+    Build it with `Recording.from_snapshot` (it reconstructs the start and checks that the
+    trace applied forwards at the recorded addresses ends on the recorded final segments:
+    proven entry by entry during the reconstruction, or by a forward pass). Index ``i``
     means "after trace entry i"; ``-1`` is the reconstructed state at the start of the trace.
     ``len()`` is the number of entries; `reserved`, `allocated` and `segments` are numpy
     arrays of the recorded figures after each entry; `start` and `final` are the first and
@@ -120,13 +59,44 @@ class Recording:
         device: int = 0,
         settings: TorchMapping | None = None,
         every: int = 128,
+        walked: tuple[Trail, Layout] | None = None,
     ):
+        """`walked`: the trail of the walk that reconstructed `start` and the final layout it
+        began from; used when the trail is exact, else the trace is applied forwards."""
         self.device = device
         self.steps = list(steps)
         self.rules = rules
         self.settings = settings
         self.every = every
         self.start = start.copy()
+        self._checkpoints: list[Layout] = []
+        self._checkpoint_at: list[int] = []  # the entry each checkpoint is the layout before
+        if walked is not None and walked[0].exact:
+            self._from_trail(*walked)
+        else:
+            self._forward(start)
+        self._trace: list[TorchDict] | None = None
+        self._columns: Trace | None = None  # the trace's columns, when built from them
+        # allocation stacks: per address, the alloc entries there (indices, frames) and the
+        # stacks of blocks alive before the trace; the layout itself carries none
+        self._allocs: dict[int, tuple[list[int], list[list[Any]]]] = {}
+        self._start_frames: dict[int, TorchList] = {}
+        # which private pool each alloc went to (None: the segments name none)
+        self.pools: PoolPlan | None = None
+
+    def _from_trail(self, trail: Trail, final: Layout) -> None:
+        """The figures and checkpoints the backward walk kept (it proved that applying each
+        entry forwards retraces it, so they are the forward pass's), ending on `final`."""
+        reserved, allocated, _ = self.start.totals()
+        self.reserved = reserved + np.cumsum(np.frombuffer(trail.reserved_delta, np.int64))
+        self.allocated = allocated + np.cumsum(np.frombuffer(trail.alloc_delta, np.int64))
+        self.segments = np.frombuffer(trail.nsegs, dtype=np.int64)
+        self._checkpoints = trail.checkpoints
+        self._checkpoint_at = trail.checkpoint_at
+        self.final = final
+
+    def _forward(self, start: Layout) -> None:
+        """Apply every entry forwards from `start`: figures after each, checkpoints, `final`."""
         n = len(self.steps)
         # C arrays while filling: 8 bytes an entry as numpy's, but item assignment is faster
         res = array("q", bytes(8 * n))
@@ -134,14 +104,14 @@ class Recording:
         nsegs = array("q", bytes(8 * n))
         lay = start.copy()
         reserved, allocated, _ = lay.totals()
-        self._checkpoints: list[Layout] = []
-        self._checkpoint_at: list[int] = []  # the entry each checkpoint is the layout before
-        steps = self.steps
+        self._checkpoints = []
+        self._checkpoint_at = []
+        steps, rules = self.steps, self.rules
         at = 0
         with no_gc():  # a list per block: the cyclic GC would rescan them all, often
             for i in range(n):
                 if i == at:
-                    at = i + self._spacing(lay)
+                    at = i + spacing(lay, self.every)
                     self._checkpoints.append(lay.copy())
                     self._checkpoint_at.append(i)
                 action, _addr, size, _ = steps[i]
@@ -160,32 +130,17 @@ class Recording:
         self.allocated = np.frombuffer(alc, dtype=np.int64)
         self.segments = np.frombuffer(nsegs, dtype=np.int64)
         self.final = lay
-        self._trace: list[TorchDict] | None = None
-        # allocation stacks: per address, the alloc entries there (indices, frames) and the
-        # stacks of blocks alive before the trace; the layout itself carries none
-        self._allocs: dict[int, tuple[list[int], list[list[Any]]]] = {}
-        self._start_frames: dict[int, TorchList] = {}
-        # which private pool each alloc went to (None: the segments name none)
-        self.pools: PoolPlan | None = None
-
-    def _spacing(self, lay: Layout) -> int:
-        """Entries until the next checkpoint: `every`, or more where a checkpoint is heavy.
-
-        A checkpoint costs its segment table, and the segments changed since the last one are
-        copied (copy-on-write); spacing them by twice that weight keeps the checkpoints' memory
-        a small constant per entry, and at most `MAX_SPACING` entries keep a jump fast.
-        """
-        weight = len(lay.segs) + sum(len(seg.blocks) for seg in lay.owned)
-        return max(self.every, min(2 * weight, MAX_SPACING))
 
     @classmethod
     def from_snapshot(
         cls,
         snapshot: TorchMapping,
         device: int = 0,
+        *,
+        columns: Trace | None = None,
         **kw: Any,  # Any: `__init__`'s options
     ) -> Recording:
-        """Reconstruct the start of `device`'s trace and replay it forwards.
+        """Reconstruct the start of `device`'s trace, and its layout after every entry.
 
         Parameters
         ----------
@@ -193,6 +148,9 @@ class Recording:
             A torch snapshot dict (``segments`` and ``device_traces``).
         device
             Which device's trace.
+        columns
+            That trace as a `Snapshot`'s columns (then the dict's ``device_traces`` are not
+            read, and entry dicts are built only when `snapshot_at` needs them).
         **kw
             ``every``: checkpoint spacing in trace entries (default 128; heavier layouts
             get wider spacing, up to `MAX_SPACING`).
@@ -212,18 +170,35 @@ class Recording:
         >>> len(tl.snapshot_at(-1)["segments"]), len(tl.snapshot_at(1)["segments"])
         (0, 1)
         """
-        traces = snapshot.get("device_traces") or []
-        trace = traces[device] if device < len(traces) else []
         settings = _device_settings(snapshot)
         rules = Rules.from_settings(settings)
         segs = [s for s in snapshot["segments"] if int(s.get("device", 0)) == device]
         final = Layout.from_segments(segs)
-        steps = steps_of(trace)
-        start = reconstruct_layout(final, steps, rules)
-        tl = cls(start, steps, rules, device=device, settings=settings, **kw)
-        tl._trace = list(trace)
+        trace: list[TorchDict] | None = None
+        steps = steps_from_columns(columns) if columns is not None else None
+        if steps is None:
+            if columns is not None:
+                trace = columns.entries()
+            else:
+                traces = snapshot.get("device_traces") or []
+                trace = list(traces[device]) if device < len(traces) else []
+            steps = steps_of(trace)
+        trail = Trail(len(steps), kw.get("every", 128))
+        sorted_steps = by_address(columns) if trace is None and columns is not None else None
+        start = reconstruct_layout(final, steps, rules, trail, sorted_steps)
+        tl = cls(start, steps, rules, device=device, settings=settings, walked=(trail, final), **kw)
+        tl._trace, tl._columns = trace, columns
         tl.pools = plan_pools(start, steps, segs, tl.layout_at)
-        tl._keep_frames(segs, tl._trace)
+        if trace is not None:
+            allocs = [
+                (i, int(e["addr"]), e.get("frames") or [])
+                for i, e in enumerate(trace)
+                if e.get("action") == "alloc"
+            ]
+        else:
+            assert columns is not None  # steps came from them
+            allocs = alloc_entries(columns)
+        tl._keep_frames(segs, allocs)
         got, want = tl.final.key(requested=False), final.key(requested=False)
         if got != want:
             diff = [a[0] for a, b in zip(got, want, strict=False) if a != b]
@@ -235,15 +210,16 @@ class Recording:
             )
         return tl
 
-    def _keep_frames(self, segments: Iterable[TorchMapping], trace: Sequence[TorchMapping]) -> None:
-        """Record where each block's stack comes from: its trace `alloc` entry, except that a
-        block alive at the end (or since before the trace) takes the file's stack at its
-        address, which is what torch stored for it."""
-        for i, e in enumerate(trace):
-            if e.get("action") == "alloc":
-                at, frames = self._allocs.setdefault(int(e["addr"]), ([], []))
-                at.append(i)
-                frames.append(e.get("frames") or [])
+    def _keep_frames(
+        self, segments: Iterable[TorchMapping], allocs: Iterable[tuple[int, int, TorchList]]
+    ) -> None:
+        """Record where each block's stack comes from: its trace `alloc` entry (`allocs`:
+        index, address, frames), except that a block alive at the end (or since before the
+        trace) takes the file's stack at its address, which is what torch stored for it."""
+        for i, addr, frames in allocs:
+            at, stacks = self._allocs.setdefault(addr, ([], []))
+            at.append(i)
+            stacks.append(frames)
         for s in segments:
             addr = int(s["address"])
             for b in s["blocks"]:
@@ -311,6 +287,8 @@ class Recording:
 
     def _entries(self) -> list[TorchDict]:
         """The trace as torch dicts (the recorded ones when built from a snapshot)."""
+        if self._trace is None and self._columns is not None:
+            self._trace = self._columns.entries()
         if self._trace is None:
             self._trace = [
                 {"action": a, "addr": x, "size": s, "stream": st}

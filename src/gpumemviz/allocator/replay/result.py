@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -14,9 +15,24 @@ from ..config import AllocatorConfig
 from .recording import Recording
 
 if TYPE_CHECKING:
-    from ...snapshot.schema import TorchDict
+    from ...snapshot.schema import TorchDict, TorchMapping
 
-__all__ = ["DeviceReplay", "ReplayError", "ReplayResult"]
+__all__ = ["DeviceReplay", "ReplayError", "ReplayResult", "layout_key"]
+
+
+def layout_key(segments: Sequence[TorchMapping]) -> list[tuple[Any, ...]]:  # dict values
+    """Final segments (torch dicts) as comparable values: address, size, stream, expandable,
+    blocks (address, size, state), sorted (what `DeviceReplay.final_matched` compares)."""
+    return sorted(
+        (
+            s["address"],
+            s["total_size"],
+            s["stream"],
+            bool(s.get("is_expandable")),
+            tuple((b["address"], b["size"], b["state"]) for b in s["blocks"]),
+        )
+        for s in segments
+    )
 
 
 class ReplayError(ValueError):

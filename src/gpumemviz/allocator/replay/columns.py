@@ -1,0 +1,90 @@
+"""A `Snapshot`'s trace read as replay's steps straight from its numpy columns.
+
+`replay` is mostly handed a `Snapshot` (what `load_snapshot`, the CLI and the panel hold).
+Turning its trace back into torch's entry dicts (`to_torch`) only for `steps_of` to turn them
+into tuples costs a dict per entry in time and peak memory; these read the columns instead,
+and give the same values `steps_of` and the entry dicts would.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ...snapshot import Trace
+    from ...snapshot.schema import TorchList
+    from .reconstruct import ByAddress, Step
+
+__all__ = ["alloc_entries", "by_address", "steps_from_columns"]
+
+
+def steps_from_columns(trace: Trace) -> list[Step] | None:
+    """`steps_of(trace.entries())`, or None when an entry lacks a field `steps_of` reads (the
+    columns hold -1 there; the caller then reads the entry dicts, whose defaults differ).
+
+    Examples
+    --------
+    >>> from gpumemviz.snapshot import Trace
+    >>> steps_from_columns(Trace.from_entries([
+    ...     {"action": "alloc", "addr": 4096, "size": 512, "stream": 0},
+    ...     {"action": "oom", "device_free": 5, "size": 1024, "stream": 0}]))
+    [('alloc', 4096, 512, 0), ('oom', 5, 1024, 0)]
+    >>> steps_from_columns(Trace.from_entries([{"action": "alloc", "size": 512}])) is None
+    True
+    """
+    oom = trace.action == trace.action_names.index("oom")
+    addr = np.where(oom, trace.device_free, trace.addr)
+    if (addr == -1).any() or (trace.size == -1).any() or (trace.stream == -1).any():
+        return None
+    names = np.array(trace.action_names, dtype=object)[trace.action].tolist()
+    columns = (_shared(addr), _shared(trace.size), _shared(trace.stream))
+    return list(zip(names, *columns, strict=True))
+
+
+def _shared(column: np.ndarray) -> list[int]:
+    """The column as Python ints, one object per distinct value (addresses and sizes repeat
+    all through a trace: a step then costs its tuple, not three more ints)."""
+    values, where = np.unique(column, return_inverse=True)
+    return np.array(values.tolist(), dtype=object)[where].tolist()  # type: ignore[no-any-return]
+
+
+def alloc_entries(trace: Trace) -> list[tuple[int, int, TorchList]]:
+    """(index, address, frames) of each ``alloc`` entry, frames ``[]`` where it has none (a
+    malformed stack, not a list, reads as none, as `Trace.frames` has it).
+
+    Examples
+    --------
+    >>> from gpumemviz.snapshot import Trace
+    >>> alloc_entries(Trace.from_entries([
+    ...     {"action": "alloc", "addr": 4096, "size": 512, "stream": 0, "frames": [{"line": 1}]},
+    ...     {"action": "free_requested", "addr": 4096, "size": 512, "stream": 0}]))
+    [(0, 4096, [{'line': 1}])]
+    """
+    at = np.flatnonzero(trace.action == trace.action_names.index("alloc"))
+    frames = trace.frames()
+    idx = at.tolist()
+    return list(zip(idx, trace.addr[at].tolist(), [frames[i] or [] for i in idx], strict=True))
+
+
+def by_address(trace: Trace) -> ByAddress:
+    """The alloc, free_requested and free_completed entries sorted by address, then index:
+    (addresses, indices, is it an alloc), as `reconstruct_layout` takes them.
+
+    Examples
+    --------
+    >>> from gpumemviz.snapshot import Trace
+    >>> by_address(Trace.from_entries([
+    ...     {"action": "alloc", "addr": 8192, "size": 512, "stream": 0},
+    ...     {"action": "alloc", "addr": 4096, "size": 512, "stream": 0},
+    ...     {"action": "free_requested", "addr": 8192, "size": 512, "stream": 0}]))
+    ([4096, 8192, 8192], [1, 0, 2], [True, True, False])
+    """
+    names = trace.action_names
+    alloc = names.index("alloc")
+    codes = [alloc, names.index("free_requested"), names.index("free_completed")]
+    at = np.flatnonzero(np.isin(trace.action, codes))
+    order = np.argsort(trace.addr[at], kind="stable")
+    at = at[order]
+    return trace.addr[at].tolist(), at.tolist(), (trace.action[at] == alloc).tolist()

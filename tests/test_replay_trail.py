@@ -1,0 +1,182 @@
+"""The recording's figures and checkpoints taken from the backward walk (`Trail`) are the
+forward pass's own: compared entry by entry with a Recording built forwards, on every
+recorded file and on model workloads; and a walk that a forward pass would not retrace falls
+back to that pass (its error included).
+
+See docs/allocator.md, Reconstructing the start.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from conftest import RECORDED_FILES, read_real
+from gpumemviz.allocator.config import AllocatorConfig
+from gpumemviz.allocator.model import CachingAllocator
+from gpumemviz.allocator.replay.layout import Layout, LayoutError
+from gpumemviz.allocator.replay.reconstruct import Rules, reconstruct_layout, steps_of
+from gpumemviz.allocator.replay.recording import Recording
+from gpumemviz.allocator.replay.trail import Trail
+from gpumemviz.allocator.workloads import inference_server, run, training_loop
+
+GIB = 1 << 30
+
+
+def _walked(d: dict, device: int, every: int = 128) -> tuple[Recording, Recording, bool]:
+    """(the recording as `from_snapshot` builds it, the one built forwards, trail exact?)"""
+    trace = d["device_traces"][device]
+    rules = Rules.from_settings(d.get("allocator_settings"))
+    final = Layout.from_segments([s for s in d["segments"] if s.get("device", 0) == device])
+    steps = steps_of(trace)
+    trail = Trail(len(steps), every)
+    start = reconstruct_layout(final, steps, rules, trail)
+    forward = Recording(start, steps, rules, device=device, every=every)
+    return Recording.from_snapshot(d, device, every=every), forward, trail.exact
+
+
+def _same(got: Recording, want: Recording) -> None:
+    assert got.reserved.tolist() == want.reserved.tolist()
+    assert got.allocated.tolist() == want.allocated.tolist()
+    assert got.segments.tolist() == want.segments.tolist()
+    assert got.final.key() == want.final.key()
+    n = len(want)
+    for i in sorted({-1, 0, n - 1, *range(0, n, max(1, n // 40))}):
+        assert got.layout_at(i).key() == want.layout_at(i).key(), f"entry {i}"
+
+
+def _model_snapshot(workload, conf: str = "") -> dict:
+    a = CachingAllocator(64 * GIB, conf, trace_max_entries=3000)
+    run(workload, a)
+    return a.snapshot()
+
+
+@pytest.mark.parametrize("path", RECORDED_FILES, ids=lambda p: p.name.split("__")[-1][:40])
+def test_every_recorded_trace_is_walked_exactly(path):
+    """Every file's walk is proven exact, and gives the forward pass's figures and layouts."""
+    d = read_real(path)
+    devices = [i for i, t in enumerate(d.get("device_traces") or []) if t]
+    if not devices:
+        pytest.skip("no trace in this file")
+    for dev in devices:
+        got, want, exact = _walked(d, dev)
+        assert exact, f"device {dev}"
+        _same(got, want)
+
+
+@pytest.mark.parametrize(
+    "conf", ["", "expandable_segments:True", "max_split_size_mb:64,roundup_power2_divisions:4"]
+)
+def test_model_workloads_are_walked_exactly(conf):
+    """Traces cut mid-story (a 3000-entry ring) under three settings, segment entries and
+    expandable maps and unmaps included."""
+    for workload in (
+        training_loop(iterations=6, capacity=64 * GIB),
+        inference_server(paged=False, n_requests=16, max_new_tokens=64, capacity=64 * GIB),
+    ):
+        d = _model_snapshot(workload, conf)
+        got, want, exact = _walked(d, 0, every=64)
+        assert exact
+        _same(got, want)
+
+
+def _churn(conf: str, seed: int) -> dict:
+    """Random mallocs and frees of small and large sizes with an empty_cache now and then
+    (segment frees and unmaps), its first entries cut off by the ring."""
+    rng = random.Random(seed)
+    a = CachingAllocator(64 * GIB, conf, trace_max_entries=2500)
+    live: list[int] = []
+    for k in range(2500):
+        if live and rng.random() < 0.45:
+            a.free(live.pop(rng.randrange(len(live))))
+        else:
+            size = rng.choice([rng.randrange(1, 1 << 20), rng.randrange(1 << 20, 300 << 20)])
+            live.append(a.malloc(size))
+        if k % 300 == 299:
+            a.empty_cache()
+    return a.snapshot()
+
+
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True"])
+def test_churn_with_releases_is_walked_exactly(conf):
+    d = _churn(conf, 7)
+    actions = {e["action"] for e in d["device_traces"][0]}
+    assert actions >= (
+        {"segment_map", "segment_unmap"} if conf else {"segment_alloc", "segment_free"}
+    )
+    got, want, exact = _walked(d, 0, every=50)
+    assert exact
+    _same(got, want)
+
+
+def test_without_requested_sizes_the_forward_pass_builds_it():
+    """A file that does not record requested sizes (torch 2.0) is not the walk's layout
+    forwards (an alloc sets them): the recording is the forward pass's."""
+    a = CachingAllocator(64 * GIB)
+    x = a.malloc(100)
+    a.malloc(3 << 20)
+    a.free(x)
+    d = a.snapshot()
+    for s in d["segments"]:
+        for b in s["blocks"]:
+            b.pop("requested_size", None)
+    got, want, exact = _walked(d, 0)
+    assert not exact
+    _same(got, want)
+    final = Layout.from_segments(d["segments"])
+    assert got.final.key() != final.key()  # the alloc's requested size, forwards
+    assert got.final.key(requested=False) == final.key(requested=False)
+
+
+def test_a_block_the_split_rule_would_not_carve_is_refused_as_before():
+    """An alloc whose final block is larger than the rounded request in a small segment: the
+    walk cannot prove it, the forward pass carves 512 B, and the final layouts differ."""
+    base = 0x7F0000000000
+    d = {
+        "segments": [
+            {
+                "device": 0,
+                "address": base,
+                "total_size": 2 << 20,
+                "stream": 0,
+                "segment_type": "small",
+                "blocks": [
+                    {
+                        "address": base,
+                        "size": 1024,
+                        "requested_size": 100,
+                        "state": "active_allocated",
+                    },
+                    {"address": base + 1024, "size": (2 << 20) - 1024, "state": "inactive"},
+                ],
+            }
+        ],
+        "device_traces": [[{"action": "alloc", "addr": base, "size": 100, "stream": 0}]],
+    }
+    assert not _walked_exact(d)
+    with pytest.raises(LayoutError, match="does not give the recorded final segments"):
+        Recording.from_snapshot(d)
+
+
+def _walked_exact(d: dict) -> bool:
+    trail = Trail(len(d["device_traces"][0]), 128)
+    rules = Rules(AllocatorConfig())
+    reconstruct_layout(
+        Layout.from_segments(d["segments"]), steps_of(d["device_traces"][0]), rules, trail
+    )
+    return trail.exact
+
+
+def test_a_segment_entry_forwards_would_not_rebuild_is_refused_as_before():
+    """A 2 MiB segment the file calls large: its segment_alloc, forwards, makes a small one."""
+    base = 0x7F0000000000
+    seg = {"device": 0, "address": base, "total_size": 2 << 20, "stream": 0,
+           "segment_type": "large", "blocks": [{"size": 2 << 20, "state": "inactive"}]}  # fmt: skip
+    d = {
+        "segments": [seg],
+        "device_traces": [[{"action": "segment_alloc", "addr": base, "size": 2 << 20}]],
+    }
+    assert not _walked_exact(d)
+    with pytest.raises(LayoutError, match="does not give the recorded final segments"):
+        Recording.from_snapshot(d)
