@@ -77,10 +77,7 @@ def run_whatif(args: argparse.Namespace) -> int:
             raise UsageError(f"--conf {short_repr(args.conf)}: {e}") from None
     snap = load_snapshot(snapshot_input(args.file))
     recorded = snap.allocator_settings is not None
-    # the replay reads the torch dict; its columns go before the trace is reconstructed
-    data = snap.to_torch()
-    del snap
-    result = replay(data, config=conf, capacity=capacity)
+    result = replay(snap, config=conf, capacity=capacity)  # reads the trace's columns
     rows = {dev: _whatif_device(result, dev) for dev in sorted(result.devices)}
     if args.json:
         out = {
