@@ -44,7 +44,7 @@ _SLICE = 16384  # values read at a time (the largest slice; small inputs use sma
 _MOST = 1 << 16  # ... and while they are all shared leaves met before
 _FEW = 64  # the smallest slice
 _LONG = 16  # a list or tuple this long is compared with those met before
-_RUNS = 4  # how many are remembered per length and first item
+_RUNS = 16  # how many are remembered per length and first item
 _KEEP = 1024  # runs remembered before they must be met (a quarter as often) to go on
 _BATCH = 64  # long lists compared at a time (the first batch; it grows to _SLICE)
 
@@ -137,6 +137,7 @@ class _Walk:
         # the slice of list items read next, and whether the last held only shared leaves met
         # before (kept from one `_runs` to the next: a level's lists are read in many calls)
         self.size, self.known = self.slice, False
+        self.flush = _FEW  # items of unmatched long lists read at once: doubles up to `slice`
 
     def next_level(self, level: list[Any]) -> tuple[list[Any], bool]:
         """Check one level; return the containers whose every reference is now met, and
@@ -145,9 +146,14 @@ class _Walk:
         dicts = list(compress(level, is_dict))
         seqs = list(compress(level, map(operator.not_, is_dict))) if len(dicts) < len(level) else []
         del level, is_dict
-        bad = set(map(type, chain.from_iterable(dicts))) - _SCALARS
-        if bad:
-            raise SnapshotError(f"a dict key of type {_names(bad)} (only plain data allowed)")
+        # Keys: the types of the distinct keys of a slice (a level's dicts share a few keys;
+        # a key equal to a scalar is a scalar, so nothing else hides behind an equal one)
+        keys = chain.from_iterable(dicts)
+        while part := set(islice(keys, self.slice)):
+            bad = set(map(type, part)) - _SCALARS
+            if bad:
+                raise SnapshotError(f"a dict key of type {_names(bad)} (only plain data allowed)")
+        del part
         out: list[Any] = []
         deeper = False
         # Values are read in slices, copied to a list (`kids`: the reference counts read
@@ -181,9 +187,10 @@ class _Walk:
             for seq in compress(batch, map(operator.not_, met)):
                 runs.append(seq)
                 held += len(seq)
-                if held >= self.slice:
+                if held >= self.flush:
                     deeper = self._runs(runs, out) or deeper
                     runs, held = [], 0
+                    self.flush = min(2 * self.flush, self.slice)
             size = min(2 * size, _SLICE) if 0 not in met else _BATCH  # grows while all met
         deeper = self._runs(runs, out) or deeper
         return out, deeper
@@ -228,7 +235,7 @@ class _Walk:
             if (
                 len(same) < _RUNS
                 and not self._met_run(seq)
-                and self.leaves.issuperset(map(id, seq))
+                and all(map(self.leaves.__contains__, map(id, seq)))
             ):
                 same.append(seq)
                 self.kept += 1
@@ -241,7 +248,9 @@ class _Walk:
     def _items(self, part: list[Any], out: list[Any], known: bool) -> int | None:
         """A slice of list and tuple items (`known`: the last one held only shared leaves met
         before): None if it holds no container, else how many it holds not met before."""
-        if known and self.leaves.issuperset(map(id, part)):  # only shared leaves (frames)
+        # only shared leaves (frames)? `all` stops at the first that is not (`issuperset` would
+        # build a set of them all first)
+        if known and all(map(self.leaves.__contains__, map(id, part))):
             return 0
         kids = _containers(part)
         if kids is not part:
@@ -323,14 +332,15 @@ def _holds_containers(objs: list[Any]) -> list[bool]:
 
 def _containers(part: list[Any]) -> list[Any]:
     """The containers among `part`; `SnapshotError` on a value that is not plain data."""
-    types = set(map(type, part))
+    each = list(map(type, part))  # the one pass that reads the values themselves
+    types = set(each)
     if not types <= _PLAIN:
         raise SnapshotError(f"a value of type {_names(types - _PLAIN)} (only plain data allowed)")
     if types <= _SCALARS:
         return []
     if types <= _CONTAINERS:
         return part
-    return list(compress(part, map(_CONTAINERS.__contains__, map(type, part))))
+    return list(compress(part, map(_CONTAINERS.__contains__, each)))
 
 
 def _names(types: set[type]) -> str:
