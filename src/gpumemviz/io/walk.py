@@ -149,11 +149,11 @@ class _Walk:
         # Keys: the types of the distinct keys of a slice (a level's dicts share a few keys;
         # a key equal to a scalar is a scalar, so nothing else hides behind an equal one)
         keys = chain.from_iterable(dicts)
-        while part := set(islice(keys, self.slice)):
-            bad = set(map(type, part)) - _SCALARS
+        while distinct := set(islice(keys, self.slice)):
+            bad = set(map(type, distinct)) - _SCALARS
             if bad:
                 raise SnapshotError(f"a dict key of type {_names(bad)} (only plain data allowed)")
-        del part
+        del distinct
         out: list[Any] = []
         deeper = False
         # Values are read in slices, copied to a list (`kids`: the reference counts read
