@@ -4,7 +4,7 @@ values humans read, and `Trace`, one device's trace entries as columns.
 A trace's entries nearly always share one key layout (torch writes every entry alike, but an
 oom's): then its columns are strided slices of the entries' values, read a chunk of rows at a
 time (`_uniform_columns`), which reads each dict once instead of once per key (10^5 entries:
-48 ms -> 17 ms, benchmarks/load_big.py); any other trace is read key by key.
+70 ms -> 36 ms, benchmarks/load_big.py); any other trace is read key by key.
 """
 
 from __future__ import annotations
