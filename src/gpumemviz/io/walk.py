@@ -17,13 +17,18 @@ whose items were all such leaves (torch's 6,000 frames lists hold some 130 diffe
 is one C-level comparison, made for a batch of lists at a time (`list.__contains__` over the
 runs met with the same length and first item); runs are remembered only while lists are found
 equal to them (a trace whose every stack differs would otherwise remember, and re-read, one per
-list). Each level is read in slices of at most `_SLICE` values, and whether the last slice held
-only shared leaves met before carries over from one batch of lists to the next; every
-per-reference step is a C-level pass (map, set, compress, Counter), and Python loops run per
-level (at most `max_depth`), per slice and per batch. On the real files the walk takes about
-what the old level-by-level walk did on the small ones and half on the large ones; on a
-10^5-entry torch-shaped trace whose every stack differs, 0.5 s where it took 1.2 s
-(benchmarks/load_big.py); memory, a few % of the decoded data.
+list). A shared long list or tuple of such leaves (a frames list that trace entries of a tiled
+trace, or a block and its alloc, share) is a stack: it cannot be in a cycle and reaches one level
+below itself, so it is read where it is first met (one comparison if it equals a run) and its
+other references cost a set lookup, not a count down (tiled real trace, 10^5 entries: the walk
+-30 %); a level that meets one must leave two levels of room below it. Each level is read in
+slices of at most `_SLICE` values, and whether the last slice held only shared leaves met
+before carries over from one batch of lists to the next; every per-reference step is a C-level
+pass (map, set, compress, Counter), and Python loops run per level (at most `max_depth`), per
+slice, per batch and per new shared long list (once each, `_LONG` items or more). On the real
+files the walk takes about what the old level-by-level walk did on the small ones and half on
+the large ones; on a 10^5-entry torch-shaped trace whose every stack differs, 0.5 s where it
+took 1.2 s (benchmarks/load_big.py); memory, a few % of the decoded data.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ _LONG = 16  # a list or tuple this long is compared with those met before
 _RUNS = 16  # how many are remembered per length and first item
 _KEEP = 1024  # runs remembered before they must be met (a quarter as often) to go on
 _BATCH = 64  # long lists compared at a time (the first batch; it grows to _SLICE)
+_PEEK = 4096  # the longest list or tuple read as a stack where it is first met
 
 
 class Guard(Protocol):
@@ -86,8 +92,8 @@ def check_plain(
         depth += 1
         if depth > max_depth:
             raise SnapshotError(_too_deep(max_depth))
-        level, deeper = walk.next_level(level)
-        if deeper and not level and depth + 1 > max_depth:  # only shared leaves below
+        level, below = walk.next_level(level)
+        if depth + below > max_depth:  # shared leaves or stacks met before reach this deep
             raise SnapshotError(_too_deep(max_depth))
     if walk.pending:
         raise SnapshotError(
@@ -138,10 +144,14 @@ class _Walk:
         # before (kept from one `_runs` to the next: a level's lists are read in many calls)
         self.size, self.known = self.slice, False
         self.flush = _FEW  # items of unmatched long lists read at once: doubles up to `slice`
+        # shared long lists and tuples of shared leaves (`_stacks`): met, never counted down
+        self.stacks: set[int] = set()
+        self.stacked = False  # whether the level being read met one
 
-    def next_level(self, level: list[Any]) -> tuple[list[Any], bool]:
-        """Check one level; return the containers whose every reference is now met, and
-        whether the level holds any container at all."""
+    def next_level(self, level: list[Any]) -> tuple[list[Any], int]:
+        """Check one level; return the containers whose every reference is now met, and how
+        many levels its containers reach below it: 0 (none), 1, or 2 (a stack)."""
+        self.stacked = False
         is_dict = list(map(operator.is_, map(type, level), repeat(dict)))
         dicts = list(compress(level, is_dict))
         seqs = list(compress(level, map(operator.not_, is_dict))) if len(dicts) < len(level) else []
@@ -193,7 +203,7 @@ class _Walk:
                     self.flush = min(2 * self.flush, self.slice)
             size = min(2 * size, _SLICE) if 0 not in met else _BATCH  # grows while all met
         deeper = self._runs(runs, out) or deeper
-        return out, deeper
+        return out, 2 if self.stacked else int(deeper)
 
     def _met_runs(self, seqs: list[Any]) -> bytes:
         """`_met_run` of each of `seqs` (long lists and tuples), as 0/1 bytes: C-level passes.
@@ -280,6 +290,10 @@ class _Walk:
         """`_count` by identity: the distinct references first."""
         found = dict(zip(map(id, kids), kids, strict=True))
         new = found.keys() - self.leaves - self.pending.keys()
+        if self.stacks:
+            if not self.stacked and not self.stacks.isdisjoint(found):
+                self.stacked = True
+            new -= self.stacks
         here = found.keys() & self.pending.keys() if self.pending else set()
         counted: dict[int, int] = {}  # new shared containers holding containers: references
         # a reference count reads the data's references, `kids`', `found`'s and `objs`'
@@ -300,9 +314,12 @@ class _Walk:
                 flat = list(compress(shared, map(operator.not_, deep)))
                 self.leaves.update(map(id, flat))
                 out.extend(flat)
+                deep_objs = list(compress(shared, deep))
+                del shared, flat
+                rest = self._stacks(deep_objs, out)  # those that are not stacks
                 # the data's references plus this slice's
-                read = map((-extra).__add__, compress(rcs, deep))
-                counted = dict(zip(map(id, compress(shared, deep)), read, strict=True))
+                read = map((-extra).__add__, compress(compress(rcs, deep), rest))
+                counted = dict(zip(map(id, compress(deep_objs, rest)), read, strict=True))
         if counted or here:
             counts = Counter(filter((counted.keys() | here).__contains__, map(id, kids)))
             # references left: the data's, less this slice's (C-level: there may be many)
@@ -317,6 +334,45 @@ class _Walk:
                 self.pending.pop(i, None)
             out.extend(map(found.__getitem__, ready))
         return len(new)
+
+    def _stacks(self, objs: list[Any], out: list[Any]) -> bytes:
+        """Find the stacks among `objs` (new shared containers holding containers): lists and
+        tuples of `_LONG` to `_PEEK` items, every one a container holding none (a frames list:
+        frame dicts). A stack cannot be in a cycle and reaches one level below itself, so it
+        is met once, here, and never counted down: its other references (a frames list is
+        shared by the entries of a tiled trace, or by a block and its alloc) cost a lookup.
+        Its items not met before are leaves from now on (and checked at the next level), and
+        it is remembered as a run, so that the next equal list is one comparison. Returns 0/1
+        per object: 1 where it is not a stack."""
+        rest = bytearray(b"\x01") * len(objs)
+        leaves = self.leaves
+        for i, seq in enumerate(objs):
+            if type(seq) is dict or not _LONG <= len(seq) <= _PEEK:
+                continue
+            if not (self._met_run(seq) or all(map(leaves.__contains__, map(id, seq)))):
+                kids = _containers(list(seq))  # type-checks the items
+                if len(kids) < len(seq):  # scalars among them
+                    continue
+                met = dict(zip(map(id, kids), kids, strict=True))
+                fresh = list(map(met.__getitem__, met.keys() - leaves))
+                del kids, met
+                holds = _holds_containers(fresh)
+                # those holding none are leaves whether or not `seq` is a stack: met once
+                flat = list(compress(fresh, map(operator.not_, holds)))
+                leaves.update(map(id, flat))
+                out.extend(flat)
+                if any(holds):
+                    continue
+                key = (len(seq), id(seq[0]))
+                if len(same := self.runs.setdefault(key, [])) < _RUNS:
+                    same.append(seq)
+                    self.kept += 1
+            else:
+                self.hits += 1
+            rest[i] = 0
+            self.stacks.add(id(seq))
+            self.stacked = True
+        return bytes(rest)
 
 
 def _holds_containers(objs: list[Any]) -> list[bool]:
