@@ -24,14 +24,17 @@ def _depth_ok(obj: object, limit: int) -> bool:
     return True
 
 
+MANY = [STACK] * 8  # a stack is read where first met once it has 8 references or more
+
+
 @pytest.mark.parametrize(
     ("shape", "longest"),
     [
-        ([STACK, [[[[STACK]]]]], 7),  # met first near the top, deepest later
-        ([[[[[STACK]]]], STACK], 7),  # met first at its deepest
-        ({"x": STACK, "y": [[STACK]], "z": [STACK] * 20}, 5),  # a list of stacks
-        ([STACK, STACK], 3),
-        ([[STACK, {"frames": STACK}], [{"frames": STACK}]] * 3, 5),  # block and entry alike
+        ([MANY, [[[[STACK]]]]], 7),  # met first near the top, deepest later
+        ([[[[[STACK]]]], MANY], 7),  # met first at its deepest
+        ({"x": MANY, "y": [[STACK]], "z": [STACK] * 20}, 5),  # lists of stacks
+        ([STACK] * 9, 3),
+        ([[STACK, {"frames": STACK}], [{"frames": STACK}]] * 4, 5),  # blocks and entries
     ],
 )
 def test_a_stack_is_as_deep_as_its_deepest_reference(shape, longest):
@@ -44,12 +47,12 @@ def test_a_shared_long_list_holding_a_cycle_is_no_stack():
     outer = [inner] * 16
     inner.append(outer)
     with pytest.raises(SnapshotError, match=r"hold themselves \(a cycle\)$"):
-        check_plain(pickle.loads(pickle.dumps([outer, outer], protocol=4)))
+        check_plain(pickle.loads(pickle.dumps([outer] * 9, protocol=4)))
 
 
 def test_the_items_of_a_stack_are_checked():
     bad = [{"name": "f", ("tuple", "key"): 1}] * 16
     with pytest.raises(SnapshotError, match=r"^a dict key of type tuple"):
-        check_plain(pickle.loads(pickle.dumps([bad, bad], protocol=4)))
+        check_plain(pickle.loads(pickle.dumps([bad] * 9, protocol=4)))
     deep = [{"name": [[1]]}] * 16  # items holding containers: no stack, counted as before
-    assert _depth_ok([deep, deep], 5) and not _depth_ok([deep, deep], 4)
+    assert _depth_ok([deep] * 9, 5) and not _depth_ok([deep] * 9, 4)

@@ -17,11 +17,12 @@ whose items were all such leaves (torch's 6,000 frames lists hold some 130 diffe
 is one C-level comparison, made for a batch of lists at a time (`list.__contains__` over the
 runs met with the same length and first item); runs are remembered only while lists are found
 equal to them (a trace whose every stack differs would otherwise remember, and re-read, one per
-list). A shared long list or tuple of such leaves (a frames list that trace entries of a tiled
-trace, or a block and its alloc, share) is a stack: it cannot be in a cycle and reaches one level
-below itself, so it is read where it is first met (one comparison if it equals a run) and its
-other references cost a set lookup, not a count down (tiled real trace, 10^5 entries: the walk
--30 %); a level that meets one must leave two levels of room below it. Each level is read in
+list). A long list or tuple of such leaves with 8 references or more (a frames list that the
+entries of a tiled trace share) is a stack: it cannot be in a cycle and reaches one level below
+itself, so it is read where it is first met (one comparison if it equals a run) and its other
+references cost a set lookup, not a count down (tiled real trace, 10^5 entries: the walk -17 %;
+with the 3-5 references of a real file's lists, counting down costs less); a level that meets
+one must leave two levels of room below it. Each level is read in
 slices of at most `_SLICE` values, and whether the last slice held only shared leaves met
 before carries over from one batch of lists to the next; every per-reference step is a C-level
 pass (map, set, compress, Counter), and Python loops run per level (at most `max_depth`), per
@@ -36,7 +37,7 @@ from __future__ import annotations
 import operator
 import sys
 from collections import Counter
-from itertools import chain, compress, islice, repeat
+from itertools import accumulate, chain, compress, islice, repeat
 from typing import Any, Protocol
 
 from ..snapshot import SnapshotError
@@ -53,6 +54,7 @@ _RUNS = 16  # how many are remembered per length and first item
 _KEEP = 1024  # runs remembered before they must be met (a quarter as often) to go on
 _BATCH = 64  # long lists compared at a time (the first batch; it grows to _SLICE)
 _PEEK = 4096  # the longest list or tuple read as a stack where it is first met
+_MANY = 8  # ... and the fewest references it has: fewer are counted down at less cost
 
 
 class Guard(Protocol):
@@ -316,9 +318,10 @@ class _Walk:
                 out.extend(flat)
                 deep_objs = list(compress(shared, deep))
                 del shared, flat
-                rest = self._stacks(deep_objs, out)  # those that are not stacks
                 # the data's references plus this slice's
-                read = map((-extra).__add__, compress(compress(rcs, deep), rest))
+                deep_refs = list(map((-extra).__add__, compress(rcs, deep)))
+                rest = self._stacks(deep_objs, deep_refs, out)  # those that are not stacks
+                read = compress(deep_refs, rest)
                 counted = dict(zip(map(id, compress(deep_objs, rest)), read, strict=True))
         if counted or here:
             counts = Counter(filter((counted.keys() | here).__contains__, map(id, kids)))
@@ -335,7 +338,7 @@ class _Walk:
             out.extend(map(found.__getitem__, ready))
         return len(new)
 
-    def _stacks(self, objs: list[Any], out: list[Any]) -> bytes:
+    def _stacks(self, objs: list[Any], refs: list[int], out: list[Any]) -> bytes:
         """Find the stacks among `objs` (new shared containers holding containers): lists and
         tuples of `_LONG` to `_PEEK` items, every one a container holding none (a frames list:
         frame dicts). A stack cannot be in a cycle and reaches one level below itself, so it
@@ -345,37 +348,63 @@ class _Walk:
         it is remembered as a run, so that the next equal list is one comparison. Returns 0/1
         per object: 1 where it is not a stack."""
         rest = bytearray(b"\x01") * len(objs)
-        cands = [i for i, x in enumerate(objs) if type(x) is not dict and _LONG <= len(x) <= _PEEK]
+        many = map(_MANY.__le__, refs)
+        cands = [
+            i
+            for i, x in compress(enumerate(objs), many)
+            if type(x) is not dict and _LONG <= len(x) <= _PEEK
+        ]
         seqs = list(map(objs.__getitem__, cands))
-        met = self._met_runs(seqs)  # equal to a run: a stack, one C-level pass for them all
+        met = bytearray(self._met_runs(seqs))  # equal to a run: a stack (one C-level pass)
         self.hits += met.count(1)
-        leaves, found = self.leaves, []
-        for i, seq, m in zip(cands, seqs, met, strict=True):
-            if not m:
-                if not all(map(leaves.__contains__, map(id, seq))):
-                    kids = _containers(list(seq))  # type-checks the items
-                    if len(kids) < len(seq):  # scalars among them
-                        continue
-                    ids = dict(zip(map(id, kids), kids, strict=True))
-                    fresh = list(map(ids.__getitem__, ids.keys() - leaves))
-                    del kids, ids
-                    holds = _holds_containers(fresh)
-                    # those holding none are leaves whether or not `seq` is a stack: met once
-                    flat = list(compress(fresh, map(operator.not_, holds)))
-                    leaves.update(map(id, flat))
-                    out.extend(flat)
-                    if any(holds):
-                        continue
-                key = (len(seq), id(seq[0]))
-                if len(same := self.runs.setdefault(key, [])) < _RUNS:
-                    same.append(seq)
-                    self.kept += 1
-            rest[i] = 0
-            found.append(seq)
-        if found:
-            self.stacks.update(map(id, found))
+        # the others, a group of about `slice` items at a time
+        todo = list(compress(range(len(seqs)), map(operator.not_, met)))
+        group: list[int] = []
+        held = 0
+        for j in todo:
+            group.append(j)
+            held += len(seqs[j])
+            if held >= self.slice or j == todo[-1]:
+                found = self._stack_group(list(map(seqs.__getitem__, group)), out)
+                for j2 in compress(group, found):
+                    met[j2] = 1
+                    seq = seqs[j2]
+                    same = self.runs.setdefault((len(seq), id(seq[0])), [])
+                    if len(same) < _RUNS:
+                        same.append(seq)
+                        self.kept += 1
+                group, held = [], 0
+                self._check()
+        if 1 in met:
+            self.stacks.update(map(id, compress(seqs, met)))
             self.stacked = True
+            for i in compress(cands, met):
+                rest[i] = 0
         return bytes(rest)
+
+    def _stack_group(self, seqs: list[Any], out: list[Any]) -> list[bool]:
+        """Which of `seqs` hold only leaves (C-level passes over all their items at once). Their
+        items not met before that are containers holding none become leaves (met once: they
+        go to `out`), whether or not their list is a stack."""
+        items = list(chain.from_iterable(seqs))
+        ids = list(map(id, items))
+        leaves = self.leaves
+        known = bytes(map(leaves.__contains__, ids))
+        if 0 in known:
+            fresh = bytes(map(operator.not_, known))
+            unknown = dict(zip(compress(ids, fresh), compress(items, fresh), strict=True))
+            kids = _containers(list(unknown.values()))  # type-checks them; scalars left out
+            flat = list(compress(kids, map(operator.not_, _holds_containers(kids))))
+            leaves.update(map(id, flat))
+            out.extend(flat)
+            if not leaves.issuperset(unknown):  # scalars, or containers holding some
+                known = bytes(map(leaves.__contains__, ids))
+            else:
+                known = b"\x01" * len(ids)
+            del unknown, kids, flat
+        del items, ids
+        ends = list(accumulate(map(len, seqs)))
+        return [0 not in known[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 def _holds_containers(objs: list[Any]) -> list[bool]:
