@@ -4,10 +4,14 @@ round trip, and the same one-line errors."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
 from gpumemviz.snapshot import SnapshotError
+from gpumemviz.snapshot.schema import TRACE_KEYS
+from gpumemviz.snapshot.shapes import RowShape
 from gpumemviz.snapshot.tables import Trace
 
 N = 9000  # more than two chunks of rows
@@ -41,7 +45,14 @@ def _check(entries: list[dict[str, object]], trace: Trace) -> None:
     rebuilt = trace.entries()
     assert rebuilt == entries
     assert [list(e) for e in rebuilt] == [list(e) for e in entries]
-    assert trace.frames()[-1] is entries[-1]["frames"]  # shared, not copied
+    i = max(i for i, e in enumerate(entries) if "frames" in e)
+    assert trace.frames()[i] is entries[i]["frames"]  # shared, not copied
+    careful = RowShape.of(entries, TRACE_KEYS)  # the layouts, in the order first met
+    assert trace._shape.layouts == careful.layouts
+    if careful.code is None:
+        assert trace._shape.code is None
+    else:
+        assert trace._shape.code.tolist() == careful.code.tolist()
 
 
 def test_uniform_trace_reads_every_column():
@@ -51,7 +62,7 @@ def test_uniform_trace_reads_every_column():
 
 @pytest.mark.parametrize(
     "change",
-    ["key order", "oom entry", "unknown key", "missing key", "bool value"],
+    ["key order", "oom entry", "unknown key", "missing key", "bool value", "a new known key"],
 )
 def test_one_differing_entry_reads_as_the_file_has_it(change):
     entries = _entries()
@@ -65,6 +76,8 @@ def test_one_differing_entry_reads_as_the_file_has_it(change):
         e["extra"] = ("kept", 1)
     elif change == "missing key":
         del e["time_us"]
+    elif change == "a new known key":
+        e["device_free"] = 5
     else:
         e["stream"] = True  # array("q") reads a bool as an integer, in both reads
     trace = Trace.from_entries(entries)
@@ -99,3 +112,27 @@ def test_tuple_of_entries_and_one_entry():
     one = Trace.from_entries(entries[:1])
     assert one.entry(0) == entries[0]
     assert np.array_equal(one.addr, [entries[0]["addr"]])
+
+
+def test_oom_entries_first_last_and_in_several_chunks():
+    entries = _entries()
+    for i in (0, 1, 4095, 4096, 8000, N - 1):
+        entries[i] = {"action": "oom", "device_free": i, "size": 1 << 30, "stream": 0}
+    trace = Trace.from_entries(entries)
+    _check(entries, trace)
+    assert trace.device_free[[0, 8000, N - 1]].tolist() == [0, 8000, N - 1]
+    assert trace.addr[[0, 1, 2]].tolist() == [-1, -1, entries[2]["addr"]]
+
+
+def test_many_layouts_and_an_odd_entry_without_action():
+    entries = _entries()
+    orders = itertools.islice(itertools.permutations(list(entries[0])[1:]), 300)
+    for i, order in enumerate(orders):  # more layouts than a byte of codes holds
+        entries[i + 100] = {"action": entries[i + 100]["action"]} | {
+            k: entries[i + 100][k] for k in order
+        }
+    _check(entries, Trace.from_entries(entries))
+    entries = _entries()
+    del entries[7000]["action"]
+    with pytest.raises(SnapshotError, match=r"^trace, entry 7000 has no action$"):
+        Trace.from_entries(entries)

@@ -3,7 +3,7 @@ values humans read, and `Trace`, one device's trace entries as columns.
 
 A trace's entries nearly always share one key layout (torch writes every entry alike, but an
 oom's): then its columns are strided slices of the entries' values, read a chunk of rows at a
-time (`_uniform_columns`), which reads each dict once instead of once per key (10^5 entries:
+time (`_fast_columns`), which reads each dict once instead of once per key (10^5 entries:
 70 ms -> 36 ms, benchmarks/load_big.py); any other trace is read key by key.
 """
 
@@ -181,9 +181,10 @@ class Trace:
         def at(i: int) -> str:
             return f"{where}, entry {i}"
 
-        uniform = _uniform_columns(entries)
-        if uniform is not None:
-            shape = RowShape.uniform(tuple(uniform))
+        fast = _fast_columns(entries)
+        uniform = None if fast is None else fast[1]
+        if fast is not None and uniform is not None:
+            shape = fast[0]
             if "action" not in uniform:
                 raise SnapshotError(f"{at(0)} has no action")
             names = uniform["action"]
@@ -329,31 +330,63 @@ _ROWS = 4096  # entries read at a time: their keys and values, 8 pointers each, 
 
 
 # Any: each key's column, an int64 array (`_INT_KEYS`) or the file's values
-def _uniform_columns(entries: Sequence[TorchDict]) -> dict[str, Any] | None:
-    """The columns of entries (dicts) that all have the first one's keys, in its order, all of
-    them `TRACE_KEYS`, keyed in that order: each a strided slice of the entries' values, read
-    `_ROWS` entries at a time; integer keys as int64 arrays. None where an entry differs or an
-    integer column holds something `int_column` refuses: the careful path reads (and names) it.
+def _fast_columns(entries: Sequence[TorchDict]) -> tuple[RowShape, dict[str, Any]] | None:
+    """The row shape and columns of entries (dicts) whose keys are all `TRACE_KEYS`, read
+    `_ROWS` entries at a time: where every entry of a chunk has the first one's keys in its
+    order, each column is a strided slice of their values; a chunk holding another layout (an
+    oom entry) is read entry by entry. Integer keys as int64 arrays, -1 where an entry lacks the
+    key (None for the others), as the careful path reads them. None where an entry has another
+    key, or no action while the first has one, or an integer column holds something `int_column`
+    refuses: the careful path reads (and names) it.
     """
-    layout = tuple(entries[0])
-    w, n = len(layout), len(entries)
-    if not w or not _KNOWN.issuperset(layout) or set(map(len, entries)) != {w}:
+    first = tuple(entries[0])
+    w, n = len(first), len(entries)
+    if "action" not in first or not _KNOWN.issuperset(first):
         return None
-    cols: dict[str, Any] = {k: np.empty(n, np.int64) if k in _INT_KEYS else [] for k in layout}
+    layouts = {first: 0}
+    code: np.ndarray | None = None
+    cols: dict[str, Any] = {}
+
+    def column(k: str, start: int) -> Any:  # Any: an array or a list
+        if k not in cols:  # a key met first in this chunk: the rows before lack it
+            cols[k] = np.full(n, -1, np.int64) if k in _INT_KEYS else [None] * start
+        return cols[k]
+
     for start in range(0, n, _ROWS):
         rows = entries[start : start + _ROWS]
         m = len(rows)
         keys = list(chain.from_iterable(rows))  # `==`: a key equal to a str is a str
-        if any(keys[j::w].count(k) != m for j, k in enumerate(layout)):
-            return None
-        del keys
-        values = list(chain.from_iterable(map(dict.values, rows)))
-        for j, col in enumerate(cols.values()):
-            if type(col) is list:
-                col += values[j::w]
-                continue
-            try:
-                col[start : start + m] = np.frombuffer(array("q", values[j::w]), np.int64)
-            except (TypeError, OverflowError, ValueError):
+        if len(keys) == m * w and all(keys[j::w].count(k) == m for j, k in enumerate(first)):
+            values = list(chain.from_iterable(map(dict.values, rows)))
+            chunk = {k: values[j::w] for j, k in enumerate(first)}
+            del keys, values
+        else:
+            del keys
+            tuples = list(map(tuple, rows))
+            new = [t for t in dict.fromkeys(tuples) if t not in layouts]  # in the order met
+            if len(layouts) + len(new) > 255:  # RowShape.of's codes would not be bytes
                 return None
-    return cols
+            for t in new:
+                if "action" not in t or not _KNOWN.issuperset(t):
+                    return None
+                layouts[t] = len(layouts)
+            if code is None:
+                code = np.zeros(n, np.uint8)
+            code[start : start + m] = np.fromiter(map(layouts.__getitem__, tuples), np.uint8, m)
+            here = set().union(*dict.fromkeys(tuples))
+            chunk = {
+                k: [e.get(k, -1 if k in _INT_KEYS else None) for e in rows] for k in sorted(here)
+            }
+        for k in chunk.keys() | cols.keys():
+            col = column(k, start)
+            got = chunk.get(k)
+            if type(col) is list:
+                col += [None] * m if got is None else got
+            elif got is not None:
+                try:
+                    col[start : start + m] = np.frombuffer(array("q", got), np.int64)
+                except (TypeError, OverflowError, ValueError):
+                    return None
+    if code is None or len(layouts) == 1:
+        return RowShape.uniform(first), cols
+    return RowShape(tuple(layouts), readonly(code), {}), cols
