@@ -290,8 +290,7 @@ class _Walk:
 
     def _by_id(self, kids: list[Any], out: list[Any]) -> int:
         """`_count` by identity: the distinct references first."""
-        ids = list(map(id, kids))  # read once: counted below too
-        found = dict(zip(ids, kids, strict=True))
+        found = dict(zip(map(id, kids), kids, strict=True))
         new = found.keys() - self.leaves - self.pending.keys()
         if self.stacks:
             if not self.stacked and not self.stacks.isdisjoint(found):
@@ -325,7 +324,7 @@ class _Walk:
                 read = compress(deep_refs, rest)
                 counted = dict(zip(map(id, compress(deep_objs, rest)), read, strict=True))
         if counted or here:
-            counts = Counter(filter((counted.keys() | here).__contains__, ids))
+            counts = Counter(filter((counted.keys() | here).__contains__, map(id, kids)))
             # references left: the data's, less this slice's (C-level: there may be many)
             sub, twice = operator.sub, (2).__mul__
             met_new = map(sub, counted.values(), map(twice, map(counts.__getitem__, counted)))

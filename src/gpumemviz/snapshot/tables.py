@@ -327,7 +327,7 @@ class Trace:
 _INT_KEYS = ("addr", "size", "stream", "time_us", "device_free")
 _OBJECT_KEYS = ("frames", "compile_context", "user_metadata")
 _KNOWN = frozenset(TRACE_KEYS)
-_ROWS = 4096  # entries read at a time: their keys and values, 8 pointers each, a few 100 KB
+_ROWS = 1024  # entries read at a time: their keys, then values, 8 pointers each (64 KiB)
 
 
 # Any: each key's column, an int64 array (`_INT_KEYS`) or the file's values
@@ -358,9 +358,10 @@ def _fast_columns(entries: Sequence[TorchDict]) -> tuple[RowShape, dict[str, Any
         m = len(rows)
         keys = list(chain.from_iterable(rows))  # `==`: a key equal to a str is a str
         if len(keys) == m * w and all(keys[j::w].count(k) == m for j, k in enumerate(first)):
+            del keys
             values = list(chain.from_iterable(map(dict.values, rows)))
             chunk = {k: values[j::w] for j, k in enumerate(first)}
-            del keys, values
+            del values
         else:
             del keys
             tuples = list(map(tuple, rows))
