@@ -346,12 +346,20 @@ def _fast_columns(entries: Sequence[TorchDict]) -> tuple[RowShape, dict[str, Any
         return None
     layouts = {first: 0}
     code: np.ndarray | None = None
-    cols: dict[str, Any] = {}
+    cols: dict[str, Any] = {}  # each column made whole at once (-1 or None until read)
 
-    def column(k: str, start: int) -> Any:  # Any: an array or a list
-        if k not in cols:  # a key met first in this chunk: the rows before lack it
-            cols[k] = np.full(n, -1, np.int64) if k in _INT_KEYS else [None] * start
-        return cols[k]
+    def put(k: str, start: int, got: list[Any]) -> bool:  # Any: the file's values
+        if k not in cols:
+            cols[k] = np.full(n, -1, np.int64) if k in _INT_KEYS else [None] * n
+        col = cols[k]
+        if type(col) is list:
+            col[start : start + len(got)] = got
+            return True
+        try:
+            col[start : start + len(got)] = np.frombuffer(array("q", got), np.int64)
+        except (TypeError, OverflowError, ValueError):
+            return False
+        return True
 
     for start in range(0, n, _ROWS):
         rows = entries[start : start + _ROWS]
@@ -360,35 +368,25 @@ def _fast_columns(entries: Sequence[TorchDict]) -> tuple[RowShape, dict[str, Any
         if len(keys) == m * w and all(keys[j::w].count(k) == m for j, k in enumerate(first)):
             del keys
             values = list(chain.from_iterable(map(dict.values, rows)))
-            chunk = {k: values[j::w] for j, k in enumerate(first)}
-            del values
-        else:
-            del keys
-            tuples = list(map(tuple, rows))
-            new = [t for t in dict.fromkeys(tuples) if t not in layouts]  # in the order met
-            if len(layouts) + len(new) > 255:  # RowShape.of's codes would not be bytes
+            if not all(put(k, start, values[j::w]) for j, k in enumerate(first)):
                 return None
-            for t in new:
-                if "action" not in t or not _KNOWN.issuperset(t):
-                    return None
-                layouts[t] = len(layouts)
-            if code is None:
-                code = np.zeros(n, np.uint8)
-            code[start : start + m] = np.fromiter(map(layouts.__getitem__, tuples), np.uint8, m)
-            here = set().union(*dict.fromkeys(tuples))
-            chunk = {
-                k: [e.get(k, -1 if k in _INT_KEYS else None) for e in rows] for k in sorted(here)
-            }
-        for k in chunk.keys() | cols.keys():
-            col = column(k, start)
-            got = chunk.get(k)
-            if type(col) is list:
-                col += [None] * m if got is None else got
-            elif got is not None:
-                try:
-                    col[start : start + m] = np.frombuffer(array("q", got), np.int64)
-                except (TypeError, OverflowError, ValueError):
-                    return None
+            del values
+            continue
+        del keys
+        tuples = list(map(tuple, rows))
+        new = [t for t in dict.fromkeys(tuples) if t not in layouts]  # in the order met
+        if len(layouts) + len(new) > 255:  # RowShape.of's codes would not be bytes
+            return None
+        for t in new:
+            if "action" not in t or not _KNOWN.issuperset(t):
+                return None
+            layouts[t] = len(layouts)
+        if code is None:
+            code = np.zeros(n, np.uint8)
+        code[start : start + m] = np.fromiter(map(layouts.__getitem__, tuples), np.uint8, m)
+        for k in sorted(set().union(*dict.fromkeys(tuples))):
+            if not put(k, start, [e.get(k, -1 if k in _INT_KEYS else None) for e in rows]):
+                return None
     if code is None or len(layouts) == 1:
         return RowShape.uniform(first), cols
     return RowShape(tuple(layouts), readonly(code), {}), cols
