@@ -23,11 +23,14 @@ multiples of the floor): the opcode scan about 1x, the unpickle 1x, the walk 1.2
 the floor; against plain pickle.loads (the GC on) it is from 10^5 entries up (1.1-3.0x).
 
 Kinds "torch" and "real" are issue 20's shapes (benchmarks/_traces.py: `torch_shaped`, and
-big_traces.REAL tiled to size). load_snapshot / plain pickle.loads, wall clock, best of 9, old
-and new alternated in one process (Dec 2026, 2 busy cores), before -> after the trace columns as
-strided slices of one layout's values and the walk's per-slice key set, single type pass and
-16 remembered runs per key: real 10^4 5.99x -> 5.50x, 10^5 4.30x -> 3.80x; torch 10^4 3.27x ->
-3.12x, 10^5 1.70x -> 1.55x; memory 1.06-1.16x -> 1.06-1.14x.
+big_traces.REAL tiled to size). load_snapshot / plain pickle.loads, wall clock, best of 9-15,
+old and new alternated in one process (Dec 2026, 2 busy cores), before -> after the trace
+columns as strided slices of one layout's values, the walk's stacks (a frames list with 8
+references or more read where first met), per-slice key sets and one type pass, and the scan's
+argument bytes as dots: real 10^4 5.9x -> 5.5x, 10^5 4.2x -> 3.1x; torch 10^4 3.6x -> 3.3x,
+10^5 1.65x -> 1.51x, 10^6 0.87x -> 0.76x; memory 1.06-1.16x -> 1.06-1.15x. Where it goes now
+(CPU ms, real 10^4 / 10^5): scan 5.0 / 29, unpickle 5 / 41, walk 22 / 118 (was 23 / 154),
+trace columns 3.9 / 36 (was 4.8 / 73), segments 1.5 / 6, validate 0.3.
 
 Run: .venv/bin/python benchmarks/load_big.py [--quick] [--sizes 10000,100000,1000000]
 [--kinds stacks,mixed,none,torch,real]
