@@ -30,7 +30,7 @@ references or more read where first met), per-slice key sets and one type pass, 
 argument bytes as dots: real 10^4 5.9x -> 5.5x, 10^5 4.2x -> 3.1x; torch 10^4 3.6x -> 3.3x,
 10^5 1.65x -> 1.51x, 10^6 0.87x -> 0.76x; memory 1.06-1.16x -> 1.06-1.15x. Where it goes now
 (CPU ms, real 10^4 / 10^5): scan 5.0 / 29, unpickle 5 / 41, walk 22 / 118 (was 23 / 154),
-trace columns 3.9 / 36 (was 4.8 / 73), segments 1.5 / 6, validate 0.3.
+trace columns 3.9 / 36 (was 4.8 / 73), segments about 1 / 7, validate 0.3.
 
 Run: .venv/bin/python benchmarks/load_big.py [--quick] [--sizes 10000,100000,1000000]
 [--kinds stacks,mixed,none,torch,real]
