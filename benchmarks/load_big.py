@@ -22,7 +22,18 @@ multiples of the floor): the opcode scan about 1x, the unpickle 1x, the walk 1.2
 3.4x (mixed; 7.6x before), 2.5-4x (none), the columns 0.5-2x. The 3x target is not met against
 the floor; against plain pickle.loads (the GC on) it is from 10^5 entries up (1.1-3.0x).
 
+Kinds "torch" and "real" are issue 20's shapes (benchmarks/_traces.py: `torch_shaped`, and
+big_traces.REAL tiled to size). load_snapshot / plain pickle.loads, wall clock, best of 9-15,
+old and new alternated in one process (Dec 2026, 2 busy cores), before -> after the trace
+columns as strided slices of one layout's values, the walk's stacks (a frames list with 8
+references or more read where first met), per-slice key sets and one type pass, and the scan's
+argument bytes as dots: real 10^4 5.9x -> 5.5x, 10^5 4.2x -> 3.1x; torch 10^4 3.6x -> 3.3x,
+10^5 1.65x -> 1.51x, 10^6 0.87x -> 0.76x; memory 1.06-1.16x -> 1.06-1.15x. Where it goes now
+(CPU ms, real 10^4 / 10^5): scan 5.0 / 29, unpickle 5 / 41, walk 22 / 118 (was 23 / 154),
+trace columns 3.9 / 36 (was 4.8 / 73), segments about 1 / 7, validate 0.3.
+
 Run: .venv/bin/python benchmarks/load_big.py [--quick] [--sizes 10000,100000,1000000]
+[--kinds stacks,mixed,none,torch,real]
 """
 
 from __future__ import annotations
@@ -37,7 +48,9 @@ from collections.abc import Callable
 from typing import Any
 
 from _common import best
-from gpumemviz.io import load_snapshot
+from _traces import tiled_real, torch_shaped
+from big_traces import REAL
+from gpumemviz.io import load_snapshot, loads_restricted
 
 
 def torch_trace(n: int, kind: str, seed: int = 0) -> dict[str, Any]:
@@ -106,6 +119,16 @@ def torch_trace(n: int, kind: str, seed: int = 0) -> dict[str, Any]:
     }
 
 
+def trace_of(n: int, kind: str) -> dict[str, Any]:
+    """`kind`: one of `torch_trace`'s, or issue 20's shapes: "torch" (benchmarks/_traces.py
+    `torch_shaped`) and "real" (big_traces.REAL's trace tiled to `n` entries, `tiled_real`)."""
+    if kind == "torch":
+        return torch_shaped(n)
+    if kind == "real":
+        return tiled_real(loads_restricted(REAL.read_bytes()), n)
+    return torch_trace(n, kind)
+
+
 def loads_paused(data: bytes) -> Any:  # Any: whatever the pickle holds
     gc.disable()
     try:
@@ -143,7 +166,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10^4 and 10^5 entries, one rep")
     parser.add_argument("--sizes", default="10000,100000,1000000")
-    parser.add_argument("--kinds", default="stacks,mixed,none")
+    parser.add_argument("--kinds", default="stacks,mixed,none,torch,real")
     args = parser.parse_args()
     sizes = [10_000, 100_000] if args.quick else [int(s) for s in args.sizes.split(",")]
     load_snapshot(b"\x80\x04]\x94.")  # imports and one-time caches first
@@ -153,7 +176,7 @@ def main() -> None:
     )
     for n in sizes:
         for kind in args.kinds.split(","):
-            data = pickle.dumps(torch_trace(n, kind), protocol=4)
+            data = pickle.dumps(trace_of(n, kind), protocol=4)
             reps = 1 if args.quick or n >= 1_000_000 else 3
             row(f"{n:,} {kind}", data, reps)
             del data

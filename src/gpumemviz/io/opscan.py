@@ -57,22 +57,25 @@ def _fixed_run() -> re.Pattern[bytes]:
     FRAME, EXTs or sets), and of LONG1 with up to 8 bytes (a 64-bit int: addresses, sizes)
     and SHORT_BINUNICODE with up to 64 (names, file names), which the loop would otherwise
     take one at a time."""
-    alts = [
-        re.escape(bytes([c])) + (b".{%d}" % size if (size := _ARG_SIZE[c]) else b"")
-        for c in _COMMON
-    ]
+    alts = [re.escape(bytes([c])) + _any(_ARG_SIZE[c] or 0) for c in _COMMON]
     for op, most in ((_LONG1, 8), (_SHORT_BINUNICODE, 64)):
-        lengths = (re.escape(bytes([k])) + (b".{%d}" % k if k else b"") for k in range(most + 1))
+        lengths = (re.escape(bytes([k])) + _any(k) for k in range(most + 1))
         alts.append(re.escape(bytes([op])) + b"(?:" + b"|".join(lengths) + b")")
     by_size: dict[int, list[int]] = {}
     for c, n in enumerate(_ARG_SIZE):
         if n is not None and n >= 0 and c not in _STOPPERS and c not in _COMMON:
             by_size.setdefault(n, []).append(c)
     alts += [
-        b"[" + b"".join(re.escape(bytes([c])) for c in codes) + b"]" + (b".{%d}" % n if n else b"")
+        b"[" + b"".join(re.escape(bytes([c])) for c in codes) + b"]" + _any(n)
         for n, codes in sorted(by_size.items())
     ]
     return re.compile(b"(?:" + b"|".join(alts) + b")*+", re.DOTALL)
+
+
+def _any(n: int) -> bytes:
+    """`n` bytes of argument, as `n` dots: the engine steps over those faster than over `.{n}`
+    (a repeat), 5-10 % of the scan."""
+    return b"." * n
 
 
 _FIXED_RUN = _fixed_run()

@@ -17,13 +17,19 @@ whose items were all such leaves (torch's 6,000 frames lists hold some 130 diffe
 is one C-level comparison, made for a batch of lists at a time (`list.__contains__` over the
 runs met with the same length and first item); runs are remembered only while lists are found
 equal to them (a trace whose every stack differs would otherwise remember, and re-read, one per
-list). Each level is read in slices of at most `_SLICE` values, and whether the last slice held
-only shared leaves met before carries over from one batch of lists to the next; every
-per-reference step is a C-level pass (map, set, compress, Counter), and Python loops run per
-level (at most `max_depth`), per slice and per batch. On the real files the walk takes about
-what the old level-by-level walk did on the small ones and half on the large ones; on a
-10^5-entry torch-shaped trace whose every stack differs, 0.5 s where it took 1.2 s
-(benchmarks/load_big.py); memory, a few % of the decoded data.
+list). A long list or tuple of such leaves with 8 references or more (a frames list that the
+entries of a tiled trace share) is a stack: it cannot be in a cycle and reaches one level below
+itself, so it is read where it is first met (one comparison if it equals a run) and its other
+references cost a set lookup, not a count down (tiled real trace, 10^5 entries: the walk -17 %;
+with the 3-5 references of a real file's lists, counting down costs less); a level that meets
+one must leave two levels of room below it. Each level is read in
+slices of at most `_SLICE` values, and whether the last slice held only shared leaves met
+before carries over from one batch of lists to the next; every per-reference step is a C-level
+pass (map, set, compress, Counter), and Python loops run per level (at most `max_depth`), per
+slice, per batch and per new shared long list (once each, `_LONG` items or more). On the real
+files the walk takes about what the old level-by-level walk did on the small ones and half on
+the large ones; on a 10^5-entry torch-shaped trace whose every stack differs, 0.5 s where it
+took 1.2 s (benchmarks/load_big.py); memory, a few % of the decoded data.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from __future__ import annotations
 import operator
 import sys
 from collections import Counter
-from itertools import chain, compress, islice, repeat
+from itertools import accumulate, chain, compress, islice, repeat
 from typing import Any, Protocol
 
 from ..snapshot import SnapshotError
@@ -44,9 +50,11 @@ _SLICE = 16384  # values read at a time (the largest slice; small inputs use sma
 _MOST = 1 << 16  # ... and while they are all shared leaves met before
 _FEW = 64  # the smallest slice
 _LONG = 16  # a list or tuple this long is compared with those met before
-_RUNS = 4  # how many are remembered per length and first item
+_RUNS = 16  # how many are remembered per length and first item
 _KEEP = 1024  # runs remembered before they must be met (a quarter as often) to go on
 _BATCH = 64  # long lists compared at a time (the first batch; it grows to _SLICE)
+_PEEK = 4096  # the longest list or tuple read as a stack where it is first met
+_MANY = 8  # ... and the fewest references it has: fewer are counted down at less cost
 
 
 class Guard(Protocol):
@@ -86,8 +94,8 @@ def check_plain(
         depth += 1
         if depth > max_depth:
             raise SnapshotError(_too_deep(max_depth))
-        level, deeper = walk.next_level(level)
-        if deeper and not level and depth + 1 > max_depth:  # only shared leaves below
+        level, below = walk.next_level(level)
+        if depth + below > max_depth:  # shared leaves or stacks met before reach this deep
             raise SnapshotError(_too_deep(max_depth))
     if walk.pending:
         raise SnapshotError(
@@ -137,17 +145,27 @@ class _Walk:
         # the slice of list items read next, and whether the last held only shared leaves met
         # before (kept from one `_runs` to the next: a level's lists are read in many calls)
         self.size, self.known = self.slice, False
+        self.flush = _FEW  # items of unmatched long lists read at once: doubles up to `slice`
+        # shared long lists and tuples of shared leaves (`_stacks`): met, never counted down
+        self.stacks: set[int] = set()
+        self.stacked = False  # whether the level being read met one
 
-    def next_level(self, level: list[Any]) -> tuple[list[Any], bool]:
-        """Check one level; return the containers whose every reference is now met, and
-        whether the level holds any container at all."""
+    def next_level(self, level: list[Any]) -> tuple[list[Any], int]:
+        """Check one level; return the containers whose every reference is now met, and how
+        many levels its containers reach below it: 0 (none), 1, or 2 (a stack)."""
+        self.stacked = False
         is_dict = list(map(operator.is_, map(type, level), repeat(dict)))
         dicts = list(compress(level, is_dict))
         seqs = list(compress(level, map(operator.not_, is_dict))) if len(dicts) < len(level) else []
         del level, is_dict
-        bad = set(map(type, chain.from_iterable(dicts))) - _SCALARS
-        if bad:
-            raise SnapshotError(f"a dict key of type {_names(bad)} (only plain data allowed)")
+        # Keys: the types of the distinct keys of a slice (a level's dicts share a few keys;
+        # a key equal to a scalar is a scalar, so nothing else hides behind an equal one)
+        keys = chain.from_iterable(dicts)
+        while distinct := set(islice(keys, self.slice)):
+            bad = set(map(type, distinct)) - _SCALARS
+            if bad:
+                raise SnapshotError(f"a dict key of type {_names(bad)} (only plain data allowed)")
+        del distinct
         out: list[Any] = []
         deeper = False
         # Values are read in slices, copied to a list (`kids`: the reference counts read
@@ -181,12 +199,13 @@ class _Walk:
             for seq in compress(batch, map(operator.not_, met)):
                 runs.append(seq)
                 held += len(seq)
-                if held >= self.slice:
+                if held >= self.flush:
                     deeper = self._runs(runs, out) or deeper
                     runs, held = [], 0
+                    self.flush = min(2 * self.flush, self.slice)
             size = min(2 * size, _SLICE) if 0 not in met else _BATCH  # grows while all met
         deeper = self._runs(runs, out) or deeper
-        return out, deeper
+        return out, 2 if self.stacked else int(deeper)
 
     def _met_runs(self, seqs: list[Any]) -> bytes:
         """`_met_run` of each of `seqs` (long lists and tuples), as 0/1 bytes: C-level passes.
@@ -228,7 +247,7 @@ class _Walk:
             if (
                 len(same) < _RUNS
                 and not self._met_run(seq)
-                and self.leaves.issuperset(map(id, seq))
+                and all(map(self.leaves.__contains__, map(id, seq)))
             ):
                 same.append(seq)
                 self.kept += 1
@@ -241,7 +260,9 @@ class _Walk:
     def _items(self, part: list[Any], out: list[Any], known: bool) -> int | None:
         """A slice of list and tuple items (`known`: the last one held only shared leaves met
         before): None if it holds no container, else how many it holds not met before."""
-        if known and self.leaves.issuperset(map(id, part)):  # only shared leaves (frames)
+        # only shared leaves (frames)? `all` stops at the first that is not (`issuperset` would
+        # build a set of them all first)
+        if known and all(map(self.leaves.__contains__, map(id, part))):
             return 0
         kids = _containers(part)
         if kids is not part:
@@ -271,6 +292,10 @@ class _Walk:
         """`_count` by identity: the distinct references first."""
         found = dict(zip(map(id, kids), kids, strict=True))
         new = found.keys() - self.leaves - self.pending.keys()
+        if self.stacks:
+            if not self.stacked and not self.stacks.isdisjoint(found):
+                self.stacked = True
+            new -= self.stacks
         here = found.keys() & self.pending.keys() if self.pending else set()
         counted: dict[int, int] = {}  # new shared containers holding containers: references
         # a reference count reads the data's references, `kids`', `found`'s and `objs`'
@@ -291,9 +316,13 @@ class _Walk:
                 flat = list(compress(shared, map(operator.not_, deep)))
                 self.leaves.update(map(id, flat))
                 out.extend(flat)
+                deep_objs = list(compress(shared, deep))
+                del shared, flat
                 # the data's references plus this slice's
-                read = map((-extra).__add__, compress(rcs, deep))
-                counted = dict(zip(map(id, compress(shared, deep)), read, strict=True))
+                deep_refs = list(map((-extra).__add__, compress(rcs, deep)))
+                rest = self._stacks(deep_objs, deep_refs, out)  # those that are not stacks
+                read = compress(deep_refs, rest)
+                counted = dict(zip(map(id, compress(deep_objs, rest)), read, strict=True))
         if counted or here:
             counts = Counter(filter((counted.keys() | here).__contains__, map(id, kids)))
             # references left: the data's, less this slice's (C-level: there may be many)
@@ -309,6 +338,74 @@ class _Walk:
             out.extend(map(found.__getitem__, ready))
         return len(new)
 
+    def _stacks(self, objs: list[Any], refs: list[int], out: list[Any]) -> bytes:
+        """Find the stacks among `objs` (new shared containers holding containers): lists and
+        tuples of `_LONG` to `_PEEK` items, every one a container holding none (a frames list:
+        frame dicts). A stack cannot be in a cycle and reaches one level below itself, so it
+        is met once, here, and never counted down: its other references (a frames list is
+        shared by the entries of a tiled trace, or by a block and its alloc) cost a lookup.
+        Its items not met before are leaves from now on (and checked at the next level), and
+        it is remembered as a run, so that the next equal list is one comparison. Returns 0/1
+        per object: 1 where it is not a stack."""
+        rest = bytearray(b"\x01") * len(objs)
+        many = map(_MANY.__le__, refs)
+        cands = [
+            i
+            for i, x in compress(enumerate(objs), many)
+            if type(x) is not dict and _LONG <= len(x) <= _PEEK
+        ]
+        seqs = list(map(objs.__getitem__, cands))
+        met = bytearray(self._met_runs(seqs))  # equal to a run: a stack (one C-level pass)
+        self.hits += met.count(1)
+        # the others, a group of about `slice` items at a time
+        todo = list(compress(range(len(seqs)), map(operator.not_, met)))
+        group: list[int] = []
+        held = 0
+        for j in todo:
+            group.append(j)
+            held += len(seqs[j])
+            if held >= self.slice or j == todo[-1]:
+                found = self._stack_group(list(map(seqs.__getitem__, group)), out)
+                for j2 in compress(group, found):
+                    met[j2] = 1
+                    seq = seqs[j2]
+                    same = self.runs.setdefault((len(seq), id(seq[0])), [])
+                    if len(same) < _RUNS:
+                        same.append(seq)
+                        self.kept += 1
+                group, held = [], 0
+                self._check()
+        if 1 in met:
+            self.stacks.update(map(id, compress(seqs, met)))
+            self.stacked = True
+            for i in compress(cands, met):
+                rest[i] = 0
+        return bytes(rest)
+
+    def _stack_group(self, seqs: list[Any], out: list[Any]) -> list[bool]:
+        """Which of `seqs` hold only leaves (C-level passes over all their items at once). Their
+        items not met before that are containers holding none become leaves (met once: they
+        go to `out`), whether or not their list is a stack."""
+        items = list(chain.from_iterable(seqs))
+        ids = list(map(id, items))
+        leaves = self.leaves
+        known = bytes(map(leaves.__contains__, ids))
+        if 0 in known:
+            fresh = bytes(map(operator.not_, known))
+            unknown = dict(zip(compress(ids, fresh), compress(items, fresh), strict=True))
+            kids = _containers(list(unknown.values()))  # type-checks them; scalars left out
+            flat = list(compress(kids, map(operator.not_, _holds_containers(kids))))
+            leaves.update(map(id, flat))
+            out.extend(flat)
+            if not leaves.issuperset(unknown):  # scalars, or containers holding some
+                known = bytes(map(leaves.__contains__, ids))
+            else:
+                known = b"\x01" * len(ids)
+            del unknown, kids, flat
+        del items, ids
+        ends = list(accumulate(map(len, seqs)))
+        return [0 not in known[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
 
 def _holds_containers(objs: list[Any]) -> list[bool]:
     """For each container, whether it holds a container (its first value nearly always says:
@@ -323,14 +420,15 @@ def _holds_containers(objs: list[Any]) -> list[bool]:
 
 def _containers(part: list[Any]) -> list[Any]:
     """The containers among `part`; `SnapshotError` on a value that is not plain data."""
-    types = set(map(type, part))
+    each = list(map(type, part))  # the one pass that reads the values themselves
+    types = set(each)
     if not types <= _PLAIN:
         raise SnapshotError(f"a value of type {_names(types - _PLAIN)} (only plain data allowed)")
     if types <= _SCALARS:
         return []
     if types <= _CONTAINERS:
         return part
-    return list(compress(part, map(_CONTAINERS.__contains__, map(type, part))))
+    return list(compress(part, map(_CONTAINERS.__contains__, each)))
 
 
 def _names(types: set[type]) -> str:

@@ -1,11 +1,19 @@
 """The snapshot's tables and views: segment and block columns, the frozen `Segment` and `Block`
 values humans read, and `Trace`, one device's trace entries as columns.
+
+A trace's entries nearly always share one key layout (torch writes every entry alike, but an
+oom's): its columns are strided slices of the entries' values, read a chunk of rows at a time
+(`_fast_columns`: each dict read once instead of once per key; a chunk holding an oom entry is
+read entry by entry), 10^5 entries 70 ms -> 36 ms (with an oom entry 97 -> 39 ms); a trace
+with keys outside `TRACE_KEYS` is read key by key.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -170,16 +178,24 @@ class Trace:
         if set(map(type, entries)) != {dict}:
             i, e = next((i, e) for i, e in enumerate(entries) if type(e) is not dict)
             raise SnapshotError(f"{where}, entry {i} is {type_phrase(e)}, not a dict")
-        shape = RowShape.of(entries, TRACE_KEYS)
 
         def at(i: int) -> str:
             return f"{where}, entry {i}"
 
-        try:
-            names = list(map(itemgetter("action"), entries))
-        except KeyError:
-            i = next(i for i, e in enumerate(entries) if "action" not in e)
-            raise SnapshotError(f"{at(i)} has no action") from None
+        fast = _fast_columns(entries)
+        uniform = None if fast is None else fast[1]
+        if fast is not None and uniform is not None:
+            shape = fast[0]
+            if "action" not in uniform:
+                raise SnapshotError(f"{at(0)} has no action")
+            names = uniform["action"]
+        else:
+            shape = RowShape.of(entries, TRACE_KEYS)
+            try:
+                names = list(map(itemgetter("action"), entries))
+            except KeyError:
+                i = next(i for i, e in enumerate(entries) if "action" not in e)
+                raise SnapshotError(f"{at(i)} has no action") from None
         table = {a: c for c, a in enumerate(ACTIONS)}
         if set(map(type, names)) - {str}:
             i = next(i for i, name in enumerate(names) if type(name) is not str)
@@ -194,19 +210,21 @@ class Trace:
         everywhere = set.intersection(*map(set, shape.layouts))
 
         def column(k: str, default: Any) -> list[Any]:  # Any: the file's values
+            if uniform is not None:
+                got: list[Any] = uniform[k]
+                return got
             if k in everywhere:  # one C-level pass
                 return list(map(itemgetter(k), entries))
             return [e.get(k, default) for e in entries]
 
-        absent = np.full(len(entries), -1, np.int64)  # a key no entry has (device_free)
-        cols = {
-            k: readonly(int_column(column(k, -1), k, at) if k in present else absent.copy())
-            for k in ("addr", "size", "stream", "time_us", "device_free")
-        }
-        objects = {
-            k: (column(k, None) if k in present else None)
-            for k in ("frames", "compile_context", "user_metadata")
-        }
+        def ints(k: str) -> np.ndarray:
+            if k not in present:  # a key no entry has (device_free)
+                return np.full(len(entries), -1, np.int64)
+            got = None if uniform is None else uniform[k]
+            return got if isinstance(got, np.ndarray) else int_column(column(k, -1), k, at)
+
+        cols = {k: readonly(ints(k)) for k in _INT_KEYS}
+        objects = {k: (column(k, None) if k in present else None) for k in _OBJECT_KEYS}
         return cls(
             readonly(action), **cols, action_names=action_names, _objects=objects, _shape=shape
         )
@@ -304,3 +322,71 @@ class Trace:
             else:
                 out[k] = vals[k][i]
         return out
+
+
+_INT_KEYS = ("addr", "size", "stream", "time_us", "device_free")
+_OBJECT_KEYS = ("frames", "compile_context", "user_metadata")
+_KNOWN = frozenset(TRACE_KEYS)
+_ROWS = 1024  # entries read at a time: their keys, then values, 8 pointers each (64 KiB)
+
+
+# Any: each key's column, an int64 array (`_INT_KEYS`) or the file's values
+def _fast_columns(entries: Sequence[TorchDict]) -> tuple[RowShape, dict[str, Any]] | None:
+    """The row shape and columns of entries (dicts) whose keys are all `TRACE_KEYS`, read
+    `_ROWS` entries at a time: where every entry of a chunk has the first one's keys in its
+    order, each column is a strided slice of their values; a chunk holding another layout (an
+    oom entry) is read entry by entry. Integer keys as int64 arrays, -1 where an entry lacks the
+    key (None for the others), as the careful path reads them. None where an entry has another
+    key, or no action while the first has one, or an integer column holds something `int_column`
+    refuses: the careful path reads (and names) it.
+    """
+    first = tuple(entries[0])
+    w, n = len(first), len(entries)
+    if "action" not in first or not _KNOWN.issuperset(first):
+        return None
+    layouts = {first: 0}
+    code: np.ndarray | None = None
+    cols: dict[str, Any] = {}  # each column made whole at once (-1 or None until read)
+
+    def put(k: str, start: int, got: list[Any]) -> bool:  # Any: the file's values
+        if k not in cols:
+            cols[k] = np.full(n, -1, np.int64) if k in _INT_KEYS else [None] * n
+        col = cols[k]
+        if type(col) is list:
+            col[start : start + len(got)] = got
+            return True
+        try:
+            col[start : start + len(got)] = np.frombuffer(array("q", got), np.int64)
+        except (TypeError, OverflowError, ValueError):
+            return False
+        return True
+
+    for start in range(0, n, _ROWS):
+        rows = entries[start : start + _ROWS]
+        m = len(rows)
+        keys = list(chain.from_iterable(rows))  # `==`: a key equal to a str is a str
+        if len(keys) == m * w and all(keys[j::w].count(k) == m for j, k in enumerate(first)):
+            del keys
+            values = list(chain.from_iterable(map(dict.values, rows)))
+            if not all(put(k, start, values[j::w]) for j, k in enumerate(first)):
+                return None
+            del values
+            continue
+        del keys
+        tuples = list(map(tuple, rows))
+        new = [t for t in dict.fromkeys(tuples) if t not in layouts]  # in the order met
+        if len(layouts) + len(new) > 255:  # RowShape.of's codes would not be bytes
+            return None
+        for t in new:
+            if "action" not in t or not _KNOWN.issuperset(t):
+                return None
+            layouts[t] = len(layouts)
+        if code is None:
+            code = np.zeros(n, np.uint8)
+        code[start : start + m] = np.fromiter(map(layouts.__getitem__, tuples), np.uint8, m)
+        for k in sorted(set().union(*dict.fromkeys(tuples))):
+            if not put(k, start, [e.get(k, -1 if k in _INT_KEYS else None) for e in rows]):
+                return None
+    if code is None or len(layouts) == 1:
+        return RowShape.uniform(first), cols
+    return RowShape(tuple(layouts), readonly(code), {}), cols
