@@ -239,8 +239,14 @@ class Prepared:
         oom_at = self.oom_at[dev] = _first_oom(tl)
         rec, _ = drive(tl, self.recorded_cfg, inferred, device_total=inferred)
         if rec.allocs_matched < rec.allocs or not rec.exact:
-            per, _ = drive(tl, self.recorded_cfg, inferred, device_total=inferred, resync=True)
-            rec.allocs_matched_per_decision = per.allocs_matched
+            cfg = self.recorded_cfg
+
+            def per_decision() -> int:  # a pass of its own: run when the figure is read
+                with no_gc():
+                    per, _ = drive(tl, cfg, inferred, device_total=inferred, resync=True)
+                return per.allocs_matched
+
+            rec.per_decision = per_decision
         _source(rec, "unknown" if inferred is None else "oom entry", oom_at)
         self.recorded[dev] = rec
 

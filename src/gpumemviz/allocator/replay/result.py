@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -62,7 +62,10 @@ class DeviceReplay:
     capacity_oom: int | None = None  # trace index of the oom entry it came from
     allocs: int = 0
     allocs_matched: int = 0  # end to end: the model ran on its own state throughout
-    allocs_matched_per_decision: int = 0  # re-synchronised to the recorded state after a miss
+    # re-synchronised to the recorded state after a miss: `allocs_matched_per_decision`; a
+    # function until first read where it takes a pass of its own (`Prepared` defers it: only
+    # the fidelity figures read it, not the commands' what-ifs and advice checks)
+    per_decision: int | Callable[[], int] = field(default=0, repr=False, compare=False)
     segments_recorded: int = 0  # segment_alloc + segment_map entries the trace shows
     segments_matched: int = 0  # the model made the same one (action, address, size) there
     bursts: int = 0  # runs of segment_free / segment_unmap in the trace
@@ -82,6 +85,19 @@ class DeviceReplay:
     # model's peak and its final figure; empty without private pools
     pool_peak_reserved: dict[tuple[int, int], int] = field(default_factory=dict)
     pool_final_reserved: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    @property
+    def allocs_matched_per_decision(self) -> int:
+        """Allocs at the recorded address when the model is put back on the recorded state
+        after each miss (computed on first read where `per_decision` is deferred)."""
+        got = self.per_decision
+        if callable(got):
+            got = self.per_decision = got()
+        return got
+
+    @allocs_matched_per_decision.setter
+    def allocs_matched_per_decision(self, value: int) -> None:
+        self.per_decision = value
 
     @property
     def exact(self) -> bool:
