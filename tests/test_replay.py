@@ -206,6 +206,25 @@ def test_a_wrong_rule_is_caught_by_the_scores(which):
     assert not dev.final_matched and dev.mismatches
 
 
+@pytest.mark.parametrize("which", _both("10streams"))
+def test_the_per_decision_pass_runs_when_read(which):
+    """A trace the model does not follow end to end needs a second, re-synchronised pass for
+    `allocs_matched_per_decision`; it runs when the figure is read (what-ifs never read it),
+    and gives what the pass run at once gives."""
+    d = copy.deepcopy(_load(which))
+    for s in d["segments"]:
+        s["stream"] = 0
+    for e in d["device_traces"][0]:
+        e["stream"] = 0
+    dev = replay(d).devices[0]
+    assert callable(dev.per_decision)  # not run yet
+    tl = Recording.from_snapshot(d, 0)
+    cfg = AllocatorConfig.from_settings(d.get("allocator_settings"))
+    at_once, _ = drive(tl, cfg, None, resync=True)
+    assert dev.allocs_matched_per_decision == at_once.allocs_matched
+    assert dev.per_decision == at_once.allocs_matched  # kept, not run again
+
+
 # --------------------------------------------------------------------------- hand-built traces
 
 
