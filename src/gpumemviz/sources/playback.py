@@ -185,7 +185,7 @@ class PlaybackSource:
         return got if isinstance(got, list) else None
 
     def _entry_note(self, i: int) -> str:
-        """", (action, recorded at HH:MM:SS UTC)" for entry i where it has a time, else ""."""
+        """ ", (action, recorded at HH:MM:SS UTC)" for entry i where it has a time, else ""."""
         if self.columns is not None:
             trace = self.columns
             if not 0 <= i < len(trace) or trace.time_us[i] in (0, -1):  # -1: no time_us
