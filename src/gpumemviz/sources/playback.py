@@ -5,6 +5,11 @@ way it would have looked live: segment state after each trace entry, rebuilt by
 `allocator.replay.recording.Recording` (reconstruct the start, apply the entries forwards at the
 recorded addresses).
 
+A file (or a `Snapshot`) is read as the `Snapshot`'s numpy columns: the recording is built from
+the trace's columns, and the panel reads them (`columns`: entry times, recorded OOMs), so no
+dict per trace entry is made; `raw`, the torch dict `export` hands on, is built when asked for.
+A torch dict handed in is read as it is.
+
 Long traces (10^6 entries, a stack per entry) are millions of containers the cyclic GC would
 scan again and again: the source is built with the GC paused and one collection after it, so
 the collections that follow see those objects as old and leave them be (a full pass over them
@@ -81,6 +86,14 @@ class PlaybackSource:
         Seconds a full pass takes when ``speed`` is not given (default 30).
     loop : bool
         Start again at the end (default True); otherwise stay on the last entry.
+
+    Attributes
+    ----------
+    recording : Recording
+        The device's recorded history, what a seek reads.
+    columns : Trace or None
+        The device's trace as columns (opened from a file or a `Snapshot`); None when handed
+        a torch dict, whose entries `raw` holds.
 
     Examples
     --------
