@@ -7,8 +7,8 @@ recorded addresses).
 
 A file (or a `Snapshot`) is read as the `Snapshot`'s numpy columns: the recording is built from
 the trace's columns, and the panel reads them (`columns`: entry times, recorded OOMs), so no
-dict per trace entry is made; `raw`, the torch dict `export` hands on, is built when asked for.
-A torch dict handed in is read as it is.
+dict per trace entry is made; `raw`, the torch dict `export` hands on, is built when asked for
+(and not kept). A torch dict handed in is read as it is.
 
 Long traces (10^6 entries, a stack per entry) are millions of containers the cyclic GC would
 scan again and again: the source is built with the GC paused and one collection after it, so
@@ -178,12 +178,13 @@ class PlaybackSource:
 
     @property
     def raw(self) -> TorchDict:
-        """The recorded torch snapshot dict: as given, or built from the file's `Snapshot` on
-        first use (a dict per trace entry: what `export` hands on, not what the panel reads)."""
-        if self._raw is None:
-            assert self._snapshot is not None  # one of the two is set by `_build`
-            self._raw = self._snapshot.to_torch()
-        return self._raw
+        """The recorded torch snapshot dict: as given, or built from the file's `Snapshot` each
+        time it is asked for (a dict per trace entry: what `export` hands on, not what the
+        panel reads; not kept, so the panel does not hold a second copy of the trace)."""
+        if self._raw is not None:
+            return self._raw
+        assert self._snapshot is not None  # one of the two is set by `_build`
+        return self._snapshot.to_torch()
 
     @property
     def allocator_settings(self) -> TorchMapping | None:
