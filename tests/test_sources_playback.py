@@ -124,3 +124,45 @@ def test_seek_at_random_entries_matches_a_full_replay_to_that_entry(path):
         blocks = [b for s in segs for b in s["blocks"]]
         allocated = sum(b["size"] for b in blocks if b["state"] == "active_allocated")
         assert got.stats.allocated == allocated, f"entry {i}"
+
+
+@pytest.mark.parametrize(
+    ("path", "device"),
+    [
+        pytest.param(lambda: TRACED, 0, id="Wedsonlin"),
+        pytest.param(lambda: standin_file("streams10"), 0, id="standin:streams10-no-times"),
+        pytest.param(lambda: standin_file("expandable_oom_3dev"), 1, id="standin:3dev-oom"),
+    ],
+)
+def test_a_file_plays_from_its_columns_as_its_dict_plays(path, device, monkeypatch):
+    """Opened from a file, the source reads the trace's numpy columns: no dict per entry while
+    opening, seeking, sampling, or drawing the panel's timeline, entry times and recorded
+    OOMs; and it shows exactly what the same recording opened as a torch dict shows."""
+    from gpumemviz.snapshot import Trace
+    from gpumemviz.widget.panel_state import recorded_timeline, source_times
+    from gpumemviz.widget.replay_oom import ReplayedOoms
+
+    raw = read_real(path())
+    of_dict = PlaybackSource(raw, device=device, loop=False)
+    with monkeypatch.context() as m:
+        m.setattr(Trace, "entries", lambda self: pytest.fail("an entry dict per trace entry"))
+        src = PlaybackSource(path(), device=device, loop=False)
+        assert src.columns is not None and of_dict.columns is None
+        assert recorded_timeline(src) == recorded_timeline(of_dict)
+        times, want_times = source_times(src), source_times(of_dict)
+        assert (times is None) == (want_times is None)
+        assert times is None or times.tolist() == want_times.tolist()
+        ooms, want_ooms = ReplayedOoms(src), ReplayedOoms(of_dict)
+        rng = random.Random(20)
+        for i in [-1, 0, src.n - 1, *rng.sample(range(src.n), 8)]:
+            src.seek(i)
+            of_dict.seek(i)
+            got, want = src.sample(), of_dict.sample()
+            assert got.stats == want.stats and got.notes == want.notes, f"entry {i}"
+            assert got.device_info == want.device_info
+            assert got.segments.to_torch() == want.segments.to_torch(), f"entry {i}"
+            assert ooms.at_position() == want_ooms.at_position(), f"entry {i}"
+        src.seek(src.n - 1)
+        assert (ooms.at_position() is not None) == (device == 1)  # the stand-in's one OOM
+        assert src.recording.allocated.tolist() == of_dict.recording.allocated.tolist()
+    assert src.export() == raw  # the file's dict, built when asked for

@@ -10,6 +10,7 @@ The HTML report comes with the renderer (`gpumemviz report`).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io as _io
 import os
 from collections.abc import Sequence
@@ -241,7 +242,7 @@ def trace_rows(snapshot: SnapshotLike, *, device: int | None = None) -> dict[str
     snap: Snapshot = as_snapshot(snapshot)
     cols: dict[str, list[Cell]] = {c: [] for c in TRACE_COLUMNS}
     devices = sorted(snap.traces) if device is None else [device]
-    torch_dict: TorchDict | None = None
+    seg_dict: TorchDict | None = None  # the snapshot's dict without its traces, made once
     for d in devices:
         trace = snap.traces.get(d)
         if trace is None or not len(trace):
@@ -249,9 +250,9 @@ def trace_rows(snapshot: SnapshotLike, *, device: int | None = None) -> dict[str
         n = len(trace)
         names = trace.action_names
         action = trace.action
-        if torch_dict is None:
-            torch_dict = snap.to_torch()
-        reserved, requested, replayed = trace_totals(snap, d, torch_dict)
+        if seg_dict is None:
+            seg_dict = _without_traces(snap)
+        reserved, requested, replayed = trace_totals(snap, d, seg_dict)
         allocated: Sequence[Cell]
         segments: Sequence[Cell]
         if replayed is None:
@@ -283,8 +284,9 @@ def trace_totals(
     """``(reserved, requested, (allocated, segments))`` after each of `device`'s trace
     entries, as int64 columns without a Python object per entry (`trace_rows`' columns); the
     last is None when the trace cannot be replayed. `torch_dict`: ``snap.to_torch()`` when the
-    caller has it; `recording`: the device's `Recording` when the caller has one (a replay's),
-    so the trace is not applied again.
+    caller has it (only its segments and settings are read: the trace is read from `snap`'s
+    columns, without a dict per entry); `recording`: the device's `Recording` when the caller
+    has one (a replay's), so the trace is not applied again.
 
     >>> from gpumemviz.allocator.model import CachingAllocator
     >>> a = CachingAllocator(1 << 30); a.free(a.malloc(3 << 20))
@@ -307,11 +309,16 @@ def trace_totals(
     try:
         with no_gc():  # a tuple and a dict per entry: the cyclic GC would rescan them often
             tl = Recording.from_snapshot(
-                snap.to_torch() if torch_dict is None else torch_dict, device
+                _without_traces(snap) if torch_dict is None else torch_dict, device, columns=trace
             )
     except (ValueError, KeyError, IndexError):
         return reserved, requested, None
     return reserved, requested, (tl.allocated, tl.segments)
+
+
+def _without_traces(snap: Snapshot) -> TorchDict:
+    """The torch dict of `snap`'s segments and settings: its traces are read as columns."""
+    return dataclasses.replace(snap, traces={}).to_torch()
 
 
 def _running(

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from gpumemviz.sample import Sample
     from gpumemviz.sampler import Sampler
-    from gpumemviz.snapshot.schema import TorchDict
+    from gpumemviz.snapshot import Snapshot
     from gpumemviz.widget import MemoryPanel
 
 __all__ = [
@@ -268,7 +268,7 @@ class GpumemvizMagics(Magics):
         if args.replay:
             path = Path(args.replay).expanduser().resolve()
             if self._by_key(("replay", str(path), str(args.device))) is None:
-                raw = _load_file(path)  # read once: the replay sampler opens this same dict
+                raw = _load_file(path)  # read once: the replay sampler opens this same Snapshot
                 if not _has_history(raw):  # nothing to play: show the state the file holds
                     return self._show_file(raw, path)
                 if args.device is None and len(_traced(raw)) > 1:
@@ -293,7 +293,7 @@ class GpumemvizMagics(Magics):
         return panel
 
     def _show_all(
-        self, args: argparse.Namespace, raw: TorchDict | None = None
+        self, args: argparse.Namespace, raw: Snapshot | None = None
     ) -> MemoryPanel | None:
         """Every device: each replayed device, ``--devices`` simulated ones, or every CUDA
         device torch sees; a strip each above one device's full map (a terminal: every
@@ -320,7 +320,7 @@ class GpumemvizMagics(Magics):
         return panel
 
     def _all_samplers(
-        self, args: argparse.Namespace, raw: TorchDict | None
+        self, args: argparse.Namespace, raw: Snapshot | None
     ) -> tuple[dict[int, Sampler], bool]:
         """The samplers of ``--device all`` (the ones running when the arguments match)."""
         if args.replay:
@@ -370,13 +370,11 @@ class GpumemvizMagics(Magics):
                 for s in multi.samplers.values():
                     s.close()
 
-    def _show_file(self, raw: TorchDict, path: Path) -> MemoryPanel | None:
+    def _show_file(self, snap: Snapshot, path: Path) -> MemoryPanel | None:
         """A snapshot without recorded history: its one state, no sampler."""
         from gpumemviz.sample import Sample
-        from gpumemviz.snapshot import Snapshot
         from gpumemviz.widget import MemoryPanel
 
-        snap = Snapshot.from_torch(raw)
         if not self._has_widgets():
             devices = sorted({int(d) for d in snap.segments.device}) or [0]
             for d in devices:
@@ -396,7 +394,7 @@ class GpumemvizMagics(Magics):
         panel.show_snapshot(snap)
         return panel
 
-    def _feed(self, device: int, args: argparse.Namespace, raw: TorchDict | None = None) -> _Feed:
+    def _feed(self, device: int, args: argparse.Namespace, raw: Snapshot | None = None) -> _Feed:
         """The device's feed for these arguments: the one already running when they match.
         ``raw``: the ``--replay`` file's contents when the caller read them already."""
         if args.replay:
@@ -589,28 +587,29 @@ def _demo_sampler(workload: str, device: int, interval: float | None) -> Sampler
     return sampler_for(source, interval=interval or 0.5)
 
 
-def _load_file(path: Path) -> TorchDict:
+def _load_file(path: Path) -> Snapshot:
+    """The file as a `Snapshot`: its traces stay columns (the replay reads them as such)."""
     from gpumemviz.io import load_snapshot
 
     if not path.is_file():
         raise UsageError(f"%gpumemviz: --replay {path}: no such file")
     try:
-        return load_snapshot(path).to_torch()
+        return load_snapshot(path)
     except (ValueError, OSError) as exc:
         raise UsageError(f"%gpumemviz: --replay {path.name}: {exc}") from None
 
 
-def _has_history(raw: TorchDict) -> bool:
-    return any(len(t) for t in raw.get("device_traces") or ())
+def _has_history(snap: Snapshot) -> bool:
+    return any(len(t) for t in snap.traces.values())
 
 
-def _traced(raw: TorchDict) -> list[int]:
+def _traced(snap: Snapshot) -> list[int]:
     """The devices whose recorded trace has entries."""
-    return [d for d, t in enumerate(raw.get("device_traces") or ()) if t]
+    return sorted(d for d, t in snap.traces.items() if len(t))
 
 
 def _replay_sampler(
-    raw: TorchDict, path: Path, interval: float | None, device: int | None = None
+    raw: Snapshot, path: Path, interval: float | None, device: int | None = None
 ) -> Sampler:
     """A sampler over a recorded trace, opened on its last entry (the state the file records);
     ``device``: that device's trace (default: the longest)."""

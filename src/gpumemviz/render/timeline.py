@@ -125,13 +125,15 @@ class TimelineData:
 
 
 def recorded_points(
-    trace: Sequence[object],
+    trace: Sequence[object] | np.ndarray,
     allocated: Sequence[int] | np.ndarray,
     reserved: Sequence[int] | np.ndarray,
     max_points: int = MAX_POINTS,
 ) -> list[Point]:
     """Timeline points of a recorded trace, one per entry: t from the entry's ``time_us`` (in
     seconds; the entry index when the trace has no times), the replayed allocated and reserved.
+    `trace`: the entry dicts, or their ``time_us`` column (int64, -1 where an entry has none:
+    a `Snapshot` trace's ``time_us``).
 
     Longer traces keep their `envelope`: per bucket of entries, those with the most and the
     least allocated and reserved (peaks and troughs survive).
@@ -142,9 +144,14 @@ def recorded_points(
     n = min(len(trace), len(allocated), len(reserved))
     if n == 0:
         return []
-    times = [_time_us(e.get("time_us")) if isinstance(e, dict) else None for e in trace[:n]]
-    timed = None not in times
-    t = np.array(times, np.float64) / 1e6 if timed else np.arange(n, dtype=np.float64)
+    if isinstance(trace, np.ndarray):
+        column = trace[:n]
+        timed = not (column == -1).any()
+        t = column / 1e6 if timed else np.arange(n, dtype=np.float64)
+    else:
+        times = [_time_us(e.get("time_us")) if isinstance(e, dict) else None for e in trace[:n]]
+        timed = None not in times
+        t = np.array(times, np.float64) / 1e6 if timed else np.arange(n, dtype=np.float64)
     alloc = np.asarray(allocated[:n], np.int64)
     res = np.asarray(reserved[:n], np.int64)
     keep = envelope(max_points, alloc, res)
@@ -219,9 +226,10 @@ def _time_us(t: object) -> int | float | None:
     return None
 
 
-def trace_times(trace: Sequence[object]) -> np.ndarray | None:
+def trace_times(trace: Sequence[object] | np.ndarray) -> np.ndarray | None:
     """Each trace entry's recorded ``time_us`` (torch >= 2.2), made non-decreasing so a time
     maps to one entry; None when the trace carries no times (older torch: events only).
+    `trace`: the entry dicts, or their ``time_us`` column (-1 where an entry has none).
 
     Examples
     --------
@@ -229,12 +237,17 @@ def trace_times(trace: Sequence[object]) -> np.ndarray | None:
     [10, 30, 30]
     >>> trace_times([{"action": "alloc"}]) is None
     True
+    >>> trace_times(np.array([10, -1, 5])).tolist()
+    [10, 10, 10]
     """
-    raw = [_time_us(e.get("time_us")) if isinstance(e, dict) else None for e in trace]
-    times = [int(t) if t is not None and t > 0 else 0 for t in raw]
-    if not any(times):
+    if isinstance(trace, np.ndarray):
+        column = np.where(trace > 0, trace, 0).astype(np.int64)
+    else:
+        raw = [_time_us(e.get("time_us")) if isinstance(e, dict) else None for e in trace]
+        column = np.array([int(t) if t is not None and t > 0 else 0 for t in raw], np.int64)
+    if not column.any():
         return None
-    return np.maximum.accumulate(np.array(times, np.int64))
+    return np.maximum.accumulate(column)
 
 
 def entry_at_time(times: np.ndarray, time_us: float) -> int:

@@ -16,7 +16,8 @@ from gpumemviz.snapshot.messages import error_line
 
 if TYPE_CHECKING:
     from gpumemviz.allocator.replay.recording import Recording
-    from gpumemviz.snapshot.schema import TorchDict
+    from gpumemviz.snapshot import Trace
+    from gpumemviz.snapshot.schema import TorchDict, TorchList, TorchMapping
 
 __all__ = [
     "CAPABILITIES",
@@ -105,7 +106,23 @@ class TimeTravelSource(Source, Protocol):
 
     @property
     def raw(self) -> TorchDict:
-        """The recorded torch snapshot dict."""
+        """The recorded torch snapshot dict (built on first use when opened from a file)."""
+        ...
+
+    @property
+    def columns(self) -> Trace | None:
+        """The replayed device's trace as columns (opened from a `Snapshot` or a file), or
+        None (given a torch dict: its entries are in `raw`)."""
+        ...
+
+    @property
+    def allocator_settings(self) -> TorchMapping | None:
+        """The recorded ``allocator_settings``."""
+        ...
+
+    @property
+    def external_annotations(self) -> TorchList | None:
+        """The recorded ``external_annotations``."""
         ...
 
     @property

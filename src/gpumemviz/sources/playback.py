@@ -5,6 +5,11 @@ way it would have looked live: segment state after each trace entry, rebuilt by
 `allocator.replay.recording.Recording` (reconstruct the start, apply the entries forwards at the
 recorded addresses).
 
+A file (or a `Snapshot`) is read as the `Snapshot`'s numpy columns: the recording is built from
+the trace's columns, and the panel reads them (`columns`: entry times, recorded OOMs), so no
+dict per trace entry is made; `raw`, the torch dict `export` hands on, is built when asked for
+(and not kept). A torch dict handed in is read as it is.
+
 Long traces (10^6 entries, a stack per entry) are millions of containers the cyclic GC would
 scan again and again: the source is built with the GC paused and one collection after it, so
 the collections that follow see those objects as old and leave them be (a full pass over them
@@ -14,29 +19,33 @@ the trace up to it) with the GC paused too.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
-import itertools
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from gpumemviz.allocator.replay.recording import Recording
 from gpumemviz.sample import SEGMENTS_NOT_READ, DeviceInfo, MemoryStats, Sample
+from gpumemviz.snapshot import Snapshot, Trace
 from gpumemviz.snapshot.gc_pause import no_gc
 from gpumemviz.sources.base import SourceCommandError, short_error
 
 if TYPE_CHECKING:
     from gpumemviz.io import SnapshotLike
-    from gpumemviz.snapshot import Snapshot
-    from gpumemviz.snapshot.schema import TorchDict
+    from gpumemviz.snapshot.schema import TorchDict, TorchList, TorchMapping
 
 __all__ = ["PlaybackSource"]
 
 
-def _as_dict(snapshot: SnapshotLike) -> TorchDict:
-    """The torch dict, from a dict, a Snapshot, a path or bytes (restricted loader)."""
-    if isinstance(snapshot, dict):
+def _opened(snapshot: SnapshotLike) -> TorchDict | Snapshot:
+    """A torch dict as given, else a `Snapshot` (a path or bytes through the restricted loader):
+    its traces stay numpy columns."""
+    if isinstance(snapshot, dict | Snapshot):
         return snapshot
     if isinstance(snapshot, list):
         raise ValueError(
@@ -47,11 +56,19 @@ def _as_dict(snapshot: SnapshotLike) -> TorchDict:
     if callable(to_torch):
         data: TorchDict = to_torch()
         return data
-    if isinstance(snapshot, (str, bytes, os.PathLike)):
+    if isinstance(snapshot, str | bytes | os.PathLike):
         from gpumemviz.io import load_snapshot
 
-        return load_snapshot(snapshot).to_torch()
+        return load_snapshot(snapshot)
     raise TypeError(f"cannot replay a {type(snapshot).__name__}: give a snapshot dict or file")
+
+
+def _lengths(opened: TorchDict | Snapshot) -> list[int]:
+    """Entries in each device's trace, by device index."""
+    if isinstance(opened, dict):
+        return [len(t) for t in opened.get("device_traces") or []]
+    n = max(opened.traces, default=-1) + 1
+    return [len(opened.traces[d]) if d in opened.traces else 0 for d in range(n)]
 
 
 class PlaybackSource:
@@ -69,6 +86,14 @@ class PlaybackSource:
         Seconds a full pass takes when ``speed`` is not given (default 30).
     loop : bool
         Start again at the end (default True); otherwise stay on the last entry.
+
+    Attributes
+    ----------
+    recording : Recording
+        The device's recorded history, what a seek reads.
+    columns : Trace or None
+        The device's trace as columns (opened from a file or a `Snapshot`); None when handed
+        a torch dict, whose entries `raw` holds.
 
     Examples
     --------
@@ -112,10 +137,9 @@ class PlaybackSource:
     def _build(
         self, snapshot: SnapshotLike, device: int | None, speed: float | None, duration: float
     ) -> None:
-        raw = _as_dict(snapshot)
-        traces = raw.get("device_traces") or []
+        opened = _opened(snapshot)
         if device is None:
-            lengths = [len(t) for t in traces]
+            lengths = _lengths(opened)
             if not lengths or max(lengths) == 0:
                 raise ValueError(
                     "this snapshot has no recorded history (device_traces are empty): nothing "
@@ -124,19 +148,69 @@ class PlaybackSource:
             device = lengths.index(max(lengths))
         if speed is not None and not speed > 0:
             raise ValueError(f"speed must be a positive number of entries per second, got {speed}")
-        self.raw = raw
         self.device = device
-        self.recording = Recording.from_snapshot(raw, device=device)
+        self._raw: TorchDict | None = None
+        self._snapshot: Snapshot | None = None
+        self.columns: Trace | None = None
+        if isinstance(opened, dict):
+            self._raw = opened
+            self.recording = Recording.from_snapshot(opened, device=device)
+            traces = opened.get("device_traces") or []
+            self._trace: Sequence[TorchDict] = traces[device] if device < len(traces) else []
+            # OOMs recorded up to each entry: the header's "OOMs" at the entry shown
+            is_oom = [isinstance(e, dict) and e.get("action") == "oom" for e in self._trace]
+            self._settings = opened.get("allocator_settings")
+            self._annotations = opened.get("external_annotations")
+        else:
+            # the segments as torch dicts, the trace as columns: no dict per entry
+            self._snapshot = opened
+            self.columns = opened.traces.get(device) or Trace.empty()
+            self._trace = ()
+            segments = dataclasses.replace(opened, traces={}).to_torch()
+            self.recording = Recording.from_snapshot(segments, device, columns=self.columns)
+            is_oom = self.columns.action == self.columns.action_names.index("oom")
+            self._settings = opened.allocator_settings
+            self._annotations = opened.external_annotations
+        self._ooms = np.cumsum(np.asarray(is_oom, dtype=np.int64))
         self.n = len(self.recording)
         self.speed = float(speed) if speed else max(1.0, self.n / max(duration, 1e-3))
         self.label = f"replay of a recorded trace (device {device}, {self.n} entries)"
-        self._trace = traces[device] if device < len(traces) else []
-        # OOMs recorded up to each entry: the header's "OOMs" at the entry shown
-        self._ooms = list(
-            itertools.accumulate(
-                int(isinstance(e, dict) and e.get("action") == "oom") for e in self._trace
-            )
-        )
+
+    @property
+    def raw(self) -> TorchDict:
+        """The recorded torch snapshot dict: as given, or built from the file's `Snapshot` each
+        time it is asked for (a dict per trace entry: what `export` hands on, not what the
+        panel reads; not kept, so the panel does not hold a second copy of the trace)."""
+        if self._raw is not None:
+            return self._raw
+        assert self._snapshot is not None  # one of the two is set by `_build`
+        return self._snapshot.to_torch()
+
+    @property
+    def allocator_settings(self) -> TorchMapping | None:
+        """The recorded ``allocator_settings`` (None where the file has none)."""
+        got = self._settings
+        return got if isinstance(got, Mapping) else None
+
+    @property
+    def external_annotations(self) -> TorchList | None:
+        """The recorded ``external_annotations`` as given (None where the file has none)."""
+        got = self._annotations
+        return got if isinstance(got, list) else None
+
+    def _entry_note(self, i: int) -> str:
+        """ ", (action, recorded at HH:MM:SS UTC)" for entry i where it has a time, else ""."""
+        if self.columns is not None:
+            trace = self.columns
+            if not 0 <= i < len(trace) or trace.time_us[i] in (0, -1):  # -1: no time_us
+                return ""
+            stamp_us, action = int(trace.time_us[i]), trace.action_names[trace.action[i]]
+        else:
+            if not 0 <= i < len(self._trace) or not self._trace[i].get("time_us"):
+                return ""
+            stamp_us, action = self._trace[i]["time_us"], self._trace[i].get("action")
+        stamp = time.strftime("%H:%M:%S", time.gmtime(stamp_us / 1e6))
+        return f" ({action}, recorded at {stamp} UTC)"
 
     # time travel -------------------------------------------------------------------------------
     @property
@@ -192,7 +266,7 @@ class PlaybackSource:
                     "reserved_bytes.all.current": int(reserved),
                     "allocated_bytes.all.current": int(allocated),
                     "segment.all.current": int(n_seg),
-                    "num_ooms": self._ooms[i] if 0 <= i < len(self._ooms) else 0,
+                    "num_ooms": int(self._ooms[i]) if 0 <= i < len(self._ooms) else 0,
                 }
             )
             snap = self.segments_at(i) if segments else None
@@ -200,12 +274,9 @@ class PlaybackSource:
             return Sample.failed(
                 self.device, f"replay: {short_error(exc)}", source_label=self.label
             )
-        note = f"replay: entry {i + 1} of {self.n}"
-        if 0 <= i < len(self._trace) and self._trace[i].get("time_us"):
-            stamp = time.strftime("%H:%M:%S", time.gmtime(self._trace[i]["time_us"] / 1e6))
-            note += f" ({self._trace[i].get('action')}, recorded at {stamp} UTC)"
-        settings = self.raw.get("allocator_settings")
-        conf = settings.get("PYTORCH_CUDA_ALLOC_CONF", "") if isinstance(settings, dict) else ""
+        note = f"replay: entry {i + 1} of {self.n}{self._entry_note(i)}"
+        settings = self.allocator_settings
+        conf = settings.get("PYTORCH_CUDA_ALLOC_CONF", "") if settings is not None else ""
         return Sample(
             time=t,
             monotonic=mono,
@@ -225,8 +296,6 @@ class PlaybackSource:
     def segments_at(self, index: int) -> Snapshot:
         """The segments after entry ``index`` (-1: before the first), as `Recording.snapshot_at`
         gives them but without its ``device_traces`` (a copy of the trace up to the entry)."""
-        from gpumemviz.snapshot import Snapshot
-
         tl = self.recording
         with no_gc():  # thousands of short-lived containers: no collection in the seek
             segs = tl.layout_at(index).to_segments(
@@ -238,7 +307,7 @@ class PlaybackSource:
         raise SourceCommandError("a replay shows a recorded run: there is no cache to empty")
 
     def export(self) -> TorchDict:
-        """The recorded snapshot, as given."""
+        """The recorded snapshot, as given (a file's: its torch dict, `raw`)."""
         return self.raw
 
     def close(self) -> None:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Protocol, cast
 from gpumemviz.render.timeline import annotation_marks, recorded_points, trace_times
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     import numpy as np
 
     from gpumemviz.fragmentation import FragmentationReport
@@ -115,16 +117,27 @@ def oom_dict(event: OomEvent) -> JsonDict:
 def recorded_timeline(played: TimeTravelSource) -> tuple[list[Point], list[Mark]]:
     """A played-back recording's timeline: the recorded run itself (times from the trace,
     allocated and reserved per entry) and its ``external_annotations`` as markers."""
-    raw, device, replayed = played.raw, int(played.device), played.recording
-    traces = raw.get("device_traces") or []
-    trace = traces[device] if device < len(traces) else []
-    points = recorded_points(trace, replayed.allocated, replayed.reserved)
-    return points, annotation_marks(raw.get("external_annotations"), device)
+    device, replayed = int(played.device), played.recording
+    points = recorded_points(_trace_of(played), replayed.allocated, replayed.reserved)
+    return points, annotation_marks(played.external_annotations, device)
+
+
+def _trace_of(played: TimeTravelSource) -> Sequence[object] | np.ndarray:
+    """What `recorded_points` and `trace_times` read: the trace's ``time_us`` column when the
+    source holds columns (opened from a file), else its entry dicts."""
+    if played.columns is not None:
+        return played.columns.time_us
+    traces = played.raw.get("device_traces") or []
+    device = int(played.device)
+    return traces[device] if device < len(traces) else []
 
 
 def source_times(source: object) -> np.ndarray | None:
     """A replayed source's entry times (`trace_times`), or None: not a replay, or a trace
     recorded without ``time_us`` (events only)."""
+    columns = getattr(source, "columns", None)
+    if columns is not None:  # a file's trace, as columns
+        return trace_times(columns.time_us)
     raw = getattr(source, "raw", None)
     if not isinstance(raw, dict):
         return None

@@ -5,12 +5,16 @@ segment state at that entry. A replay has no OOM observer, so without this its h
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from gpumemviz.fragmentation.oom import classify_event
 from gpumemviz.sample import OomEvent
 
 if TYPE_CHECKING:
+    from gpumemviz.snapshot.schema import TorchDict
     from gpumemviz.sources.base import TimeTravelSource
 
 __all__ = ["ReplayedOoms"]
@@ -35,12 +39,19 @@ class ReplayedOoms:
 
     def __init__(self, played: TimeTravelSource) -> None:
         self.played = played
-        traces = played.raw.get("device_traces") or []
-        d = int(played.device)
-        self._trace = traces[d] if d < len(traces) else []
-        self._at = [
-            i for i, e in enumerate(self._trace) if isinstance(e, dict) and e.get("action") == "oom"
-        ]
+        columns = played.columns
+        if columns is not None:  # a file's trace: its oom entries found in the action column
+            code = columns.action_names.index("oom")
+            self._at = np.flatnonzero(columns.action == code).tolist()
+            self._entry: Callable[[int], TorchDict] = columns.entry
+        else:
+            traces = played.raw.get("device_traces") or []
+            d = int(played.device)
+            trace = traces[d] if d < len(traces) else []
+            self._at = [
+                i for i, e in enumerate(trace) if isinstance(e, dict) and e.get("action") == "oom"
+            ]
+            self._entry = trace.__getitem__
         self._judged: dict[int, OomEvent] = {}
 
     def at_position(self) -> OomEvent | None:
@@ -56,9 +67,10 @@ class ReplayedOoms:
         return self._judged[i]
 
     def _judge(self, i: int) -> OomEvent:
-        e = self._trace[i]
-        state = self.played.recording.snapshot_at(i)
-        segments = state.get("segments") or []
+        e = self._entry(i)
+        rec = self.played.recording
+        # `snapshot_at(i)`'s segments, without its copy of the trace up to i (a dict per entry)
+        segments = rec.layout_at(i).to_segments(rec.device, shared=True, frames=rec.frames_after(i))
         reserved = sum(int(s.get("total_size", 0)) for s in segments)
         free = max(0, int(e.get("device_free", 0) or 0))
         size = int(e.get("size", 0) or 0)
@@ -73,7 +85,7 @@ class ReplayedOoms:
             request_size=size or None,
             snapshot={
                 "segments": segments,
-                "allocator_settings": self.played.raw.get("allocator_settings"),
+                "allocator_settings": self.played.allocator_settings,
             },
             device_total=reserved + free,
             stream=stream if isinstance(stream, int) else None,
