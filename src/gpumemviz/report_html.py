@@ -329,10 +329,8 @@ def _timelines(snap: Snapshot, room: int | None, shared: SharedReplay) -> JsonDi
     if room is not None:  # 4 float64 columns per point, base64
         points = max(16, min(points, int(room / (len(traced) * 4 * 8 * _B64))))
     recordings = shared.recordings()
-    # one torch dict for the devices whose history is not made yet (none after a replay)
-    torch_dict = None if all(d in recordings for d in traced) else snap.to_torch()
-    for d in traced:
-        reserved, requested, replayed = trace_totals(snap, d, torch_dict, recordings.pop(d, None))
+    for d in traced:  # a device without the advice check's recording is applied from columns
+        reserved, requested, replayed = trace_totals(snap, d, recording=recordings.pop(d, None))
         allocated, label = (
             (requested, "requested") if replayed is None else (replayed[0], "allocated")
         )
