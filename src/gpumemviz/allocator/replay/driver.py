@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .. import stats as S
 from ..addresses import DescendingAddresses
 from ..config import AllocatorConfig
 from ..model import CachingAllocator
@@ -39,6 +40,9 @@ __all__ = ["Driver"]
 _RELEASES = ("segment_free", "segment_unmap")
 _GROWS = ("segment_alloc", "segment_map")
 _DELTA = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+# entries after a free's free_completed that may make it wait for a release (`_release_follows`)
+_AROUND = frozenset({"free_completed", "segment_free", "segment_unmap", "oom"})
+_AB = 3 * S.ALLOCATED_BYTES  # allocated_bytes.all.current in the model's DeviceStats.cur
 _UNKNOWN_TOTAL = 1 << 40  # device_total when nothing recorded says it (sizes the expandable VA)
 
 
@@ -54,6 +58,10 @@ def _without(lay: Layout, entry: tuple[str, int, int]) -> Layout | None:
     except LayoutError:
         return None
     return out
+
+
+def _never_saw(i: int) -> ReplayError:
+    return ReplayError(f"trace event {i}: free of an allocation the replay never saw")
 
 
 class Driver:
@@ -82,6 +90,7 @@ class Driver:
         self.resync = resync
         self.explicit = explicit
         self.rename = rename or (lambda a: a)
+        self.ids = rename  # None: allocation ids are the recorded addresses
         self.max_mismatches = max_mismatches
         rules = recording.rules
         steps = self.steps
@@ -121,7 +130,6 @@ class Driver:
         self.plan = recording.pools
         self.cur_pool: tuple[int, int] | None = None  # the pool of the malloc being replayed
         self.pool_peak: dict[tuple[int, int], int] = {}
-        self.small_of: dict[int, bool] = {}  # request size -> small pool?
         self._load(self._start().to_segments(recording.device), -1)
 
     # -- state ------------------------------------------------------------------------------
@@ -291,7 +299,7 @@ class Driver:
         key = self.rename(self.steps[i][1])
         a = self.where.pop(key, None)
         if a is None:
-            raise ReplayError(f"trace event {i}: free of an allocation the replay never saw")
+            raise _never_saw(i)
         return a
 
     def _own(self, mark: int, run: Sequence[int] = (), allocated: int = 0) -> list[TraceRow]:
@@ -618,11 +626,16 @@ class Driver:
         ):  # freed at once (before a release, it may have waited on events until it)
             self.model.free(a)
             return self.rename(steps[i][1]) not in self.deferred
-        fake = -(1000 + i)  # the free waits on other streams' work until its free_completed
+        self._defer(i, a, self.rename(steps[i][1]))
+        return False
+
+    def _defer(self, i: int, a: int, key: int) -> None:
+        """Free the block at `a` (id `key`) behind an event of a made-up stream: it waits on
+        other streams' work until its free_completed."""
+        fake = -(1000 + i)
         self.model.record_stream(a, fake)
         self.model.free(a)
-        self.deferred[self.rename(steps[i][1])] = fake
-        return False
+        self.deferred[key] = fake
 
     def _free_completed(self, i: int) -> None:
         key = self.rename(self.steps[i][1])
@@ -674,6 +687,13 @@ class Driver:
 
     # -- the pass ---------------------------------------------------------------------------
     def run(self) -> DeviceReplay:
+        """The pass: each entry in order, then the result.
+
+        The two commonest entries, an alloc with nothing recorded before it and a free, run
+        inline on locals (the model, its figures, the driver's dicts), read again after any
+        other entry, which may have reloaded the model. Traces with private pools take the
+        general path for every entry (their pool figures are read after each one).
+        """
         steps = self.steps
         n = len(steps)
         reserved, allocated, nsegs = self.reserved, self.allocated, self.nsegs
@@ -681,47 +701,100 @@ class Driver:
         synced: list[int] = []  # deferred frees completed inside that run (events synced)
         leading: list[int] = []  # deferred frees completed just before it
         done = n
-        provider = self.provider
+        provider, out, choices = self.provider, self.out, self.choices
+        ids, what_if, cut_at = self.ids, self.what_if, self.cut_at
+        fast = self.plan is None
         skip = -1  # the free_completed of a free done at once: its figures are filled
+        allocs = matched = 0  # added to `out` at the end
+        m = self.model
+        stats, where, deferred = m.stats.cur, self.where, self.deferred
+        malloc, free, trace_len = m.malloc, m.free, m.trace_len
+        res, nseg = m.reserved, len(self.runs)
         for i in range(n):
             if i == skip:
                 continue
             action, addr, size, stream = steps[i]
-            if action in SEGMENT_ACTIONS:
-                run.append(i)  # its figures are filled in when the run is replayed
-                continue
-            if (
-                action == "free_completed"
-                and self.rename(addr) in self.deferred
-                and (run or self._release_follows(i))
-            ):  # completed around a release (empty_cache, or the last retry)
-                (synced if run else leading).append(i)
-                continue
-            if run and action not in ("alloc", "oom"):
-                self._complete(leading)
-                self._fill(leading)
-                self._standalone_run(run)
-                self._finish_synced(leading, synced)
-                run, synced, leading = [], [], []
-            if action == "alloc" and not run and not leading and i != self.cut_at:
-                self._lone_malloc(i, addr, size, stream)  # the common case
-            elif action in ("alloc", "oom"):
-                self._fill(leading)
-                self._malloc(i, run, leading)
-                self._after_malloc(i)
-                self._finish_synced(leading, synced)
-                run, synced, leading = [], [], []
-            elif action == "free_requested":
-                if self._free_requested(i):
-                    skip = i + 1
+            if fast and action == "alloc" and not run and not leading and i != cut_at:
+                # an alloc with no segment entry and no deferred free recorded before it
+                if not what_if:  # a what-if's provider invents every address: it reads none
+                    provider.window, provider.pos, provider.small = (), i, None
+                provider.synced = mark = trace_len()
+                allocated_before = stats[_AB]
+                try:
+                    got = malloc(size, stream)
+                except OutOfMemory:
+                    self._lone_rest(i, addr, mark, allocated_before, None, True)
+                else:
+                    if trace_len() == mark + 1 and (what_if or got == addr):
+                        # the commonest: served from the cache (where it was recorded)
+                        provider.synced = mark + 1
+                        allocs += 1
+                        if not what_if:
+                            matched += 1
+                        choices[i] = where[addr if ids is None else ids(addr)] = got
+                        reserved[i], allocated[i], nsegs[i] = res, stats[_AB], nseg
+                        continue
+                    self._lone_rest(i, addr, mark, allocated_before, got, False)
+            elif fast and action == "free_requested" and not run:
+                key = addr if ids is None else ids(addr)
+                a = where.pop(key, None)
+                if a is None:
+                    raise ReplayError(
+                        f"trace event {i}: free of an allocation the replay never saw"
+                    )
+                if i + 1 < n and steps[i + 1][0] == "free_completed" and steps[i + 1][1] == addr:
+                    if i + 2 < n and steps[i + 2][0] in _AROUND and self._release_follows(i + 1):
+                        self._defer(i, a, key)  # it may have waited on events until the release
+                    else:  # freed at once: its free_completed, next, does nothing
+                        free(a)
+                        if key not in deferred:
+                            skip = i + 1
+                else:  # it waits on other streams' work until its free_completed
+                    self._defer(i, a, key)
                 # frees never release segments: nothing for the provider to forget, and the
                 # model's trace ring may move on without it
-                provider.synced = self.model.trace_len()
-            elif action == "free_completed":
-                self._free_completed(i)
-                provider.synced = self.model.trace_len()
-            m = self.model
-            reserved[i], allocated[i], nsegs[i] = m.reserved, m.allocated, len(self.runs)
+                provider.synced = trace_len()
+                reserved[i], allocated[i], nsegs[i] = res, stats[_AB], nseg
+                if skip == i + 1:
+                    reserved[skip], allocated[skip], nsegs[skip] = res, stats[_AB], nseg
+                continue
+            else:
+                if action in SEGMENT_ACTIONS:
+                    run.append(i)  # its figures are filled in when the run is replayed
+                    continue
+                if (
+                    action == "free_completed"
+                    and self.rename(addr) in self.deferred
+                    and (run or self._release_follows(i))
+                ):  # completed around a release (empty_cache, or the last retry)
+                    (synced if run else leading).append(i)
+                    continue
+                if run and action not in ("alloc", "oom"):
+                    self._complete(leading)
+                    self._fill(leading)
+                    self._standalone_run(run)
+                    self._finish_synced(leading, synced)
+                    run, synced, leading = [], [], []
+                if action == "alloc" and not run and not leading and i != cut_at:
+                    self._lone_malloc(i, addr, size, stream)  # pools: the general path
+                elif action in ("alloc", "oom"):
+                    self._fill(leading)
+                    self._malloc(i, run, leading)
+                    self._after_malloc(i)
+                    self._finish_synced(leading, synced)
+                    run, synced, leading = [], [], []
+                elif action == "free_requested":
+                    if self._free_requested(i):
+                        skip = i + 1
+                    provider.synced = self.model.trace_len()
+                elif action == "free_completed":
+                    self._free_completed(i)
+                    provider.synced = self.model.trace_len()
+            m = self.model  # it may have been reloaded: read everything again
+            stats, where, deferred = m.stats.cur, self.where, self.deferred
+            malloc, free, trace_len = m.malloc, m.free, m.trace_len
+            res, nseg = m.reserved, len(self.runs)
+            reserved[i], allocated[i], nsegs[i] = res, stats[_AB], nseg
             if skip == i + 1:
                 reserved[skip], allocated[skip], nsegs[skip] = reserved[i], allocated[i], nsegs[i]
             if self.plan is not None:
@@ -729,6 +802,8 @@ class Driver:
             if self.stopped:
                 done = i + 1
                 break
+        out.allocs += allocs
+        out.allocs_matched += matched
         if run and done == n:
             self._complete(leading)
             self._fill(leading)
@@ -738,30 +813,27 @@ class Driver:
 
     def _lone_malloc(self, i: int, addr: int, size: int, stream: int) -> None:
         """An alloc with no segment entry and no deferred free recorded before it: what
-        `_malloc` does then, without its lists (most allocs of a trace)."""
+        `_malloc` does then, without its lists (`run`'s inline path, with pools)."""
         m, provider = self.model, self.provider
         if self.plan is not None:
             self.cur_pool = self.plan.alloc[i]
-        small = self.small_of.get(size)
-        if small is None:
-            small = self.small_of[size] = is_small(self.tl.rules.round(size))
-        provider.window, provider.used, provider.pos, provider.small = [], set(), i, small
+        provider.window, provider.pos, provider.small = (), i, None
         provider.synced = mark = m.trace_len()
         allocated_before = m.allocated
         got, oomed = self._try(size, stream)
-        if got == addr and self.plan is None and not self.what_if and m.trace_len() == mark + 1:
-            provider.synced = mark + 1  # the commonest: from the cache, where it was recorded
-            self.out.allocs += 1
-            self.out.allocs_matched += 1
-            self.choices[i] = self.where[self.rename(addr)] = got
-            return
-        if not oomed and m.trace_len() == mark + 1:
+        self._lone_rest(i, addr, mark, allocated_before, got, oomed)
+
+    def _lone_rest(
+        self, i: int, addr: int, mark: int, allocated_before: int, got: int | None, oomed: bool
+    ) -> None:
+        """`_lone_malloc` once the model has served it (from trace_len `mark` on)."""
+        if not oomed and self.model.trace_len() == mark + 1:
             assert got is not None  # not oomed: `_try` returned an address
             self._placed(i, addr, got)
         else:
             self._scored(i, [], mark, allocated_before, got, oomed)
         self._after_malloc(i)
-        provider.synced = self.model.trace_len()  # the model may have been reloaded
+        self.provider.synced = self.model.trace_len()  # the model may have been reloaded
 
     def _after_malloc(self, i: int) -> None:  # a pool deleted after its last alloc, released
         plan, pid = self.plan, self.cur_pool

@@ -45,10 +45,10 @@ class Provider:
     def __init__(self, steps: Sequence[Step], invent: bool, small_at: Callable[[int], bool]):
         self.steps = steps
         self.small_at = small_at  # pool of the segment_map at index j (from the alloc after it)
-        self.window: list[int] = []  # indices of the segment entries next to the current alloc
+        self.window: Sequence[int] = ()  # indices of the segment entries next to the current alloc
         self.used: set[int] = set()
         self.pos = 0  # trace index of the current malloc
-        self.small = False  # its pool
+        self.small: bool | None = False  # its pool (None: read from the step at `pos`)
         self.invent = invent
         self.full = False  # reservations held with their whole extent (device total known)
         self.fallback = DescendingAddresses(INVENTED_TOP)
@@ -154,13 +154,14 @@ class Provider:
             else:
                 if expandable and self.full:  # made by a malloc that failed: look ahead
                     steps = self.steps
+                    small = self.small_at(self.pos - 1) if self.small is None else self.small
                     for j in range(self.pos + 1, len(steps)):
                         a, addr, _, st = steps[j]
                         if (
                             a == "segment_map"
                             and st == stream
                             and not self.overlaps(addr, 1)
-                            and self.small_at(j) == self.small
+                            and self.small_at(j) == small
                         ):
                             self.hold(addr, span, reservation=True)
                             return addr
