@@ -3,7 +3,8 @@
 The model is handed only what a running program gives the allocator: size and stream for each
 malloc, frees by allocation id, and, when it asks for a new segment, the base address the driver
 gave (the trace's next segment_alloc / segment_map, from addresses.py). Recorded alloc addresses
-are read only by the scorer. `drive` (drive.py) is the entry point.
+are read only by the scorer (evidence.py: the scoring, and what recorded runs prove). `drive`
+(drive.py) is the entry point.
 
 `Driver` stays whole (over 500 lines): every method reads and moves the same state of the
 pass (the model, its address provider, the deferred frees, the figures after each entry), and
@@ -26,9 +27,11 @@ from ..model import CachingAllocator
 from ..oom import OutOfMemory
 from ..rules import is_small, page_size, reservation_size
 from ..trace import TraceRow
-from .layout import INACTIVE, Layout, LayoutError
+from .evidence import RELEASES, hidden_growth, same_entries, same_releases, score, without
+from .evidence import pinch as find_pinch
+from .layout import Layout
 from .placement import INVENTED_TOP, Provider, ProviderState, Reservations, Runs
-from .reconstruct import SEGMENT_ACTIONS, Step
+from .reconstruct import SEGMENT_ACTIONS
 from .recording import Recording
 from .result import DeviceReplay, ReplayError, layout_key
 
@@ -37,27 +40,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Driver"]
 
-_RELEASES = ("segment_free", "segment_unmap")
-_GROWS = ("segment_alloc", "segment_map")
 _DELTA = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 # entries after a free's free_completed that may make it wait for a release (`_release_follows`)
 _AROUND = frozenset({"free_completed", "segment_free", "segment_unmap", "oom"})
 _AB = 3 * S.ALLOCATED_BYTES  # allocated_bytes.all.current in the model's DeviceStats.cur
 _UNKNOWN_TOTAL = 1 << 40  # device_total when nothing recorded says it (sizes the expandable VA)
-
-
-def _without(lay: Layout, entry: tuple[str, int, int]) -> Layout | None:
-    """`lay` before a new segment / mapped range `entry` (None when it is not there, free)."""
-    out = lay.copy()
-    action, addr, size = entry
-    try:
-        if action == "segment_alloc":
-            out.remove_segment(addr, size, "hidden segment_alloc")
-        else:
-            out.unmap_range(addr, size, "hidden segment_map")
-    except LayoutError:
-        return None
-    return out
 
 
 def _never_saw(i: int) -> ReplayError:
@@ -220,14 +207,14 @@ class Driver:
             return start
         if any(steps[j][0] in SEGMENT_ACTIONS for j in range(i0)):
             return start
-        stories = self._hidden_growth(start, steps[i0])
+        stories = hidden_growth(start, steps[i0], tl.rules, self.config)
         if not stories:
             return start
         before = tl.layout_at(i0 - 1)
         if self._trial(before, i0, None):
             return start
         for entry in stories:
-            lay, first = _without(before, entry), _without(start, entry)
+            lay, first = without(before, entry), without(start, entry)
             if lay is not None and first is not None and self._trial(lay, i0, entry):
                 self.cut_at, self.cut_grew = i0, [entry]
                 self.provider.cut = [entry]
@@ -237,40 +224,6 @@ class Driver:
         self.provider.surprises = 0
         self.provider.fallback = DescendingAddresses(INVENTED_TOP)
         return start
-
-    def _hidden_growth(self, start: Layout, step: Step) -> list[tuple[str, int, int]]:
-        """What the first malloc may have made before the cut: the whole free segment its
-        block starts, or the last pages mapped under it (the allocation starts at the free
-        tail, and ceil((rounded - tail) / page) pages are mapped above it)."""
-        _, addr, size, stream = step
-        seg = start.segment_at(addr)
-        if seg is None or seg.stream != stream:
-            return []
-        k = seg.index(addr)
-        b = seg.blocks[k]
-        if b[0] != addr or b[2] != INACTIVE:
-            return []
-        rounded = self.tl.rules.round(size)
-        if not seg.expandable:
-            # the search failed on every other block, so the model picks this one unless the
-            # oversize rules refuse it (only then does the story matter)
-            mss = self.config.max_split_size
-            refused = (rounded < mss <= seg.size) or (
-                rounded >= mss and seg.size >= rounded + self.config.max_non_split_rounding_size
-            )
-            if len(seg.blocks) == 1 and refused:
-                return [("segment_alloc", seg.address, seg.size)]
-            return []
-        page = page_size(seg.small, self.config.large_segment_size)
-        end = b[0] + b[1]
-        out = []
-        m = seg.address + -(-(addr - seg.address) // page) * page  # first page boundary >= addr
-        while m - addr < rounded and m < end:
-            n = -(-(rounded - (m - addr)) // page) * page
-            if m + n <= end:
-                out.append(("segment_map", m, n))
-            m += page
-        return out
 
     def _trial(self, lay: Layout, i: int, entry: tuple[str, int, int] | None) -> bool:
         """Does the model, started from `lay` (the state before malloc `i`), put it at the
@@ -333,27 +286,6 @@ class Driver:
         return entries
 
     # -- scoring ----------------------------------------------------------------------------
-    def _score(self, i: int, own: Sequence[TraceRow], rec: Sequence[int]) -> bool:
-        """Compare the model's segment entries with the recorded run; True when equal."""
-        mine = [(e[0], e[1], e[2]) for e in own if e[0] in SEGMENT_ACTIONS]
-        theirs = [(self.steps[j][0], self.steps[j][1], self.steps[j][2]) for j in rec]
-        out = self.out
-        grow_m = [e for e in mine if e[0] in _GROWS]
-        grow_t = [e for e in theirs if e[0] in _GROWS]
-        out.segments_recorded += len(grow_t)
-        out.segments_matched += sum(1 for a, b in zip(grow_m, grow_t, strict=False) if a == b)
-        if grow_m != grow_t:
-            self._miss(i, "segment", f"model grew {grow_m[:3]}, recorded {grow_t[:3]}")
-        rel_t = [e for e in theirs if e[0] in _RELEASES]
-        rel_m = [e for e in mine if e[0] in _RELEASES]
-        if rel_t:
-            out.bursts += 1
-            if rel_m == rel_t:
-                out.bursts_matched += 1
-        if rel_m != rel_t:
-            self._miss(i, "burst", f"model released {len(rel_m)} ranges, recorded {len(rel_t)}")
-        return mine == theirs
-
     # -- entries ----------------------------------------------------------------------------
     def _standalone_run(self, run: list[int]) -> None:
         """Segment entries no malloc caused: an explicit empty_cache."""
@@ -371,7 +303,7 @@ class Driver:
         self.model.empty_cache()
         self.out.explicit_bursts.append(first)
         own = self._own(mark, run, self.model.allocated)
-        if not self._score(run[-1], own, run) and self.resync:
+        if not score(self.out, self.steps, run[-1], own, run, self._miss) and self.resync:
             self._resynchronise(run[-1])
 
     def _checkpoint(self) -> tuple[CachingAllocator, Runs, dict[int, int], ProviderState]:
@@ -411,10 +343,10 @@ class Driver:
         provider = self.provider
         provider.window, provider.used = run, set()
         provider.pos, provider.small = i, is_small(self.tl.rules.round(size))
-        rels = [j for j in run if self.steps[j][0] in _RELEASES]
+        rels = [j for j in run if self.steps[j][0] in RELEASES]
         pinch: int | None = None  # the capacity that makes this malloc run out, as recorded
         if rels and not self.what_if and self.capacity is None:
-            pinch = self._pinch(run, rels)
+            pinch = find_pinch(self.steps, run, rels, self.tl.layout_at, self.model.reserved)
         if not rels or self.what_if or (self.capacity is None and pinch is None):
             explicit = bool(rels) and (rels[0] in self.explicit if self.what_if else True)
             if not (leading and action == "oom" and not rels and not self.what_if):
@@ -456,7 +388,9 @@ class Driver:
                 got, oomed = self._try(size, stream)
                 self.model.capacity = self.cap
                 own = self.model.trace_since(mark)
-                level = 2 if self._same_entries(own, run) else int(self._same_releases(own, rels))
+                steps = self.steps
+                same = same_entries(steps, own, run)
+                level = 2 if same else int(same_releases(steps, own, rels))
                 return mark, allocated_before, got, oomed, level
 
             stories = ["before", "synced"] if leading else ["before"]
@@ -489,7 +423,7 @@ class Driver:
             own = [e for e in own if (e[0], e[1], e[2]) not in self.cut_grew]
         differs = False
         if not self.what_if:
-            differs = not self._score(i, own, run)
+            differs = not score(self.out, self.steps, i, own, run, self._miss)
         out = self.out
         if action == "alloc":
             out.allocs += 1
@@ -568,41 +502,6 @@ class Driver:
         self._complete(leading)
         return self._try(size, stream)
 
-    def _same_entries(self, own: Sequence[TraceRow], run: Sequence[int]) -> bool:
-        mine = [(e[0], e[1], e[2]) for e in own if e[0] in SEGMENT_ACTIONS]
-        return mine == [(self.steps[j][0], self.steps[j][1], self.steps[j][2]) for j in run]
-
-    def _same_releases(self, own: Sequence[TraceRow], rels: Sequence[int]) -> bool:
-        mine = [(e[0], e[1], e[2]) for e in own if e[0] in _RELEASES]
-        return mine == [(self.steps[j][0], self.steps[j][1], self.steps[j][2]) for j in rels]
-
-    def _pinch(self, run: Sequence[int], rels: Sequence[int]) -> int | None:
-        """With no capacity known, the capacity under which this malloc would have released
-        the recorded run itself, or None when an empty_cache explains the run.
-
-        An empty_cache (torch's release_cached_blocks) frees every entirely free segment,
-        large pool first, in (stream, size, address) order; a run that is not that, followed by
-        a new segment, is the allocator's own release after a failed cudaMalloc (with
-        max_split_size, the oversize blocks first). The process then had room for the new
-        segment only after the release: capacity = reserved - released + new.
-        """
-        steps = self.steps
-        if any(steps[j][0] == "segment_unmap" for j in rels):
-            return None  # only release_cached_blocks unmaps: the same as an empty_cache
-        grown = sum(steps[j][2] for j in run if steps[j][0] in _GROWS and j > rels[-1])
-        if not grown:
-            return None  # nothing was allocated after it: nothing ran out
-        before = self.tl.layout_at(run[0] - 1)
-        free = sorted(
-            (seg.small, seg.stream, seg.size, seg.address)
-            for seg in before.segs.values()
-            if not seg.expandable and len(seg.blocks) == 1 and seg.blocks[0][2] == INACTIVE
-        )
-        if [(a, s) for _, _, s, a in free] == [(steps[j][1], steps[j][2]) for j in rels]:
-            return None
-        released = sum(steps[j][2] for j in rels)
-        return self.model.reserved - released + grown
-
     def _try(self, size: int, stream: int) -> tuple[int | None, bool]:
         pool = self.cur_pool
         try:
@@ -652,7 +551,7 @@ class Driver:
         j = i + 1
         while j < len(steps) and steps[j][0] == "free_completed":
             j += 1
-        return j < len(steps) and (steps[j][0] in _RELEASES or steps[j][0] == "oom")
+        return j < len(steps) and (steps[j][0] in RELEASES or steps[j][0] == "oom")
 
     def _finish_synced(self, leading: Sequence[int], synced: Sequence[int]) -> None:
         """Deferred frees whose events a release synchronised: the model's own release did the
