@@ -44,6 +44,7 @@ _DELTA = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unm
 # entries after a free's free_completed that may make it wait for a release (`_release_follows`)
 _AROUND = frozenset({"free_completed", "segment_free", "segment_unmap", "oom"})
 _AB = 3 * S.ALLOCATED_BYTES  # allocated_bytes.all.current in the model's DeviceStats.cur
+_END = ("", 0, 0, 0)  # the step after the last
 _UNKNOWN_TOTAL = 1 << 40  # device_total when nothing recorded says it (sizes the expandable VA)
 
 
@@ -90,8 +91,10 @@ class Driver:
 
         self.provider = Provider(self.steps, invent=what_if, small_at=small_at)
         self.provider.full = capacity is not None
+        segments = recording.start.to_segments(recording.device)
         self.bases = Reservations(
             recording,
+            segments,
             small_at,
             lambda small: reservation_size(self.total, page_size(small, config.large_segment_size)),
             bounded=capacity is not None,
@@ -117,7 +120,10 @@ class Driver:
         self.plan = recording.pools
         self.cur_pool: tuple[int, int] | None = None  # the pool of the malloc being replayed
         self.pool_peak: dict[tuple[int, int], int] = {}
-        self._load(self._start().to_segments(recording.device), -1)
+        start = self._start()
+        if start is not recording.start:  # a cut hid the first malloc's new segment
+            segments = start.to_segments(recording.device)
+        self._load(segments, -1)
 
     # -- state ------------------------------------------------------------------------------
     def _load(self, segments: list[TorchDict], point: int) -> None:
@@ -609,6 +615,7 @@ class Driver:
         stats, where, deferred = m.stats.cur, self.where, self.deferred
         malloc, free, trace_len = m.malloc, m.free, m.trace_len
         res, nseg = m.reserved, len(self.runs)
+        ab = _AB
         for i in range(n):
             if i == skip:
                 continue
@@ -618,7 +625,7 @@ class Driver:
                 if not what_if:  # a what-if's provider invents every address: it reads none
                     provider.window, provider.pos, provider.small = (), i, None
                 provider.synced = mark = trace_len()
-                allocated_before = stats[_AB]
+                allocated_before = stats[ab]
                 try:
                     got = malloc(size, stream)
                 except OutOfMemory:
@@ -631,17 +638,16 @@ class Driver:
                         if not what_if:
                             matched += 1
                         choices[i] = where[addr if ids is None else ids(addr)] = got
-                        reserved[i], allocated[i], nsegs[i] = res, stats[_AB], nseg
+                        reserved[i], allocated[i], nsegs[i] = res, stats[ab], nseg
                         continue
                     self._lone_rest(i, addr, mark, allocated_before, got, False)
             elif fast and action == "free_requested" and not run:
                 key = addr if ids is None else ids(addr)
                 a = where.pop(key, None)
                 if a is None:
-                    raise ReplayError(
-                        f"trace event {i}: free of an allocation the replay never saw"
-                    )
-                if i + 1 < n and steps[i + 1][0] == "free_completed" and steps[i + 1][1] == addr:
+                    raise _never_saw(i)
+                nxt = steps[i + 1] if i + 1 < n else _END
+                if nxt[0] == "free_completed" and nxt[1] == addr:
                     if i + 2 < n and steps[i + 2][0] in _AROUND and self._release_follows(i + 1):
                         self._defer(i, a, key)  # it may have waited on events until the release
                     else:  # freed at once: its free_completed, next, does nothing
@@ -650,14 +656,15 @@ class Driver:
                             skip = i + 1
                 else:  # it waits on other streams' work until its free_completed
                     self._defer(i, a, key)
-                # frees never release segments: nothing for the provider to forget, and the
-                # model's trace ring may move on without it
-                provider.synced = trace_len()
-                reserved[i], allocated[i], nsegs[i] = res, stats[_AB], nseg
+                # frees never release segments: nothing for the provider to read, so it is told
+                # where the model's trace is only before the next entry that may (below)
+                allocated[i] = now = stats[ab]
+                reserved[i], nsegs[i] = res, nseg
                 if skip == i + 1:
-                    reserved[skip], allocated[skip], nsegs[skip] = res, stats[_AB], nseg
+                    reserved[skip], allocated[skip], nsegs[skip] = res, now, nseg
                 continue
             else:
+                provider.synced = trace_len()  # past the inline frees' entries (no segment)
                 if action in SEGMENT_ACTIONS:
                     run.append(i)  # its figures are filled in when the run is replayed
                     continue
@@ -693,7 +700,7 @@ class Driver:
             stats, where, deferred = m.stats.cur, self.where, self.deferred
             malloc, free, trace_len = m.malloc, m.free, m.trace_len
             res, nseg = m.reserved, len(self.runs)
-            reserved[i], allocated[i], nsegs[i] = res, stats[_AB], nseg
+            reserved[i], allocated[i], nsegs[i] = res, stats[ab], nseg
             if skip == i + 1:
                 reserved[skip], allocated[skip], nsegs[skip] = reserved[i], allocated[i], nsegs[i]
             if self.plan is not None:

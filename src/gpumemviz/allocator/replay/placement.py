@@ -278,15 +278,16 @@ class Reservations:
     def __init__(
         self,
         recording: Recording,
+        start: Sequence[TorchMapping],
         small_at: Callable[[int], bool],
         extent: Callable[[bool], int],
         bounded: bool,
     ):
+        """`start`: the recording's start state as segments (`recording.start.to_segments`)."""
         self.lives: list[tuple[int, int, int, bool, int]] = []  # (from, to, stream, small, base)
         self.extent = extent
         done: list[tuple[list[Any], int]] = []  # (reservation, trace index it ended at)
         live: list[list[Any]] = []  # [from, stream, small, lowest, highest end, fixed, Runs]
-        start = recording.start.to_segments(recording.device)
         for seg in sorted(start, key=lambda s: s["address"]):
             if seg.get("is_expandable"):
                 addr, size = seg["address"], seg["total_size"]
