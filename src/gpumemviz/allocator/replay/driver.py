@@ -607,7 +607,8 @@ class Driver:
         leading: list[int] = []  # deferred frees completed just before it
         done = n
         provider, out, choices = self.provider, self.out, self.choices
-        ids, what_if, cut_at = self.ids, self.what_if, self.cut_at
+        ids, what_if, cut_at, resync = self.ids, self.what_if, self.cut_at, self.resync
+        mismatches, max_mismatches = out.mismatches, self.max_mismatches
         fast = self.plan is None
         skip = -1  # the free_completed of a free done at once: its figures are filled
         allocs = matched = 0  # added to `out` at the end
@@ -631,12 +632,18 @@ class Driver:
                 except OutOfMemory:
                     self._lone_rest(i, addr, mark, allocated_before, None, True)
                 else:
-                    if trace_len() == mark + 1 and (what_if or got == addr):
+                    if trace_len() == mark + 1 and (what_if or got == addr or not resync):
                         # the commonest: served from the cache (where it was recorded)
                         provider.synced = mark + 1
                         allocs += 1
-                        if not what_if:
+                        if what_if:
+                            pass  # invented addresses: nothing to compare
+                        elif got == addr:
                             matched += 1
+                        elif len(mismatches) < max_mismatches:
+                            mismatches.append(
+                                (i, "alloc", f"model chose {got:#x}, recorded {addr:#x}")
+                            )
                         choices[i] = where[addr if ids is None else ids(addr)] = got
                         reserved[i], allocated[i], nsegs[i] = res, stats[ab], nseg
                         continue
