@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import copy
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from ..addresses import DescendingAddresses, reservation_starts
@@ -298,8 +299,11 @@ class Reservations:
                     live.append(r)
                 r[4] = addr + size
                 r[6].map(addr, size)
-        n = len(recording.steps)
-        for j, (action, addr, size, stream) in enumerate(recording.steps):
+        steps = recording.steps
+        n = len(steps)
+        actions = list(map(itemgetter(0), steps))  # (C loops: most traces map nothing)
+        mapping = "segment_map" in actions or "segment_unmap" in actions
+        for j, (action, addr, size, stream) in enumerate(steps if mapping else ()):
             if action == "segment_map":
                 small = small_at(j)
                 r = self._find(live, stream, small, addr, size)
