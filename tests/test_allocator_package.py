@@ -13,6 +13,7 @@ import gpumemviz.allocator as pkg
 HEAVY = (
     *("model", "workloads", "replay"),
     *("replay.layout", "replay.reconstruct", "replay.recording", "replay.drive", "replay.driver"),
+    "replay.evidence",
 )
 # the modules of CachingAllocator's mixins: the model too
 HEAVY += ("blocks", "trace", "events", "release", "expandable", "load", "dump", "clone")

@@ -3,7 +3,8 @@
 The model is handed only what a running program gives the allocator: size and stream for each
 malloc, frees by allocation id, and, when it asks for a new segment, the base address the driver
 gave (the trace's next segment_alloc / segment_map, from addresses.py). Recorded alloc addresses
-are read only by the scorer. `drive` (drive.py) is the entry point.
+are read only by the scorer (evidence.py: the scoring, and what recorded runs prove). `drive`
+(drive.py) is the entry point.
 
 `Driver` stays whole (over 500 lines): every method reads and moves the same state of the
 pass (the model, its address provider, the deferred frees, the figures after each entry), and
@@ -19,15 +20,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .. import stats as S
 from ..addresses import DescendingAddresses
 from ..config import AllocatorConfig
 from ..model import CachingAllocator
 from ..oom import OutOfMemory
 from ..rules import is_small, page_size, reservation_size
 from ..trace import TraceRow
-from .layout import INACTIVE, Layout, LayoutError
+from .evidence import RELEASES, hidden_growth, same_entries, same_releases, score, without
+from .evidence import pinch as find_pinch
+from .layout import Layout
 from .placement import INVENTED_TOP, Provider, ProviderState, Reservations, Runs
-from .reconstruct import SEGMENT_ACTIONS, Step
+from .reconstruct import SEGMENT_ACTIONS
 from .recording import Recording
 from .result import DeviceReplay, ReplayError, layout_key
 
@@ -36,24 +40,16 @@ if TYPE_CHECKING:
 
 __all__ = ["Driver"]
 
-_RELEASES = ("segment_free", "segment_unmap")
-_GROWS = ("segment_alloc", "segment_map")
 _DELTA = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
+# entries after a free's free_completed that may make it wait for a release (`_release_follows`)
+_AROUND = frozenset({"free_completed", "segment_free", "segment_unmap", "oom"})
+_AB = 3 * S.ALLOCATED_BYTES  # allocated_bytes.all.current in the model's DeviceStats.cur
+_END = ("", 0, 0, 0)  # the step after the last
 _UNKNOWN_TOTAL = 1 << 40  # device_total when nothing recorded says it (sizes the expandable VA)
 
 
-def _without(lay: Layout, entry: tuple[str, int, int]) -> Layout | None:
-    """`lay` before a new segment / mapped range `entry` (None when it is not there, free)."""
-    out = lay.copy()
-    action, addr, size = entry
-    try:
-        if action == "segment_alloc":
-            out.remove_segment(addr, size, "hidden segment_alloc")
-        else:
-            out.unmap_range(addr, size, "hidden segment_map")
-    except LayoutError:
-        return None
-    return out
+def _never_saw(i: int) -> ReplayError:
+    return ReplayError(f"trace event {i}: free of an allocation the replay never saw")
 
 
 class Driver:
@@ -82,6 +78,7 @@ class Driver:
         self.resync = resync
         self.explicit = explicit
         self.rename = rename or (lambda a: a)
+        self.ids = rename  # None: allocation ids are the recorded addresses
         self.max_mismatches = max_mismatches
         rules = recording.rules
         steps = self.steps
@@ -94,8 +91,10 @@ class Driver:
 
         self.provider = Provider(self.steps, invent=what_if, small_at=small_at)
         self.provider.full = capacity is not None
+        segments = recording.start.to_segments(recording.device)
         self.bases = Reservations(
             recording,
+            segments,
             small_at,
             lambda small: reservation_size(self.total, page_size(small, config.large_segment_size)),
             bounded=capacity is not None,
@@ -121,8 +120,10 @@ class Driver:
         self.plan = recording.pools
         self.cur_pool: tuple[int, int] | None = None  # the pool of the malloc being replayed
         self.pool_peak: dict[tuple[int, int], int] = {}
-        self.small_of: dict[int, bool] = {}  # request size -> small pool?
-        self._load(self._start().to_segments(recording.device), -1)
+        start = self._start()
+        if start is not recording.start:  # a cut hid the first malloc's new segment
+            segments = start.to_segments(recording.device)
+        self._load(segments, -1)
 
     # -- state ------------------------------------------------------------------------------
     def _load(self, segments: list[TorchDict], point: int) -> None:
@@ -212,14 +213,14 @@ class Driver:
             return start
         if any(steps[j][0] in SEGMENT_ACTIONS for j in range(i0)):
             return start
-        stories = self._hidden_growth(start, steps[i0])
+        stories = hidden_growth(start, steps[i0], tl.rules, self.config)
         if not stories:
             return start
         before = tl.layout_at(i0 - 1)
         if self._trial(before, i0, None):
             return start
         for entry in stories:
-            lay, first = _without(before, entry), _without(start, entry)
+            lay, first = without(before, entry), without(start, entry)
             if lay is not None and first is not None and self._trial(lay, i0, entry):
                 self.cut_at, self.cut_grew = i0, [entry]
                 self.provider.cut = [entry]
@@ -229,40 +230,6 @@ class Driver:
         self.provider.surprises = 0
         self.provider.fallback = DescendingAddresses(INVENTED_TOP)
         return start
-
-    def _hidden_growth(self, start: Layout, step: Step) -> list[tuple[str, int, int]]:
-        """What the first malloc may have made before the cut: the whole free segment its
-        block starts, or the last pages mapped under it (the allocation starts at the free
-        tail, and ceil((rounded - tail) / page) pages are mapped above it)."""
-        _, addr, size, stream = step
-        seg = start.segment_at(addr)
-        if seg is None or seg.stream != stream:
-            return []
-        k = seg.index(addr)
-        b = seg.blocks[k]
-        if b[0] != addr or b[2] != INACTIVE:
-            return []
-        rounded = self.tl.rules.round(size)
-        if not seg.expandable:
-            # the search failed on every other block, so the model picks this one unless the
-            # oversize rules refuse it (only then does the story matter)
-            mss = self.config.max_split_size
-            refused = (rounded < mss <= seg.size) or (
-                rounded >= mss and seg.size >= rounded + self.config.max_non_split_rounding_size
-            )
-            if len(seg.blocks) == 1 and refused:
-                return [("segment_alloc", seg.address, seg.size)]
-            return []
-        page = page_size(seg.small, self.config.large_segment_size)
-        end = b[0] + b[1]
-        out = []
-        m = seg.address + -(-(addr - seg.address) // page) * page  # first page boundary >= addr
-        while m - addr < rounded and m < end:
-            n = -(-(rounded - (m - addr)) // page) * page
-            if m + n <= end:
-                out.append(("segment_map", m, n))
-            m += page
-        return out
 
     def _trial(self, lay: Layout, i: int, entry: tuple[str, int, int] | None) -> bool:
         """Does the model, started from `lay` (the state before malloc `i`), put it at the
@@ -291,7 +258,7 @@ class Driver:
         key = self.rename(self.steps[i][1])
         a = self.where.pop(key, None)
         if a is None:
-            raise ReplayError(f"trace event {i}: free of an allocation the replay never saw")
+            raise _never_saw(i)
         return a
 
     def _own(self, mark: int, run: Sequence[int] = (), allocated: int = 0) -> list[TraceRow]:
@@ -325,27 +292,6 @@ class Driver:
         return entries
 
     # -- scoring ----------------------------------------------------------------------------
-    def _score(self, i: int, own: Sequence[TraceRow], rec: Sequence[int]) -> bool:
-        """Compare the model's segment entries with the recorded run; True when equal."""
-        mine = [(e[0], e[1], e[2]) for e in own if e[0] in SEGMENT_ACTIONS]
-        theirs = [(self.steps[j][0], self.steps[j][1], self.steps[j][2]) for j in rec]
-        out = self.out
-        grow_m = [e for e in mine if e[0] in _GROWS]
-        grow_t = [e for e in theirs if e[0] in _GROWS]
-        out.segments_recorded += len(grow_t)
-        out.segments_matched += sum(1 for a, b in zip(grow_m, grow_t, strict=False) if a == b)
-        if grow_m != grow_t:
-            self._miss(i, "segment", f"model grew {grow_m[:3]}, recorded {grow_t[:3]}")
-        rel_t = [e for e in theirs if e[0] in _RELEASES]
-        rel_m = [e for e in mine if e[0] in _RELEASES]
-        if rel_t:
-            out.bursts += 1
-            if rel_m == rel_t:
-                out.bursts_matched += 1
-        if rel_m != rel_t:
-            self._miss(i, "burst", f"model released {len(rel_m)} ranges, recorded {len(rel_t)}")
-        return mine == theirs
-
     # -- entries ----------------------------------------------------------------------------
     def _standalone_run(self, run: list[int]) -> None:
         """Segment entries no malloc caused: an explicit empty_cache."""
@@ -363,7 +309,7 @@ class Driver:
         self.model.empty_cache()
         self.out.explicit_bursts.append(first)
         own = self._own(mark, run, self.model.allocated)
-        if not self._score(run[-1], own, run) and self.resync:
+        if not score(self.out, self.steps, run[-1], own, run, self._miss) and self.resync:
             self._resynchronise(run[-1])
 
     def _checkpoint(self) -> tuple[CachingAllocator, Runs, dict[int, int], ProviderState]:
@@ -403,10 +349,10 @@ class Driver:
         provider = self.provider
         provider.window, provider.used = run, set()
         provider.pos, provider.small = i, is_small(self.tl.rules.round(size))
-        rels = [j for j in run if self.steps[j][0] in _RELEASES]
+        rels = [j for j in run if self.steps[j][0] in RELEASES]
         pinch: int | None = None  # the capacity that makes this malloc run out, as recorded
         if rels and not self.what_if and self.capacity is None:
-            pinch = self._pinch(run, rels)
+            pinch = find_pinch(self.steps, run, rels, self.tl.layout_at, self.model.reserved)
         if not rels or self.what_if or (self.capacity is None and pinch is None):
             explicit = bool(rels) and (rels[0] in self.explicit if self.what_if else True)
             if not (leading and action == "oom" and not rels and not self.what_if):
@@ -448,7 +394,9 @@ class Driver:
                 got, oomed = self._try(size, stream)
                 self.model.capacity = self.cap
                 own = self.model.trace_since(mark)
-                level = 2 if self._same_entries(own, run) else int(self._same_releases(own, rels))
+                steps = self.steps
+                same = same_entries(steps, own, run)
+                level = 2 if same else int(same_releases(steps, own, rels))
                 return mark, allocated_before, got, oomed, level
 
             stories = ["before", "synced"] if leading else ["before"]
@@ -481,7 +429,7 @@ class Driver:
             own = [e for e in own if (e[0], e[1], e[2]) not in self.cut_grew]
         differs = False
         if not self.what_if:
-            differs = not self._score(i, own, run)
+            differs = not score(self.out, self.steps, i, own, run, self._miss)
         out = self.out
         if action == "alloc":
             out.allocs += 1
@@ -560,41 +508,6 @@ class Driver:
         self._complete(leading)
         return self._try(size, stream)
 
-    def _same_entries(self, own: Sequence[TraceRow], run: Sequence[int]) -> bool:
-        mine = [(e[0], e[1], e[2]) for e in own if e[0] in SEGMENT_ACTIONS]
-        return mine == [(self.steps[j][0], self.steps[j][1], self.steps[j][2]) for j in run]
-
-    def _same_releases(self, own: Sequence[TraceRow], rels: Sequence[int]) -> bool:
-        mine = [(e[0], e[1], e[2]) for e in own if e[0] in _RELEASES]
-        return mine == [(self.steps[j][0], self.steps[j][1], self.steps[j][2]) for j in rels]
-
-    def _pinch(self, run: Sequence[int], rels: Sequence[int]) -> int | None:
-        """With no capacity known, the capacity under which this malloc would have released
-        the recorded run itself, or None when an empty_cache explains the run.
-
-        An empty_cache (torch's release_cached_blocks) frees every entirely free segment,
-        large pool first, in (stream, size, address) order; a run that is not that, followed by
-        a new segment, is the allocator's own release after a failed cudaMalloc (with
-        max_split_size, the oversize blocks first). The process then had room for the new
-        segment only after the release: capacity = reserved - released + new.
-        """
-        steps = self.steps
-        if any(steps[j][0] == "segment_unmap" for j in rels):
-            return None  # only release_cached_blocks unmaps: the same as an empty_cache
-        grown = sum(steps[j][2] for j in run if steps[j][0] in _GROWS and j > rels[-1])
-        if not grown:
-            return None  # nothing was allocated after it: nothing ran out
-        before = self.tl.layout_at(run[0] - 1)
-        free = sorted(
-            (seg.small, seg.stream, seg.size, seg.address)
-            for seg in before.segs.values()
-            if not seg.expandable and len(seg.blocks) == 1 and seg.blocks[0][2] == INACTIVE
-        )
-        if [(a, s) for _, _, s, a in free] == [(steps[j][1], steps[j][2]) for j in rels]:
-            return None
-        released = sum(steps[j][2] for j in rels)
-        return self.model.reserved - released + grown
-
     def _try(self, size: int, stream: int) -> tuple[int | None, bool]:
         pool = self.cur_pool
         try:
@@ -618,11 +531,16 @@ class Driver:
         ):  # freed at once (before a release, it may have waited on events until it)
             self.model.free(a)
             return self.rename(steps[i][1]) not in self.deferred
-        fake = -(1000 + i)  # the free waits on other streams' work until its free_completed
+        self._defer(i, a, self.rename(steps[i][1]))
+        return False
+
+    def _defer(self, i: int, a: int, key: int) -> None:
+        """Free the block at `a` (id `key`) behind an event of a made-up stream: it waits on
+        other streams' work until its free_completed."""
+        fake = -(1000 + i)
         self.model.record_stream(a, fake)
         self.model.free(a)
-        self.deferred[self.rename(steps[i][1])] = fake
-        return False
+        self.deferred[key] = fake
 
     def _free_completed(self, i: int) -> None:
         key = self.rename(self.steps[i][1])
@@ -639,7 +557,7 @@ class Driver:
         j = i + 1
         while j < len(steps) and steps[j][0] == "free_completed":
             j += 1
-        return j < len(steps) and (steps[j][0] in _RELEASES or steps[j][0] == "oom")
+        return j < len(steps) and (steps[j][0] in RELEASES or steps[j][0] == "oom")
 
     def _finish_synced(self, leading: Sequence[int], synced: Sequence[int]) -> None:
         """Deferred frees whose events a release synchronised: the model's own release did the
@@ -674,6 +592,13 @@ class Driver:
 
     # -- the pass ---------------------------------------------------------------------------
     def run(self) -> DeviceReplay:
+        """The pass: each entry in order, then the result.
+
+        The two commonest entries, an alloc with nothing recorded before it and a free, run
+        inline on locals (the model, its figures, the driver's dicts), read again after any
+        other entry, which may have reloaded the model. Traces with private pools take the
+        general path for every entry (their pool figures are read after each one).
+        """
         steps = self.steps
         n = len(steps)
         reserved, allocated, nsegs = self.reserved, self.allocated, self.nsegs
@@ -681,47 +606,108 @@ class Driver:
         synced: list[int] = []  # deferred frees completed inside that run (events synced)
         leading: list[int] = []  # deferred frees completed just before it
         done = n
-        provider = self.provider
+        provider, out, choices = self.provider, self.out, self.choices
+        ids, what_if, cut_at, resync = self.ids, self.what_if, self.cut_at, self.resync
+        mismatches, max_mismatches = out.mismatches, self.max_mismatches
+        fast = self.plan is None
         skip = -1  # the free_completed of a free done at once: its figures are filled
+        allocs = matched = 0  # added to `out` at the end
+        m = self.model
+        stats, where, deferred = m.stats.cur, self.where, self.deferred
+        malloc, free, trace_len = m.malloc, m.free, m.trace_len
+        res, nseg = m.reserved, len(self.runs)
+        ab, around, end = _AB, _AROUND, _END  # (locals: read faster in the loop)
         for i in range(n):
             if i == skip:
                 continue
             action, addr, size, stream = steps[i]
-            if action in SEGMENT_ACTIONS:
-                run.append(i)  # its figures are filled in when the run is replayed
+            if fast and action == "alloc" and not run and not leading and i != cut_at:
+                # an alloc with no segment entry and no deferred free recorded before it
+                if not what_if:  # a what-if's provider invents every address: it reads none
+                    provider.window, provider.pos, provider.small = (), i, None
+                provider.synced = mark = trace_len()
+                allocated_before = stats[ab]
+                try:
+                    got = malloc(size, stream)
+                except OutOfMemory:
+                    self._lone_rest(i, addr, mark, allocated_before, None, True)
+                else:
+                    if trace_len() == mark + 1 and (what_if or got == addr or not resync):
+                        # the commonest: served from the cache (where it was recorded)
+                        provider.synced = mark + 1
+                        allocs += 1
+                        if what_if:
+                            pass  # invented addresses: nothing to compare
+                        elif got == addr:
+                            matched += 1
+                        elif len(mismatches) < max_mismatches:
+                            mismatches.append(
+                                (i, "alloc", f"model chose {got:#x}, recorded {addr:#x}")
+                            )
+                        choices[i] = where[addr if ids is None else ids(addr)] = got
+                        reserved[i], allocated[i], nsegs[i] = res, stats[ab], nseg
+                        continue
+                    self._lone_rest(i, addr, mark, allocated_before, got, False)
+            elif fast and action == "free_requested" and not run:
+                key = addr if ids is None else ids(addr)
+                a = where.pop(key, None)
+                if a is None:
+                    raise _never_saw(i)
+                nxt = steps[i + 1] if i + 1 < n else end
+                if nxt[0] == "free_completed" and nxt[1] == addr:
+                    if i + 2 < n and steps[i + 2][0] in around and self._release_follows(i + 1):
+                        self._defer(i, a, key)  # it may have waited on events until the release
+                    else:  # freed at once: its free_completed, next, does nothing
+                        free(a)
+                        if key not in deferred:
+                            skip = i + 1
+                else:  # it waits on other streams' work until its free_completed
+                    self._defer(i, a, key)
+                # frees never release segments: nothing for the provider to read, so it is told
+                # where the model's trace is only before the next entry that may (below)
+                allocated[i] = now = stats[ab]
+                reserved[i], nsegs[i] = res, nseg
+                if skip == i + 1:
+                    reserved[skip], allocated[skip], nsegs[skip] = res, now, nseg
                 continue
-            if (
-                action == "free_completed"
-                and self.rename(addr) in self.deferred
-                and (run or self._release_follows(i))
-            ):  # completed around a release (empty_cache, or the last retry)
-                (synced if run else leading).append(i)
-                continue
-            if run and action not in ("alloc", "oom"):
-                self._complete(leading)
-                self._fill(leading)
-                self._standalone_run(run)
-                self._finish_synced(leading, synced)
-                run, synced, leading = [], [], []
-            if action == "alloc" and not run and not leading and i != self.cut_at:
-                self._lone_malloc(i, addr, size, stream)  # the common case
-            elif action in ("alloc", "oom"):
-                self._fill(leading)
-                self._malloc(i, run, leading)
-                self._after_malloc(i)
-                self._finish_synced(leading, synced)
-                run, synced, leading = [], [], []
-            elif action == "free_requested":
-                if self._free_requested(i):
-                    skip = i + 1
-                # frees never release segments: nothing for the provider to forget, and the
-                # model's trace ring may move on without it
-                provider.synced = self.model.trace_len()
-            elif action == "free_completed":
-                self._free_completed(i)
-                provider.synced = self.model.trace_len()
-            m = self.model
-            reserved[i], allocated[i], nsegs[i] = m.reserved, m.allocated, len(self.runs)
+            else:
+                provider.synced = trace_len()  # past the inline frees' entries (no segment)
+                if action in SEGMENT_ACTIONS:
+                    run.append(i)  # its figures are filled in when the run is replayed
+                    continue
+                if (
+                    action == "free_completed"
+                    and self.rename(addr) in self.deferred
+                    and (run or self._release_follows(i))
+                ):  # completed around a release (empty_cache, or the last retry)
+                    (synced if run else leading).append(i)
+                    continue
+                if run and action not in ("alloc", "oom"):
+                    self._complete(leading)
+                    self._fill(leading)
+                    self._standalone_run(run)
+                    self._finish_synced(leading, synced)
+                    run, synced, leading = [], [], []
+                if action == "alloc" and not run and not leading and i != cut_at:
+                    self._lone_malloc(i, addr, size, stream)  # pools: the general path
+                elif action in ("alloc", "oom"):
+                    self._fill(leading)
+                    self._malloc(i, run, leading)
+                    self._after_malloc(i)
+                    self._finish_synced(leading, synced)
+                    run, synced, leading = [], [], []
+                elif action == "free_requested":
+                    if self._free_requested(i):
+                        skip = i + 1
+                    provider.synced = self.model.trace_len()
+                elif action == "free_completed":
+                    self._free_completed(i)
+                    provider.synced = self.model.trace_len()
+            m = self.model  # it may have been reloaded: read everything again
+            stats, where, deferred = m.stats.cur, self.where, self.deferred
+            malloc, free, trace_len = m.malloc, m.free, m.trace_len
+            res, nseg = m.reserved, len(self.runs)
+            reserved[i], allocated[i], nsegs[i] = res, stats[ab], nseg
             if skip == i + 1:
                 reserved[skip], allocated[skip], nsegs[skip] = reserved[i], allocated[i], nsegs[i]
             if self.plan is not None:
@@ -729,6 +715,8 @@ class Driver:
             if self.stopped:
                 done = i + 1
                 break
+        out.allocs += allocs
+        out.allocs_matched += matched
         if run and done == n:
             self._complete(leading)
             self._fill(leading)
@@ -738,30 +726,27 @@ class Driver:
 
     def _lone_malloc(self, i: int, addr: int, size: int, stream: int) -> None:
         """An alloc with no segment entry and no deferred free recorded before it: what
-        `_malloc` does then, without its lists (most allocs of a trace)."""
+        `_malloc` does then, without its lists (`run`'s inline path, with pools)."""
         m, provider = self.model, self.provider
         if self.plan is not None:
             self.cur_pool = self.plan.alloc[i]
-        small = self.small_of.get(size)
-        if small is None:
-            small = self.small_of[size] = is_small(self.tl.rules.round(size))
-        provider.window, provider.used, provider.pos, provider.small = [], set(), i, small
+        provider.window, provider.pos, provider.small = (), i, None
         provider.synced = mark = m.trace_len()
         allocated_before = m.allocated
         got, oomed = self._try(size, stream)
-        if got == addr and self.plan is None and not self.what_if and m.trace_len() == mark + 1:
-            provider.synced = mark + 1  # the commonest: from the cache, where it was recorded
-            self.out.allocs += 1
-            self.out.allocs_matched += 1
-            self.choices[i] = self.where[self.rename(addr)] = got
-            return
-        if not oomed and m.trace_len() == mark + 1:
+        self._lone_rest(i, addr, mark, allocated_before, got, oomed)
+
+    def _lone_rest(
+        self, i: int, addr: int, mark: int, allocated_before: int, got: int | None, oomed: bool
+    ) -> None:
+        """`_lone_malloc` once the model has served it (from trace_len `mark` on)."""
+        if not oomed and self.model.trace_len() == mark + 1:
             assert got is not None  # not oomed: `_try` returned an address
             self._placed(i, addr, got)
         else:
             self._scored(i, [], mark, allocated_before, got, oomed)
         self._after_malloc(i)
-        provider.synced = self.model.trace_len()  # the model may have been reloaded
+        self.provider.synced = self.model.trace_len()  # the model may have been reloaded
 
     def _after_malloc(self, i: int) -> None:  # a pool deleted after its last alloc, released
         plan, pid = self.plan, self.cur_pool

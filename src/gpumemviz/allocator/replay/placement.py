@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import copy
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from ..addresses import DescendingAddresses, reservation_starts
@@ -45,10 +46,10 @@ class Provider:
     def __init__(self, steps: Sequence[Step], invent: bool, small_at: Callable[[int], bool]):
         self.steps = steps
         self.small_at = small_at  # pool of the segment_map at index j (from the alloc after it)
-        self.window: list[int] = []  # indices of the segment entries next to the current alloc
+        self.window: Sequence[int] = ()  # indices of the segment entries next to the current alloc
         self.used: set[int] = set()
         self.pos = 0  # trace index of the current malloc
-        self.small = False  # its pool
+        self.small: bool | None = False  # its pool (None: read from the step at `pos`)
         self.invent = invent
         self.full = False  # reservations held with their whole extent (device total known)
         self.fallback = DescendingAddresses(INVENTED_TOP)
@@ -154,13 +155,14 @@ class Provider:
             else:
                 if expandable and self.full:  # made by a malloc that failed: look ahead
                     steps = self.steps
+                    small = self.small_at(self.pos - 1) if self.small is None else self.small
                     for j in range(self.pos + 1, len(steps)):
                         a, addr, _, st = steps[j]
                         if (
                             a == "segment_map"
                             and st == stream
                             and not self.overlaps(addr, 1)
-                            and self.small_at(j) == self.small
+                            and self.small_at(j) == small
                         ):
                             self.hold(addr, span, reservation=True)
                             return addr
@@ -277,15 +279,16 @@ class Reservations:
     def __init__(
         self,
         recording: Recording,
+        start: Sequence[TorchMapping],
         small_at: Callable[[int], bool],
         extent: Callable[[bool], int],
         bounded: bool,
     ):
+        """`start`: the recording's start state as segments (`recording.start.to_segments`)."""
         self.lives: list[tuple[int, int, int, bool, int]] = []  # (from, to, stream, small, base)
         self.extent = extent
         done: list[tuple[list[Any], int]] = []  # (reservation, trace index it ended at)
         live: list[list[Any]] = []  # [from, stream, small, lowest, highest end, fixed, Runs]
-        start = recording.start.to_segments(recording.device)
         for seg in sorted(start, key=lambda s: s["address"]):
             if seg.get("is_expandable"):
                 addr, size = seg["address"], seg["total_size"]
@@ -296,8 +299,11 @@ class Reservations:
                     live.append(r)
                 r[4] = addr + size
                 r[6].map(addr, size)
-        n = len(recording.steps)
-        for j, (action, addr, size, stream) in enumerate(recording.steps):
+        steps = recording.steps
+        n = len(steps)
+        actions = list(map(itemgetter(0), steps))  # (C loops: most traces map nothing)
+        mapping = "segment_map" in actions or "segment_unmap" in actions
+        for j, (action, addr, size, stream) in enumerate(steps if mapping else ()):
             if action == "segment_map":
                 small = small_at(j)
                 r = self._find(live, stream, small, addr, size)
