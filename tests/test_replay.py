@@ -192,15 +192,20 @@ def test_the_model_does_not_read_recorded_addresses(which):
         assert scrambled.allocs_matched == plain.allocs_matched == plain.allocs
 
 
-@pytest.mark.parametrize("which", _both("10streams"))
-def test_a_wrong_rule_is_caught_by_the_scores(which):
-    """The negative control: with streams erased the 10-stream trace no longer matches."""
+def _streams_erased(which: str) -> dict:
+    """The 10-stream trace with every stream 0: the model no longer follows it."""
     d = copy.deepcopy(_load(which))
     for s in d["segments"]:
         s["stream"] = 0
     for e in d["device_traces"][0]:
         e["stream"] = 0
-    dev = replay(d).devices[0]
+    return d
+
+
+@pytest.mark.parametrize("which", _both("10streams"))
+def test_a_wrong_rule_is_caught_by_the_scores(which):
+    """The negative control: with streams erased the 10-stream trace no longer matches."""
+    dev = replay(_streams_erased(which)).devices[0]
     assert dev.allocs_matched < 0.6 * dev.allocs
     assert dev.allocs_matched < dev.allocs_matched_per_decision < 0.9 * dev.allocs
     assert not dev.final_matched and dev.mismatches
@@ -211,11 +216,7 @@ def test_the_per_decision_pass_runs_when_read(which):
     """A trace the model does not follow end to end needs a second, re-synchronised pass for
     `allocs_matched_per_decision`; it runs when the figure is read (what-ifs never read it),
     and gives what the pass run at once gives."""
-    d = copy.deepcopy(_load(which))
-    for s in d["segments"]:
-        s["stream"] = 0
-    for e in d["device_traces"][0]:
-        e["stream"] = 0
+    d = _streams_erased(which)
     dev = replay(d).devices[0]
     assert callable(dev.per_decision)  # not run yet
     tl = Recording.from_snapshot(d, 0)

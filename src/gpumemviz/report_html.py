@@ -132,13 +132,7 @@ def report(
     ...     report(a.snapshot(), os.path.join(d, "r.html")).read_text()[:15]
     '<!doctype html>'
     """
-    parts = _page(
-        snapshot,
-        title=title,
-        input_size=input_size,
-        redact_paths=redact_paths,
-        replay_advice=replay_advice,
-    )
+    parts = _page(snapshot, title, input_size, redact_paths, replay_advice)
 
     def write(f: BinaryIO) -> None:
         write_parts(f, parts)  # never joined: the page's data is in memory once
@@ -157,19 +151,12 @@ def render_html(
     replay_advice: bool = True,
 ) -> str:
     """The report page as a string (what `report` writes); see `report` for the parameters."""
-    parts = _page(
-        snapshot,
-        title=title,
-        input_size=input_size,
-        redact_paths=redact_paths,
-        replay_advice=replay_advice,
-    )
+    parts = _page(snapshot, title, input_size, redact_paths, replay_advice)
     return join_parts(parts)
 
 
 def _page(
     snapshot: SnapshotLike,
-    *,
     title: str | None,
     input_size: int | None,
     redact_paths: bool,
