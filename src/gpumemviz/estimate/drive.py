@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -107,30 +109,20 @@ def drive(
     steps, start, n_ws = plan(rec, workspace=workspace, warm=warm)
     a = CachingAllocator(capacity, config, record_trace=False)
     cur = a.stats.cur
-    ptrs: dict[int, int] = {}
     peak = peak_at = peak_reserved = 0
-    start_allocated = 0
+    start_allocated = 0  # allocated before step `start` (nothing before the first)
     oom: EstimateOom | None = None
-    for i, s in enumerate(steps):
-        if i == start:
-            start_allocated = cur[_AB]
-        if s.free:
-            p = ptrs.pop(s.key, None)
-            if p is not None:
-                a.free(p)
-            continue
-        try:
-            ptrs[s.key] = a.malloc(s.size)
-        except OutOfMemory as e:
-            oom = _oom(a, s, e, capacity)
-            break
-        if cur[_AB] > peak:
-            peak, peak_at = cur[_AB], i + 1
-        if cur[_RB] > peak_reserved:
-            peak_reserved = cur[_RB]
-    else:
-        if start == len(steps):
-            start_allocated = cur[_AB]
+    i = -1
+    try:
+        for i in _applied(a, steps):  # a free never raises allocated or reserved
+            if i + 1 == start:
+                start_allocated = cur[_AB]
+            if cur[_AB] > peak:
+                peak, peak_at = cur[_AB], i + 1
+            if cur[_RB] > peak_reserved:
+                peak_reserved = cur[_RB]
+    except OutOfMemory as e:
+        oom = _oom(a, steps[i + 1], e, capacity)
     snap = _snapshot_at(steps, peak_at, capacity, a.config)
     report = fragmentation(snap)
     step_allocs = tuple(s.size for s in steps[start:] if not s.free and s.op != WORKSPACE_OP)
@@ -159,19 +151,25 @@ def fits(
     """Whether every malloc of the recording's plan succeeds within `capacity` (one pass, no
     snapshot: what `max_batch` asks at each batch)."""
     steps, _, _ = plan(rec, workspace=workspace, warm=warm)
-    a = CachingAllocator(capacity, config, record_trace=False)
+    try:
+        deque(_applied(CachingAllocator(capacity, config, record_trace=False), steps), 0)
+    except OutOfMemory:
+        return False
+    return True
+
+
+def _applied(a: CachingAllocator, steps: list[Step]) -> Iterator[int]:
+    """Apply `steps` to `a` in order, yielding each one's index once it is done; a malloc that
+    does not fit raises its OutOfMemory (the step after the last index yielded)."""
     ptrs: dict[int, int] = {}
-    for s in steps:
+    for i, s in enumerate(steps):
         if s.free:
             p = ptrs.pop(s.key, None)
             if p is not None:
                 a.free(p)
-            continue
-        try:
+        else:
             ptrs[s.key] = a.malloc(s.size)
-        except OutOfMemory:
-            return False
-    return True
+        yield i
 
 
 def _snapshot_at(steps: list[Step], upto: int, capacity: int, config: AllocatorConfig) -> Snapshot:
