@@ -10,7 +10,6 @@ The HTML report comes with the renderer (`gpumemviz report`).
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io as _io
 import os
 from collections.abc import Sequence
@@ -251,7 +250,7 @@ def trace_rows(snapshot: SnapshotLike, *, device: int | None = None) -> dict[str
         names = trace.action_names
         action = trace.action
         if seg_dict is None:
-            seg_dict = _without_traces(snap)
+            seg_dict = snap.to_torch_segments()
         reserved, requested, replayed = trace_totals(snap, d, seg_dict)
         allocated: Sequence[Cell]
         segments: Sequence[Cell]
@@ -309,16 +308,13 @@ def trace_totals(
     try:
         with no_gc():  # a tuple and a dict per entry: the cyclic GC would rescan them often
             tl = Recording.from_snapshot(
-                _without_traces(snap) if torch_dict is None else torch_dict, device, columns=trace
+                snap.to_torch_segments() if torch_dict is None else torch_dict,
+                device,
+                columns=trace,
             )
     except (ValueError, KeyError, IndexError):
         return reserved, requested, None
     return reserved, requested, (tl.allocated, tl.segments)
-
-
-def _without_traces(snap: Snapshot) -> TorchDict:
-    """The torch dict of `snap`'s segments and settings: its traces are read as columns."""
-    return dataclasses.replace(snap, traces={}).to_torch()
 
 
 def _running(

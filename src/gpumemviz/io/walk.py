@@ -208,17 +208,13 @@ class _Walk:
         return out, 2 if self.stacked else int(deeper)
 
     def _met_runs(self, seqs: list[Any]) -> bytes:
-        """`_met_run` of each of `seqs` (long lists and tuples), as 0/1 bytes: C-level passes.
-        `seq in same` compares as `_met_run` does (identity first, then equality)."""
+        """Whether each of `seqs` (long lists and tuples) equals a long list or tuple met before,
+        all of whose items were shared leaves, as 0/1 bytes: C-level passes. `seq in same`
+        compares a list item by item, by identity first (in C): an item equal to a
+        leaf is a leaf too (values equal to scalars are scalars; what is not plain data the
+        opcode scan already refused)."""
         keys = zip(map(len, seqs), map(id, map(operator.itemgetter(0), seqs)), strict=True)
         return bytes(map(operator.contains, map(self.runs.get, keys, repeat(())), seqs))
-
-    def _met_run(self, seq: list[Any] | tuple[Any, ...]) -> bool:
-        """Whether `seq` equals a long list or tuple met before, all of whose items were shared
-        leaves: a list compares equal item by item, by identity first (in C), and an item
-        equal to a leaf is a leaf too (values equal to scalars are scalars; what is not plain
-        data the opcode scan already refused)."""
-        return any(map(operator.eq, repeat(seq), self.runs.get((len(seq), id(seq[0])), ())))
 
     def _runs(self, seqs: list[Any], out: list[Any]) -> bool:
         """Lists and tuples read whole: whether they hold containers. Long ones holding only
@@ -246,7 +242,7 @@ class _Walk:
             same = self.runs.setdefault(key, [])
             if (
                 len(same) < _RUNS
-                and not self._met_run(seq)
+                and seq not in same  # equal item by item, by identity first (in C)
                 and all(map(self.leaves.__contains__, map(id, seq)))
             ):
                 same.append(seq)

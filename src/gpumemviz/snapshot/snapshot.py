@@ -403,6 +403,24 @@ class Snapshot:
                 top_extra=cols.top_extra,
             )
 
+    def to_torch_segments(self) -> TorchDict:
+        """`to_torch()` with every trace left empty: the segments and settings that replay,
+        playback and export read beside the traces' own columns (no dict per trace entry).
+
+        Returns
+        -------
+        dict
+            The torch dict, ``device_traces`` holding no entries.
+
+        Examples
+        --------
+        >>> snap = Snapshot.from_torch({"segments": [], "device_traces": [[
+        ...     {"action": "alloc", "addr": 0, "size": 512, "stream": 0}]]})
+        >>> snap.to_torch_segments()
+        {'segments': [], 'device_traces': []}
+        """
+        return replace(self, traces={}).to_torch()
+
     def to_torch(self) -> TorchDict:
         """The torch dict: `from_torch(d).to_torch() == d` for dicts; a bare list gains
         `device_traces` (one empty list per device up to the highest) so PyTorch's tools

@@ -182,13 +182,10 @@ class Trace:
         def at(i: int) -> str:
             return f"{where}, entry {i}"
 
-        fast = _fast_columns(entries)
+        fast = _fast_columns(entries)  # every entry there has an action
         uniform = None if fast is None else fast[1]
-        if fast is not None and uniform is not None:
-            shape = fast[0]
-            if "action" not in uniform:
-                raise SnapshotError(f"{at(0)} has no action")
-            names = uniform["action"]
+        if fast is not None:
+            shape, names = fast[0], fast[1]["action"]
         else:
             shape = RowShape.of(entries, TRACE_KEYS)
             try:

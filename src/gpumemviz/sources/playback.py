@@ -19,7 +19,6 @@ the trace up to it) with the GC paused too.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import os
 import threading
@@ -166,7 +165,7 @@ class PlaybackSource:
             self._snapshot = opened
             self.columns = opened.traces.get(device) or Trace.empty()
             self._trace = ()
-            segments = dataclasses.replace(opened, traces={}).to_torch()
+            segments = opened.to_torch_segments()
             self.recording = Recording.from_snapshot(segments, device, columns=self.columns)
             is_oom = self.columns.action == self.columns.action_names.index("oom")
             self._settings = opened.allocator_settings

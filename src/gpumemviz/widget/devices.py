@@ -15,13 +15,14 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, cast
 
+import numpy as np
+
 from gpumemviz.render.rows import build_rows
 from gpumemviz.render.strips import Summary, device_summary, strip_set
-from gpumemviz.render.timeline import entry_at_time, trace_times
+from gpumemviz.render.timeline import entry_at_time
+from gpumemviz.widget.panel_state import source_times
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from gpumemviz.sample import Sample
     from gpumemviz.sampler import Sampler
     from gpumemviz.sources.base import TimeTravelSource
@@ -163,11 +164,7 @@ class DeviceSet:
 
     def _times_of(self, device: int) -> np.ndarray | None:
         if device not in self._times:
-            src = self.samplers[device].source
-            raw = getattr(src, "raw", None)
-            traces = (raw.get("device_traces") or []) if isinstance(raw, dict) else []
-            d = int(getattr(src, "device", device))
-            self._times[device] = trace_times(traces[d]) if d < len(traces) else None
+            self._times[device] = source_times(self.samplers[device].source)
         return self._times[device]
 
     def close(self) -> None:
@@ -193,6 +190,10 @@ def _empty(device: int) -> Summary:
 
 def recorded_ooms(sampler: Sampler) -> int:
     """OOMs a sampler's source recorded (a replay: in its whole trace) or has seen so far."""
+    columns = getattr(sampler.source, "columns", None)
+    if columns is not None:  # a file's trace, as columns: no dict per entry built
+        names = columns.action_names
+        return int(np.count_nonzero(columns.action == names.index("oom"))) if "oom" in names else 0
     raw = getattr(sampler.source, "raw", None)
     if isinstance(raw, dict):
         traces = raw.get("device_traces") or []

@@ -23,7 +23,6 @@ playback read) does not load it.
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -49,10 +48,6 @@ __all__ = ["DeviceReplay", "Prepared", "ReplayError", "ReplayResult", "prepare",
 # --------------------------------------------------------------------------- the public entry
 
 
-def _as_dict(snapshot: SnapshotLike | TorchMapping) -> TorchMapping:
-    return _as_source(snapshot)[0]
-
-
 def _as_source(
     snapshot: SnapshotLike | TorchMapping,
 ) -> tuple[TorchMapping, Mapping[int, Trace] | None]:
@@ -68,7 +63,7 @@ def _as_source(
     if isinstance(snapshot, list):
         return {"segments": snapshot, "device_traces": []}, None
     if isinstance(snapshot, Snapshot):
-        return dataclasses.replace(snapshot, traces={}).to_torch(), snapshot.traces
+        return snapshot.to_torch_segments(), snapshot.traces
     to_torch = getattr(snapshot, "to_torch", None)
     if callable(to_torch):
         data: TorchMapping = to_torch()

@@ -21,13 +21,13 @@ from .forward import apply_step
 from .layout import Layout, LayoutError
 from .pools import PoolPlan, plan_pools
 from .reconstruct import Rules, Step, reconstruct_layout, steps_of
-from .trail import MAX_SPACING, Trail, spacing
+from .trail import Trail, spacing
 
 if TYPE_CHECKING:
     from ...snapshot import Trace
     from ...snapshot.schema import TorchDict, TorchList, TorchMapping
 
-__all__ = ["MAX_SPACING", "Recording", "apply_step"]
+__all__ = ["Recording", "apply_step"]
 
 _GROWS = ("segment_alloc", "segment_map")
 _SHRINKS = ("segment_free", "segment_unmap")
