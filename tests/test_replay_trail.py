@@ -180,3 +180,29 @@ def test_a_segment_entry_forwards_would_not_rebuild_is_refused_as_before():
     assert not _walked_exact(d)
     with pytest.raises(LayoutError, match="does not give the recorded final segments"):
         Recording.from_snapshot(d)
+
+
+@pytest.mark.parametrize("every", [1, 2, 3, 7])
+def test_every_checkpoint_is_the_forward_layout(every):
+    """The walk undoes a free_requested with the free_completed just after it in one go, but
+    never across a checkpoint: each checkpoint, and the entries around it, is the layout the
+    forward pass has there (narrow spacings put checkpoints between such pairs)."""
+    d = _churn("", 3)
+    trace = d["device_traces"][0]
+    pairs = sum(
+        1
+        for a, b in zip(trace, trace[1:], strict=False)
+        if a["action"] == "free_requested" and b["action"] == "free_completed"
+        and a["addr"] == b["addr"]
+    )  # fmt: skip
+    assert pairs > 100
+    got, want, exact = _walked(d, 0, every=every)
+    assert exact
+    assert got.allocated.tolist() == want.allocated.tolist()
+    assert got.segments.tolist() == want.segments.tolist()
+    marks = got._checkpoint_at
+    assert len(marks) > 20
+    for at, lay in zip(marks, got._checkpoints, strict=True):  # the layout before entry `at`
+        assert lay.key() == want.layout_at(at - 1).key(), f"checkpoint at {at}"
+    for i in sorted({j for at in marks for j in (at - 2, at - 1, at) if j >= -1}):
+        assert got.layout_at(i).key() == want.layout_at(i).key(), f"entry {i}"

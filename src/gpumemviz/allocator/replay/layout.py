@@ -17,7 +17,17 @@ if TYPE_CHECKING:
 
 from ...snapshot.messages import short_repr
 
-__all__ = ["ALLOCATED", "INACTIVE", "PENDING_FREE", "STATE_NAMES", "Layout", "LayoutError", "Seg"]
+__all__ = [
+    "ALLOCATED",
+    "INACTIVE",
+    "PENDING_FREE",
+    "STATE_NAMES",
+    "Block",
+    "Layout",
+    "LayoutError",
+    "Seg",
+    "block_address",
+]
 
 INACTIVE, ALLOCATED, PENDING_FREE = 0, 1, 2
 STATE_NAMES = ("inactive", "active_allocated", "active_pending_free")
@@ -30,7 +40,7 @@ class LayoutError(ValueError):
 
 
 Block = tuple[int, int, int, int]  # (address, size, state, requested_size)
-_key = itemgetter(0)  # a block's address (C-level: the bisects below run per trace entry)
+block_address = itemgetter(0)  # a block's address (C-level: bisects with it run per trace entry)
 
 
 class Seg:
@@ -61,7 +71,7 @@ class Seg:
 
     def index(self, addr: int) -> int:
         """Index of the block containing `addr` (the caller knows addr is inside the segment)."""
-        return bisect.bisect_right(self.blocks, addr, key=_key) - 1
+        return bisect.bisect_right(self.blocks, addr, key=block_address) - 1
 
     def copy(self) -> Seg:
         return Seg(self.stream, self.small, self.expandable, self.blocks[:])
@@ -222,7 +232,7 @@ class Layout:
         seg = self.segment_at(addr)
         if seg is not None:
             blocks = seg.blocks
-            i = bisect.bisect_right(blocks, addr, key=_key) - 1
+            i = bisect.bisect_right(blocks, addr, key=block_address) - 1
             if blocks[i][0] == addr:
                 return seg, i
         raise LayoutError(f"{what}: no block starts at {addr:#x}")

@@ -10,6 +10,7 @@ boundary hint.
 from __future__ import annotations
 
 import bisect
+from bisect import bisect_right
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -17,8 +18,17 @@ import numpy as np
 
 from ...snapshot.messages import short_repr
 from ..config import AllocatorConfig
-from ..rules import K_SMALL_SIZE, is_small, page_size, round_size, should_split
-from .layout import ALLOCATED, INACTIVE, PENDING_FREE, Layout, LayoutError, Seg
+from ..rules import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, is_small, page_size, round_size, should_split
+from .layout import (
+    ALLOCATED,
+    INACTIVE,
+    PENDING_FREE,
+    Block,
+    Layout,
+    LayoutError,
+    Seg,
+    block_address,
+)
 from .trail import Trail
 
 if TYPE_CHECKING:
@@ -221,74 +231,184 @@ def reconstruct_layout(
     """
     lay = final.copy()
     hints = _Hints(steps, by_address)
-    segs = lay.segs  # the walk changes this dict in place
-    nsegs = trail.nsegs if trail is not None else None
-    for i in range(len(steps) - 1, -1, -1):
-        step = steps[i]
-        action, addr, size, stream = step
-        if nsegs is not None:
-            nsegs[i] = len(segs)
-        try:
-            if action == "alloc":
-                seg, k = lay.block_at(addr, "undo alloc")
-                if trail is not None:
-                    trail.alloc_delta[i] = seg.blocks[k][1]
-                    if trail.exact:
-                        _check_alloc(trail, seg, k, size, rules)
-                lay.release_at(seg, k, "undo alloc")
-            elif action == "free_completed":
-                found = lay.segment_at(addr)
-                if found is None:
-                    raise LayoutError(f"{addr:#x} is in no segment")
-                seg = found
-                blocks = seg.blocks
-                k = seg.index(addr)
-                b = blocks[k]
-                if b[2] != INACTIVE:
-                    raise LayoutError(f"{addr:#x} is not free")
-                bsize = _restored_size(seg, b[0] + b[1], addr, size, i, rules, hints)
-                if trail is not None and (
-                    (k > 0 and addr == b[0] and blocks[k - 1][2] == INACTIVE)
-                    or (
-                        k + 1 < len(blocks)
-                        and addr + bsize == b[0] + b[1]
-                        and blocks[k + 1][2] == INACTIVE
-                    )
-                ):  # forwards, the free would merge with a free neighbour the walk keeps apart
-                    trail.exact = False
-                lay.carve_at(seg, k, addr, bsize, PENDING_FREE, size, "undo free")
-            elif action == "free_requested":
-                seg, k = lay.block_at(addr, "undo free_requested")
-                if trail is not None:
-                    if seg.blocks[k][2] != PENDING_FREE:
-                        trail.exact = False
-                    trail.alloc_delta[i] = -seg.blocks[k][1]
-                lay.set_state_at(seg, k, ALLOCATED, "undo free_requested")
-            elif action in SEGMENT_ACTIONS:
-                if trail is not None:
-                    before = Trail.window(lay, addr, size) if trail.exact else []
-                    trail.reserved_delta[i] = size if action in _GROWS else -size
-                if action == "segment_alloc":
-                    lay.remove_segment(addr, size, "undo segment_alloc")
-                elif action == "segment_free":
-                    small = size == page_size(True)
-                    lay.add_segment(addr, size, stream, small, "undo segment_free")
-                elif action == "segment_map":
-                    lay.unmap_range(addr, size, "undo segment_map")
-                else:
-                    small = _pool_of_range(lay, steps, i, rules)
-                    lay.map_range(addr, size, stream, small, "undo segment_unmap")
-                if trail is not None and trail.exact:
-                    trail.check_segment_step(lay, before, steps, i, rules)
-        except LayoutError as err:
-            raise LayoutError(f"{_what(i, step)}: {err}") from None
-        if trail is not None and (i <= trail.next_at or i == 0):
-            trail.checkpoint(lay, i)
+    if trail is None:
+        for i in range(len(steps) - 1, -1, -1):
+            _undo(lay, steps, i, rules, None, hints)
+    else:
+        _walk(lay, steps, rules, trail, hints)
     # a block still pending here had its free requested before the trace began (a deferred
     # free, or the ring buffer cut between the two entries): it starts active_pending_free
-    if trail is not None:
-        trail.finish()
     return lay
+
+
+def _undo(
+    lay: Layout, steps: Sequence[Step], i: int, rules: Rules, trail: Trail | None, hints: _Hints
+) -> None:
+    """Undo step i on `lay` (every action, every check; the walk's own loop inlines the
+    commonest cases of the first three)."""
+    step = steps[i]
+    action, addr, size, stream = step
+    try:
+        if action == "alloc":
+            seg, k = lay.block_at(addr, "undo alloc")
+            if trail is not None:
+                trail.alloc_delta[i] = seg.blocks[k][1]
+                if trail.exact:
+                    _check_alloc(trail, seg, k, size, rules)
+            lay.release_at(seg, k, "undo alloc")
+        elif action == "free_completed":
+            found = lay.segment_at(addr)
+            if found is None:
+                raise LayoutError(f"{addr:#x} is in no segment")
+            seg = found
+            blocks = seg.blocks
+            k = seg.index(addr)
+            b = blocks[k]
+            if b[2] != INACTIVE:
+                raise LayoutError(f"{addr:#x} is not free")
+            bsize = _restored_size(seg, b[0] + b[1], addr, size, i, rules, hints)
+            if trail is not None and _merges(blocks, k, b, addr, bsize):
+                trail.exact = False
+            lay.carve_at(seg, k, addr, bsize, PENDING_FREE, size, "undo free")
+        elif action == "free_requested":
+            seg, k = lay.block_at(addr, "undo free_requested")
+            if trail is not None:
+                if seg.blocks[k][2] != PENDING_FREE:
+                    trail.exact = False
+                trail.alloc_delta[i] = -seg.blocks[k][1]
+            lay.set_state_at(seg, k, ALLOCATED, "undo free_requested")
+        elif action in SEGMENT_ACTIONS:
+            if trail is not None:
+                before = Trail.window(lay, addr, size) if trail.exact else []
+                trail.reserved_delta[i] = size if action in _GROWS else -size
+            if action == "segment_alloc":
+                lay.remove_segment(addr, size, "undo segment_alloc")
+            elif action == "segment_free":
+                small = size == page_size(True)
+                lay.add_segment(addr, size, stream, small, "undo segment_free")
+            elif action == "segment_map":
+                lay.unmap_range(addr, size, "undo segment_map")
+            else:
+                small = _pool_of_range(lay, steps, i, rules)
+                lay.map_range(addr, size, stream, small, "undo segment_unmap")
+            if trail is not None and trail.exact:
+                trail.check_segment_step(lay, before, steps, i, rules)
+    except LayoutError as err:
+        raise LayoutError(f"{_what(i, step)}: {err}") from None
+
+
+def _merges(blocks: Sequence[Block], k: int, b: Block, addr: int, bsize: int) -> bool:
+    """Whether the block [addr, +bsize) carved out of free block k (`b`) when undoing its free
+    touches a free neighbour: forwards, that free would merge with it, and the walk keeps them
+    apart."""
+    return (k > 0 and addr == b[0] and blocks[k - 1][2] == INACTIVE) or (
+        k + 1 < len(blocks) and addr + bsize == b[0] + b[1] and blocks[k + 1][2] == INACTIVE
+    )
+
+
+def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints: _Hints) -> None:
+    """`reconstruct_layout` with a trail: `_undo` per step, except that an alloc, a
+    free_completed and a free_requested that fit run inline on locals (most of a trace; a
+    function call and two lookups fewer each), a free_requested just before its
+    free_completed with it. Anything else, a step that does not fit included, goes to
+    `_undo`, which does the same and raises the same errors."""
+    bases, segs, owned = lay.bases, lay.segs, lay.owned
+    nsegs, alloc_delta = trail.nsegs, trail.alloc_delta
+    rounded, round_, mss = rules.rounded, rules.round, rules.max_split_size
+    next_at = trail.next_at
+    skip = -1  # a free_requested undone with the free_completed after it
+    for i in range(len(steps) - 1, -1, -1):
+        if i == skip:
+            if i <= next_at or i == 0:
+                trail.checkpoint(lay, i)
+                next_at = trail.next_at
+                owned = lay.owned
+            continue
+        action, addr, size, _ = steps[i]
+        nsegs[i] = len(segs)
+        if action in ALLOC_ACTIONS and (j := bisect_right(bases, addr) - 1) >= 0:
+            seg = segs[bases[j]]
+            blocks = seg.blocks
+            k = bisect_right(blocks, addr, key=block_address) - 1  # >= 0: the seg starts <= addr
+            b = blocks[k]
+            state = b[2]
+            if action == "alloc" and b[0] == addr and state != INACTIVE:
+                bsize = b[1]
+                alloc_delta[i] = bsize
+                prev_free = k > 0 and blocks[k - 1][2] == INACTIVE
+                next_free = k + 1 < len(blocks) and blocks[k + 1][2] == INACTIVE
+                if trail.exact:  # `_check_alloc`, inlined
+                    if state != ALLOCATED or b[3] != size or prev_free:
+                        trail.exact = False
+                    else:
+                        room = bsize + blocks[k + 1][1] if next_free else bsize
+                        r = rounded.get(size) or round_(size)
+                        if seg.small or seg.expandable:
+                            split = room - r >= K_MIN_BLOCK_SIZE
+                        else:
+                            split = r < mss and room - r > K_SMALL_SIZE
+                        if (r if split else room) != bsize:
+                            trail.exact = False
+                if seg in owned:  # `Layout.release_at`, inlined
+                    seg.cached = None
+                else:
+                    blocks = lay._own(seg).blocks
+                start, merged, req, lo, hi = addr, bsize, 0, k, k + 1
+                if next_free:
+                    merged += blocks[k + 1][1]
+                    hi += 1
+                if prev_free:
+                    p = blocks[k - 1]
+                    start, merged, req, lo = p[0], p[1] + merged, p[3], k - 1
+                blocks[lo:hi] = [(start, merged, INACTIVE, req)]
+            elif action == "free_requested" and b[0] == addr and state != INACTIVE:
+                if state != PENDING_FREE:
+                    trail.exact = False
+                alloc_delta[i] = -b[1]
+                if seg in owned:
+                    seg.cached = None
+                else:
+                    blocks = lay._own(seg).blocks
+                blocks[k] = (addr, b[1], ALLOCATED, b[3])
+            elif action == "free_completed" and state == INACTIVE and addr < (end := b[0] + b[1]):
+                if seg.small or seg.expandable:
+                    bsize = rounded.get(size) or round_(size)  # `_restored_size`'s first rule
+                else:
+                    bsize = _restored_size(seg, end, addr, size, i, rules, hints)
+                if addr + bsize > end:
+                    _undo(lay, steps, i, rules, trail, hints)  # not inside the block: it says so
+                else:
+                    if _merges(blocks, k, b, addr, bsize):
+                        trail.exact = False
+                    if seg in owned:  # `Layout.carve_at`, inlined
+                        seg.cached = None
+                    else:
+                        blocks = lay._own(seg).blocks
+                    state = PENDING_FREE
+                    if (
+                        i > max(next_at, 0)  # no checkpoint between the two
+                        and (before := steps[i - 1])[0] == "free_requested"
+                        and before[1] == addr
+                    ):  # freed at once: undo its free_requested too, as `_undo` would
+                        state = ALLOCATED
+                        skip = i - 1
+                        nsegs[skip] = len(segs)
+                        alloc_delta[skip] = -bsize
+                    new = [(addr, bsize, state, size)]
+                    if addr > b[0]:
+                        new.insert(0, (b[0], addr - b[0], INACTIVE, 0))
+                    if addr + bsize < end:
+                        new.append((addr + bsize, end - addr - bsize, INACTIVE, 0))
+                    blocks[k : k + 1] = new
+            else:
+                _undo(lay, steps, i, rules, trail, hints)
+        else:
+            _undo(lay, steps, i, rules, trail, hints)
+        if i <= next_at or i == 0:
+            trail.checkpoint(lay, i)
+            next_at = trail.next_at
+            owned = lay.owned  # the copy left every segment shared: a new set
+    trail.finish()
 
 
 def _check_alloc(trail: Trail, seg: Seg, k: int, size: int, rules: Rules) -> None:
