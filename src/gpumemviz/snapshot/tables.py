@@ -23,6 +23,7 @@ from .columns import int_column, readonly, row_index, take, taker
 from .messages import short_repr, type_phrase
 from .schema import ACTIONS, TRACE_KEYS, IntColumn, SnapshotError, TorchDict, TorchList
 from .shapes import RowShape
+from .stacks import share_stacks
 
 
 @dataclass(frozen=True, eq=False)
@@ -222,6 +223,8 @@ class Trace:
 
         cols = {k: readonly(ints(k)) for k in _INT_KEYS}
         objects = {k: (column(k, None) if k in present else None) for k in _OBJECT_KEYS}
+        if objects["frames"] is not None:  # a fresh list per entry, a few hundred stacks
+            objects["frames"] = share_stacks(objects["frames"])
         return cls(
             readonly(action), **cols, action_names=action_names, _objects=objects, _shape=shape
         )
