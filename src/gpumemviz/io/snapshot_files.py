@@ -188,7 +188,7 @@ def load_snapshot(
     # The GC stays off until the decoded objects are gone: they die by reference counting, so
     # the collector never scans them (that scan costs ~0.5 s per 10^7 objects).
     try:
-        with no_gc():
+        with no_gc(promote_built=True):  # what stays (the Snapshot) made old at once
             if isinstance(src, dict | list):
                 obj = src
             elif isinstance(src, str | os.PathLike):

@@ -19,7 +19,6 @@ the trace up to it) with the GC paused too.
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 import time
@@ -122,11 +121,11 @@ class PlaybackSource:
         duration: float = 30.0,
         loop: bool = True,
     ) -> None:
-        with no_gc():  # millions of containers: the GC would rescan them several times over
+        # millions of containers: the GC would rescan them several times over; on leaving,
+        # what a big file leaves is made old at once, so no collection in the middle of a seek
+        # (or of the user's next cell) scans it as young objects
+        with no_gc(promote_built=True):
             self._build(snapshot, device, speed, duration)
-            # one full collection now, while opening: the file's objects become old, and no
-            # collection in the middle of a seek (or of the user's next cell) scans them again
-            gc.collect()
         self.loop = loop
         self._lock = threading.Lock()
         self._anchor_pos = -1.0

@@ -77,9 +77,9 @@ def _as_source(
     return _as_source(load_snapshot(snapshot))
 
 
-def _capacity_from_oom(tl: Recording) -> int | None:
-    """Bytes the process could get: reserved at the recorded OOM plus the device_free it saw."""
-    i = _first_oom(tl)
+def _capacity_from_oom(tl: Recording, i: int | None) -> int | None:
+    """Bytes the process could get: reserved at the recorded OOM (entry `i`, the first) plus
+    the device_free it saw."""
     if i is None:
         return None
     before = int(tl.reserved[i - 1]) if i > 0 else tl.start.totals()[0]
@@ -216,7 +216,9 @@ class Prepared:
         self.timelines: dict[int, Recording] = {}
         self.inferred: dict[int, int | None] = {}
         self.oom_at: dict[int, int | None] = {}
-        with no_gc():  # a list per block and per entry: the cyclic GC would rescan them often
+        # a list per block and per entry: the cyclic GC would rescan them often; they are kept
+        # (recordings, checkpoints), so made old at once on leaving
+        with no_gc(promote_built=True):
             for dev in traced:
                 self._prepare(snap, dev)
 
@@ -230,8 +232,8 @@ class Prepared:
         except LayoutError as err:
             raise ReplayError(f"device {dev}: {err}") from None
         self.timelines[dev] = tl
-        inferred = self.inferred[dev] = _capacity_from_oom(tl)
         oom_at = self.oom_at[dev] = _first_oom(tl)
+        inferred = self.inferred[dev] = _capacity_from_oom(tl, oom_at)
         rec, _ = drive(tl, self.recorded_cfg, inferred, device_total=inferred)
         if rec.allocs_matched < rec.allocs or not rec.exact:
             cfg = self.recorded_cfg
