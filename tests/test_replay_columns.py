@@ -1,6 +1,7 @@
-"""`replay` of a `Snapshot` reads its traces' columns, not entry dicts: the same answers,
-layouts and stacks as the torch dict gives, and the dicts' own reading where the columns
-cannot stand for them (an entry without a field).
+"""`replay` of a `Snapshot`, or of a torch dict, reads the traces' columns, not entry dicts:
+the same answers, layouts and stacks as reading the entry dicts gives (`Prepared` without
+columns), and the dicts' own reading where the columns cannot stand for them (an entry without
+a field, an entry that is not a dict).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import pytest
 
 from conftest import RECORDED_FILES, read_real
 from gpumemviz.allocator.model import CachingAllocator
-from gpumemviz.allocator.replay import replay
+from gpumemviz.allocator.replay import Prepared, ReplayError, replay
 from gpumemviz.snapshot import Snapshot
 
 
@@ -32,7 +33,20 @@ def test_a_snapshot_replays_as_its_dict(path):
     d = read_real(path)
     if not any(d.get("device_traces") or []):
         pytest.skip("no trace in this file")
-    _same(replay(Snapshot.from_torch(d)), replay(d))
+    want = Prepared(d).replay()  # the entry dicts read one by one
+    _same(replay(Snapshot.from_torch(d)), want)
+    _same(replay(d), want)
+
+
+def test_a_trace_that_is_not_columns_is_read_entry_by_entry():
+    """An entry that is not a dict: the columns refuse it, and replay reads the entry dicts,
+    with their own error."""
+    a = CachingAllocator(1 << 30)
+    a.free(a.malloc(100))
+    d = a.snapshot()
+    d["device_traces"][0].append(["alloc", 0, 512])
+    with pytest.raises(ReplayError, match=r"^device 0: trace entry 4: malformed"):
+        replay(d)
 
 
 def test_entries_without_a_stream_are_read_as_the_dicts_read_them():
@@ -46,5 +60,6 @@ def test_entries_without_a_stream_are_read_as_the_dicts_read_them():
     for e in d["device_traces"][0]:
         e.pop("stream")
     got = replay(Snapshot.from_torch(d))
-    _same(got, replay(d))
+    _same(got, Prepared(d).replay())
+    _same(replay(d), Prepared(d).replay())
     assert got.allocs_matched == got.allocs == 2

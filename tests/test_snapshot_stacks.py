@@ -12,6 +12,7 @@ from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.workloads import run, training_loop
 from gpumemviz.io import load_snapshot
 from gpumemviz.snapshot.stacks import CANDIDATES, share_stacks
+from gpumemviz.snapshot.tables import Trace
 
 
 def torch_shaped(entries: int) -> dict:
@@ -83,3 +84,12 @@ def test_mostly_shared_lists_are_left_alone():
     values = [s] * 100 + [[{"line": 2}]]
     out = share_stacks(values)
     assert out == values and all(a is b for a, b in zip(out, values, strict=True))
+
+
+def test_without_sharing_the_entries_own_lists_are_kept():
+    """What replay asks of a torch dict the caller keeps: its lists, not copies or others."""
+    trace = torch_shaped(500)["device_traces"][0]
+    frames = Trace.from_entries(trace, share=False).frames()
+    assert all(f is e["frames"] for f, e in zip(frames, trace, strict=True))
+    shared = Trace.from_entries(trace).frames()
+    assert len({id(f) for f in shared}) < len(trace) // 5

@@ -170,8 +170,15 @@ class Trace:
         return cls(readonly(np.zeros(0, np.uint8)), z, z, z, z, z)
 
     @classmethod
-    def from_entries(cls, entries: Sequence[TorchDict], where: str = "trace") -> Trace:
-        """Build from torch's list of trace-entry dicts (any generation; unknown keys kept)."""
+    def from_entries(
+        cls, entries: Sequence[TorchDict], where: str = "trace", *, share: bool = True
+    ) -> Trace:
+        """Build from torch's list of trace-entry dicts (any generation; unknown keys kept).
+
+        With `share`, equal stacks are kept as one list (`stacks.share_stacks`): what a file
+        read once keeps. Without it the entries' own lists are kept, for a caller that keeps
+        the entries alive anyway (sharing would then save nothing).
+        """
         if not isinstance(entries, list | tuple):
             raise SnapshotError(f"{where} is {type_phrase(entries)}, not a list")
         if not entries:
@@ -223,7 +230,7 @@ class Trace:
 
         cols = {k: readonly(ints(k)) for k in _INT_KEYS}
         objects = {k: (column(k, None) if k in present else None) for k in _OBJECT_KEYS}
-        if objects["frames"] is not None:  # a fresh list per entry, a few hundred stacks
+        if share and objects["frames"] is not None:  # a fresh list per entry, few stacks
             objects["frames"] = share_stacks(objects["frames"])
         return cls(
             readonly(action), **cols, action_names=action_names, _objects=objects, _shape=shape
