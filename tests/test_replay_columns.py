@@ -63,3 +63,16 @@ def test_entries_without_a_stream_are_read_as_the_dicts_read_them():
     _same(got, Prepared(d).replay())
     _same(replay(d), Prepared(d).replay())
     assert got.allocs_matched == got.allocs == 2
+
+
+def test_a_dicts_replay_hands_out_its_own_entries():
+    """`snapshot_at` of a torch dict's replay gives the dict's entry objects (no copy of the
+    trace is built); a Snapshot's builds equal ones."""
+    a = CachingAllocator(1 << 30)
+    a.free(a.malloc(100))
+    a.malloc(3 << 20)
+    d = a.snapshot()
+    n = len(d["device_traces"][0])
+    got = replay(d).snapshot_at(n - 1)["device_traces"][0]
+    assert all(x is y for x, y in zip(got, d["device_traces"][0], strict=True))
+    assert replay(Snapshot.from_torch(d)).snapshot_at(n - 1)["device_traces"][0] == got

@@ -149,8 +149,9 @@ class Recording:
         device
             Which device's trace.
         columns
-            That trace as a `Snapshot`'s columns (then the dict's ``device_traces`` are not
-            read, and entry dicts are built only when `snapshot_at` needs them).
+            That trace as a `Snapshot`'s columns (then the dict's ``device_traces`` entries
+            are not read; `snapshot_at` hands out the dict's own entries where it holds them,
+            else builds entry dicts when first asked).
         **kw
             ``every``: checkpoint spacing in trace entries (default 128; heavier layouts
             get wider spacing, up to `MAX_SPACING`).
@@ -188,6 +189,9 @@ class Recording:
         start = reconstruct_layout(final, steps, rules, trail, sorted_steps)
         tl = cls(start, steps, rules, device=device, settings=settings, walked=(trail, final), **kw)
         tl._trace, tl._columns = trace, columns
+        held = snapshot.get("device_traces") or []
+        if trace is None and device < len(held) and len(held[device]) == len(steps):
+            tl._trace = list(held[device])  # a dict's own entries: `snapshot_at` reads them
         tl.pools = plan_pools(start, steps, segs, tl.layout_at)
         if trace is not None:
             allocs = [
