@@ -8,6 +8,7 @@ See docs/allocator.md, Reconstructing the start.
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -191,7 +192,7 @@ def test_every_checkpoint_is_the_forward_layout(every):
     trace = d["device_traces"][0]
     pairs = sum(
         1
-        for a, b in zip(trace, trace[1:], strict=False)
+        for a, b in itertools.pairwise(trace)
         if a["action"] == "free_requested" and b["action"] == "free_completed"
         and a["addr"] == b["addr"]
     )  # fmt: skip
