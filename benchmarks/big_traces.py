@@ -20,8 +20,9 @@ instead, after gc.collect(), several times slower on big traces). Times are wall
 (the 10^6 rows take minutes).
 
 Default sizes: 10^4, 10^5 and 10^6 entries (about 10 minutes on two cores); ``--sizes
-10000,3000000`` picks others (the issue's 3x10^6 row needs about 8 GB free and 25 minutes), ``--shapes torch``
-one shape, ``--quick`` 10^4 and 10^5 only. Run: .venv/bin/python benchmarks/big_traces.py
+10000,3000000`` picks others (the issue's 3x10^6 row needs about 8 GB free and 25 minutes),
+``--shapes torch`` one shape, ``--quick`` 10^4 and 10^5 only. Run: .venv/bin/python
+benchmarks/big_traces.py
 """
 
 from __future__ import annotations
