@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # The panel's and the report's front end: esbuild bundles js/ into src/gpumemviz/static/ (git-ignored)
-# when a js/ source is newer than the bundle. Nothing rebuilds it at import (gpumemviz.bundles only
+# when a js/ source is newer than the bundle. Nothing rebuilds it at import (gpumemviz.reporting.bundles only
 # warns); wheels get it from the package build. npm installs js/'s dev tools (esbuild, and tsc
 # for the type check `make test` runs) the first time, or when one is missing.
 BUNDLE := src/gpumemviz/static/widget.js

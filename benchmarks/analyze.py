@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from _common import MIB, label, read_plain, real_files
-from gpumemviz.fragmentation import fragmentation
+from gpumemviz.analysis.fragmentation import fragmentation
 from gpumemviz.snapshot import Snapshot
 
 TARGET_FRAGMENTATION = 3.0

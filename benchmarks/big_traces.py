@@ -110,7 +110,7 @@ def _model_pass(d: dict[str, Any]) -> int:
 def _play_stall(src: Any, seconds: float = 3.0) -> float:
     """Playing: a sampler thread reads the source (segments every sample) while this thread
     sleeps 2 ms at a time, as a kernel's own work would run; the longest overshoot, seconds."""
-    from gpumemviz.sampler import Sampler
+    from gpumemviz.live.sampler import Sampler
 
     src.play(speed=src.n / 30)
     sampler = Sampler(src, interval=0.05, segment_interval=0.05)
@@ -137,14 +137,6 @@ def _cli(argv: list[str]) -> str:
 
 def _preload() -> None:
     """Import what the measured calls import, so no row times Python's imports."""
-    import gpumemviz.advice_check
-    import gpumemviz.allocator.model
-    import gpumemviz.allocator.replay
-    import gpumemviz.cli
-    import gpumemviz.io
-    import gpumemviz.report_html
-    import gpumemviz.snapshot
-    import gpumemviz.sources.playback  # noqa: F401
 
 
 def worker(op: str, path: str, use_tracemalloc: bool) -> dict[str, Any]:
@@ -181,7 +173,7 @@ def worker(op: str, path: str, use_tracemalloc: bool) -> dict[str, Any]:
         return out
     if op == "panel":
         data = b""
-        from gpumemviz.sources.playback import PlaybackSource
+        from gpumemviz.live.sources.playback import PlaybackSource
 
         def open_() -> Any:
             src = PlaybackSource(path)

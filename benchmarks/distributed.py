@@ -33,8 +33,8 @@ from gpumemviz.distributed.keys import OOM_COUNT, request_key, summary_key
 from gpumemviz.distributed.store import own_connection
 from gpumemviz.distributed.summary import RankIdentity
 from gpumemviz.distributed.terminal import grid_text
-from gpumemviz.live import sampler_for
-from gpumemviz.sources.simulated import SimulatedSource
+from gpumemviz.live.shared import sampler_for
+from gpumemviz.live.sources.simulated import SimulatedSource
 
 RANKS = 64
 POLL_S = 0.25  # gpumemviz.distributed.publisher._POLL_S

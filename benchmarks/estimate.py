@@ -26,8 +26,8 @@ from _common import REPO, best, quick_or_full
 sys.path.insert(0, str(REPO / "tests"))
 
 from gpt_shaped import MEDIUM, inference_step, make_setup, training_step
-from gpumemviz.estimate import estimate, max_batch
-from gpumemviz.estimate.extras import cuda_paths
+from gpumemviz.estimator import estimate, max_batch
+from gpumemviz.estimator.extras import cuda_paths
 
 TARGET_S = 10.0
 

@@ -2,7 +2,7 @@
 
 The floor is `pickle.dump(snapshot.to_torch(), protocol=4)` into memory: an export cannot write
 less. `export` adds the atomic file write (and `redact_paths=True` the redaction walk);
-`live_sites` groups the allocated blocks by their first user frame; `diff` is two
+`live_holders` groups the allocated blocks by their first user frame; `diff` is two
 fragmentation reports and two site tables. Synthetic snapshots have realistic stacks: 2,000
 distinct 30-frame stacks under /home/NAME, shared between blocks and trace entries as torch's
 pickles share them. Times are CPU seconds (time.process_time), best of a few repetitions.
@@ -22,11 +22,11 @@ import tempfile
 from pathlib import Path
 
 from _common import MIB, best, label, quick_or_full, real_files, uniform_snapshot
-from gpumemviz.diff import diff
-from gpumemviz.export import export, trace_rows
-from gpumemviz.frames import redact_paths, redact_torch
+from gpumemviz.analysis.diff import diff
+from gpumemviz.analysis.frames import redact_paths, redact_torch
+from gpumemviz.analysis.holders import live_holders
 from gpumemviz.io import load_snapshot
-from gpumemviz.sites import live_sites
+from gpumemviz.reporting.export import export, trace_rows
 from gpumemviz.snapshot import Snapshot
 
 
@@ -75,7 +75,7 @@ def row(name: str, snap: Snapshot, reps: int, folder: Path) -> None:
     t_redact = best(lambda: redact_paths(snap), reps)
     t_redact_dict = best(lambda: redact_torch(d), reps)
     t_red_export = best(lambda: export(snap, folder / "r.pickle", redact_paths=True), reps)
-    t_sites = best(lambda: live_sites(snap), reps)
+    t_sites = best(lambda: live_holders(snap), reps)
     t_csv = best(lambda: trace_rows(snap), reps) if any(len(t) for t in snap.traces.values()) else 0
     t_diff = best(lambda: diff(snap, snap), reps)
     print(
@@ -103,7 +103,7 @@ def main() -> None:
     print(
         "floor: pickle.dump(to_torch()) in memory; export: atomic protocol-4 file; redact: "
         "redact_paths on the Snapshot; dict: redact_torch on the torch dict; red+exp: "
-        "export(redact_paths=True); sites: live_sites; csv: trace_rows (trace of up to 10^5 "
+        "export(redact_paths=True); sites: live_holders; csv: trace_rows (trace of up to 10^5 "
         "entries); diff: diff(s, s). CPU times."
     )
 

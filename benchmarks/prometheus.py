@@ -31,8 +31,8 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, start_http_server
 
 from _common import best
-from gpumemviz.fragmentation import fragmentation
-from gpumemviz.live import shared
+from gpumemviz.analysis.fragmentation import fragmentation
+from gpumemviz.live.shared import shared
 from gpumemviz.prometheus import serve
 
 TARGET_MS = 5.0

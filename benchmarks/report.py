@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gpumemviz.io import load_snapshot, save_snapshot
-from gpumemviz.report_html import ANALYSIS_ALLOWANCE, SIZE_FACTOR, renderer_size, report
+from gpumemviz.reporting.html_report import ANALYSIS_ALLOWANCE, SIZE_FACTOR, renderer_size, report
 from gpumemviz.snapshot import Snapshot
 
 

@@ -22,8 +22,8 @@ import types
 import torch
 
 from gpumemviz.allocator.stats import DeviceStats
-from gpumemviz.sampler import Sampler
-from gpumemviz.sources.torch_cuda import TorchCudaSource
+from gpumemviz.live.sampler import Sampler
+from gpumemviz.live.sources.torch_cuda import TorchCudaSource
 
 MiB = 1 << 20
 PER_SEGMENT = 8

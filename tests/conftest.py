@@ -140,10 +140,10 @@ def recorded_dict(recorded_path: Path):
 
 @pytest.fixture(autouse=True)
 def _no_shared_sampler_outlives_its_test():
-    """A test that touched `gpumemviz.live.shared` leaves no running sampler or source thread
+    """A test that touched `gpumemviz.live.shared.shared` leaves no running sampler or source thread
     behind: a stray simulated allocator thread would skew later tests' memory and timing."""
     yield
-    live = sys.modules.get("gpumemviz.live")
+    live = sys.modules.get("gpumemviz.live.shared")
     if live is None:
         return
     with live._SHARED_LOCK:

@@ -22,7 +22,7 @@ def main(scenario: str, out: str, prometheus_port: int | None = None) -> None:
     from gpumemviz.distributed import publish
     from gpumemviz.distributed.jobview import read_ranks
     from gpumemviz.distributed.store import default_store
-    from gpumemviz.sources.simulated import SimulatedSource
+    from gpumemviz.live.sources.simulated import SimulatedSource
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -602,7 +602,7 @@ def _fragmentation_outcome(data: Any, through_snapshot: bool = False) -> tuple:
 
     import numpy as np
 
-    from gpumemviz.fragmentation import fragmentation
+    from gpumemviz.analysis.fragmentation import fragmentation
     from gpumemviz.snapshot import Snapshot, SnapshotError
 
     try:
@@ -1156,9 +1156,9 @@ def atheris_worker(args: argparse.Namespace) -> int:
 
     canary = install_canary()
     with atheris.instrument_imports(include=["gpumemviz"]):
-        import gpumemviz.advice
+        import gpumemviz.analysis.advice
+        import gpumemviz.analysis.fragmentation
         import gpumemviz.cli
-        import gpumemviz.fragmentation
         import gpumemviz.io
         import gpumemviz.snapshot  # noqa: F401
     seeds = load_seeds(args.seed, slices=args.slices)

@@ -55,8 +55,8 @@ NB02 = [
 
     import gpumemviz
     from gpumemviz.allocator.workloads import WORKLOADS, run
-    from gpumemviz.sources.simulated import SimulatedSource
-    from gpumemviz.units import format_size
+    from gpumemviz.live.sources.simulated import SimulatedSource
+    from gpumemviz.snapshot.units import format_size
 
     training = WORKLOADS["training"]
     print(training.description)
@@ -120,7 +120,7 @@ NB02 = [
     print("the panel's advice starts with:", panel.advice[0]["kind"] if panel.advice else None)
     """),
     code("""
-    fig = gpumemviz.figures.timeline(sampler, title="training until the OOM (demo data)")
+    fig = gpumemviz.plots.timeline(sampler, title="training until the OOM (demo data)")
     fig
     """),
     md("""
@@ -138,7 +138,7 @@ NB02 = [
         "batch 4": WORKLOADS["training_small_batch"],
     }
     outcomes = {name: run(w) for name, w in variants.items()}
-    rows = gpumemviz.figures.outcome_rows(outcomes)
+    rows = gpumemviz.plots.outcome_rows(outcomes)
 
     from IPython.display import Markdown
 
@@ -170,7 +170,7 @@ NB02 = [
         print(f"{name}: peak allocated {share:.0%} of the original's")
     """),
     code("""
-    fig = gpumemviz.figures.workloads(outcomes, title="the same training loop, five ways")
+    fig = gpumemviz.plots.workloads(outcomes, title="the same training loop, five ways")
     fig
     """),
     md("""
@@ -306,7 +306,7 @@ NB03 = [
     """),
     md("## Inspect the final state"),
     code("""
-    from gpumemviz.units import format_size
+    from gpumemviz.snapshot.units import format_size
 
     snap = gpumemviz.load_snapshot(path)
     report = gpumemviz.fragmentation(snap)
@@ -343,7 +343,7 @@ NB03 = [
     paused on the peak; `source.play()` would run it at its own pace).
     """),
     code("""
-    from gpumemviz.sources.playback import PlaybackSource
+    from gpumemviz.live.sources.playback import PlaybackSource
 
     source = PlaybackSource(path, device=device)
     source.seek(peak)  # paused on the peak; the panel's sampler reads it from its first tick
@@ -354,7 +354,7 @@ NB03 = [
     panel
     """),
     code("""
-    fig = gpumemviz.figures.timeline(result, device=device, title="recorded memory, entry by entry")
+    fig = gpumemviz.plots.timeline(result, device=device, title="recorded memory, entry by entry")
     fig
     """),
     md("## Export"),
@@ -378,7 +378,7 @@ NB03 = [
     # gpumemviz.export: a pickle with home directories and user names redacted (for sharing),
     # and the trace as a CSV table, one row per entry. Skipped where this version lacks it.
     try:
-        from gpumemviz.export import export
+        from gpumemviz.reporting.export import export
     except ImportError:
         export = None
     if export is None:
@@ -416,7 +416,7 @@ NB03 = [
     print(f"peak reserved: recorded {format_size(recorded_peak)}, "
           f"with expandable segments {format_size(predicted_peak)}")
     # nothing limits either run, so neither has to give cached memory back: the same peak
-    fig = gpumemviz.figures.what_if(what_if, device=device)
+    fig = gpumemviz.plots.what_if(what_if, device=device)
     fig
     """),
     md("""
@@ -465,7 +465,7 @@ NB03 = [
     print("budget", format_size(budget))
     print("  recorded settings: OOM at entry", as_recorded.devices[device].oom)
     print("  expandable:        OOM at entry", expandable.devices[device].oom)
-    fig = gpumemviz.figures.what_if(as_recorded, device=device)  # marks the predicted OOM
+    fig = gpumemviz.plots.what_if(as_recorded, device=device)  # marks the predicted OOM
     fig
     """),
     md("""
@@ -530,7 +530,7 @@ NB04 = [
 
     import gpumemviz
     from gpumemviz.allocator.workloads import WORKLOADS, run
-    from gpumemviz.units import format_size
+    from gpumemviz.snapshot.units import format_size
 
     contiguous, paged = WORKLOADS["inference_contiguous"], WORKLOADS["inference_paged"]
     print(paged.description)
@@ -563,7 +563,7 @@ NB04 = [
     for name, o in outcomes.items():
         print(f"{name:>10}: {o.summary()}")
 
-    fig = gpumemviz.figures.workloads(outcomes, title="KV cache: contiguous vs paged (22 GiB)")
+    fig = gpumemviz.plots.workloads(outcomes, title="KV cache: contiguous vs paged (22 GiB)")
     fig
     """),
     md("""
@@ -575,7 +575,7 @@ NB04 = [
     """),
     code("""
     from gpumemviz.allocator.workloads import GIB, inference_server
-    from gpumemviz.sources.simulated import SimulatedSource
+    from gpumemviz.live.sources.simulated import SimulatedSource
 
     roomy = {
         "contiguous": inference_server(paged=False, capacity=80 * GIB, name="contiguous"),

@@ -164,10 +164,10 @@ def replay_input() -> Any:
 
 
 def build_runs(ns: argparse.Namespace) -> list[Run]:
-    from gpumemviz.fragmentation.oom import classify_event
-    from gpumemviz.sampler import Sampler
-    from gpumemviz.sources.playback import PlaybackSource
-    from gpumemviz.sources.simulated import SimulatedSource
+    from gpumemviz.analysis.fragmentation.oom import classify_event
+    from gpumemviz.live.sampler import Sampler
+    from gpumemviz.live.sources.playback import PlaybackSource
+    from gpumemviz.live.sources.simulated import SimulatedSource
 
     sources: list[tuple[str, Any]] = []
     if "simulated" in ns.sources:
@@ -190,7 +190,7 @@ def build_runs(ns: argparse.Namespace) -> list[Run]:
             segment_interval=ns.segment_interval,
             history_bytes=ns.history_mib * MiB,
             keyframe_interval=10.0,
-            classify=classify_event,  # as the panel's samplers (gpumemviz.live): OOMs judged
+            classify=classify_event,  # as the panel's samplers (gpumemviz.live.shared): OOMs judged
         )
         panel = PanelWork(name)
         run = Run(name, s, panel)

@@ -1,4 +1,4 @@
-// Entry of the offline HTML report (gpumemviz/report_html.py): the panel's header and segment
+// Entry of the offline HTML report (gpumemviz/reporting/html_report.py): the panel's header and segment
 // map fed from data embedded in the page instead of a kernel, plus a segment zoom, the memory
 // timeline and the analysis tables. Every text from the snapshot goes in as a text node.
 import { decodeFrame, STATE_NAMES, KIND_NAMES } from "./decode.js";

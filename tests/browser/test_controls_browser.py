@@ -11,7 +11,7 @@ import pytest
 
 from conftest import read_real, real_file, standin_file  # tests/ is on sys.path
 from gpumemviz.io import load_snapshot
-from gpumemviz.units import format_size
+from gpumemviz.snapshot.units import format_size
 
 from .test_panel_browser import PICTURE, VIEW, _wait_drawn
 
@@ -32,7 +32,7 @@ REPLAYS = [
 def _live_cell(subshell: bool) -> str:
     return f"""
 import gpumemviz
-from gpumemviz.sources.simulated import SimulatedSource
+from gpumemviz.live.sources.simulated import SimulatedSource
 
 src = SimulatedSource("training", autostart=False)  # driven by hand: its state is known
 src.step(6000)
@@ -200,7 +200,7 @@ def test_peaks_are_gpumemvizs_own_and_a_reset_by_someone_else_is_noted(page, not
 
 @pytest.mark.parametrize("recording", REPLAYS)
 def test_replay_slider_moves_the_map_to_a_recorded_state(page, notebook, artifacts, recording):
-    from gpumemviz.sources.playback import PlaybackSource
+    from gpumemviz.live.sources.playback import PlaybackSource
 
     replay = recording()
     tl = PlaybackSource(replay, loop=False).recording
@@ -309,7 +309,7 @@ STACKS = [
 
 @pytest.mark.parametrize("recording", STACKS)
 def test_hover_shows_a_real_blocks_stack_and_a_click_pins_it(page, notebook, artifacts, recording):
-    from gpumemviz.frames import filter_frames, format_frame, user_frame_index
+    from gpumemviz.analysis.frames import filter_frames, format_frame, user_frame_index
     from gpumemviz.render.rows import build_rows
 
     from .test_panel_browser import _panel_cell
@@ -371,7 +371,7 @@ def test_timeline_follows_the_sampler_with_step_and_cell_markers(page, notebook,
             "%load_ext gpumemviz",
             "%gpumemviz --demo training --interval 0.25",
             "import time, gpumemviz\ngpumemviz.mark('epoch 3')\ntime.sleep(3)",
-            "from gpumemviz.magics import _MAGICS\n"
+            "from gpumemviz.widget.magics import _MAGICS\n"
             "panel = next(iter(_MAGICS.values())).feeds[0].panel\n"
             "panel.sampler.stop()\n"
             "panel.flush()\n"

@@ -19,8 +19,8 @@ import torch.distributed as dist
 from gpumemviz.distributed import Publisher
 from gpumemviz.distributed.store import own_connection
 from gpumemviz.distributed.summary import RankIdentity
-from gpumemviz.live import sampler_for
-from gpumemviz.sources.simulated import SimulatedSource
+from gpumemviz.live.shared import sampler_for
+from gpumemviz.live.sources.simulated import SimulatedSource
 
 master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 snapdir = pathlib.Path(tempfile.mkdtemp())

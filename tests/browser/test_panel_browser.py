@@ -129,7 +129,7 @@ def test_real_snapshot_pixels_match_its_blocks(page, notebook, artifacts):
     assert checked >= 3 and len(colours) >= 2
 
     # hover: the tooltip names the exact block under the pointer
-    from gpumemviz.units import format_size
+    from gpumemviz.snapshot.units import format_size
 
     wide = max(range(len(seg["blocks"])), key=lambda j: seg["blocks"][j]["size"])
     start = sum(b["size"] for b in seg["blocks"][:wide])
@@ -310,8 +310,8 @@ def test_scrolling_gets_rows_while_a_cell_runs(page, notebook):
 
 
 SIMULATED_CELL = """
-from gpumemviz.sampler import Sampler
-from gpumemviz.sources.simulated import SimulatedSource
+from gpumemviz.live.sampler import Sampler
+from gpumemviz.live.sources.simulated import SimulatedSource
 from gpumemviz.widget import MemoryPanel
 
 panel = MemoryPanel(title="simulated training")
@@ -425,7 +425,7 @@ def test_magic_replays_a_real_file_and_shows_its_rows(page, notebook, artifacts)
 
 FULL_CELL = """
 import gpumemviz
-from gpumemviz.sources.simulated import SimulatedSource
+from gpumemviz.live.sources.simulated import SimulatedSource
 
 # the training workload at 6x speed, held at its out-of-memory error
 src = SimulatedSource("training", steps_per_second=2500, loop=False)

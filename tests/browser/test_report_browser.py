@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpumemviz.io import load_snapshot
-from gpumemviz.report_html import report
+from gpumemviz.reporting.html_report import report
 from gpumemviz.snapshot.pools import pool_label
 from test_report_html import EVIL, big_snapshot, evil_snapshot  # tests/ is on sys.path
 

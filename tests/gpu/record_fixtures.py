@@ -465,8 +465,8 @@ def part_empty_cache_thread(out: Path) -> dict[str, Any]:
 def part_gpumemviz_live(out: Path) -> dict[str, Any]:
     import torch
 
-    from gpumemviz.sampler import Sampler
-    from gpumemviz.sources.torch_cuda import TorchCudaSource
+    from gpumemviz.live.sampler import Sampler
+    from gpumemviz.live.sources.torch_cuda import TorchCudaSource
 
     src = TorchCudaSource(0)
     waiting = src.sample()

@@ -78,7 +78,7 @@ def _warmed(setup, step):
 def test_small_step_matches_its_estimate(kind):
     import torch
 
-    from gpumemviz.estimate import estimate
+    from gpumemviz.estimator import estimate
 
     train = kind == "training"
     step = training_step if train else inference_step

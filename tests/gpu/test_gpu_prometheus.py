@@ -14,7 +14,7 @@ def test_a_scrape_on_a_real_gpu_carries_the_uuid_and_the_driver_figures():
         """
         import json, time, urllib.request, torch
         from prometheus_client.parser import text_string_to_metric_families
-        from gpumemviz.live import shared
+        from gpumemviz.live.shared import shared
         from gpumemviz.prometheus import serve
         keep = [torch.empty(n << 20, dtype=torch.uint8, device="cuda") for n in (1, 3, 25)]
         exp = serve(0, devices=[0])
@@ -46,8 +46,8 @@ def test_a_reset_of_torchs_peaks_by_someone_else_is_counted_and_the_peaks_stay()
     out = run_py(
         """
         import json, torch
-        from gpumemviz.live import sampler_for
-        from gpumemviz.sources.torch_cuda import TorchCudaSource
+        from gpumemviz.live.shared import sampler_for
+        from gpumemviz.live.sources.torch_cuda import TorchCudaSource
         x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
         s = sampler_for(TorchCudaSource(0, nvml=False))
         high = s.sample_once(segments=False).peaks.allocated

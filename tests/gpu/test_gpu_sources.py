@@ -41,8 +41,8 @@ def test_never_initialises_cuda_and_says_waiting():
     out = run_py(
         """
         import json, time, torch
-        from gpumemviz.sampler import Sampler
-        from gpumemviz.sources.torch_cuda import TorchCudaSource
+        from gpumemviz.live.sampler import Sampler
+        from gpumemviz.live.sources.torch_cuda import TorchCudaSource
         src = TorchCudaSource(0)
         first = src.sample()
         s = Sampler(src, interval=0.05)
@@ -65,7 +65,7 @@ def test_never_initialises_cuda_and_says_waiting():
 def test_live_sample_is_consistent():
     import torch
 
-    from gpumemviz.sources.torch_cuda import TorchCudaSource
+    from gpumemviz.live.sources.torch_cuda import TorchCudaSource
 
     keep = [torch.empty(n << 20, dtype=torch.uint8, device="cuda") for n in (1, 3, 25)]
     src = TorchCudaSource(0)
@@ -96,7 +96,7 @@ def test_stats_keys_match_the_recorded_ones():
 def test_empty_cache_reports_what_it_released():
     import torch
 
-    from gpumemviz.sources.torch_cuda import TorchCudaSource
+    from gpumemviz.live.sources.torch_cuda import TorchCudaSource
 
     x = torch.empty(100 << 20, dtype=torch.uint8, device="cuda")
     del x
@@ -136,7 +136,7 @@ def test_capture_oom_writes_the_snapshot_at_the_failure(tmp_path):
 def test_nvml_matches_the_torch_device_by_uuid():
     import torch
 
-    from gpumemviz.sources.torch_cuda import TorchCudaSource
+    from gpumemviz.live.sources.torch_cuda import TorchCudaSource
 
     x = torch.ones(64 << 20, dtype=torch.uint8, device="cuda")
     s = TorchCudaSource(0).sample(segments=False)
@@ -157,8 +157,8 @@ def test_sampler_on_the_gpu_stays_within_budget():
 
     import torch
 
-    from gpumemviz.sampler import Sampler
-    from gpumemviz.sources.torch_cuda import TorchCudaSource
+    from gpumemviz.live.sampler import Sampler
+    from gpumemviz.live.sources.torch_cuda import TorchCudaSource
 
     torch.ones(1, device="cuda")
     s = Sampler(TorchCudaSource(0), interval=0.1, segment_interval=0.2)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..snapshot.messages import short_repr
+from gpumemviz.snapshot.escaping import short_repr
 
 __all__ = [
     "AddressProvider",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-from . import stats as S
+from gpumemviz.allocator import stats as S
 
 __all__ = ["BlockPool", "ModelBlock", "PrivatePool", "Reservation", "link", "try_merge"]
 

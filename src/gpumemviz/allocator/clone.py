@@ -12,9 +12,9 @@ import itertools
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from . import stats as S
-from .blocks import BlockPool, ModelBlock, PrivatePool, Reservation
-from .state import AllocatorState
+from gpumemviz.allocator import stats as S
+from gpumemviz.allocator.blocks import BlockPool, ModelBlock, PrivatePool, Reservation
+from gpumemviz.allocator.state import AllocatorState
 
 if TYPE_CHECKING:
     from typing_extensions import Self

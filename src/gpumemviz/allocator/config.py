@@ -20,11 +20,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
-from ..snapshot.messages import short_repr
-from .rules import K_LARGE_BUFFER, K_MIN_LARGE_ALLOC, MIB, N_ROUNDUP_INTERVALS, UNLIMITED
+from gpumemviz.allocator.rules import (
+    K_LARGE_BUFFER,
+    K_MIN_LARGE_ALLOC,
+    MIB,
+    N_ROUNDUP_INTERVALS,
+    UNLIMITED,
+)
+from gpumemviz.snapshot.escaping import short_repr
 
 if TYPE_CHECKING:
-    from ..snapshot.schema import TorchDict, TorchMapping
+    from gpumemviz.snapshot.schema import TorchDict, TorchMapping
 
 __all__ = ["CUDA_KEYS", "GENERIC_KEYS", "AllocatorConfig", "ConfigError"]
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..snapshot import ACTIONS
-from .blocks import ModelBlock
-from .state import AllocatorState
-from .trace import OOM, SNAPSHOT
+from gpumemviz.allocator.blocks import ModelBlock
+from gpumemviz.allocator.state import AllocatorState
+from gpumemviz.allocator.trace import OOM, SNAPSHOT
+from gpumemviz.snapshot import ACTIONS
 
 if TYPE_CHECKING:
-    from ..snapshot.schema import TorchDict
+    from gpumemviz.snapshot.schema import TorchDict
 
 __all__ = ["SnapshotMixin"]
 

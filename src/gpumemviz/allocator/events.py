@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from .blocks import ModelBlock
-from .state import AllocatorState
+from gpumemviz.allocator.blocks import ModelBlock
+from gpumemviz.allocator.state import AllocatorState
 
 __all__ = ["StreamEventsMixin"]
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from . import stats as S
-from .addresses import check_address
-from .blocks import BlockPool, ModelBlock, Reservation, link, try_merge
-from .rules import page_size, reservation_size
-from .state import AllocatorState
-from .trace import SEGMENT_MAP, SEGMENT_UNMAP
+from gpumemviz.allocator import stats as S
+from gpumemviz.allocator.addresses import check_address
+from gpumemviz.allocator.blocks import BlockPool, ModelBlock, Reservation, link, try_merge
+from gpumemviz.allocator.rules import page_size, reservation_size
+from gpumemviz.allocator.state import AllocatorState
+from gpumemviz.allocator.trace import SEGMENT_MAP, SEGMENT_UNMAP
 
 __all__ = ["ExpandableMixin"]
 

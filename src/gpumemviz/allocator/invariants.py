@@ -10,12 +10,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from .config import AllocatorConfig, ConfigError
-from .rules import K_LARGE_BUFFER, K_MIN_BLOCK_SIZE, K_SMALL_BUFFER, K_SMALL_SIZE, MIB
-from .rules import round_size as _round_size
+from gpumemviz.allocator.config import AllocatorConfig, ConfigError
+from gpumemviz.allocator.rules import (
+    K_LARGE_BUFFER,
+    K_MIN_BLOCK_SIZE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    MIB,
+)
+from gpumemviz.allocator.rules import round_size as _round_size
 
 if TYPE_CHECKING:
-    from ..snapshot.schema import TorchList, TorchMapping
+    from gpumemviz.snapshot.schema import TorchList, TorchMapping
 
 __all__ = ["check_invariants"]
 

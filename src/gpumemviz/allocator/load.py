@@ -11,18 +11,18 @@ from collections import deque
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..snapshot.messages import short_repr
-from . import stats as S
-from .addresses import reservation_starts
-from .blocks import BlockPool, ModelBlock, Reservation, link
-from .config import AllocatorConfig
-from .rules import page_size, reservation_size
-from .state import AllocatorState
+from gpumemviz.allocator import stats as S
+from gpumemviz.allocator.addresses import reservation_starts
+from gpumemviz.allocator.blocks import BlockPool, ModelBlock, Reservation, link
+from gpumemviz.allocator.config import AllocatorConfig
+from gpumemviz.allocator.rules import page_size, reservation_size
+from gpumemviz.allocator.state import AllocatorState
+from gpumemviz.snapshot.escaping import short_repr
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-    from ..snapshot.schema import TorchMapping
+    from gpumemviz.snapshot.schema import TorchMapping
 
 __all__ = ["LoadMixin"]
 

@@ -31,21 +31,28 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from ..snapshot.messages import short_repr
-from . import stats as S
-from .addresses import AddressProvider, DescendingAddresses, check_address
-from .blocks import BlockPool, ModelBlock, try_merge
-from .clone import CloneMixin
-from .config import AllocatorConfig
-from .dump import SnapshotMixin
-from .events import StreamEventsMixin
-from .expandable import ExpandableMixin
-from .load import LoadMixin
-from .oom import OutOfMemory
-from .pools import PoolsMixin
-from .release import ReleaseMixin
-from .rules import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, allocation_size, round_size
-from .trace import ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, SEGMENT_ALLOC, TraceMixin
+from gpumemviz.allocator import stats as S
+from gpumemviz.allocator.addresses import AddressProvider, DescendingAddresses, check_address
+from gpumemviz.allocator.blocks import BlockPool, ModelBlock, try_merge
+from gpumemviz.allocator.clone import CloneMixin
+from gpumemviz.allocator.config import AllocatorConfig
+from gpumemviz.allocator.dump import SnapshotMixin
+from gpumemviz.allocator.events import StreamEventsMixin
+from gpumemviz.allocator.expandable import ExpandableMixin
+from gpumemviz.allocator.load import LoadMixin
+from gpumemviz.allocator.oom import OutOfMemory
+from gpumemviz.allocator.pools import PoolsMixin
+from gpumemviz.allocator.release import ReleaseMixin
+from gpumemviz.allocator.rules import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, allocation_size, round_size
+from gpumemviz.allocator.trace import (
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    OOM,
+    SEGMENT_ALLOC,
+    TraceMixin,
+)
+from gpumemviz.snapshot.escaping import short_repr
 
 __all__ = ["CachingAllocator"]
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..units import format_size
+from gpumemviz.snapshot.units import format_size
 
 if TYPE_CHECKING:
-    from ..snapshot.schema import JsonDict
+    from gpumemviz.snapshot.schema import JsonDict
 
 __all__ = ["OutOfMemory"]
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from .model import CachingAllocator
+    from gpumemviz.allocator.model import CachingAllocator
 
 __all__ = ["GRAPH_POOL", "Ids", "PoolStep", "apply_pool_step", "graph_program", "rl_program"]
 

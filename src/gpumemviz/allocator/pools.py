@@ -15,12 +15,12 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from ..snapshot.messages import short_repr
-from .blocks import BlockPool, ModelBlock, PrivatePool
-from .state import AllocatorState
+from gpumemviz.allocator.blocks import BlockPool, ModelBlock, PrivatePool
+from gpumemviz.allocator.state import AllocatorState
+from gpumemviz.snapshot.escaping import short_repr
 
 if TYPE_CHECKING:
-    from ..snapshot.schema import TorchDict
+    from gpumemviz.snapshot.schema import TorchDict
 
 __all__ = ["DEFAULT_POOL", "PoolId", "PoolsMixin"]
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from . import stats as S
-from .blocks import BlockPool, ModelBlock
-from .rules import UNLIMITED
-from .state import AllocatorState
-from .trace import SEGMENT_FREE
+from gpumemviz.allocator import stats as S
+from gpumemviz.allocator.blocks import BlockPool, ModelBlock
+from gpumemviz.allocator.rules import UNLIMITED
+from gpumemviz.allocator.state import AllocatorState
+from gpumemviz.allocator.trace import SEGMENT_FREE
 
 __all__ = ["ReleaseMixin"]
 

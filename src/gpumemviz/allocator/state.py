@@ -14,11 +14,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..snapshot.schema import TorchDict
-    from . import stats as S
-    from .addresses import AddressProvider
-    from .blocks import BlockPool, ModelBlock, PrivatePool, Reservation
-    from .config import AllocatorConfig
+    from gpumemviz.allocator import stats as S
+    from gpumemviz.allocator.addresses import AddressProvider
+    from gpumemviz.allocator.blocks import BlockPool, ModelBlock, PrivatePool, Reservation
+    from gpumemviz.allocator.config import AllocatorConfig
+    from gpumemviz.snapshot.schema import TorchDict
 
 __all__ = ["AllocatorState"]
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..snapshot.schema import TorchMapping
+    from gpumemviz.snapshot.schema import TorchMapping
 
 __all__ = ["ARRAYS", "POOLS", "DeviceStats", "walk_stats"]
 

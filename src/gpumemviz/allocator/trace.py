@@ -11,8 +11,8 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 
-from ..snapshot import ACTIONS
-from .state import AllocatorState
+from gpumemviz.allocator.state import AllocatorState
+from gpumemviz.snapshot import ACTIONS
 
 __all__ = [
     "ALLOC",

@@ -22,10 +22,16 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..snapshot.messages import short_repr
-from .model import CachingAllocator
-from .oom import OutOfMemory
-from .pool_workloads import Ids, PoolStep, apply_pool_step, graph_program, rl_program
+from gpumemviz.allocator.model import CachingAllocator
+from gpumemviz.allocator.oom import OutOfMemory
+from gpumemviz.allocator.pool_workloads import (
+    Ids,
+    PoolStep,
+    apply_pool_step,
+    graph_program,
+    rl_program,
+)
+from gpumemviz.snapshot.escaping import short_repr
 
 __all__ = [
     "ITERATION_MARK",

@@ -15,19 +15,19 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from .. import __version__
-from ..snapshot.messages import error_line
-from .cmd_demo import add_demo
-from .cmd_diff import add_diff
-from .cmd_export import add_export
-from .cmd_inspect import add_inspect
-from .cmd_job import add_job
-from .cmd_report import add_report
-from .cmd_whatif import add_whatif
-from .output import EscapingParser
+from gpumemviz import __version__
+from gpumemviz.cli.cmd_demo import add_demo
+from gpumemviz.cli.cmd_diff import add_diff
+from gpumemviz.cli.cmd_export import add_export
+from gpumemviz.cli.cmd_inspect import add_inspect
+from gpumemviz.cli.cmd_job import add_job
+from gpumemviz.cli.cmd_report import add_report
+from gpumemviz.cli.cmd_whatif import add_whatif
+from gpumemviz.cli.output import EscapingParser
+from gpumemviz.snapshot.escaping import error_line
 
 if TYPE_CHECKING:
-    from .common import Subparsers
+    from gpumemviz.cli.common import Subparsers
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 

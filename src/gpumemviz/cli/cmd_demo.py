@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .common import UsageError
+from gpumemviz.cli.common import UsageError
 
 if TYPE_CHECKING:
-    from .common import Subparsers
+    from gpumemviz.cli.common import Subparsers
 
 __all__ = ["DEMO_NOTEBOOK", "add_demo", "demo_command", "run_demo"]
 

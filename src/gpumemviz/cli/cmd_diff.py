@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .common import Subparsers
+    from gpumemviz.cli.common import Subparsers
 
-from .common import STDIN, UsageError, snapshot_input
-from .output import say, say_json
+from gpumemviz.cli.common import STDIN, UsageError, snapshot_input
+from gpumemviz.cli.output import say, say_json
 
 __all__ = ["add_diff", "run_diff"]
 
@@ -29,8 +29,8 @@ def add_diff(sub: Subparsers) -> None:
 
 
 def run_diff(args: argparse.Namespace) -> int:
-    from ..diff import diff
-    from ..io import load_snapshot
+    from gpumemviz.analysis.diff import diff
+    from gpumemviz.io import load_snapshot
 
     if str(args.a) == str(args.b) == STDIN:
         raise UsageError("only one of A and B can be - (standard input)")

@@ -6,13 +6,19 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from ..io import is_stdout
-from ..units import format_size
-from .common import UsageError, add_sharing_args, check_output, input_name, snapshot_input
-from .output import say
+from gpumemviz.cli.common import (
+    UsageError,
+    add_sharing_args,
+    check_output,
+    input_name,
+    snapshot_input,
+)
+from gpumemviz.cli.output import say
+from gpumemviz.io import is_stdout
+from gpumemviz.snapshot.units import format_size
 
 if TYPE_CHECKING:
-    from .common import Subparsers
+    from gpumemviz.cli.common import Subparsers
 
 __all__ = ["add_export", "run_export"]
 
@@ -36,8 +42,8 @@ def add_export(sub: Subparsers) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from ..export import export
-    from ..io import load_snapshot
+    from gpumemviz.io import load_snapshot
+    from gpumemviz.reporting.export import export
 
     check_output(args.output, args.force)
     if is_stdout(args.output) and sys.stdout.isatty() and _format(args) == "pickle":

@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..advice import advise_each_device, oom_device_free
-from ..fragmentation import (
+from gpumemviz.analysis.advice import advise_each_device, oom_device_free
+from gpumemviz.analysis.fragmentation import (
     ASSUMED_IN_USE,
     FragmentationReport,
     MemoryFigures,
@@ -15,15 +15,15 @@ from ..fragmentation import (
     SegmentSummary,
     fragmentation,
 )
-from ..snapshot.pools import pool_label
-from ..units import format_size
-from .common import NOT_RECORDED, UsageError, input_name, snapshot_input
-from .output import quoted, say, say_json
+from gpumemviz.cli.common import NOT_RECORDED, UsageError, input_name, snapshot_input
+from gpumemviz.cli.output import quoted, say, say_json
+from gpumemviz.snapshot.pools import pool_label
+from gpumemviz.snapshot.units import format_size
 
 if TYPE_CHECKING:
-    from ..advice_check import CheckedAdvice
-    from ..snapshot.schema import JsonDict
-    from .common import Subparsers
+    from gpumemviz.analysis.advice_check import CheckedAdvice
+    from gpumemviz.cli.common import Subparsers
+    from gpumemviz.snapshot.schema import JsonDict
 
 __all__ = ["NO_REPLAY", "add_inspect", "run_inspect"]
 
@@ -68,8 +68,12 @@ def run_inspect(args: argparse.Namespace) -> int:
     Advice goes through `advice_check.check_advice` unless ``--no-replay``; the text lists the
     refuted advice after "checked and rejected", the JSON shape is `_json`'s.
     """
-    from ..advice_check import Checked, CheckedAdvice, check_advice  # loads the replay
-    from ..io import load_snapshot  # the loader is only needed once a file is named
+    from gpumemviz.analysis.advice_check import (  # loads the replay
+        Checked,
+        CheckedAdvice,
+        check_advice,
+    )
+    from gpumemviz.io import load_snapshot  # the loader is only needed once a file is named
 
     snap = load_snapshot(snapshot_input(args.file))
     report = fragmentation(snap, pools_in_use=not args.pools_released)

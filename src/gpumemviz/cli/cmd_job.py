@@ -14,11 +14,11 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from .common import UsageError
-from .output import say, say_json
+from gpumemviz.cli.common import UsageError
+from gpumemviz.cli.output import say, say_json
 
 if TYPE_CHECKING:
-    from .common import Subparsers
+    from gpumemviz.cli.common import Subparsers
 
 __all__ = ["add_job", "parse_address", "run_job"]
 
@@ -58,7 +58,7 @@ def parse_address(text: str) -> tuple[str, int]:
     >>> parse_address("127.0.0.1:29500"), parse_address("[::1]:80")
     (('127.0.0.1', 29500), ('::1', 80))
     """
-    from ..distributed.jobview import parse_address as parse
+    from gpumemviz.distributed.jobview import parse_address as parse
 
     try:
         return parse(text)
@@ -67,8 +67,8 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 def run_job(args: argparse.Namespace) -> int:
-    from ..distributed import JobError, JobView
-    from ..distributed.terminal import grid_text
+    from gpumemviz.distributed import JobError, JobView
+    from gpumemviz.distributed.terminal import grid_text
 
     host, port = parse_address(args.address)
     if not 0.05 <= args.interval <= 3600:

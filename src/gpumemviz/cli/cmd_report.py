@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ..io import is_stdout
-from ..units import format_size
-from .common import add_sharing_args, check_output, snapshot_input
-from .output import say
+from gpumemviz.cli.common import add_sharing_args, check_output, snapshot_input
+from gpumemviz.cli.output import say
+from gpumemviz.io import is_stdout
+from gpumemviz.snapshot.units import format_size
 
 if TYPE_CHECKING:
-    from .common import Subparsers
+    from gpumemviz.cli.common import Subparsers
 
 __all__ = ["add_report", "run_report"]
 
@@ -33,7 +33,7 @@ def add_report(sub: Subparsers) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from ..report_html import report
+    from gpumemviz.reporting.html_report import report
 
     check_output(args.output, args.force)
     # the file itself: its name is the title and its size sets the page's budget

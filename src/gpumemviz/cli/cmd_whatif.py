@@ -6,17 +6,17 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..snapshot.messages import short_repr
-from ..units import format_size, parse_size
-from .common import NOT_RECORDED, UsageError, input_name, snapshot_input
-from .output import quoted, say, say_json
+from gpumemviz.cli.common import NOT_RECORDED, UsageError, input_name, snapshot_input
+from gpumemviz.cli.output import quoted, say, say_json
+from gpumemviz.snapshot.escaping import short_repr
+from gpumemviz.snapshot.units import format_size, parse_size
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..allocator.replay import ReplayResult
-    from ..snapshot.schema import JsonDict
-    from .common import Subparsers
+    from gpumemviz.allocator.replay import ReplayResult
+    from gpumemviz.cli.common import Subparsers
+    from gpumemviz.snapshot.schema import JsonDict
 
 __all__ = ["add_whatif", "run_whatif"]
 
@@ -60,9 +60,9 @@ def run_whatif(args: argparse.Namespace) -> int:
     {"peak_reserved"}, "predicted": {"peak_reserved", "final_reserved"}}``, ``[0, 0]``
     being the default pools: each allocation is replayed in the pool it was recorded in.
     """
-    from ..allocator.config import AllocatorConfig
-    from ..allocator.replay import replay
-    from ..io import load_snapshot
+    from gpumemviz.allocator.config import AllocatorConfig
+    from gpumemviz.allocator.replay import replay
+    from gpumemviz.io import load_snapshot
 
     if args.capacity is not None and args.capacity.strip().startswith("-"):
         raise UsageError(f"--capacity must be positive, got {short_repr(args.capacity)}")

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     # what `ArgumentParser.add_subparsers()` returns (argparse's class; generic only in typeshed)
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
 
-from ..io import check_target, is_stdout
+from gpumemviz.io import check_target, is_stdout
 
 __all__ = [
     "NOT_RECORDED",
@@ -47,7 +47,7 @@ def snapshot_input(arg: str | os.PathLike[str]) -> Path | bytes:
     the 4 GiB limit) as bytes; anything else stays a path (a pipe is read whole too)."""
     if os.fspath(arg) != STDIN:
         return Path(arg)
-    from ..io import read_input
+    from gpumemviz.io import read_input
 
     return read_input(STDIN)
 

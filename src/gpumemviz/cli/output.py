@@ -13,8 +13,8 @@ import argparse
 import sys
 from typing import IO, Any, NoReturn
 
-from ..io.json_text import dumps
-from ..snapshot.messages import one_line, short_repr
+from gpumemviz.io.json_text import dumps
+from gpumemviz.snapshot.escaping import one_line, short_repr
 
 __all__ = ["EscapingParser", "quoted", "say", "say_json"]
 

@@ -28,8 +28,8 @@ from gpumemviz.distributed.keys import (
 )
 from gpumemviz.distributed.store import Store, read_counter, read_value
 from gpumemviz.io import write_torch
+from gpumemviz.live.sources.base import short_error
 from gpumemviz.snapshot.schema import TorchDict
-from gpumemviz.sources.base import short_error
 
 __all__ = ["Answers"]
 

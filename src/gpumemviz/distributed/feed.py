@@ -15,8 +15,8 @@ from typing import Any
 
 from gpumemviz.distributed.grid import grid_rows
 from gpumemviz.distributed.jobview import JobView
-from gpumemviz.sample import check_interval
-from gpumemviz.sources.base import short_error
+from gpumemviz.live.sources.base import short_error
+from gpumemviz.snapshot.sample import check_interval
 
 __all__ = ["GridListener", "JobFeed"]
 

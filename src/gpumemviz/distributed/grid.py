@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpumemviz.distributed.keys import Json, short_text
-from gpumemviz.units import format_size
+from gpumemviz.snapshot.units import format_size
 
 __all__ = ["closeness", "grid_rows"]
 

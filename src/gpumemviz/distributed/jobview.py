@@ -25,7 +25,7 @@ from gpumemviz.distributed.keys import (
     summary_key,
 )
 from gpumemviz.distributed.store import Store, connect, read_counter, read_value, read_values
-from gpumemviz.snapshot.messages import short_repr
+from gpumemviz.snapshot.escaping import short_repr
 
 __all__ = ["JobError", "JobView", "parse_address", "read_ranks"]
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from gpumemviz.distributed.answers import Export, write_snapshot
 from gpumemviz.distributed.keys import OOM_COUNT, encode, oom_done_key, oom_file, oom_key
 from gpumemviz.distributed.store import Store, read_counter
-from gpumemviz.sample import OomEvent
-from gpumemviz.sources.base import short_error
+from gpumemviz.live.sources.base import short_error
+from gpumemviz.snapshot.sample import OomEvent
 
 __all__ = ["OomFanOut"]
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from gpumemviz.analysis.fragmentation.oom import classify_event
 from gpumemviz.distributed.answers import Answers
 from gpumemviz.distributed.jobview import read_ranks
 from gpumemviz.distributed.keys import (
@@ -41,15 +42,14 @@ from gpumemviz.distributed.store import (
     ranks_here,
 )
 from gpumemviz.distributed.summary import RankIdentity, map_summary, oom_verdict, rank_summary
-from gpumemviz.fragmentation.oom import classify_event
-from gpumemviz.live import sampler_for, shared
+from gpumemviz.live.sampler import Sampler
+from gpumemviz.live.shared import sampler_for, shared
+from gpumemviz.live.sources.base import Source, short_error
 from gpumemviz.prometheus.server import Exporter, serve_rank
 from gpumemviz.render.strips import STRIP_BINS
-from gpumemviz.sample import OomEvent, Sample, check_interval
-from gpumemviz.sampler import Sampler
-from gpumemviz.snapshot.messages import short_repr
+from gpumemviz.snapshot.escaping import short_repr
+from gpumemviz.snapshot.sample import OomEvent, Sample, check_interval
 from gpumemviz.snapshot.schema import TorchDict
-from gpumemviz.sources.base import Source, short_error
 
 __all__ = ["Publisher", "publish"]
 
@@ -392,7 +392,7 @@ def publish(
     --------
     >>> import torch.distributed as dist
     >>> from gpumemviz.distributed import JobView
-    >>> from gpumemviz.sources.simulated import SimulatedSource
+    >>> from gpumemviz.live.sources.simulated import SimulatedSource
     >>> master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     >>> src = SimulatedSource("training", autostart=False)
     >>> handle = publish(0.1, store=master, source=src)

@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from gpumemviz.distributed.keys import short_text
-from gpumemviz.snapshot.messages import short_repr
+from gpumemviz.snapshot.escaping import short_repr
 
 __all__ = [
     "StoreGone",

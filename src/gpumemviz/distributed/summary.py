@@ -16,8 +16,8 @@ from typing import Any
 from gpumemviz.distributed.keys import Json, short_text
 from gpumemviz.render.rows import build_rows
 from gpumemviz.render.strips import STRIP_BINS, device_summary
-from gpumemviz.sample import OomEvent, Sample
 from gpumemviz.snapshot import Snapshot
+from gpumemviz.snapshot.sample import OomEvent, Sample
 
 __all__ = ["RankIdentity", "empty_map", "map_summary", "oom_verdict", "rank_summary"]
 

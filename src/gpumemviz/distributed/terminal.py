@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gpumemviz.distributed.grid import grid_rows
 from gpumemviz.distributed.keys import Json
-from gpumemviz.units import format_size
+from gpumemviz.snapshot.units import format_size
 
 __all__ = ["MAP_CHARS", "grid_text", "map_text"]
 

@@ -11,11 +11,10 @@ same folder, fsync, rename), so a crash never leaves half a file.
 
 from __future__ import annotations
 
-from ..snapshot import validate
-from .atomic import STDOUT, atomic_write, check_target, claim_new_file, is_stdout
-from .limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH
-from .opscan import scan_pickle
-from .snapshot_files import (
+from gpumemviz.io.atomic import STDOUT, atomic_write, check_target, claim_new_file, is_stdout
+from gpumemviz.io.limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH
+from gpumemviz.io.opscan import scan_pickle
+from gpumemviz.io.snapshot_files import (
     SnapshotLike,
     as_snapshot,
     load_snapshot,
@@ -23,8 +22,9 @@ from .snapshot_files import (
     save_snapshot,
     write_torch,
 )
-from .unpickle import loads_restricted
-from .walk import check_plain
+from gpumemviz.io.unpickle import loads_restricted
+from gpumemviz.io.walk import check_plain
+from gpumemviz.snapshot import validate
 
 __all__ = [
     "DEFAULT_MAX_BYTES",

@@ -27,8 +27,8 @@ import tracemalloc
 from collections.abc import Callable
 from types import TracebackType
 
-from ..snapshot import SnapshotError
-from ..units import format_size
+from gpumemviz.snapshot import SnapshotError
+from gpumemviz.snapshot.units import format_size
 
 LOAD_FACTOR = 12
 """Loading an input of n bytes takes at most LOAD_FACTOR * n + LOAD_SLACK bytes of memory."""

@@ -16,9 +16,9 @@ import sys
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-from ..snapshot import SnapshotError
-from ..snapshot.plain import rewrite_leaves
-from ..units import format_size
+from gpumemviz.snapshot import SnapshotError
+from gpumemviz.snapshot.plain import rewrite_leaves
+from gpumemviz.snapshot.units import format_size
 
 __all__ = ["JSON_LIMIT", "check_json_size", "dumps", "json_ready", "json_size"]
 

@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
-from ..snapshot import SnapshotError
-from ..units import format_size
+from gpumemviz.snapshot import SnapshotError
+from gpumemviz.snapshot.units import format_size
 
 DEFAULT_MAX_BYTES = 4 << 30
 """Largest file `load_snapshot` reads (4 GiB); Chrome already fails on 1 GB snapshots."""

@@ -21,8 +21,8 @@ from __future__ import annotations
 import pickletools
 import re
 
-from ..snapshot import SnapshotError
-from ..units import format_size
+from gpumemviz.snapshot import SnapshotError
+from gpumemviz.snapshot.units import format_size
 
 _ARG_SIZE: list[int | None] = [None] * 256  # fixed argument size, or pickletools' negative kind
 _OP_NAME: list[str] = [""] * 256

@@ -15,18 +15,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..snapshot import Snapshot, SnapshotError, validate
-from ..snapshot.gc_pause import no_gc
-from ..snapshot.messages import one_line, short_repr, type_phrase
-from ..snapshot.schema import TorchDict, TorchList
-from ..units import format_size
-from .atomic import atomic_write
-from .budget import MemoryGuard, check_json
-from .json_text import check_json_size
-from .json_text import dumps as json_dumps
-from .limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, check_size
-from .unpickle import loads_restricted
-from .walk import check_plain
+from gpumemviz.io.atomic import atomic_write
+from gpumemviz.io.budget import MemoryGuard, check_json
+from gpumemviz.io.json_text import check_json_size
+from gpumemviz.io.json_text import dumps as json_dumps
+from gpumemviz.io.limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, check_size
+from gpumemviz.io.unpickle import loads_restricted
+from gpumemviz.io.walk import check_plain
+from gpumemviz.snapshot import Snapshot, SnapshotError, validate
+from gpumemviz.snapshot.escaping import one_line, short_repr, type_phrase
+from gpumemviz.snapshot.gc_pause import no_gc
+from gpumemviz.snapshot.schema import TorchDict, TorchList
+from gpumemviz.snapshot.units import format_size
 
 
 def _loads_json(data: bytes, max_bytes: int, max_depth: int) -> Any:  # Any: JSON of any shape

@@ -13,13 +13,13 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from ..snapshot import SnapshotError
-from ..snapshot.gc_pause import no_gc
-from ..snapshot.messages import one_line
-from .budget import MemoryGuard
-from .limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, check_size
-from .opscan import scan_pickle
-from .walk import check_plain
+from gpumemviz.io.budget import MemoryGuard
+from gpumemviz.io.limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH, check_size
+from gpumemviz.io.opscan import scan_pickle
+from gpumemviz.io.walk import check_plain
+from gpumemviz.snapshot import SnapshotError
+from gpumemviz.snapshot.escaping import one_line
+from gpumemviz.snapshot.gc_pause import no_gc
 
 
 class _RestrictedUnpickler(pickle.Unpickler):

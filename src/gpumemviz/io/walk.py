@@ -40,8 +40,8 @@ from collections import Counter
 from itertools import accumulate, chain, compress, islice, repeat
 from typing import Any, Protocol
 
-from ..snapshot import SnapshotError
-from .limits import DEFAULT_MAX_DEPTH
+from gpumemviz.io.limits import DEFAULT_MAX_DEPTH
+from gpumemviz.snapshot import SnapshotError
 
 _SCALARS = frozenset({str, int, float, bool, type(None), bytes})
 _CONTAINERS = frozenset({dict, list, tuple})

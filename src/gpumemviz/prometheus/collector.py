@@ -16,15 +16,15 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from gpumemviz.fragmentation import fragmentation
+from gpumemviz.analysis.fragmentation import fragmentation
 from gpumemviz.prometheus.metrics import INFO_NAME, LABELS, METRICS, Reading
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric as Family
 
-    from gpumemviz.fragmentation import MemoryFigures
-    from gpumemviz.sample import Sample
-    from gpumemviz.sampler import Sampler
+    from gpumemviz.analysis.fragmentation import MemoryFigures
+    from gpumemviz.live.sampler import Sampler
+    from gpumemviz.snapshot.sample import Sample
 
 __all__ = ["SamplerCollector", "gpu_uuid"]
 
@@ -33,7 +33,7 @@ def gpu_uuid(sample: Sample | None) -> str:
     """The ``gpu_uuid`` label: ``GPU-`` and the UUID (as DCGM's ``UUID`` label and nvidia-smi
     write it), from NVML or else from torch's device properties; "" when neither knows it.
 
-    >>> from gpumemviz.sample import DeviceInfo, Sample
+    >>> from gpumemviz.snapshot.sample import DeviceInfo, Sample
     >>> gpu_uuid(Sample(time=0.0, device=0, stats=None, device_info=DeviceInfo(0, uuid="8a7b")))
     'GPU-8a7b'
     >>> gpu_uuid(None)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from gpumemviz.fragmentation import MemoryFigures
-    from gpumemviz.sample import NvmlInfo, Sample
+    from gpumemviz.analysis.fragmentation import MemoryFigures
+    from gpumemviz.snapshot.sample import NvmlInfo, Sample
 
 __all__ = ["INFO_NAME", "LABELS", "METRICS", "Metric", "Reading", "exported_names"]
 

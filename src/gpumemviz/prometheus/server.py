@@ -2,7 +2,8 @@
 
 Each `serve` has a `CollectorRegistry` of its own (never prometheus_client's global one), so two
 endpoints in one process, or the user's own metrics, never clash; prometheus_client's
-``start_http_server`` serves it on a daemon thread. The samplers are `gpumemviz.live.shared`'s,
+``start_http_server`` serves it on a daemon thread. The samplers are
+`gpumemviz.live.shared.shared`'s,
 the ones the panels read: serving starts no second sampler on a device.
 """
 
@@ -15,17 +16,17 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from gpumemviz.live import shared, shared_devices
+from gpumemviz.live.shared import shared, shared_devices
+from gpumemviz.live.sources.default import cuda_device_count
 from gpumemviz.prometheus.collector import SamplerCollector
-from gpumemviz.sample import check_device
-from gpumemviz.snapshot.messages import short_repr
-from gpumemviz.sources.default import cuda_device_count
+from gpumemviz.snapshot.escaping import short_repr
+from gpumemviz.snapshot.sample import check_device
 
 if TYPE_CHECKING:
     from types import TracebackType
     from wsgiref.simple_server import WSGIServer
 
-    from gpumemviz.sampler import Sampler
+    from gpumemviz.live.sampler import Sampler
 
 __all__ = ["Exporter", "PortInUseError", "rank_port", "serve", "serve_rank"]
 
@@ -117,7 +118,7 @@ def serve(
     fragmentation, releasable by ``empty_cache``, alloc retries, OOMs, gpumemviz's own peaks,
     NVML used and non-PyTorch memory, as ``gpumemviz_*`` series labelled rank, local_rank,
     host, device, gpu_uuid and pid (`gpumemviz.prometheus.metrics.METRICS`). Values are read
-    at each scrape from the shared samplers (`gpumemviz.live.shared`), which `serve` starts.
+    at each scrape from the shared samplers (`gpumemviz.live.shared.shared`), which `serve` starts.
 
     Parameters
     ----------

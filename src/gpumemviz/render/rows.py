@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gpumemviz.snapshot.pools import PoolsInUse, normalize_in_use, pool_label, released_mask
-from gpumemviz.units import format_size
+from gpumemviz.snapshot.units import format_size
 
 if TYPE_CHECKING:
     from gpumemviz.snapshot import Snapshot

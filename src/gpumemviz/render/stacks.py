@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
-from gpumemviz.frames import filter_frames, format_frame, user_frame_index
+from gpumemviz.analysis.frames import filter_frames, format_frame, user_frame_index
 
 if TYPE_CHECKING:
     from gpumemviz.snapshot import Snapshot

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from gpumemviz.sample import Sample
+    from gpumemviz.snapshot.sample import Sample
 
-from gpumemviz.frames import UNKNOWN
+from gpumemviz.analysis.frames import UNKNOWN
 
 __all__ = [
     "FIELDS",
@@ -42,7 +42,7 @@ class TimelineData:
 
     Examples
     --------
-    >>> from gpumemviz.sample import MemoryStats, Sample
+    >>> from gpumemviz.snapshot.sample import MemoryStats, Sample
     >>> tl = TimelineData()
     >>> s = Sample(time=5.0, device=0, stats=MemoryStats.from_torch(
     ...     {"allocated_bytes.all.current": 3, "reserved_bytes.all.current": 8}))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpumemviz.render.rows import KIND_NAMES, RowTable
-from gpumemviz.snapshot.messages import short_repr
+from gpumemviz.snapshot.escaping import short_repr
 
 if TYPE_CHECKING:
     from gpumemviz.render.stacks import Hover, Stacks

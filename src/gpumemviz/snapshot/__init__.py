@@ -10,7 +10,7 @@ messages.py and gc_pause.py.
 
 from __future__ import annotations
 
-from .schema import (
+from gpumemviz.snapshot.schema import (
     ACTIONS,
     ALLOCATED,
     INACTIVE,
@@ -18,10 +18,10 @@ from .schema import (
     STATE_NAMES,
     SnapshotError,
 )
-from .snapshot import Snapshot
-from .tables import Block, BlockTable, Segment, SegmentTable, Trace
-from .torch_reader import TorchColumns, read_torch
-from .validation import validate
+from gpumemviz.snapshot.snapshot import Snapshot
+from gpumemviz.snapshot.tables import Block, BlockTable, Segment, SegmentTable, Trace
+from gpumemviz.snapshot.torch_reader import TorchColumns, read_torch
+from gpumemviz.snapshot.validation import validate
 
 __all__ = [
     "ACTIONS",

@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from .messages import short_repr
-from .schema import SnapshotError
+from gpumemviz.snapshot.escaping import short_repr
+from gpumemviz.snapshot.schema import SnapshotError
 
 
 def row_index(i: int, n: int, what: str, plural: str) -> int:

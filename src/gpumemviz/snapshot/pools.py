@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from .messages import short_repr
+from gpumemviz.snapshot.escaping import short_repr
 
 __all__ = [
     "DEFAULT_POOL",

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from .columns import readonly
-from .gc_pause import no_gc
-from .schema import BLOCK_KEYS, SEG_KEYS, TRACE_KEYS, TorchDict, TorchMapping
+from gpumemviz.snapshot.columns import readonly
+from gpumemviz.snapshot.gc_pause import no_gc
+from gpumemviz.snapshot.schema import BLOCK_KEYS, SEG_KEYS, TRACE_KEYS, TorchDict, TorchMapping
 
 
 @dataclass(frozen=True)

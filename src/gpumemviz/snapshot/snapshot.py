@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ..units import format_size
-from .columns import readonly, row_index, take, taker
-from .gc_pause import no_gc
-from .schema import (
+from gpumemviz.snapshot.columns import readonly, row_index, take, taker
+from gpumemviz.snapshot.gc_pause import no_gc
+from gpumemviz.snapshot.schema import (
     ALLOCATED,
     BLOCK_KEYS,
     INACTIVE,
@@ -34,9 +33,10 @@ from .schema import (
     TorchList,
     TorchMapping,
 )
-from .shapes import RowShape
-from .tables import Block, BlockTable, Segment, SegmentTable, Trace
-from .torch_reader import read_torch
+from gpumemviz.snapshot.shapes import RowShape
+from gpumemviz.snapshot.tables import Block, BlockTable, Segment, SegmentTable, Trace
+from gpumemviz.snapshot.torch_reader import read_torch
+from gpumemviz.snapshot.units import format_size
 
 
 def _legacy_frames(extra: TorchMapping | None) -> TorchList | None:

@@ -19,11 +19,18 @@ from typing import Any
 
 import numpy as np
 
-from .columns import int_column, readonly, row_index, take, taker
-from .messages import short_repr, type_phrase
-from .schema import ACTIONS, TRACE_KEYS, IntColumn, SnapshotError, TorchDict, TorchList
-from .shapes import RowShape
-from .stacks import share_stacks
+from gpumemviz.snapshot.columns import int_column, readonly, row_index, take, taker
+from gpumemviz.snapshot.escaping import short_repr, type_phrase
+from gpumemviz.snapshot.schema import (
+    ACTIONS,
+    TRACE_KEYS,
+    IntColumn,
+    SnapshotError,
+    TorchDict,
+    TorchList,
+)
+from gpumemviz.snapshot.shapes import RowShape
+from gpumemviz.snapshot.stacks import share_stacks
 
 
 @dataclass(frozen=True, eq=False)

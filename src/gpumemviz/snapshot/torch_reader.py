@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from .columns import as_int64, int_column
-from .gc_pause import no_gc
-from .messages import short_repr, type_phrase
-from .schema import (
+from gpumemviz.snapshot.columns import as_int64, int_column
+from gpumemviz.snapshot.escaping import short_repr, type_phrase
+from gpumemviz.snapshot.gc_pause import no_gc
+from gpumemviz.snapshot.schema import (
     BLOCK_KEYS,
     SEG_INT_KEYS,
     SEG_KEYS,
@@ -33,7 +33,7 @@ from .schema import (
     TorchList,
     TorchMapping,
 )
-from .shapes import RowShape
+from gpumemviz.snapshot.shapes import RowShape
 
 _STATE_CODE = {name: code for code, name in enumerate(STATE_NAMES)}
 _SMALL_SEGMENT = 2 << 20  # a small-pool segment is exactly 2 MiB (kSmallBuffer)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .messages import short_repr, type_phrase
-from .schema import ALLOCATED, INACTIVE, SnapshotError, TorchDict
-from .snapshot import Snapshot
+from gpumemviz.snapshot.escaping import short_repr, type_phrase
+from gpumemviz.snapshot.schema import ALLOCATED, INACTIVE, SnapshotError, TorchDict
+from gpumemviz.snapshot.snapshot import Snapshot
 
 
 def _check_settings(settings: TorchDict | None) -> None:

@@ -1,4 +1,5 @@
-"""The panel's advice lines, throttled: `gpumemviz.advice.advise` re-reads the whole snapshot, so
+"""The panel's advice lines, throttled: `gpumemviz.analysis.advice.advise` re-reads the whole
+snapshot, so
 a panel advises at most once per interval, and a state the throttle skipped is advised once the
 interval has passed (the lines never stay on an older state when the samples stop)."""
 
@@ -10,8 +11,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
-    from gpumemviz.fragmentation import FragmentationReport
-    from gpumemviz.sample import MemoryStats
+    from gpumemviz.analysis.fragmentation import FragmentationReport
+    from gpumemviz.snapshot.sample import MemoryStats
 
 __all__ = ["AdviceThrottle"]
 
@@ -82,7 +83,7 @@ class AdviceThrottle:
             return
         self._at = now
         self._due = None
-        from gpumemviz.advice import advise
+        from gpumemviz.analysis.advice import advise
 
         if device is not None and device not in report.devices:
             self._publish([])

@@ -23,9 +23,9 @@ from gpumemviz.render.timeline import entry_at_time
 from gpumemviz.widget.panel_state import source_times
 
 if TYPE_CHECKING:
-    from gpumemviz.sample import Sample
-    from gpumemviz.sampler import Sampler
-    from gpumemviz.sources.base import TimeTravelSource
+    from gpumemviz.live.sampler import Sampler
+    from gpumemviz.live.sources.base import TimeTravelSource
+    from gpumemviz.snapshot.sample import Sample
 
 __all__ = ["BY_SHARE", "BY_TIME", "DeviceSet", "recorded_ooms"]
 
@@ -48,8 +48,8 @@ class DeviceSet:
 
     Examples
     --------
-    >>> from gpumemviz.live import sampler_for
-    >>> from gpumemviz.sources.simulated import SimulatedSource
+    >>> from gpumemviz.live.shared import sampler_for
+    >>> from gpumemviz.live.sources.simulated import SimulatedSource
     >>> ds = DeviceSet({d: sampler_for(SimulatedSource(device=d, autostart=False))
     ...                 for d in (1, 0)}, owned=True)
     >>> ds.devices

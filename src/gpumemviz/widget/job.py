@@ -20,8 +20,8 @@ from typing import Any
 import traitlets
 
 from gpumemviz.distributed import JobFeed, JobView
+from gpumemviz.live.sources.base import short_error
 from gpumemviz.render.strips import STRIP_BINS, strip_set
-from gpumemviz.sources.base import short_error
 from gpumemviz.widget.panel import MemoryPanel
 
 __all__ = ["SNAPSHOT_TIMEOUT_S", "SUMMARY_NOTE", "JobPanel", "header_of"]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from gpumemviz.widget.panel import MemoryPanel, live_panels
 
 if TYPE_CHECKING:
-    from gpumemviz.sources.base import Source
+    from gpumemviz.live.sources.base import Source
 
 __all__ = ["mark", "monitor"]
 
@@ -55,8 +55,8 @@ def monitor(
         Seconds between reads (default 0.5). The device's shared sampler takes this interval.
     source : Source, optional
         Where samples come from. Default: the device's shared sampler
-        (`gpumemviz.live.shared`), reading `gpumemviz.sources.default_source`: torch.cuda
-        when CUDA is available, otherwise the simulated allocator, labelled as demo data.
+        (`gpumemviz.live.shared.shared`), reading `gpumemviz.live.sources.default_source`:
+        torch.cuda when CUDA is available, otherwise the simulated allocator, labelled as demo data.
     subshell : bool
         Handle the panel's clicks on a kernel subshell, so they act while a cell runs (default
         True, where the kernel allows it); False queues them until the running cell finishes.
@@ -75,7 +75,7 @@ def monitor(
 
     Examples
     --------
-    >>> from gpumemviz.sources import UnavailableSource
+    >>> from gpumemviz.live.sources import UnavailableSource
     >>> panel = monitor(source=UnavailableSource(0, "no GPU here"), interval=0.1)
     >>> sampler = panel.sampler
     >>> sampler.running
@@ -84,7 +84,7 @@ def monitor(
     >>> sampler.running
     False
     """
-    from gpumemviz.live import local_devices, sampler_for, shared
+    from gpumemviz.live.shared import local_devices, sampler_for, shared
 
     if job is not None:
         return _job_panel(job, device, interval, source, subshell)
@@ -100,7 +100,7 @@ def monitor(
             s.start()
         return panel
     if not isinstance(device, int) or isinstance(device, bool):
-        from gpumemviz.snapshot.messages import short_repr
+        from gpumemviz.snapshot.escaping import short_repr
 
         raise ValueError(f"device must be an index or 'all', got {short_repr(device)}")
     if source is None:

@@ -3,8 +3,8 @@
 State lives in traits, bulk rows travel as binary frames (gpumemviz.render.wire), and every trait
 write and frame send happens on the panel's `Writer` thread (gpumemviz.widget.writer): callers (a
 cell, the sampler's listener, the browser's messages) only enqueue. The front end is the built
-bundle itself (`_esm` and `_css` are paths from gpumemviz.bundles), so anywidget's hot reload
-(``ANYWIDGET_HMR=1``) follows a rebuild during development.
+bundle itself (`_esm` and `_css` are paths from gpumemviz.reporting.bundles), so anywidget's hot
+reload (``ANYWIDGET_HMR=1``) follows a rebuild during development.
 
 The module stays whole (under 800 lines, a third of them docstrings): it is the one class
 whose methods all read and write the same traits, wire and writer queue; the pieces it uses
@@ -28,7 +28,6 @@ import anywidget
 import numpy as np
 import traitlets
 
-from gpumemviz.bundles import bundle_path
 from gpumemviz.render.rows import build_rows
 from gpumemviz.render.stacks import Stacks
 from gpumemviz.render.strips import snapshot_strip_set
@@ -36,6 +35,7 @@ from gpumemviz.render.timeline import (
     TimelineData,
 )
 from gpumemviz.render.wire import Wire, header_numbers
+from gpumemviz.reporting.bundles import bundle_path
 from gpumemviz.snapshot import Snapshot
 from gpumemviz.widget.advising import AdviceThrottle
 from gpumemviz.widget.devices import DeviceSet, recorded_ooms
@@ -52,14 +52,14 @@ from gpumemviz.widget.subshell import delete_subshell, route_to_main, route_to_s
 from gpumemviz.widget.writer import Writer
 
 if TYPE_CHECKING:
-    from gpumemviz.fragmentation import FragmentationReport
+    from gpumemviz.analysis.fragmentation import FragmentationReport
     from gpumemviz.io import SnapshotLike
+    from gpumemviz.live.sampler import Sampler
+    from gpumemviz.live.sources.base import Source, TimeTravelSource
     from gpumemviz.render.timeline import Point
     from gpumemviz.render.wire_frame import Frame
-    from gpumemviz.sample import Sample
-    from gpumemviz.sampler import Sampler
+    from gpumemviz.snapshot.sample import Sample
     from gpumemviz.snapshot.schema import JsonDict, TorchDict
-    from gpumemviz.sources.base import Source, TimeTravelSource
 
     # what waits for the writer thread: a snapshot to show, or the newest sample
     _Item = tuple[Literal["snapshot"], Snapshot] | tuple[Literal["sample"], Sample]
@@ -122,7 +122,8 @@ class MemoryPanel(anywidget.AnyWidget):
     demo = traitlets.Bool(False).tag(sync=True)
     """True when the data comes from a simulated source (shows the "demo data" badge)."""
     advice: traitlets.List[dict[str, str | int | None]] = traitlets.List().tag(sync=True)
-    """gpumemviz.advice for what is shown: [{kind, message, device}], most at stake first."""
+    """gpumemviz.analysis.advice for what is shown: [{kind, message, device}], most at stake
+    first."""
     oom = traitlets.Dict().tag(sync=True)
     """The last captured OOM: {cause, explanation, alloc_size, device_free, time, device}."""
     controls = traitlets.Dict().tag(sync=True)
@@ -228,7 +229,7 @@ class MemoryPanel(anywidget.AnyWidget):
         self._offer(("sample", sample))
 
     def attach(self, sampler: Sampler, *, owned: bool = False) -> None:
-        """Follow a `gpumemviz.sampler.Sampler`: show its newest state now, then every sample.
+        """Follow a `gpumemviz.live.sampler.Sampler`: show its newest state now, then every sample.
 
         The panel only listens; an ``owned`` sampler (made for this panel alone) is also
         stopped when the panel closes. A shared one keeps running for its other panels.
@@ -243,8 +244,8 @@ class MemoryPanel(anywidget.AnyWidget):
 
         Examples
         --------
-        >>> from gpumemviz.live import sampler_for
-        >>> from gpumemviz.sources.simulated import SimulatedSource
+        >>> from gpumemviz.live.shared import sampler_for
+        >>> from gpumemviz.live.sources.simulated import SimulatedSource
         >>> sampler = sampler_for(SimulatedSource(autostart=False))
         >>> panel = MemoryPanel()
         >>> panel.attach(sampler, owned=True)
@@ -331,7 +332,7 @@ class MemoryPanel(anywidget.AnyWidget):
         Parameters
         ----------
         samplers : mapping of int to Sampler
-            One sampler per device (`gpumemviz.live.shared`, or one per played-back device).
+            One sampler per device (`gpumemviz.live.shared.shared`, or one per played-back device).
         selected : int, optional
             The device drawn in full (default: the first with an OOM, else the first).
         owned : bool
@@ -339,8 +340,8 @@ class MemoryPanel(anywidget.AnyWidget):
 
         Examples
         --------
-        >>> from gpumemviz.live import sampler_for
-        >>> from gpumemviz.sources.simulated import SimulatedSource
+        >>> from gpumemviz.live.shared import sampler_for
+        >>> from gpumemviz.live.sources.simulated import SimulatedSource
         >>> feeds = {d: sampler_for(SimulatedSource(device=d, autostart=False)) for d in (0, 1)}
         >>> panel = MemoryPanel()
         >>> panel.attach_devices(feeds, selected=1, owned=True)
@@ -443,8 +444,8 @@ class MemoryPanel(anywidget.AnyWidget):
 
         Examples
         --------
-        >>> from gpumemviz.live import sampler_for
-        >>> from gpumemviz.sources.simulated import SimulatedSource
+        >>> from gpumemviz.live.shared import sampler_for
+        >>> from gpumemviz.live.sources.simulated import SimulatedSource
         >>> panel = MemoryPanel()
         >>> panel.attach(sampler_for(SimulatedSource(autostart=False)))
         >>> panel.detach(); panel.sampler is None
@@ -647,7 +648,7 @@ class MemoryPanel(anywidget.AnyWidget):
         self, snap: Snapshot, extra: JsonDict, status: str, device: int | None = None
     ) -> FragmentationReport:
         """Draw a snapshot; returns its fragmentation report (the advice reads it too)."""
-        from gpumemviz.fragmentation import fragmentation
+        from gpumemviz.analysis.fragmentation import fragmentation
 
         device = self._device if device is None else device
         rows = build_rows(snap, device=device)
@@ -697,7 +698,7 @@ class MemoryPanel(anywidget.AnyWidget):
         '{"segments":[],"device_traces":[]}'
         >>> panel.close()
         """
-        from gpumemviz.export import export
+        from gpumemviz.reporting.export import export
 
         if self.sampler is not None:
             source = self.sampler.source
@@ -730,7 +731,8 @@ class MemoryPanel(anywidget.AnyWidget):
         ----------
         name : str
             empty_cache, export, pause, resume, interval, fit, seek, play, record_history,
-            reset_peaks, device, select; a job panel's rank, rank_snapshot (`gpumemviz.commands`).
+            reset_peaks, device, select; a job panel's rank, rank_snapshot
+            (`gpumemviz.widget.commands`).
         **args
             The command's arguments as the browser sends them (``value``, ``index``, ...).
 
@@ -748,7 +750,7 @@ class MemoryPanel(anywidget.AnyWidget):
         (False, 'this panel shows a fixed snapshot: there is no live source')
         >>> panel.close()
         """
-        from gpumemviz.commands import CommandError, run_command
+        from gpumemviz.widget.commands import CommandError, run_command
 
         t0 = time.perf_counter()
         try:

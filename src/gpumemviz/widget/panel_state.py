@@ -13,12 +13,12 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-    from gpumemviz.fragmentation import FragmentationReport
+    from gpumemviz.analysis.fragmentation import FragmentationReport
+    from gpumemviz.live.sampler import Sampler
+    from gpumemviz.live.sources.base import TimeTravelSource
     from gpumemviz.render.timeline import Mark, Point
-    from gpumemviz.sample import OomEvent
-    from gpumemviz.sampler import Sampler
+    from gpumemviz.snapshot.sample import OomEvent
     from gpumemviz.snapshot.schema import JsonDict
-    from gpumemviz.sources.base import TimeTravelSource
 
 __all__ = [
     "controls_state",

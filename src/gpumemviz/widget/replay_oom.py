@@ -1,6 +1,6 @@
 """The OOM verdict of a replayed recording: the newest ``oom`` trace entry at or before the entry
-shown, judged as a live OOM is (`gpumemviz.fragmentation.oom.classify_event`) on the recorded
-segment state at that entry. A replay has no OOM observer, so without this its header said
+shown, judged as a live OOM is (`gpumemviz.analysis.fragmentation.oom.classify_event`) on the
+recorded segment state at that entry. A replay has no OOM observer, so without this its header said
 "OOMs 0" and gave no verdict even when the recording holds the failure the user came for."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpumemviz.fragmentation.oom import classify_event
-from gpumemviz.sample import OomEvent
+from gpumemviz.analysis.fragmentation.oom import classify_event
+from gpumemviz.snapshot.sample import OomEvent
 
 if TYPE_CHECKING:
+    from gpumemviz.live.sources.base import TimeTravelSource
     from gpumemviz.snapshot.schema import TorchDict
-    from gpumemviz.sources.base import TimeTravelSource
 
 __all__ = ["ReplayedOoms"]
 
@@ -25,7 +25,7 @@ class ReplayedOoms:
 
     Examples
     --------
-    >>> from gpumemviz.sources.playback import PlaybackSource
+    >>> from gpumemviz.live.sources.playback import PlaybackSource
     >>> seg = {"device": 0, "address": 0, "total_size": 2 << 20, "stream": 0,
     ...        "segment_type": "large", "blocks": [{"address": 0, "size": 2 << 20,
     ...        "requested_size": 2 << 20, "state": "active_allocated"}]}

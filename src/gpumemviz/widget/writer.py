@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from gpumemviz.sources.base import short_error
+from gpumemviz.live.sources.base import short_error
 
 __all__ = ["Writer"]
 

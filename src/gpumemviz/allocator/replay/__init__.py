@@ -27,19 +27,18 @@ import numbers
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ..._callable import make_module_callable
-from ...snapshot import Snapshot, SnapshotError, Trace
-from ...snapshot.gc_pause import no_gc
-from ...snapshot.messages import short_repr
-from ...units import parse_size
-from ..config import AllocatorConfig
-from .layout import LayoutError
-from .recording import Recording
-from .result import DeviceReplay, ReplayError, ReplayResult
+from gpumemviz.allocator.config import AllocatorConfig
+from gpumemviz.allocator.replay.layout import LayoutError
+from gpumemviz.allocator.replay.recording import Recording
+from gpumemviz.allocator.replay.result import DeviceReplay, ReplayError, ReplayResult
+from gpumemviz.snapshot import Snapshot, SnapshotError, Trace
+from gpumemviz.snapshot.escaping import short_repr
+from gpumemviz.snapshot.gc_pause import no_gc
+from gpumemviz.snapshot.units import parse_size
 
 if TYPE_CHECKING:
-    from ...io import SnapshotLike
-    from ...snapshot.schema import TorchMapping
+    from gpumemviz.io import SnapshotLike
+    from gpumemviz.snapshot.schema import TorchMapping
 
 __all__ = ["DeviceReplay", "Prepared", "ReplayError", "ReplayResult", "prepare", "replay"]
 
@@ -70,7 +69,7 @@ def _as_source(
         data: TorchMapping = to_torch()
         return data, None
     try:
-        from ...io import load_snapshot
+        from gpumemviz.io import load_snapshot
     except ImportError:  # pragma: no cover - io is part of the package
         raise ReplayError(
             f"cannot read a snapshot from {type(snapshot).__name__}: pass the torch dict"
@@ -168,8 +167,8 @@ def replay(
         ``PYTORCH_CUDA_ALLOC_CONF`` settings (str or `AllocatorConfig`); None: the recorded ones.
     capacity
         Bytes the process can get on each device: bytes or a size string ("24GiB", what
-        `gpumemviz.units.parse_size` reads) for all, or {device: that}; it must be positive.
-        Default: inferred from a recorded ``oom`` entry (reserved + device_free there);
+        `gpumemviz.snapshot.units.parse_size` reads) for all, or {device: that}; it must be
+        positive. Default: inferred from a recorded ``oom`` entry (reserved + device_free there);
         otherwise unknown (`capacity_known` is False) and the model never runs out. A
         recorded ``per_process_memory_fraction`` gives no size (the device total is not
         recorded). Each device's ``capacity_source`` says which: "oom entry", "user" or
@@ -242,7 +241,9 @@ class Prepared:
 
     def _prepare(self, snap: TorchMapping, dev: int) -> None:
         """Reconstruct device `dev` and score its recorded pass."""
-        from .drive import drive  # the model loads here, not with the package
+        from gpumemviz.allocator.replay.driver import (
+            drive,  # the model loads here, not with the package
+        )
 
         try:
             columns = self.traces[dev] if self.traces is not None else None
@@ -271,7 +272,7 @@ class Prepared:
         capacity: dict[int, int | None] | int | None = None,
     ) -> ReplayResult:
         """`replay`'s answer for these settings and capacity (bytes; {device: bytes})."""
-        from .drive import drive
+        from gpumemviz.allocator.replay.driver import drive
 
         cfg = _as_config(config, self.recorded_cfg)
         devices: dict[int, DeviceReplay] = {}
@@ -315,7 +316,3 @@ def prepare(snapshot: SnapshotLike | TorchMapping) -> Prepared:
     Takes what `replay` takes; raises `ReplayError` as it does.
     """
     return Prepared(*_as_source(snapshot))
-
-
-# `import gpumemviz.allocator.replay` binds the package attribute to this module: keep it callable.
-make_module_callable(__name__, replay)

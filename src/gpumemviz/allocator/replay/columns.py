@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from ...snapshot import Trace
-    from ...snapshot.schema import TorchList
-    from .reconstruct import ByAddress, Step
+    from gpumemviz.allocator.replay.reconstruct import ByAddress, Step
+    from gpumemviz.snapshot import Trace
+    from gpumemviz.snapshot.schema import TorchList
 
 __all__ = ["alloc_entries", "by_address", "steps_from_columns"]
 

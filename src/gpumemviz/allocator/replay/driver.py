@@ -3,8 +3,8 @@
 The model is handed only what a running program gives the allocator: size and stream for each
 malloc, frees by allocation id, and, when it asks for a new segment, the base address the driver
 gave (the trace's next segment_alloc / segment_map, from addresses.py). Recorded alloc addresses
-are read only by the scorer (evidence.py: the scoring, and what recorded runs prove). `drive`
-(drive.py) is the entry point.
+are read only by the scorer (evidence.py: the scoring, and what recorded runs prove). `drive`,
+at the end, is the entry point: one pass, scored.
 
 `Driver` stays whole (over 500 lines): every method reads and moves the same state of the
 pass (the model, its address provider, the deferred frees, the figures after each entry), and
@@ -20,25 +20,38 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import stats as S
-from ..addresses import DescendingAddresses
-from ..config import AllocatorConfig
-from ..model import CachingAllocator
-from ..oom import OutOfMemory
-from ..rules import is_small, page_size, reservation_size
-from ..trace import TraceRow
-from .evidence import RELEASES, hidden_growth, same_entries, same_releases, score, without
-from .evidence import pinch as find_pinch
-from .layout import Layout
-from .placement import INVENTED_TOP, Provider, ProviderState, Reservations, Runs
-from .reconstruct import SEGMENT_ACTIONS
-from .recording import Recording
-from .result import DeviceReplay, ReplayError, layout_key
+from gpumemviz.allocator import stats as S
+from gpumemviz.allocator.addresses import DescendingAddresses
+from gpumemviz.allocator.config import AllocatorConfig
+from gpumemviz.allocator.model import CachingAllocator
+from gpumemviz.allocator.oom import OutOfMemory
+from gpumemviz.allocator.replay.evidence import (
+    RELEASES,
+    hidden_growth,
+    same_entries,
+    same_releases,
+    score,
+    without,
+)
+from gpumemviz.allocator.replay.evidence import pinch as find_pinch
+from gpumemviz.allocator.replay.layout import Layout
+from gpumemviz.allocator.replay.placement import (
+    INVENTED_TOP,
+    Provider,
+    ProviderState,
+    Reservations,
+    Runs,
+)
+from gpumemviz.allocator.replay.reconstruct import SEGMENT_ACTIONS
+from gpumemviz.allocator.replay.recording import Recording
+from gpumemviz.allocator.replay.result import DeviceReplay, ReplayError, layout_key
+from gpumemviz.allocator.rules import is_small, page_size, reservation_size
+from gpumemviz.allocator.trace import TraceRow
 
 if TYPE_CHECKING:
-    from ...snapshot.schema import TorchDict
+    from gpumemviz.snapshot.schema import TorchDict
 
-__all__ = ["Driver"]
+__all__ = ["Driver", "drive"]
 
 _DELTA = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 # entries after a free's free_completed that may make it wait for a release (`_release_follows`)
@@ -775,3 +788,60 @@ class Driver:
         if not self.resync:
             out.allocs_matched_per_decision = out.allocs_matched
         return out
+
+
+def drive(
+    recording: Recording,
+    config: AllocatorConfig,
+    capacity: int | None,
+    *,
+    what_if: bool = False,
+    resync: bool = False,
+    explicit: Collection[int] = (),
+    rename: Callable[[int], int] | None = None,
+    device_total: int | None = None,
+    max_mismatches: int = 20,
+) -> tuple[DeviceReplay, list[int | None]]:
+    """Run one device's trace through a fresh model; score it against the recorded addresses.
+
+    Parameters
+    ----------
+    recording
+        The recorded history (start state, entries, recorded layouts for re-synchronising).
+    config
+        Settings the model runs with.
+    capacity
+        Bytes the process can get (None: unlimited, so the model never runs out).
+    what_if
+        Invent segment addresses instead of taking the recorded ones; recorded release runs
+        listed in `explicit` are replayed as empty_cache, other recorded segment entries are
+        ignored, and the pass stops at the model's first OOM.
+    resync
+        After any decision that differs from the recording, rebuild the model from the recorded
+        layout (the per-decision score). Without it the model runs on its own state.
+    explicit
+        What-if only: first indices of the release runs that were explicit empty_cache calls.
+    rename
+        Maps a recorded alloc/free address to the allocation id the driver files the model's
+        block under (default: the address itself). The model never sees ids, so any
+        one-to-one renaming must give the same choices.
+    device_total
+        The device's total memory (sizes the expandable address reservations).
+
+    Returns
+    -------
+    (DeviceReplay, choices)
+        ``choices[i]`` is the model's address for alloc entry i (None elsewhere).
+    """
+    d = Driver(
+        recording,
+        config,
+        capacity,
+        what_if=what_if,
+        resync=resync,
+        explicit=explicit,
+        rename=rename,
+        device_total=device_total,
+        max_mismatches=max_mismatches,
+    )
+    return d.run(), d.choices

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..config import AllocatorConfig
-from ..rules import page_size
-from ..trace import TraceRow
-from .layout import INACTIVE, Layout, LayoutError
-from .reconstruct import SEGMENT_ACTIONS, Rules, Step
-from .result import DeviceReplay
+from gpumemviz.allocator.config import AllocatorConfig
+from gpumemviz.allocator.replay.layout import INACTIVE, Layout, LayoutError
+from gpumemviz.allocator.replay.reconstruct import SEGMENT_ACTIONS, Rules, Step
+from gpumemviz.allocator.replay.result import DeviceReplay
+from gpumemviz.allocator.rules import page_size
+from gpumemviz.allocator.trace import TraceRow
 
 __all__ = [
     "GROWS",

@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..rules import is_small, page_size, should_split
-from .layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
+from gpumemviz.allocator.replay.layout import ALLOCATED, PENDING_FREE, Layout, LayoutError
+from gpumemviz.allocator.rules import is_small, page_size, should_split
 
 if TYPE_CHECKING:
-    from .reconstruct import Rules, Step
+    from gpumemviz.allocator.replay.reconstruct import Rules, Step
 
 __all__ = ["apply_step", "pool_ahead"]
 

@@ -13,9 +13,9 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ...snapshot.schema import TorchDict, TorchList, TorchMapping
+    from gpumemviz.snapshot.schema import TorchDict, TorchList, TorchMapping
 
-from ...snapshot.messages import short_repr
+from gpumemviz.snapshot.escaping import short_repr
 
 __all__ = [
     "ALLOCATED",

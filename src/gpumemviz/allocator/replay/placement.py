@@ -14,15 +14,15 @@ from collections.abc import Callable, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from ..addresses import DescendingAddresses, reservation_starts
-from ..model import CachingAllocator
-from ..rules import page_size, reservation_size
-from ..trace import TraceRow
-from .reconstruct import Step
-from .recording import Recording
+from gpumemviz.allocator.addresses import DescendingAddresses, reservation_starts
+from gpumemviz.allocator.model import CachingAllocator
+from gpumemviz.allocator.replay.reconstruct import Step
+from gpumemviz.allocator.replay.recording import Recording
+from gpumemviz.allocator.rules import page_size, reservation_size
+from gpumemviz.allocator.trace import TraceRow
 
 if TYPE_CHECKING:
-    from ...snapshot.schema import TorchMapping
+    from gpumemviz.snapshot.schema import TorchMapping
 
 __all__ = ["INVENTED_TOP", "Provider", "ProviderState", "Reservations", "Runs"]
 

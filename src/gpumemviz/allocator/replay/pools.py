@@ -19,12 +19,12 @@ import bisect
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from .layout import INACTIVE
-from .reconstruct import Step
+from gpumemviz.allocator.replay.layout import INACTIVE
+from gpumemviz.allocator.replay.reconstruct import Step
 
 if TYPE_CHECKING:
-    from ...snapshot.schema import TorchMapping
-    from .layout import Layout
+    from gpumemviz.allocator.replay.layout import Layout
+    from gpumemviz.snapshot.schema import TorchMapping
 
 __all__ = ["PoolId", "PoolPlan", "plan_pools"]
 

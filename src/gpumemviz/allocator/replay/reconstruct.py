@@ -16,10 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...snapshot.messages import short_repr
-from ..config import AllocatorConfig
-from ..rules import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, is_small, page_size, round_size, should_split
-from .layout import (
+from gpumemviz.allocator.config import AllocatorConfig
+from gpumemviz.allocator.replay.layout import (
     ALLOCATED,
     INACTIVE,
     PENDING_FREE,
@@ -29,10 +27,19 @@ from .layout import (
     Seg,
     block_address,
 )
-from .trail import Trail
+from gpumemviz.allocator.replay.trail import Trail
+from gpumemviz.allocator.rules import (
+    K_MIN_BLOCK_SIZE,
+    K_SMALL_SIZE,
+    is_small,
+    page_size,
+    round_size,
+    should_split,
+)
+from gpumemviz.snapshot.escaping import short_repr
 
 if TYPE_CHECKING:
-    from ...snapshot.schema import TorchDict, TorchMapping
+    from gpumemviz.snapshot.schema import TorchDict, TorchMapping
 
 __all__ = [
     "ALLOC_ACTIONS",

@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...snapshot.gc_pause import no_gc
-from .columns import alloc_entries, by_address, steps_from_columns
-from .forward import apply_step
-from .layout import Layout, LayoutError
-from .pools import PoolPlan, plan_pools
-from .reconstruct import Rules, Step, reconstruct_layout, steps_of
-from .trail import Trail, spacing
+from gpumemviz.allocator.replay.columns import alloc_entries, by_address, steps_from_columns
+from gpumemviz.allocator.replay.forward import apply_step
+from gpumemviz.allocator.replay.layout import Layout, LayoutError
+from gpumemviz.allocator.replay.pools import PoolPlan, plan_pools
+from gpumemviz.allocator.replay.reconstruct import Rules, Step, reconstruct_layout, steps_of
+from gpumemviz.allocator.replay.trail import Trail, spacing
+from gpumemviz.snapshot.gc_pause import no_gc
 
 if TYPE_CHECKING:
-    from ...snapshot import Trace
-    from ...snapshot.schema import TorchDict, TorchList, TorchMapping
+    from gpumemviz.snapshot import Trace
+    from gpumemviz.snapshot.schema import TorchDict, TorchList, TorchMapping
 
 __all__ = ["Recording", "apply_step"]
 

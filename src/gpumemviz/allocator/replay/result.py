@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...snapshot.messages import short_repr
-from ...units import format_size
-from ..config import AllocatorConfig
-from .recording import Recording
+from gpumemviz.allocator.config import AllocatorConfig
+from gpumemviz.allocator.replay.recording import Recording
+from gpumemviz.snapshot.escaping import short_repr
+from gpumemviz.snapshot.units import format_size
 
 if TYPE_CHECKING:
-    from ...snapshot.schema import TorchDict, TorchMapping
+    from gpumemviz.snapshot.schema import TorchDict, TorchMapping
 
 __all__ = ["DeviceReplay", "ReplayError", "ReplayResult", "layout_key"]
 

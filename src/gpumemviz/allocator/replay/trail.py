@@ -15,11 +15,11 @@ from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .forward import apply_step
-from .layout import Layout, LayoutError, Seg
+from gpumemviz.allocator.replay.forward import apply_step
+from gpumemviz.allocator.replay.layout import Layout, LayoutError, Seg
 
 if TYPE_CHECKING:
-    from .reconstruct import Rules, Step
+    from gpumemviz.allocator.replay.reconstruct import Rules, Step
 
 __all__ = ["MAX_SPACING", "Trail", "spacing"]
 

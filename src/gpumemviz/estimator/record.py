@@ -1,0 +1,263 @@
+"""A step run on the meta device, recorded as the storage allocations and frees it makes.
+
+`record(setup, step)` runs user code under a `TorchDispatchMode`: every operator's outputs are
+looked at, each storage seen for the first time (by identity) is an allocation, and a
+`weakref.finalize` on its `untyped_storage()` records the free when the storage dies, in the
+order eager execution frees it. Views and in-place results share a storage already seen, so
+they allocate nothing, as on CUDA. What `setup` allocates is recorded as the "setup" phase; the
+storages reachable from its returned state that no operator made (tensors built outside the
+dispatcher) are added to it, so all of them are live when the measured part starts.
+
+Where meta has no kernel for an operator, its outputs' shapes come from `FakeTensorMode` (the
+operator runs on fake copies of its inputs; its outputs are made as meta tensors), and the
+operator is named in `StepRecording.fake_ops`. torch is imported only inside the functions here.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Event", "MetaError", "StepRecording", "record"]
+
+ALLOC, FREE, BLAS = 0, 1, 2
+
+
+class MetaError(ValueError):
+    """The step cannot run on the meta device: an operator whose output size depends on
+    tensor values (nonzero, unique, `.item()`), or one with neither a meta nor a fake kernel."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One storage allocated (`kind` ALLOC) or freed (FREE) during the meta run, or the first
+    cuBLAS operator run by a handle (BLAS: `blas` names it, "main" or "autograd" thread).
+
+    `key` names the storage (the same for its alloc and its free); `size` is its bytes;
+    `op` the operator whose output it was ("" when no operator made it) and `frame` the user's
+    Python frame that called it ("file:line in function").
+    """
+
+    kind: int
+    key: int
+    size: int
+    op: str = ""
+    frame: str = ""
+    phase: str = "step"
+    blas: str = ""
+
+
+@dataclass
+class StepRecording:
+    """The allocations and frees of one meta run, in order, and what was needed to get them."""
+
+    events: list[Event] = field(default_factory=list)
+    fake_ops: dict[str, int] = field(default_factory=dict)  # operator -> calls run by fake
+    ops: int = 0  # operators dispatched
+    seconds: float = 0.0
+
+    def phase_events(self, phase: str) -> list[Event]:
+        """The events of one phase ("setup" or "step")."""
+        return [e for e in self.events if e.phase == phase]
+
+
+# frames in these folders are library code, never "the user's frame"
+_GPUMEMVIZ_DIR = str(Path(__file__).resolve().parents[1])
+
+
+def _library_dirs() -> tuple[str, ...]:
+    import torch
+
+    return (str(Path(torch.__file__).resolve().parent), _GPUMEMVIZ_DIR)
+
+
+def user_frame(skip: tuple[str, ...]) -> str:
+    """The innermost Python frame outside torch and gpumemviz: "file:line in function"."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(skip) and not name.startswith("<frozen"):
+            return f"{name}:{f.f_lineno} in {f.f_code.co_name}"
+        f = f.f_back  # type: ignore[assignment]
+    return ""
+
+
+def _tensors(value: Any) -> Iterator[Any]:  # Any: whatever an operator or setup returns
+    """Every tensor in a (nested) value: tensors, lists, tuples, dicts, dataclasses, modules,
+    optimizers."""
+    import torch
+
+    stack = [value]
+    seen: set[int] = set()
+    while stack:
+        v = stack.pop()
+        if id(v) in seen:
+            continue
+        seen.add(id(v))
+        if isinstance(v, torch.Tensor):
+            yield v
+            if v.grad is not None:
+                stack.append(v.grad)
+        elif isinstance(v, list | tuple | set | frozenset):
+            stack.extend(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, torch.nn.Module):
+            stack.extend(v.parameters())
+            stack.extend(v.buffers())
+        elif is_dataclass(v) and not isinstance(v, type):
+            stack.extend(getattr(v, f.name) for f in fields(v))
+        elif isinstance(v, torch.optim.Optimizer):
+            stack.extend(v.state.values())
+            stack.extend(p for g in v.param_groups for p in g["params"])
+
+
+def record(
+    setup: Callable[[Any], Any] | None,
+    step: Callable[[Any], Any],
+    *,
+    cuda_paths: bool = True,
+    blas_ops: frozenset[str] = frozenset(),
+) -> StepRecording:
+    """Run `setup` (if any) then `step` on the meta device and record their allocations.
+
+    With `setup`, ``state = setup(device)`` runs first (phase "setup") and ``step(state)`` is
+    the measured part; without, ``step(device)`` is. `cuda_paths` makes torch take the
+    foreach / fused paths it takes for CUDA tensors (`extras.cuda_paths`). `blas_ops` names
+    the operators (``overloadpacket`` names, e.g. "mm") that run through cuBLAS: the first one
+    each handle runs is a BLAS event after its outputs.
+    """
+    import time
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    from gpumemviz.estimator.extras import cuda_paths as patch_paths
+
+    rec = StepRecording()
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    composites: dict[Any, bool] = {}  # operator -> has a CompositeImplicitAutograd kernel
+    events = rec.events
+    keys: dict[int, int] = {}  # StorageImpl address -> key, while the storage lives
+    skip = _library_dirs()
+    phase = ["setup"]
+    meta = torch.device("meta")
+
+    def freed(cdata: int, key: int, size: int) -> None:
+        if keys.get(cdata) == key:
+            del keys[cdata]
+        if phase[0] != "done":  # what dies after the step returned is not part of it
+            events.append(Event(FREE, key, size, phase=phase[0]))
+
+    def track(t: Any, op: str) -> None:  # Any: a tensor
+        if t.device.type != "meta":
+            return
+        s = t.untyped_storage()
+        cdata = s._cdata
+        if cdata in keys:
+            return
+        size = s.nbytes()
+        key = len(events)
+        keys[cdata] = key
+        events.append(Event(ALLOC, key, size, op, user_frame(skip), phase[0]))
+        weakref.finalize(s, freed, cdata, key, size)
+
+    handles: set[str] = set()
+
+    def fake_run(func: Any, args: Any, kwargs: Any) -> Any:  # Any: torch's operator values
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        name = str(func.overloadpacket.__name__)
+        rec.fake_ops[name] = rec.fake_ops.get(name, 0) + 1
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            flat, spec = tree_flatten((args, kwargs))
+            fakes = [mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in flat]
+            fargs, fkwargs = spec.unflatten(fakes)
+            out = func(*fargs, **fkwargs)
+        outs, ospec = tree_flatten(out)
+        made = [
+            torch.empty_strided(o.shape, o.stride(), dtype=o.dtype, device=meta)
+            if isinstance(o, torch.Tensor)
+            else o
+            for o in outs
+        ]
+        return ospec.unflatten(made)
+
+    class Recorder(TorchDispatchMode):  # type: ignore[misc]
+        def __torch_dispatch__(
+            self,
+            func: Any,
+            types: Any,
+            args: Any = (),
+            kwargs: Any = None,  # Any: torch's dispatch arguments
+        ) -> Any:
+            rec.ops += 1
+            kwargs = kwargs or {}
+            composite = composites.get(func)
+            if composite is None:
+                composite = composites[func] = has_kernel(func.name(), "CompositeImplicitAutograd")
+            if composite:
+                # under inference_mode the composite operator reaches the mode whole: run its
+                # decomposition here, so its temporaries (einsum's copies) are seen as on CUDA
+                with self:
+                    out = func.decompose(*args, **kwargs)
+                if out is not NotImplemented:
+                    return out
+            try:
+                out = func(*args, **kwargs)
+            except NotImplementedError as e:
+                try:
+                    out = fake_run(func, args, kwargs)
+                except Exception:
+                    raise MetaError(
+                        f"aten::{func.overloadpacket.__name__} at {user_frame(skip) or '?'} "
+                        f"cannot run on the meta device nor under FakeTensorMode: "
+                        f"{_first_line(e)}"
+                    ) from None
+            name = str(func.overloadpacket.__name__)
+            if isinstance(out, torch.Tensor):
+                track(out, name)
+            else:
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor):
+                        track(t, name)
+            if name in blas_ops:
+                handle = "autograd" if torch._C._current_graph_task_id() != -1 else "main"
+                if handle not in handles:
+                    handles.add(handle)
+                    frame = user_frame(skip)
+                    events.append(Event(BLAS, -1, 0, name, frame, phase[0], handle))
+            return out
+
+    start = time.perf_counter()
+    try:
+        with patch_paths(cuda_paths), Recorder():
+            if setup is not None:
+                state = setup(meta)
+                for t in _tensors(state):
+                    track(t, "")
+                phase[0] = "step"
+                out = step(state)
+            else:
+                phase[0] = "step"
+                out = step(meta)
+            del out
+            phase[0] = "done"
+    except (RuntimeError, NotImplementedError) as e:  # what meta refuses, e.g. .item()
+        where, phase[0] = phase[0], "done"
+        raise MetaError(
+            f"{'setup' if where == 'setup' else 'step'} failed on the meta device: "
+            f"{type(e).__name__}: {_first_line(e)}"
+        ) from e
+    rec.seconds = time.perf_counter() - start
+    return rec

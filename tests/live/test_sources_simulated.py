@@ -1,0 +1,168 @@
+"""sources/simulated.py: the allocator model running a workload, as demo data."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import pytest
+from torch.cuda import _memory_viz
+
+from gpumemviz.analysis.fragmentation.oom import classify_event
+from gpumemviz.live.sampler import Sampler
+from gpumemviz.live.sources import Source, default_source
+from gpumemviz.live.sources.simulated import SimulatedSource
+from gpumemviz.snapshot.sample import NOT_CLASSIFIED, OomEvent
+
+
+def run_to_end(src: SimulatedSource) -> int:
+    n = 0
+    while True:
+        ran = src.step(2000)
+        n += ran
+        if ran < 2000:
+            return n
+
+
+def test_is_a_source_labelled_as_demo_data():
+    src = SimulatedSource(autostart=False)
+    assert isinstance(src, Source)
+    s = src.sample()
+    assert s.demo and "demo data" in s.source_label
+    assert s.nvml.synthetic
+    assert s.state == "ok" and s.stats.reserved == 0
+
+
+def test_default_source_without_cuda_is_the_simulation():
+    src = default_source(0)
+    try:
+        assert isinstance(src, SimulatedSource)
+    finally:
+        src.close()
+
+
+def test_training_workload_fragments_and_its_oom_is_classified():
+    src = SimulatedSource("training", autostart=False)
+    events: list[OomEvent] = []
+    src.set_oom_handler(events.append, classify=classify_event)
+    steps = run_to_end(src)
+    assert steps == 10_886  # deterministic: the OOM is the 10,886th allocator call
+    assert len(events) == 1 and list(src.ooms) == events
+    ev = events[0]
+    assert ev.cause == "fragmentation", ev.explanation
+    assert ev.free_in_segments >= ev.request_size > ev.largest_free_block
+    assert ev.snapshot["device_traces"][0][-1]["action"] == "oom"
+    oom = src.oom_sample(ev)
+    assert oom.keyframe and oom.oom is ev
+    assert int(oom.segments.segments.total_size.sum()) == ev.reserved
+    # the sample after the OOM obeys the conservation law
+    s = src.sample()
+    assert int(s.segments.segments.total_size.sum()) == s.stats.reserved
+    assert int(s.segments.segments.allocated_size.sum()) == s.stats.allocated
+
+
+def test_without_a_classifier_the_oom_carries_the_raw_facts():
+    """The source sits below the analysis layer: the verdict is the classifier's, handed down
+    with the handler; without one the event holds what the failure said, judged the same later."""
+    src = SimulatedSource("training", autostart=False)
+    events: list[OomEvent] = []
+    src.set_oom_handler(events.append)
+    run_to_end(src)
+    (ev,) = events
+    assert (ev.cause, ev.explanation, ev.largest_free_block) == ("unknown", NOT_CLASSIFIED, 0)
+    assert ev.device_total == src.workload.capacity and ev.request_size > 0
+    assert classify_event(ev).cause == "fragmentation"
+
+
+def test_commands_act_on_the_model():
+    src = SimulatedSource("training", autostart=False)
+    src.step(3000)
+    before = src.sample().stats
+    released = src.empty_cache()
+    after = src.sample().stats
+    assert released == {0: before.reserved - after.reserved}
+    exported = src.export()
+    assert "device_traces" in exported and exported["device_traces"][0]
+    # torch's own memory_viz reads the export
+    assert "Summary of segments" in _memory_viz.segsum(exported)
+
+
+def test_unknown_workload_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown workload 'trainig'; known: \\["):
+        SimulatedSource("trainig")
+    with pytest.raises(ValueError, match="steps_per_second must be positive"):
+        SimulatedSource(steps_per_second=0)
+
+
+def test_runs_on_its_own_thread_and_the_sampler_sees_the_oom():
+    before = set(threading.enumerate())
+    src = SimulatedSource("training", steps_per_second=200_000, pause_after_oom=0.2)
+    s = Sampler(src, interval=0.05, segment_interval=0.1, classify=classify_event)
+    got: list = []
+    s.add_listener(lambda x: got.append(x) if x.oom is not None else None)
+    s.start()
+    try:
+        end = time.monotonic() + 20
+        while not got and time.monotonic() < end:
+            time.sleep(0.05)
+        assert got, "no OOM sample within 20 s"
+        assert got[0].oom.cause == "fragmentation" and got[0].keyframe and got[0].demo
+        end = time.monotonic() + 10
+        while src.runs < 2 and time.monotonic() < end:  # then the workload starts again
+            time.sleep(0.05)
+        assert src.runs >= 2
+    finally:
+        s.close()
+    assert not [
+        t for t in threading.enumerate() if t not in before and t.name.startswith("gpumemviz")
+    ]
+    assert s.sample_once().state == "ok"  # a closed simulation still answers, frozen
+
+
+def test_keeps_only_the_newest_ooms():
+    """Each OOM holds a full snapshot with its trace: a demo left open must not pile them up."""
+    from gpumemviz.live.sources.simulated import OOMS_KEPT
+
+    src = SimulatedSource("training", autostart=False)
+    run_to_end(src)
+    first = src.ooms[-1]
+    for i in range(OOMS_KEPT + 5):
+        src._deliver(dataclasses.replace(first, time=float(i)))
+    assert len(src.ooms) == OOMS_KEPT
+    assert [e.time for e in src.ooms] == [float(i) for i in range(5, OOMS_KEPT + 5)]
+
+
+def test_a_program_driving_the_model_gets_its_oom_after_every_handler_ran():
+    """`step(raise_oom=True)`: the handlers run in the stepping thread first (as torch's
+    observer does), then the model's own OutOfMemory is raised; each classifier runs once."""
+    from gpumemviz.allocator.oom import OutOfMemory
+
+    src = SimulatedSource("training", autostart=False, loop=False)
+    seen: list[tuple[str, object]] = []
+    judged: list[object] = []
+
+    def judge(event):
+        judged.append(event)
+        return classify_event(event)
+
+    src.set_oom_handler(lambda e: seen.append(("sampler", e)), classify=judge)
+    src.add_oom_handler(lambda e: seen.append(("extra", e)), judge)
+    src.add_oom_handler(lambda e: seen.append(("raw", e)))
+    with pytest.raises(OutOfMemory) as caught:
+        while src.step(1000, raise_oom=True):
+            pass
+    assert [who for who, _ in seen] == ["sampler", "extra", "raw"]
+    assert len(judged) == 1 and seen[0][1] is seen[1][1]  # one judgement, shared
+    assert seen[2][1].cause == "unknown" and seen[0][1].cause != "unknown"
+    assert caught.value.alloc_size == seen[0][1].alloc_size
+    assert src.step(10) == 0  # the run is over, as after a real OOM
+
+
+def test_history_recording_follows_record_history():
+    src = SimulatedSource("training", autostart=False, record_history=False)
+    src.step(200)
+    assert src.history_enabled() is False and src.export()["device_traces"][0] == []
+    src.record_history(True)
+    src.step(200)
+    assert src.history_enabled() is True and len(src.export()["device_traces"][0]) > 0
