@@ -56,7 +56,7 @@ NB02 = [
     import gpumemviz
     from gpumemviz.allocator.workloads import WORKLOADS, run
     from gpumemviz.live.sources.simulated import SimulatedSource
-    from gpumemviz.snapshot.units import format_size
+    from gpumemviz import format_size
 
     training = WORKLOADS["training"]
     print(training.description)
@@ -306,7 +306,7 @@ NB03 = [
     """),
     md("## Inspect the final state"),
     code("""
-    from gpumemviz.snapshot.units import format_size
+    from gpumemviz import format_size
 
     snap = gpumemviz.load_snapshot(path)
     report = gpumemviz.fragmentation(snap)
@@ -530,7 +530,7 @@ NB04 = [
 
     import gpumemviz
     from gpumemviz.allocator.workloads import WORKLOADS, run
-    from gpumemviz.snapshot.units import format_size
+    from gpumemviz import format_size
 
     contiguous, paged = WORKLOADS["inference_contiguous"], WORKLOADS["inference_paged"]
     print(paged.description)

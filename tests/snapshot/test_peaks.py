@@ -89,9 +89,13 @@ def test_only_the_button_resets_torchs_peak_counters():
                 callers[node.attr].add(path.relative_to(SRC).as_posix())
             if isinstance(node, ast.Constant) and node.value == "reset_peaks":
                 callers["reset_peaks"].add(path.relative_to(SRC).as_posix())
-    assert callers["reset_peak_memory_stats"] == {"sources/torch_cuda.py"}
+    assert callers["reset_peak_memory_stats"] == {"live/sources/torch_cuda.py"}
     # the sampler calls the source's; commands calls the sampler's (and looks the name up)
-    assert callers["reset_peaks"] == {"sampler.py", "commands.py", "widget/panel_state.py"}
+    assert callers["reset_peaks"] == {
+        "live/sampler.py",
+        "widget/commands.py",
+        "widget/panel_state.py",
+    }
     panel_src = (SRC / "widget" / "panel_state.py").read_text()
     assert '"can_reset_peaks": callable(getattr(source, "reset_peaks", None))' in panel_src
 

@@ -152,9 +152,8 @@ def _raises_with_repr(tree: ast.AST) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-#: Modules whose messages may use a plain repr: units is below the formatter's layer (the
-#: snapshot package imports it), and the sampler's name only the caller's own numbers.
-_PLAIN_REPR_OK = {"units.py"}
+#: Modules whose messages may use a plain repr (none: units sits beside the formatter now).
+_PLAIN_REPR_OK: set[str] = set()
 
 
 def test_every_message_embeds_values_through_the_bounded_formatter():
@@ -164,7 +163,7 @@ def test_every_message_embeds_values_through_the_bounded_formatter():
         if path.relative_to(PKG).as_posix() not in _PLAIN_REPR_OK
         for line, expr in _raises_with_repr(ast.parse(path.read_text()))
     ]
-    assert bad == [], "use snapshot.messages.short_repr: " + ", ".join(bad)
+    assert bad == [], "use snapshot.escaping.short_repr: " + ", ".join(bad)
 
 
 def test_the_formatter_check_finds_a_plain_repr():

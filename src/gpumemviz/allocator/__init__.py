@@ -10,12 +10,13 @@ import importlib
 from typing import Any
 
 # name -> module that defines it; a name equal to its module's (replay, workloads) is the module
+# (the replay function is `gpumemviz.replay`, or `replay.replay` here)
 _LAZY: dict[str, str] = {
     "AllocatorConfig": "gpumemviz.allocator.config",
     "CachingAllocator": "gpumemviz.allocator.model",
     "ConfigError": "gpumemviz.allocator.config",
     "OutOfMemory": "gpumemviz.allocator.oom",
-    "replay": "gpumemviz.allocator.replay",  # the callable module: replay(snapshot, ...)
+    "replay": "gpumemviz.allocator.replay",
     "workloads": "gpumemviz.allocator.workloads",
 }
 

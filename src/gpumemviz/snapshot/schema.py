@@ -31,7 +31,7 @@ class SnapshotError(ValueError):
     """A snapshot that cannot be read or is inconsistent; the message says what and where.
 
     A `ValueError`. The message is always one line: every value from the file in it goes
-    through the helpers of ``snapshot/messages.py`` (bounded repr, unprintables escaped), and a
+    through the helpers of ``snapshot/escaping.py`` (bounded repr, unprintables escaped), and a
     segment is named by `Snapshot.where` ("segment 3 (device 0, 0x7f5d00000000): block 7 has
     no size"). Every reader raises it: `Snapshot.from_torch`, `validate`,
     `gpumemviz.load_snapshot` and the analyses that take a torch dict.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from gpumemviz.snapshot.escaping import short_repr
+
 __all__ = ["format_size", "parse_size"]
 
 _UNITS = {
@@ -90,15 +92,15 @@ def parse_size(text: str | int | float) -> int:
     ValueError: not a size: '2 parsecs' (try 2GiB, 512MB or a number of bytes)
     """
     if isinstance(text, bool):
-        raise ValueError(f"not a size: {text!r}")
+        raise ValueError(f"not a size: {short_repr(text)}")
     if isinstance(text, int):
         if text < 0:
             raise ValueError(f"a size cannot be negative: {text}")
         return text
     match = _SIZE_RE.match(str(text))
     if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a size: {text!r} (try 2GiB, 512MB or a number of bytes)")
+        raise ValueError(f"not a size: {short_repr(text)} (try 2GiB, 512MB or a number of bytes)")
     value = float(match.group(1)) * _UNITS[match.group(2).lower()]
     if value != int(value):
-        raise ValueError(f"not a whole number of bytes: {text!r}")
+        raise ValueError(f"not a whole number of bytes: {short_repr(text)}")
     return int(value)

@@ -476,7 +476,7 @@ class FragmentationReport:
 
         Examples
         --------
-        >>> from gpumemviz.fragmentation import fragmentation
+        >>> from gpumemviz.analysis.fragmentation import fragmentation
         >>> seg = {"device": 0, "address": 0x7F0000000000, "total_size": 20 * 2**20,
         ...        "stream": 0, "segment_type": "large", "blocks": [
         ...     {"size": 4 * 2**20, "requested_size": 4_000_000, "state": "active_allocated"},
