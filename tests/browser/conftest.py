@@ -24,6 +24,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if here in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.browser)
+            # one xdist worker runs them all: they share one JupyterLab (a session fixture)
+            item.add_marker(pytest.mark.xdist_group("browser"))
             if not Path(CHROMIUM).exists():
                 item.add_marker(pytest.mark.skip(reason=f"{CHROMIUM} is not installed"))
 
