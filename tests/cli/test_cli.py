@@ -350,7 +350,12 @@ def test_diff_bad_input_exits_2(tmp_path, capsys):
     assert "\n" not in err
     bad = _write(tmp_path / "x.json", b"[1, 2")
     assert main(["diff", str(bad), str(good)]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"error: A ({bad}): " in err  # which of the two it is
+    notes = _write(tmp_path / "notes.txt", b"hello, these are my notes")
+    assert main(["diff", str(good), str(notes)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: B ({notes}): not a pickle or JSON snapshot" in err
     assert main(["diff", str(good)]) == 2  # argparse: B is required
 
 
@@ -419,7 +424,7 @@ def test_demo_command_opens_the_quickstart(capsys):
     root = Path(__file__).resolve().parents[2]
     assert line.startswith(f"cd {root / 'example_notebooks'} && {sys.executable} -m jupyter lab ")
     assert "--ServerApp.port=9123" in line and "--no-browser" in line
-    assert line.endswith(" 01_quickstart.ipynb")
+    assert "--LabApp.default_url=/lab/tree/01_quickstart.ipynb" in line  # not the Launcher
     assert (root / "example_notebooks" / "01_quickstart.ipynb").is_file()
 
 
@@ -462,7 +467,11 @@ def test_demo_serves_the_quickstart_notebook(tmp_path):
             if not line:
                 break
             seen.append(line)
-            m = re.search(rf"http://127\.0\.0\.1:{port}/lab\?token=([0-9a-f]+)", line)
+            # the printed URL opens the quickstart itself, not the Launcher (/lab?token=)
+            m = re.search(
+                rf"http://127\.0\.0\.1:{port}/lab/tree/01_quickstart\.ipynb\?token=([0-9a-f]+)",
+                line,
+            )
             token = m.group(1) if m else None
         assert token, "".join(seen)
         url = f"http://127.0.0.1:{port}/api/contents/01_quickstart.ipynb?content=0&token={token}"
@@ -547,7 +556,22 @@ def test_report_bad_input_exits_2(tmp_path, capsys, args, message):
     err = captured.err.strip()
     assert captured.out == "" and "\n" not in err
     assert err.startswith("gpumemviz report: error:") and message in err
-    assert main(["report", str(src)]) == 2  # argparse: -o is required
+    assert main(["report", str(src)]) == 2  # no output given
+    assert "say where to write: gpumemviz report FILE OUTPUT" in capsys.readouterr().err
+    two = ["report", str(src), str(tmp_path / "a.html"), "-o", str(tmp_path / "b.html")]
+    assert main(two) == 2
+    assert "two outputs given" in capsys.readouterr().err
+
+
+def test_report_and_export_take_the_output_as_their_second_argument(tmp_path, capsys):
+    src = _model_snapshot(tmp_path)
+    page, table = tmp_path / "out.html", tmp_path / "out.csv"
+    assert main(["report", str(src), str(page)]) == 0
+    assert main(["export", str(src), str(table)]) == 0
+    assert page.read_text().startswith("<!doctype html>")
+    assert table.read_text().splitlines()[0].count(",") > 2  # a CSV header
+    out = capsys.readouterr().out
+    assert f"wrote {page} (" in out
 
 
 def test_settings_not_recorded_are_said_the_same_in_inspect_and_whatif(tmp_path, capsys):

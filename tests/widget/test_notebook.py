@@ -223,4 +223,4 @@ def test_make_demo_runs_the_cli_demo_command():
     assert shown.returncode == 0, shown.stderr
     assert f"cd {FOLDER} && " in shown.stdout
     assert "jupyter lab --ServerApp.ip=127.0.0.1" in shown.stdout
-    assert shown.stdout.rstrip().endswith("01_quickstart.ipynb")
+    assert "--LabApp.default_url=/lab/tree/01_quickstart.ipynb" in shown.stdout

@@ -67,12 +67,13 @@ def demo_command(port: int = 8888, *, no_browser: bool = False) -> tuple[list[st
         "lab",
         "--ServerApp.ip=127.0.0.1",
         f"--ServerApp.port={port}",
+        # the URL jupyter prints (and opens) is the notebook's, not the Launcher's
+        f"--LabApp.default_url=/lab/tree/{notebook.name}",
     ]
     if no_browser or headless:
         cmd.append("--no-browser")
     if hasattr(os, "getuid") and os.getuid() == 0:
         cmd.append("--allow-root")  # containers run as root; jupyter refuses it otherwise
-    cmd.append(notebook.name)
     return cmd, notebook.parent
 
 
@@ -86,7 +87,8 @@ def run_demo(args: argparse.Namespace) -> int:
         return 0
     print(
         f"gpumemviz demo: JupyterLab on {DEMO_NOTEBOOK}; open the "
-        f"http://127.0.0.1:{args.port}/lab?token=... URL it prints (Ctrl-C stops it)",
+        f"http://127.0.0.1:{args.port}/lab/tree/{DEMO_NOTEBOOK.name}?token=... URL it prints "
+        "(Ctrl-C stops it)",
         flush=True,
     )
     if os.name == "posix":  # become the server: Ctrl-C and kill reach jupyter, no orphan

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from gpumemviz.cli.common import Subparsers
 
-from gpumemviz.cli.common import STDIN, UsageError, snapshot_input
+from gpumemviz.cli.common import STDIN, UsageError, input_name, snapshot_input
 from gpumemviz.cli.output import say, say_json
+from gpumemviz.snapshot.escaping import error_line
 
 __all__ = ["add_diff", "run_diff"]
 
@@ -34,7 +35,13 @@ def run_diff(args: argparse.Namespace) -> int:
 
     if str(args.a) == str(args.b) == STDIN:
         raise UsageError("only one of A and B can be - (standard input)")
-    result = diff(load_snapshot(snapshot_input(args.a)), load_snapshot(snapshot_input(args.b)))
+    sides = []
+    for label, arg in (("A", args.a), ("B", args.b)):
+        try:
+            sides.append(load_snapshot(snapshot_input(arg)))
+        except (ValueError, OSError) as e:  # say which of the two files it is
+            raise UsageError(f"{label} ({input_name(arg)}): {error_line(e)}") from None
+    result = diff(*sides)
     if args.json:
         say_json(result.to_dict())
     else:

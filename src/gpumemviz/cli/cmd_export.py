@@ -11,6 +11,7 @@ from gpumemviz.cli.common import (
     add_sharing_args,
     check_output,
     input_name,
+    output_of,
     snapshot_input,
 )
 from gpumemviz.cli.output import say
@@ -45,6 +46,7 @@ def run_export(args: argparse.Namespace) -> int:
     from gpumemviz.io import load_snapshot
     from gpumemviz.reporting.export import export
 
+    args.output = output_of(args)
     check_output(args.output, args.force)
     if is_stdout(args.output) and sys.stdout.isatty() and _format(args) == "pickle":
         raise UsageError(

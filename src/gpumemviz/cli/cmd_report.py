@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from gpumemviz.cli.common import add_sharing_args, check_output, snapshot_input
+from gpumemviz.cli.common import add_sharing_args, check_output, output_of, snapshot_input
 from gpumemviz.cli.output import say
 from gpumemviz.io import is_stdout
 from gpumemviz.snapshot.units import format_size
@@ -35,6 +35,7 @@ def add_report(sub: Subparsers) -> None:
 def run_report(args: argparse.Namespace) -> int:
     from gpumemviz.reporting.html_report import report
 
+    args.output = output_of(args)
     check_output(args.output, args.force)
     # the file itself: its name is the title and its size sets the page's budget
     path = report(

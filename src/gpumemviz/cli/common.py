@@ -28,6 +28,7 @@ __all__ = [
     "add_sharing_args",
     "check_output",
     "input_name",
+    "output_of",
     "snapshot_input",
 ]
 
@@ -58,15 +59,27 @@ def input_name(arg: str | os.PathLike[str]) -> str:
 
 
 def add_sharing_args(p: argparse.ArgumentParser, output_help: str) -> None:
-    """FILE, -o OUTPUT and --redact-paths: what every command that writes a file to share takes."""
+    """FILE, OUTPUT (or -o OUTPUT) and --redact-paths: what every command that writes a file to
+    share takes. `check_output` then reads the output from either place."""
     p.add_argument("file", type=Path, help="snapshot file (- for standard input)")
-    p.add_argument("-o", "--output", type=Path, required=True, help=output_help)
+    p.add_argument("output_arg", type=Path, nargs="?", metavar="OUTPUT", help=output_help)
+    p.add_argument("-o", "--output", type=Path, help="the same as OUTPUT")
     p.add_argument(
         "--redact-paths",
         action="store_true",
         help="replace home directories and user names in every string first",
     )
     p.add_argument("--force", action="store_true", help="replace OUTPUT even when it is read-only")
+
+
+def output_of(args: argparse.Namespace) -> Path:
+    """The OUTPUT a sharing command writes: given as the second argument or as -o (once)."""
+    given = [o for o in (args.output_arg, args.output) if o is not None]
+    if not given:
+        raise UsageError(f"say where to write: gpumemviz {args.command} FILE OUTPUT")
+    if len(given) == 2 and given[0] != given[1]:
+        raise UsageError(f"two outputs given ({given[0]} and -o {given[1]}): give one")
+    return given[0]
 
 
 def check_output(path: Path, force: bool = False) -> None:
