@@ -64,6 +64,11 @@ ALLOWED: tuple[tuple[str, str, str], ...] = (
         "a torch storage's identity (two tensors sharing storage share it)",
     ),
     (
+        "live.job_store",
+        "distributed_c10d._get_default_store",
+        "torch has no public getter for the default process group's store",
+    ),
+    (
         "live.sources.oom_capture",
         "_torch().cuda.memory._snapshot",
         "torch's allocator snapshot (no public getter returns the raw dict)",
