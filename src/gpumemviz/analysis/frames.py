@@ -314,8 +314,10 @@ class Redactor:
         self._cache: dict[str, str] = {}
         self._pattern: re.Pattern[str] | None = None
 
-    def _assign(self) -> None:
-        """Number the names learnt since the last call, in sorted order."""
+    def assign_numbers(self) -> None:
+        """Number the names learnt (`learn`) since the last call, in sorted order: `names` then
+        holds them. `text` and `redact` call it; a caller that only learns (to list the names
+        a snapshot holds, `find_user_names`) calls it once at the end."""
         for name in sorted(self._pending - self.names.keys()):
             self.names[name] = f"user{len(self.names) + 1}"
         if self._pending:
@@ -351,7 +353,7 @@ class Redactor:
             return out
         self.learn(s)
         if self._pending:
-            self._assign()
+            self.assign_numbers()
         out = _HOME.sub(self._home, s)
         pat = self._names_pattern()
         if pat is not None:
@@ -368,7 +370,7 @@ class Redactor:
         strings = _unique_strings(obj)
         for s in strings:
             self.learn(s)
-        self._assign()
+        self.assign_numbers()
         changed = {}
         for s in strings:
             r = self.text(s)
@@ -409,7 +411,7 @@ def find_user_names(obj: object) -> list[str]:
     r = Redactor()
     for s in _unique_strings(obj):
         r.learn(s)
-    r._assign()
+    r.assign_numbers()
     return list(r.names)
 
 

@@ -13,17 +13,14 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    # what `ArgumentParser.add_subparsers()` returns (argparse's class; generic only in typeshed)
-    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+from typing import Protocol
 
 from gpumemviz.io import check_target, is_stdout
 
 __all__ = [
     "NOT_RECORDED",
     "STDIN",
+    "Subparsers",
     "UsageError",
     "add_sharing_args",
     "check_output",
@@ -37,6 +34,15 @@ STDIN = "-"
 
 #: What `inspect` and `whatif` say of a file that does not record its allocator settings.
 NOT_RECORDED = "not recorded (assumed PyTorch's defaults)"
+
+
+class Subparsers(Protocol):
+    """What `ArgumentParser.add_subparsers()` returns, as each subcommand's ``add_*`` uses it:
+    one parser per subcommand, with its one-line help and its description."""
+
+    def add_parser(self, name: str, *, help: str, description: str) -> argparse.ArgumentParser:
+        """A new subcommand `name`'s own parser."""
+        ...
 
 
 class UsageError(ValueError):

@@ -153,6 +153,19 @@ class Publisher:
                 feed.sampler.stop()
         return not self.running
 
+    def serve_metrics(self, prometheus_port: int, rank: int, local_rank: int) -> Exporter | None:
+        """Serve the rank's Prometheus endpoint on ``prometheus_port + local_rank``, reading the
+        rank's own samplers; `publish` calls it. It becomes `exporter` (stopped with the
+        publisher); when it cannot be served, one logged line, None, and publishing goes on."""
+        samplers = {f.sampler.source.device: f.sampler for f in self.feeds}
+        try:
+            self.exporter = serve_rank(
+                prometheus_port, rank=rank, local_rank=local_rank, samplers=samplers
+            )
+        except (OSError, ValueError, ImportError) as exc:
+            self._say_once("prometheus", f"Prometheus metrics not served: {short_error(exc)}")
+        return self.exporter
+
     def __enter__(self) -> Publisher:
         return self
 
@@ -442,18 +455,5 @@ def publish(
         record_history=bool(record_history),
     )
     if prometheus_port is not None:
-        handle.exporter = _serve_metrics(handle, prometheus_port, rank, local_rank)
+        handle.serve_metrics(prometheus_port, rank, local_rank)
     return handle.start()
-
-
-def _serve_metrics(
-    handle: Publisher, prometheus_port: int, rank: int, local_rank: int
-) -> Exporter | None:
-    """The rank's Prometheus endpoint on ``prometheus_port + local_rank``, reading the rank's own
-    samplers; one logged line (publishing goes on) when it cannot be served."""
-    samplers = {f.sampler.source.device: f.sampler for f in handle.feeds}
-    try:
-        return serve_rank(prometheus_port, rank=rank, local_rank=local_rank, samplers=samplers)
-    except (OSError, ValueError, ImportError) as exc:
-        handle._say_once("prometheus", f"Prometheus metrics not served: {short_error(exc)}")
-        return None

@@ -16,6 +16,7 @@ import os
 from typing import Any
 
 from gpumemviz.distributed.keys import short_text
+from gpumemviz.live.job_store import default_group_store
 from gpumemviz.snapshot.escaping import short_repr
 
 __all__ = [
@@ -58,10 +59,7 @@ def default_store() -> Store:
             "no default process group: call torch.distributed.init_process_group first, "
             "or pass store="
         )
-    from torch.distributed import distributed_c10d
-
-    store = distributed_c10d._get_default_store()
-    return bottom(store)
+    return bottom(default_group_store())
 
 
 def bottom(store: Store) -> Store:

@@ -6,7 +6,9 @@ a figure someone else chose. The sampler keeps its own running maximum over its 
 (`PeakTracker`), and gpumemviz resets torch's counters only when the panel's "reset peaks" button
 asks (`gpumemviz.live.sampler.Sampler.reset_peaks`). torch's peak counters only ever rise until a
 reset, so a drop between two samples that gpumemviz did not make is someone else's reset: it is
-counted and named (`Peaks.note`), and the panel shows the line. When torch's count of
+counted and named (`Peaks.note`), and the panel shows the line. `Peaks`, the value stamped on
+each sample, is one of the sample's frozen values (`gpumemviz.snapshot.sample`); this module
+keeps the tracker that makes it. When torch's count of
 allocations falls too, every counter started over (a new allocator: the demo's next run, or
 ``reset_accumulated_memory_stats``): gpumemviz's peaks start over with it, and no reset is
 counted.
@@ -15,11 +17,11 @@ counted.
 from __future__ import annotations
 
 import threading
-import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the value the tracker reads; `gpumemviz.snapshot.sample` holds a `Peaks` itself
+from gpumemviz.snapshot.sample import Peaks
+
+if TYPE_CHECKING:  # the value the tracker reads
     from gpumemviz.snapshot.sample import Sample
 
 __all__ = ["PeakTracker", "Peaks"]
@@ -27,42 +29,6 @@ __all__ = ["PeakTracker", "Peaks"]
 # torch's count of allocations ever made: only a new allocator or reset_accumulated_memory_stats
 # lowers it, never reset_peak_memory_stats
 _ALLOCATIONS = "allocation.all.allocated"
-
-
-@dataclass(frozen=True, slots=True)
-class Peaks:
-    """The most allocated and reserved bytes gpumemviz's samples saw since ``since``.
-
-    Never read from torch's peak counters: a rise and fall between two samples is missed, the
-    price of figures nobody else can reset. ``torch_resets`` counts the resets of torch's
-    counters gpumemviz saw and did not make; ``last_torch_reset`` is the ``time.time()`` of the
-    sample that saw the newest. Samples share one value until a figure changes.
-
-    Examples
-    --------
-    >>> Peaks(3, 8, 0.0).note is None
-    True
-    >>> Peaks(3, 8, 0.0, torch_resets=2, last_torch_reset=0.0).note.split(";")[0]
-    "torch's peak counters were reset outside gpumemviz 2 times (last 00:00:00 UTC)"
-    """
-
-    allocated: int
-    reserved: int
-    since: float  # time.time() of the first sample counted (sampler start or the reset button)
-    torch_resets: int = 0
-    last_torch_reset: float | None = None
-
-    @property
-    def note(self) -> str | None:
-        """One line for the panel once someone else reset torch's peak counters, else None."""
-        if not self.torch_resets or self.last_torch_reset is None:
-            return None
-        when = time.strftime("%H:%M:%S", time.gmtime(self.last_torch_reset))
-        times = "once" if self.torch_resets == 1 else f"{self.torch_resets} times"
-        return (
-            f"torch's peak counters were reset outside gpumemviz {times} (last {when} UTC); "
-            "the peaks shown are gpumemviz's own"
-        )
 
 
 class PeakTracker:

@@ -8,6 +8,7 @@ plus a shared key tuple, so a long history of stats costs about 1.3 KB per sampl
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -15,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from gpumemviz.snapshot.escaping import short_repr
-from gpumemviz.snapshot.peaks import Peaks
 
 if TYPE_CHECKING:  # the columnar snapshot; imported for types only (sample stays cheap)
     from gpumemviz.snapshot import Snapshot
@@ -33,6 +33,7 @@ __all__ = [
     "MemoryStats",
     "NvmlInfo",
     "OomEvent",
+    "Peaks",
     "Sample",
     "check_device",
     "check_interval",
@@ -111,7 +112,7 @@ class _Figure:
     def __get__(self, stats: MemoryStats | None, owner: type | None = None) -> int:
         if stats is None:
             return self  # type: ignore[return-value]  # the descriptor, for help() and docs
-        return stats._get0(self.key)
+        return stats.figure(self.key)
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -176,7 +177,21 @@ class MemoryStats(Mapping[str, int]):
 
     __hash__ = None  # type: ignore[assignment]
 
-    def _get0(self, key: str) -> int:
+    def figure(self, key: str) -> int:
+        """One torch key's value as an int, 0 when this torch lacks the key: what the figure
+        properties (`allocated`, `reserved`, ...) read.
+
+        Parameters
+        ----------
+        key : str
+            A flattened ``memory_stats()`` key, such as ``"num_alloc_retries"``.
+
+        Examples
+        --------
+        >>> s = MemoryStats.from_torch({"num_ooms": 2.0})
+        >>> s.figure("num_ooms"), s.figure("num_alloc_retries"), s["num_ooms"]
+        (2, 0, 2.0)
+        """
         i = _interned(self.keys_)[1].get(key)
         return 0 if i is None else int(self.values[i])
 
@@ -301,6 +316,42 @@ class OomEvent:
     snapshot_error: str | None = None
     device_total: int = 0  # the device's total memory (0 if unknown)
     stream: int | None = None  # the failed request's raw stream (the ``oom`` trace entry's)
+
+
+@dataclass(frozen=True, slots=True)
+class Peaks:
+    """The most allocated and reserved bytes gpumemviz's samples saw since ``since``.
+
+    Never read from torch's peak counters: a rise and fall between two samples is missed, the
+    price of figures nobody else can reset. ``torch_resets`` counts the resets of torch's
+    counters gpumemviz saw and did not make; ``last_torch_reset`` is the ``time.time()`` of the
+    sample that saw the newest. Samples share one value until a figure changes.
+
+    Examples
+    --------
+    >>> Peaks(3, 8, 0.0).note is None
+    True
+    >>> Peaks(3, 8, 0.0, torch_resets=2, last_torch_reset=0.0).note.split(";")[0]
+    "torch's peak counters were reset outside gpumemviz 2 times (last 00:00:00 UTC)"
+    """
+
+    allocated: int
+    reserved: int
+    since: float  # time.time() of the first sample counted (sampler start or the reset button)
+    torch_resets: int = 0
+    last_torch_reset: float | None = None
+
+    @property
+    def note(self) -> str | None:
+        """One line for the panel once someone else reset torch's peak counters, else None."""
+        if not self.torch_resets or self.last_torch_reset is None:
+            return None
+        when = time.strftime("%H:%M:%S", time.gmtime(self.last_torch_reset))
+        times = "once" if self.torch_resets == 1 else f"{self.torch_resets} times"
+        return (
+            f"torch's peak counters were reset outside gpumemviz {times} (last {when} UTC); "
+            "the peaks shown are gpumemviz's own"
+        )
 
 
 @dataclass(frozen=True, slots=True)

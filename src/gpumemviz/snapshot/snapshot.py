@@ -245,28 +245,13 @@ class Snapshot:
             "blk_frames": self._blk_frames,
             "seg_extra": dict(self._seg_shape.extra),
             "blk_extra": dict(self._blk_shape.extra),
-            "traces": {
-                d: {
-                    "objects": dict(t._objects),
-                    "extra": dict(t._shape.extra),
-                    "action_names": list(t.action_names),
-                }
-                for d, t in self.traces.items()
-            },
+            "traces": {d: t.object_parts() for d, t in self.traces.items()},
             "allocator_settings": self.allocator_settings,
             "external_annotations": self.external_annotations,
             "top_extra": dict(self._top_extra),
         }
         out = fn(payload)
-        traces = {
-            d: replace(
-                t,
-                action_names=tuple(out["traces"][d]["action_names"]),
-                _objects=out["traces"][d]["objects"],
-                _shape=replace(t._shape, extra=out["traces"][d]["extra"]),
-            )
-            for d, t in self.traces.items()
-        }
+        traces = {d: t.with_object_parts(out["traces"][d]) for d, t in self.traces.items()}
         return replace(
             self,
             traces=traces,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from operator import itemgetter
 from typing import Any
@@ -296,6 +296,45 @@ class Trace:
             frees,
             _objects=objects,
             _shape=shape,
+        )
+
+    def object_parts(self) -> TorchDict:
+        """What the entries hold besides the int columns, as `Snapshot.map_objects` hands it
+        to its function: ``{"objects": {key: list or None}`` (frames and strings, one value per
+        entry, the lists shared), ``"extra": {row: {key: value}}`` (keys outside the known
+        ones), ``"action_names": [str, ...]}``; the dicts and the name list are copies.
+
+        Examples
+        --------
+        >>> t = Trace.from_entries([{"action": "alloc", "addr": 0, "size": 8, "stream": 0,
+        ...                          "frames": [], "note": "x"}])
+        >>> parts = t.object_parts()
+        >>> parts["objects"]["frames"], parts["extra"], parts["action_names"][:2]
+        ([[]], {0: {'note': 'x'}}, ['alloc', 'free_requested'])
+        """
+        return {
+            "objects": dict(self._objects),
+            "extra": dict(self._shape.extra),
+            "action_names": list(self.action_names),
+        }
+
+    def with_object_parts(self, parts: TorchDict) -> Trace:
+        """A copy with the same int columns (shared) and `parts`, shaped as `object_parts`
+        returns them, in place of its own objects, extra values and action names.
+
+        Examples
+        --------
+        >>> t = Trace.from_entries([{"action": "alloc", "addr": 0, "size": 8, "stream": 0,
+        ...                          "note": "x"}])
+        >>> parts = t.object_parts()
+        >>> t.with_object_parts({**parts, "extra": {0: {"note": "y"}}}).entry(0)["note"]
+        'y'
+        """
+        return replace(
+            self,
+            action_names=tuple(parts["action_names"]),
+            _objects=parts["objects"],
+            _shape=replace(self._shape, extra=parts["extra"]),
         )
 
     def _values(self) -> dict[str, Any]:  # Any: lists, or callables of row indices

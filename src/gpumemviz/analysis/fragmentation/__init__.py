@@ -13,10 +13,10 @@ paths or bytes, through `gpumemviz.io.as_snapshot`) gives its own columns. Eithe
 values are read the same way, and a bad one gets the same one-line SnapshotError. Full validation
 belongs to `load_snapshot`; the analysis checks only what it reads.
 
-One job per module: `report` (the values returned), `columns` (both ways in -> columns), `reduce`
-(columns -> figures), `pools` (the private pools' in-use assumption and per-pool figures), `fit`
-(can_fit and its answer), `expandable_fit` (where can_fit lands in expandable mode), `_util`
-(helpers `reduce` and `fit` share).
+One job per module: `report` (the values returned), `tables` (its per-segment and free-block
+columns), `columns` (both ways in -> columns), `reduce` (columns -> figures), `pools` (the private
+pools' in-use assumption and per-pool figures), `fit` (can_fit and its answer), `expandable_fit`
+(where can_fit lands in expandable mode), `_util` (helpers `reduce` and `fit` share).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from gpumemviz.analysis.fragmentation.report import (  # N_WORST: public before 
     MemoryFigures,
     PoolFigures,
     PoolKey,
-    SegmentFigures,
     SegmentSummary,
 )
+from gpumemviz.analysis.fragmentation.tables import FreeBlocks, SegmentFigures
 
 if TYPE_CHECKING:
     from gpumemviz.io import SnapshotLike
@@ -49,6 +49,7 @@ __all__ = [
     "ConservationViolation",
     "FitAnswer",
     "FragmentationReport",
+    "FreeBlocks",
     "MemoryFigures",
     "PoolFigures",
     "PoolKey",

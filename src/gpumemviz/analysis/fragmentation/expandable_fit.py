@@ -12,27 +12,27 @@ from gpumemviz.allocator.rules import page_size
 from gpumemviz.analysis.fragmentation._util import blocks_of
 from gpumemviz.snapshot.units import format_size
 
-if TYPE_CHECKING:  # annotations only: the report imports `fit`, which imports this module
-    from gpumemviz.analysis.fragmentation.report import FragmentationReport, SegmentFigures
+if TYPE_CHECKING:
+    from gpumemviz.analysis.fragmentation.tables import FreeBlocks, SegmentFigures
 
 __all__ = ["expandable_walk", "pages_to_map"]
 
 
-def expandable_walk(r: FragmentationReport, cand: np.ndarray) -> int:
+def expandable_walk(c: SegmentFigures, free: FreeBlocks, cand: np.ndarray) -> int:
     """The expandable-size walk: prefer blocks that cannot grow over a growable (tail) block.
 
     A block's "expandable size" is its size plus the unmapped range after it: for the last free
     block of a mapped run, the gap to the next run of the same stream and pool, or (after the
     last run) the rest of the reservation, which the snapshot does not record and which counts
     as unbounded. The walk moves on while the next candidate's expandable size is smaller.
+    `cand` are rows of `free`, in best-fit order.
     """
-    c = r.per_segment
 
     def grows(k: int) -> float:
         i = int(cand[k])
-        row = int(r._free_segment[i])
-        size = int(r._free_size[i])
-        if int(r._free_offset[i]) + size != int(c.total_size[row]):
+        row = int(free.segment[i])
+        size = int(free.size[i])
+        if int(free.offset[i]) + size != int(c.total_size[row]):
             return float(size)
         nxt = _next_run(c, row)
         end = int(c.address[row] + c.total_size[row])
@@ -40,7 +40,7 @@ def expandable_walk(r: FragmentationReport, cand: np.ndarray) -> int:
 
     pick = 0
     here = grows(0)
-    while pick + 1 < len(cand) and c.is_expandable[r._free_segment[cand[pick + 1]]]:
+    while pick + 1 < len(cand) and c.is_expandable[free.segment[cand[pick + 1]]]:
         there = grows(pick + 1)
         if not there < here:
             break
@@ -64,7 +64,9 @@ def _next_run(c: SegmentFigures, row: int) -> int | None:
 
 
 def pages_to_map(
-    r: FragmentationReport,
+    c: SegmentFigures,
+    free: FreeBlocks,
+    large_segment_size: int,
     rounded: int,
     stream: int,
     device: int,
@@ -81,10 +83,9 @@ def pages_to_map(
     it, there are `rounded` bytes in a row; then only the missing part is mapped, in whole pages
     (docs/allocator.md, Expandable segments). `flushed`: the layout after the allocator's own
     flush, which completes the pending frees and unmaps every whole free page first, so the
-    tail it grows shrinks.
+    tail it grows shrinks. `large_segment_size` is the recorded setting's (`page_size`).
     """
-    c = r.per_segment
-    page = page_size(small, r.config.large_segment_size)
+    page = page_size(small, large_segment_size)
     rows = np.flatnonzero(
         (c.device == device)
         & (c.stream == stream)
@@ -96,7 +97,7 @@ def pages_to_map(
     rows = rows[np.argsort(c.address[rows], kind="stable")].tolist()
     runs: list[tuple[int, int, int, int]] = []  # (address, total, free head, free tail)
     for row in rows:
-        runs.extend(_flushed_pieces(r, row, page) if flushed else [_run_shape(r, row)])
+        runs.extend(_flushed_pieces(c, free, row, page) if flushed else [_run_shape(c, free, row)])
     base = int(c.address[rows[0]]) if rows else 0
     found = _first_fit(runs, base, rounded, page)
     if found is not None:
@@ -155,15 +156,17 @@ def _first_fit(
     return None
 
 
-def _flushed_pieces(r: FragmentationReport, row: int, page: int) -> list[tuple[int, int, int, int]]:
+def _flushed_pieces(
+    c: SegmentFigures, free: FreeBlocks, row: int, page: int
+) -> list[tuple[int, int, int, int]]:
     """A mapped run after the flush: its free and pending-free ranges lose their whole pages,
     which splits it into mapped pieces (address, total, free head, free tail)."""
-    start = int(r.per_segment.address[row])
-    total = int(r.per_segment.total_size[row])
+    start = int(c.address[row])
+    total = int(c.total_size[row])
     blocks = sorted(
         [
-            *blocks_of(r._free_segment, r._free_offset, r._free_size, row),
-            *blocks_of(r._pend_segment, r._pend_offset, r._pend_size, row),
+            *blocks_of(free.segment, free.offset, free.size, row),
+            *blocks_of(free.pending_segment, free.pending_offset, free.pending_size, row),
         ]
     )
     ranges: list[list[int]] = []  # merged free ranges, offsets in the run
@@ -189,12 +192,12 @@ def _flushed_pieces(r: FragmentationReport, row: int, page: int) -> list[tuple[i
     return pieces
 
 
-def _run_shape(r: FragmentationReport, row: int) -> tuple[int, int, int, int]:
+def _run_shape(c: SegmentFigures, free: FreeBlocks, row: int) -> tuple[int, int, int, int]:
     """A mapped run's address, total size, free head and free tail."""
-    sel = np.flatnonzero(r._free_segment == row)
-    total = int(r.per_segment.total_size[row])
-    offs = r._free_offset[sel]
-    sizes = r._free_size[sel]
+    sel = np.flatnonzero(free.segment == row)
+    total = int(c.total_size[row])
+    offs = free.offset[sel]
+    sizes = free.size[sel]
     lead = int(sizes[offs == 0].sum())
     tail = int(sizes[offs + sizes == total].sum())
-    return int(r.per_segment.address[row]), total, lead, tail
+    return int(c.address[row]), total, lead, tail

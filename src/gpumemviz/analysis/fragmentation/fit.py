@@ -20,10 +20,11 @@ from gpumemviz.analysis.fragmentation._util import pool_name
 from gpumemviz.analysis.fragmentation.expandable_fit import expandable_walk, pages_to_map
 from gpumemviz.snapshot.escaping import short_repr
 from gpumemviz.snapshot.pools import pool_label
-from gpumemviz.snapshot.units import format_size, parse_size
+from gpumemviz.snapshot.units import format_size
 
-if TYPE_CHECKING:  # annotations only: the report calls `can_fit` and imports this module
-    from gpumemviz.analysis.fragmentation.report import FragmentationReport
+if TYPE_CHECKING:
+    from gpumemviz.allocator.config import AllocatorConfig
+    from gpumemviz.analysis.fragmentation.tables import FreeBlocks, SegmentFigures
     from gpumemviz.snapshot.schema import JsonDict
 
 #: `FitAnswer.verdict` values, in the order the allocator tries them
@@ -70,22 +71,27 @@ class FitAnswer:
 
 
 def can_fit(
-    r: FragmentationReport,
-    nbytes: int | str,
+    c: SegmentFigures,
+    free: FreeBlocks,
+    cfg: AllocatorConfig,
+    expandable_mode: bool,
+    *,
+    reserved: int,
+    releasable: int,
+    nbytes: int,
     stream: int,
     device: int,
-    device_free: int | str | None,
-    pool_id: tuple[int, int] = (0, 0),
+    device_free: int | None,
+    pool_id: object,
 ) -> FitAnswer:
-    req = parse_size(nbytes)
-    room = None if device_free is None else parse_size(device_free)
-    r.device(device)  # ValueError naming the devices present
+    """`FragmentationReport.can_fit` on the report's tables and settings; `reserved` and
+    `releasable` are the device's figures, `nbytes` and `device_free` parsed already; a bad
+    `pool_id` raises ValueError."""
+    req, room = nbytes, device_free
     pid = _pool_id(pool_id)
-    cfg = r.config
     rounded = round_size(req, cfg.divisions)
     small = is_small(rounded)
     pool = pool_name(small)
-    c = r.per_segment
     where = f"stream {stream}'s {pool} pool" if stream else f"the {pool} pool"
     if pid != (0, 0):
         where += f" of {pool_label(pid)}"
@@ -101,25 +107,25 @@ def can_fit(
 
     # (a) best fit among cached inactive blocks of this device, stream and pool: each private
     # pool has its own small and large pools (docs/allocator.md, Best fit)
-    seg = r._free_segment
+    seg = free.segment
     same = (c.device[seg] == device) & (c.stream[seg] == stream) & (c.is_small[seg] == small)
-    big_enough = r._free_size >= rounded
+    big_enough = free.size >= rounded
     mine = (c.pool_id[seg, 0] == pid[0]) & (c.pool_id[seg, 1] == pid[1])
     ok = same & mine & big_enough
     exp_blk = c.is_expandable[seg]
-    if not r.expandable_mode:
+    if not expandable_mode:
         ok &= ~exp_blk  # expandable blocks are skipped once the mode is off
     cand = np.flatnonzero(ok)
     rejected = ""
     if len(cand):
-        addr = c.address[seg[cand]] + r._free_offset[cand]
-        order = np.lexsort((addr, r._free_size[cand]))
+        addr = c.address[seg[cand]] + free.offset[cand]
+        order = np.lexsort((addr, free.size[cand]))
         cand, addr = cand[order], addr[order]
         pick = 0
-        if r.expandable_mode and exp_blk[cand[0]]:
-            pick = expandable_walk(r, cand)
+        if expandable_mode and exp_blk[cand[0]]:
+            pick = expandable_walk(c, free, cand)
         i = int(cand[pick])
-        bsize = int(r._free_size[i])
+        bsize = int(free.size[i])
         baddr = int(addr[pick])
         if not oversize_rejects(
             bsize, rounded, cfg.max_split_size, cfg.max_non_split_rounding_size
@@ -130,7 +136,7 @@ def can_fit(
                 block_address=baddr,
                 block_size=bsize,
                 new_bytes=0,
-                releasable=r.devices[device].releasable,
+                releasable=releasable,
                 device_free=room,
                 explanation=(
                     f"{asked} fits in the cached free block at 0x{baddr:x} "
@@ -143,15 +149,16 @@ def can_fit(
             f" (its best-fit block at 0x{baddr:x}, {format_size(bsize)}, is refused by the "
             f"max_split_size rules)"
         )
-    rejected += _other_pools(r, seg, same & ~mine & big_enough, pid)
+    rejected += _other_pools(c, free, same & ~mine & big_enough, pid)
 
     # (b) new memory: a cudaMalloc'd segment, or pages mapped beyond a free expandable tail
-    if r.expandable_mode:
-        need, how = pages_to_map(r, rounded, stream, device, small, pool_id=pid)
+    if expandable_mode:
+        need, how = pages_to_map(
+            c, free, cfg.large_segment_size, rounded, stream, device, small, pool_id=pid
+        )
     else:
         need = allocation_size(rounded, cfg.large_segment_size)
         how = f"a new {format_size(need)} segment"
-    releasable = r.devices[device].releasable
     head = f"No cached block of {where} on device {device} fits {asked}{rejected}; it needs {how}"
     if room is None:
         return FitAnswer(
@@ -168,7 +175,6 @@ def can_fit(
             ),
             **base,
         )
-    reserved = r.devices[device].reserved
     alloc = allocation_size(rounded, cfg.large_segment_size)
     fraction = cfg.per_process_memory_fraction
     # per_process_memory_fraction caps reserved at fraction x device total (free + reserved);
@@ -182,7 +188,7 @@ def can_fit(
     capped = (
         "" if cap is None else f" (per_process_memory_fraction caps reserved at {format_size(cap)})"
     )
-    gc_low, gc_high = _garbage_collected(r, device, cap, cfg.garbage_collection_threshold)
+    gc_low, gc_high = _garbage_collected(c, reserved, device, cap, cfg.garbage_collection_threshold)
     if fits_with(0, need):
         verdict, fits = "new_segment", True
         gc_first = (
@@ -199,7 +205,10 @@ def can_fit(
             "of its oldest unused segments."
         )
     elif not gc_high and fits_with(
-        oversize := _oversize_released(r, rounded, stream, device, small, pid), need
+        oversize := _oversize_released(
+            c, free, cfg.max_split_size, rounded, stream, device, small, pid
+        ),
+        need,
     ):
         verdict, fits = "new_segment", True
         tail = (
@@ -211,8 +220,18 @@ def can_fit(
         # the flush also unmaps the whole free pages of the tail it would grow, so in
         # expandable mode the retry needs the pages of the flushed layout
         after = (
-            pages_to_map(r, rounded, stream, device, small, flushed=True, pool_id=pid)[0]
-            if r.expandable_mode
+            pages_to_map(
+                c,
+                free,
+                cfg.large_segment_size,
+                rounded,
+                stream,
+                device,
+                small,
+                flushed=True,
+                pool_id=pid,
+            )[0]
+            if expandable_mode
             else need
         )
         then = "" if after == need else f" ({format_size(after)} of pages after the flush)"
@@ -260,19 +279,17 @@ def _pool_id(pool_id: object) -> tuple[int, int]:
     raise ValueError(f"pool must be a pair of ints such as (0, 0), got {short_repr(pool_id)}")
 
 
-def _other_pools(
-    r: FragmentationReport, seg: np.ndarray, sel: np.ndarray, pid: tuple[int, int]
-) -> str:
+def _other_pools(c: SegmentFigures, free: FreeBlocks, sel: np.ndarray, pid: tuple[int, int]) -> str:
     """Where another pool of the device holds a free block big enough: the request cannot use
     it (each pool keeps its own blocks), and the answer says so."""
     idx = np.flatnonzero(sel)
     if not len(idx):
         return ""
-    best = int(idx[np.argmax(r._free_size[idx])])
-    row = int(seg[best])
-    other = (int(r.per_segment.pool_id[row, 0]), int(r.per_segment.pool_id[row, 1]))
+    best = int(idx[np.argmax(free.size[idx])])
+    row = int(free.segment[best])
+    other = (int(c.pool_id[row, 0]), int(c.pool_id[row, 1]))
     return (
-        f" ({_named(other)} holds a free {format_size(int(r._free_size[best]))} block, but a "
+        f" ({_named(other)} holds a free {format_size(int(free.size[best]))} block, but a "
         f"request in {_named(pid)} cannot use another pool's blocks)"
     )
 
@@ -282,7 +299,9 @@ def _named(pool_id: tuple[int, int]) -> str:
 
 
 def _oversize_released(
-    r: FragmentationReport,
+    c: SegmentFigures,
+    free: FreeBlocks,
+    mss: int,
     rounded: int,
     stream: int,
     device: int,
@@ -294,11 +313,9 @@ def _oversize_released(
     Only with max_split_size set: the pool's smallest cached
     block of at least max(request, max_split_size), or else its largest oversize blocks,
     largest first, until as many bytes came back (as the allocator model)."""
-    mss = r.config.max_split_size
     if mss == UNLIMITED:
         return 0
-    c = r.per_segment
-    seg = r._free_segment
+    seg = free.segment
     idx = np.flatnonzero(
         (c.device[seg] == device)
         & (c.stream[seg] == stream)
@@ -308,13 +325,13 @@ def _oversize_released(
     )
     if not len(idx):
         return 0
-    size = r._free_size[idx]
+    size = free.size[idx]
     rows = seg[idx]
-    order = np.lexsort((c.address[rows] + r._free_offset[idx], size))  # the pool's order
+    order = np.lexsort((c.address[rows] + free.offset[idx], size))  # the pool's order
     sizes: list[int] = size[order].tolist()
     # cudaFree takes whole segments: the allocator never splits an oversize block, so a cached
     # one is a whole non-expandable segment (a hand-made file may say otherwise: kept)
-    whole = (r._free_offset[idx] == 0) & (size == c.total_size[rows]) & ~c.is_expandable[rows]
+    whole = (free.offset[idx] == 0) & (size == c.total_size[rows]) & ~c.is_expandable[rows]
     freeable = whole[order].tolist()
     key = max(rounded, mss)
     i = bisect_left(sizes, key)
@@ -330,20 +347,18 @@ def _oversize_released(
 
 
 def _garbage_collected(
-    r: FragmentationReport, device: int, cap: int | None, threshold: float
+    c: SegmentFigures, reserved: int, device: int, cap: int | None, threshold: float
 ) -> tuple[int, int]:
     """What `garbage_collect_cached_blocks` frees before a new segment: at least and at most,
     in bytes (docs/allocator.md, Garbage collection). It runs only with a fraction cap and a
     threshold, while reserved is above threshold x cap, and frees whole unused large
     non-expandable segments oldest first (by an age the snapshot does not record) until
-    reserved is back under the threshold."""
+    reserved is back under the threshold; `reserved` is the device's."""
     if cap is None or threshold <= 0.0:
         return 0, 0
-    reserved = r.devices[device].reserved
     limit = int(threshold * cap)
     if reserved <= limit:
         return 0, 0
-    c = r.per_segment
     whole = (
         (c.device == device)
         & ~c.is_small

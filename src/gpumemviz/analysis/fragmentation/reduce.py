@@ -20,10 +20,10 @@ from gpumemviz.analysis.fragmentation.report import (
     MemoryFigures,
     PoolFigures,
     PoolKey,
-    SegmentFigures,
     SegmentSummary,
 )
 from gpumemviz.analysis.fragmentation.settings import parse_settings
+from gpumemviz.analysis.fragmentation.tables import FreeBlocks, SegmentFigures
 
 if TYPE_CHECKING:
     from gpumemviz.snapshot.schema import JsonDict
@@ -257,12 +257,14 @@ def reduce_columns(
         config=config,
         expandable_mode=expandable_mode,
         pools_in_use=pools_in_use,
-        _free_segment=cols.free_segment,
-        _free_offset=cols.free_offset,
-        _free_size=cols.free_size,
-        _pend_segment=cols.pend_segment,
-        _pend_offset=cols.pend_offset,
-        _pend_size=cols.pend_size,
+        free_blocks=FreeBlocks(
+            segment=cols.free_segment,
+            offset=cols.free_offset,
+            size=cols.free_size,
+            pending_segment=cols.pend_segment,
+            pending_offset=cols.pend_offset,
+            pending_size=cols.pend_size,
+        ),
     )
 
 

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from gpumemviz.allocator.config import AllocatorConfig
 from gpumemviz.allocator.rules import UNLIMITED
 from gpumemviz.analysis.fragmentation.fit import FitAnswer, can_fit
+from gpumemviz.analysis.fragmentation.tables import FreeBlocks, SegmentFigures
+from gpumemviz.snapshot.units import parse_size
 
 if TYPE_CHECKING:
     from gpumemviz.snapshot.schema import JsonDict, TorchMapping
@@ -230,48 +230,6 @@ class MemoryFigures:
         return next((p for p in self.pools if p.pool_id == key), None)
 
 
-@dataclass(frozen=True, eq=False)
-class SegmentFigures:
-    """Per-segment figures as numpy columns, one row per segment in snapshot order.
-
-    Properties `stuck_free` (what empty_cache leaves free in each segment) and
-    `external_fragmentation` are derived columns.
-    """
-
-    device: np.ndarray  # i64
-    address: np.ndarray  # i64
-    total_size: np.ndarray  # i64
-    allocated: np.ndarray  # i64
-    pending_free: np.ndarray  # i64
-    requested: np.ndarray  # i64 (active_allocated blocks only)
-    free: np.ndarray  # i64
-    largest_free: np.ndarray  # i64
-    free_sq: np.ndarray  # f64: sum of squared inactive block sizes
-    releasable: np.ndarray  # i64: what empty_cache returns from this segment (once its pool may)
-    n_blocks: np.ndarray  # i64
-    stream: np.ndarray  # i64
-    is_small: np.ndarray  # bool
-    is_expandable: np.ndarray  # bool
-    pool_id: np.ndarray  # (n, 2) i64
-
-    def __len__(self) -> int:
-        return len(self.total_size)
-
-    @property
-    def stuck_free(self) -> np.ndarray:
-        """Free bytes left after empty_cache (which completes pending frees first): free +
-        pending_free - releasable (trapped blocks, or slivers of expandable pages)."""
-        stuck: np.ndarray = np.maximum(self.free + self.pending_free - self.releasable, 0)
-        return stuck
-
-    @property
-    def external_fragmentation(self) -> np.ndarray:
-        """1 - largest_free / free per segment (0.0 where free is 0)."""
-        with np.errstate(divide="ignore", invalid="ignore"):
-            frac = 1.0 - self.largest_free / self.free
-        return np.where(self.free > 0, frac, 0.0)
-
-
 # --------------------------------------------------------------------------------------------
 # The report
 
@@ -301,6 +259,9 @@ class FragmentationReport:
         The assumption on private pools (a snapshot does not record their use count): True,
         all in use (the default); False, all released; a set: exactly those in use. A pool in
         use keeps its free segments through empty_cache.
+    free_blocks : FreeBlocks
+        The inactive and pending-free blocks (segment row, offset, size), what `can_fit`
+        searches.
 
     Examples
     --------
@@ -323,13 +284,7 @@ class FragmentationReport:
     config: AllocatorConfig
     expandable_mode: bool
     pools_in_use: bool | frozenset[tuple[int, int]]
-    # inactive blocks, for can_fit: segment row, offset in the segment, size
-    _free_segment: np.ndarray = field(repr=False)
-    _free_offset: np.ndarray = field(repr=False)
-    _free_size: np.ndarray = field(repr=False)
-    _pend_segment: np.ndarray = field(repr=False)  # active_pending_free blocks, the same way
-    _pend_offset: np.ndarray = field(repr=False)
-    _pend_size: np.ndarray = field(repr=False)
+    free_blocks: FreeBlocks = field(repr=False)
 
     def __getattr__(self, name: str) -> Any:  # Any: the total's figure of that name
         if name in _FIGURE_NAMES:
@@ -476,7 +431,7 @@ class FragmentationReport:
 
         Examples
         --------
-        >>> from gpumemviz.analysis.fragmentation import fragmentation
+        >>> from gpumemviz import fragmentation
         >>> seg = {"device": 0, "address": 0x7F0000000000, "total_size": 20 * 2**20,
         ...        "stream": 0, "segment_type": "large", "blocks": [
         ...     {"size": 4 * 2**20, "requested_size": 4_000_000, "state": "active_allocated"},
@@ -486,7 +441,22 @@ class FragmentationReport:
         >>> fragmentation([seg]).can_fit(40 * 2**20, device_free=0).verdict
         'out_of_memory'
         """
-        return can_fit(self, nbytes, stream, device, device_free, pool)
+        req = parse_size(nbytes)
+        room = None if device_free is None else parse_size(device_free)
+        figures = self.device(device)  # ValueError naming the devices present
+        return can_fit(
+            self.per_segment,
+            self.free_blocks,
+            self.config,
+            self.expandable_mode,
+            reserved=figures.reserved,
+            releasable=figures.releasable,
+            nbytes=req,
+            stream=stream,
+            device=device,
+            device_free=room,
+            pool_id=pool,
+        )
 
 
 _FIGURE_NAMES = frozenset(f.name for f in fields(MemoryFigures)) - {"device"}
