@@ -244,9 +244,9 @@ class MemoryPanel(anywidget.AnyWidget):
 
         Examples
         --------
-        >>> from gpumemviz.live.shared import sampler_for
+        >>> from gpumemviz.live.sampler import Sampler
         >>> from gpumemviz.live.sources.simulated import SimulatedSource
-        >>> sampler = sampler_for(SimulatedSource(autostart=False))
+        >>> sampler = Sampler(SimulatedSource(autostart=False))
         >>> panel = MemoryPanel()
         >>> panel.attach(sampler, owned=True)
         >>> _ = sampler.sample_once(); panel.flush()
@@ -340,9 +340,9 @@ class MemoryPanel(anywidget.AnyWidget):
 
         Examples
         --------
-        >>> from gpumemviz.live.shared import sampler_for
+        >>> from gpumemviz.live.sampler import Sampler
         >>> from gpumemviz.live.sources.simulated import SimulatedSource
-        >>> feeds = {d: sampler_for(SimulatedSource(device=d, autostart=False)) for d in (0, 1)}
+        >>> feeds = {d: Sampler(SimulatedSource(device=d, autostart=False)) for d in (0, 1)}
         >>> panel = MemoryPanel()
         >>> panel.attach_devices(feeds, selected=1, owned=True)
         >>> for f in feeds.values(): _ = f.sample_once(segments=True)
@@ -444,10 +444,10 @@ class MemoryPanel(anywidget.AnyWidget):
 
         Examples
         --------
-        >>> from gpumemviz.live.shared import sampler_for
+        >>> from gpumemviz.live.sampler import Sampler
         >>> from gpumemviz.live.sources.simulated import SimulatedSource
         >>> panel = MemoryPanel()
-        >>> panel.attach(sampler_for(SimulatedSource(autostart=False)))
+        >>> panel.attach(Sampler(SimulatedSource(autostart=False)))
         >>> panel.detach(); panel.sampler is None
         True
         >>> panel.close()
