@@ -41,7 +41,7 @@ class AdviceThrottle:
 
     Examples
     --------
-    >>> from gpumemviz.fragmentation import fragmentation
+    >>> from gpumemviz.analysis.fragmentation import fragmentation
     >>> out = []
     >>> t = AdviceThrottle(lambda: 1.0, lambda fn: fn(), out.append)
     >>> t.advise(fragmentation([]), settings=None, stats=None, total=None, device=0)
