@@ -33,7 +33,7 @@ from gpumemviz.distributed.keys import OOM_COUNT, request_key, summary_key
 from gpumemviz.distributed.store import own_connection
 from gpumemviz.distributed.summary import RankIdentity
 from gpumemviz.distributed.terminal import grid_text
-from gpumemviz.live.shared import sampler_for
+from gpumemviz.live.sampler import Sampler
 from gpumemviz.live.sources.simulated import SimulatedSource
 
 RANKS = 64
@@ -56,7 +56,7 @@ def make_ranks(master: dist.TCPStore, n: int) -> list[Publisher]:
     for r in range(n):
         src = SimulatedSource("training", autostart=False, loop=False)
         src.step(100 + 150 * r)
-        sampler = sampler_for(src, interval=1.0)
+        sampler = Sampler(src, interval=1.0)
         sampler.sample_once(segments=True)
         pub = Publisher(
             own_connection(master),

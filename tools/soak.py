@@ -164,7 +164,6 @@ def replay_input() -> Any:
 
 
 def build_runs(ns: argparse.Namespace) -> list[Run]:
-    from gpumemviz.analysis.fragmentation.oom import classify_event
     from gpumemviz.live.sampler import Sampler
     from gpumemviz.live.sources.playback import PlaybackSource
     from gpumemviz.live.sources.simulated import SimulatedSource
@@ -190,7 +189,6 @@ def build_runs(ns: argparse.Namespace) -> list[Run]:
             segment_interval=ns.segment_interval,
             history_bytes=ns.history_mib * MiB,
             keyframe_interval=10.0,
-            classify=classify_event,  # as the panel's samplers (gpumemviz.live.shared): OOMs judged
         )
         panel = PanelWork(name)
         run = Run(name, s, panel)

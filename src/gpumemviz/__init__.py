@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from gpumemviz.estimator import max_batch as max_batch
     from gpumemviz.io import load_snapshot as load_snapshot
     from gpumemviz.io import save_snapshot as save_snapshot
-    from gpumemviz.live.capture import capture_oom as capture_oom
+    from gpumemviz.live.sources.oom_capture import capture_oom as capture_oom
     from gpumemviz.render import plots as plots
     from gpumemviz.reporting.export import export as export
     from gpumemviz.reporting.html_report import report as report
@@ -48,7 +48,7 @@ _LAZY: dict[str, str] = {
     "save_snapshot": "gpumemviz.io",
     "format_size": "gpumemviz.snapshot.units",
     "parse_size": "gpumemviz.snapshot.units",
-    "capture_oom": "gpumemviz.live.capture",
+    "capture_oom": "gpumemviz.live.sources.oom_capture",
     "replay": "gpumemviz.allocator.replay",
     "fragmentation": "gpumemviz.analysis.fragmentation",
     "FragmentationReport": "gpumemviz.analysis.fragmentation",

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from gpumemviz.distributed import Publisher
 from gpumemviz.distributed.store import own_connection
 from gpumemviz.distributed.summary import RankIdentity
-from gpumemviz.live.shared import sampler_for
+from gpumemviz.live.sampler import Sampler
 from gpumemviz.live.sources.simulated import SimulatedSource
 
 master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -30,7 +30,7 @@ for r, (workload, steps) in enumerate(
 ):
     src = SimulatedSource(workload, autostart=False, loop=False)
     src.step(steps)
-    sampler = sampler_for(src, interval=0.2)
+    sampler = Sampler(src, interval=0.2)
     sampler.sample_once(segments=True)
     sampler.start()
     pub = Publisher(own_connection(master), [(sampler, True, True)],

@@ -22,7 +22,7 @@ from gpumemviz.distributed.store import own_connection  # noqa: E402
 from gpumemviz.distributed.summary import RankIdentity  # noqa: E402
 from gpumemviz.distributed.terminal import grid_text  # noqa: E402
 from gpumemviz.io import load_snapshot  # noqa: E402
-from gpumemviz.live.shared import sampler_for  # noqa: E402
+from gpumemviz.live.sampler import Sampler  # noqa: E402
 from gpumemviz.live.sources.simulated import SimulatedSource  # noqa: E402
 
 TICK = 0.05
@@ -36,7 +36,7 @@ def master():
 
 def rank(store, r, src, **kw) -> Publisher:
     """Rank `r` of a job, publishing `src` (a publisher as `publish` builds one, rank named)."""
-    sampler = sampler_for(src, interval=TICK)
+    sampler = Sampler(src, interval=TICK)
     sampler.sample_once(segments=True)
     sampler.start()
     pub = Publisher(

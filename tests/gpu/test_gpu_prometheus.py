@@ -46,10 +46,10 @@ def test_a_reset_of_torchs_peaks_by_someone_else_is_counted_and_the_peaks_stay()
     out = run_py(
         """
         import json, torch
-        from gpumemviz.live.shared import sampler_for
+        from gpumemviz.live.sampler import Sampler
         from gpumemviz.live.sources.torch_cuda import TorchCudaSource
         x = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
-        s = sampler_for(TorchCudaSource(0, nvml=False))
+        s = Sampler(TorchCudaSource(0, nvml=False))
         high = s.sample_once(segments=False).peaks.allocated
         del x
         s.sample_once(segments=False)

@@ -13,7 +13,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from conftest import real_file, standin_file
 from gpumemviz.cli import main
 from gpumemviz.io import load_snapshot
-from gpumemviz.live.shared import sampler_for
+from gpumemviz.live.sampler import Sampler
 from gpumemviz.live.sources.playback import PlaybackSource
 from gpumemviz.live.sources.simulated import SimulatedSource
 from gpumemviz.render.strips import snapshot_summaries
@@ -39,7 +39,7 @@ def _replay_panel(raw, **kw):
     for d in (0, 1, 2):
         src = PlaybackSource(raw, device=d, loop=False)
         src.seek(src.n - 1)
-        samplers[d] = sampler_for(src)
+        samplers[d] = Sampler(src)
     panel = MemoryPanel()
     panel.attach_devices(samplers, owned=True, **kw)
     for s in samplers.values():
@@ -146,7 +146,7 @@ def test_a_state_file_of_several_devices_shows_a_strip_each_and_selects_one():
 
 
 def test_eight_simulated_devices_fit_the_frame_limits():
-    samplers = {d: sampler_for(SimulatedSource(device=d, autostart=False)) for d in range(8)}
+    samplers = {d: Sampler(SimulatedSource(device=d, autostart=False)) for d in range(8)}
     for d, s in samplers.items():
         s.source.step(300 + 100 * d)
     panel = MemoryPanel()

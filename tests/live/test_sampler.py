@@ -14,10 +14,9 @@ import numpy as np
 import pytest
 
 from conftest import REAL_DIR, read_real
-from gpumemviz.analysis.fragmentation.oom import classify_event
 from gpumemviz.live.history import History
 from gpumemviz.live.sampler import Sampler
-from gpumemviz.live.shared import sampler_for, shared
+from gpumemviz.live.shared import shared
 from gpumemviz.live.sources import UnavailableSource
 from gpumemviz.snapshot.sample import MemoryStats, OomEvent, Sample
 
@@ -403,29 +402,6 @@ def test_oom_from_the_users_thread_reaches_history_and_listeners(real_source):
     assert real_source.closed
 
 
-def test_the_sampler_hands_its_classifier_to_the_source_with_the_handler(real_source):
-    """The sampler sits below the analysis layer: whoever builds it passes the classifier, and
-    the source judges each OOM with it; the front ends' samplers (gpumemviz.live.shared) all do."""
-
-    class Judging(SnapshotSource):
-        def set_oom_handler(self, fn, *, classify=None) -> None:
-            self.oom_handler, self.classify = fn, classify
-
-    def judge(event: OomEvent) -> OomEvent:
-        return event
-
-    src = Judging(real_source.snapshot)
-    s = Sampler(src, interval=5.0, classify=judge)
-    s.start()
-    try:
-        assert src.oom_handler is not None and src.classify is judge
-    finally:
-        s.stop()
-    assert src.oom_handler is None
-    assert shared(0).classify is classify_event is sampler_for(real_source).classify
-    assert Sampler(real_source).classify is None  # a bare sampler: the events stay as read
-
-
 def test_history_stays_within_its_byte_bound():
     snap = synthetic_snapshot(20_000)
     src = SnapshotSource(snap)
@@ -571,8 +547,6 @@ def test_an_interval_outside_a_hundredth_of_a_second_to_a_day_is_refused_everywh
         Sampler(UnavailableSource(0, "x"), interval=bad)
     with pytest.raises(ValueError, match=message):
         Sampler(UnavailableSource(0, "x")).set_interval(bad)
-    with pytest.raises(ValueError, match=message):
-        sampler_for(UnavailableSource(0, "x"), interval=bad)
     with pytest.raises(ValueError, match=message):
         monitor(source=UnavailableSource(0, "x"), interval=bad)
     with pytest.raises(ValueError, match=r"^segment_interval must be"):

@@ -11,7 +11,7 @@ from torch.cuda import _memory_viz
 
 from gpumemviz.analysis.fragmentation.oom import classify_event
 from gpumemviz.live.sampler import Sampler
-from gpumemviz.live.sources import Source, default_source
+from gpumemviz.live.sources import Source, default_source, oom
 from gpumemviz.live.sources.simulated import SimulatedSource
 from gpumemviz.snapshot.sample import NOT_CLASSIFIED, OomEvent
 
@@ -45,7 +45,7 @@ def test_default_source_without_cuda_is_the_simulation():
 def test_training_workload_fragments_and_its_oom_is_classified():
     src = SimulatedSource("training", autostart=False)
     events: list[OomEvent] = []
-    src.set_oom_handler(events.append, classify=classify_event)
+    src.set_oom_handler(events.append)
     steps = run_to_end(src)
     assert steps == 10_886  # deterministic: the OOM is the 10,886th allocator call
     assert len(events) == 1 and list(src.ooms) == events
@@ -62,16 +62,24 @@ def test_training_workload_fragments_and_its_oom_is_classified():
     assert int(s.segments.segments.allocated_size.sum()) == s.stats.allocated
 
 
-def test_without_a_classifier_the_oom_carries_the_raw_facts():
-    """The source sits below the analysis layer: the verdict is the classifier's, handed down
-    with the handler; without one the event holds what the failure said, judged the same later."""
+def test_a_failed_verdict_leaves_the_raw_facts_with_the_reason(monkeypatch):
+    """The source judges its OOM with the analysis layer's `classify_event`; when that raises,
+    the handlers still get the event, with the facts the failure said and why it has no verdict
+    (the demo goes on), and those facts judged later give the verdict."""
+
+    def broken(event: OomEvent) -> OomEvent:
+        raise RuntimeError("verdict bug")
+
+    monkeypatch.setattr(oom, "classify_event", broken)
     src = SimulatedSource("training", autostart=False)
     events: list[OomEvent] = []
     src.set_oom_handler(events.append)
     run_to_end(src)
     (ev,) = events
-    assert (ev.cause, ev.explanation, ev.largest_free_block) == ("unknown", NOT_CLASSIFIED, 0)
+    assert (ev.cause, ev.largest_free_block) == ("unknown", 0)
+    assert ev.explanation == "not classified: RuntimeError: verdict bug" != NOT_CLASSIFIED
     assert ev.device_total == src.workload.capacity and ev.request_size > 0
+    assert list(src.ooms) == events
     assert classify_event(ev).cause == "fragmentation"
 
 
@@ -98,7 +106,7 @@ def test_unknown_workload_is_a_clear_error():
 def test_runs_on_its_own_thread_and_the_sampler_sees_the_oom():
     before = set(threading.enumerate())
     src = SimulatedSource("training", steps_per_second=200_000, pause_after_oom=0.2)
-    s = Sampler(src, interval=0.05, segment_interval=0.1, classify=classify_event)
+    s = Sampler(src, interval=0.05, segment_interval=0.1)
     got: list = []
     s.add_listener(lambda x: got.append(x) if x.oom is not None else None)
     s.start()
@@ -133,29 +141,35 @@ def test_keeps_only_the_newest_ooms():
     assert [e.time for e in src.ooms] == [float(i) for i in range(5, OOMS_KEPT + 5)]
 
 
-def test_a_program_driving_the_model_gets_its_oom_after_every_handler_ran():
+def test_a_program_driving_the_model_gets_its_oom_after_every_handler_ran(monkeypatch):
     """`step(raise_oom=True)`: the handlers run in the stepping thread first (as torch's
-    observer does), then the model's own OutOfMemory is raised; each classifier runs once."""
+    observer does), then the model's own OutOfMemory is raised; the failure is judged once, by
+    the analysis layer's verdict, and every handler gets that one judged event."""
     from gpumemviz.allocator.oom import OutOfMemory
 
     src = SimulatedSource("training", autostart=False, loop=False)
     seen: list[tuple[str, object]] = []
-    judged: list[object] = []
+    judged: list[tuple[OomEvent, OomEvent, str]] = []
 
-    def judge(event):
-        judged.append(event)
-        return classify_event(event)
+    def counting(event: OomEvent) -> OomEvent:
+        verdict = classify_event(event)
+        judged.append((event, verdict, threading.current_thread().name))
+        return verdict
 
-    src.set_oom_handler(lambda e: seen.append(("sampler", e)), classify=judge)
-    src.add_oom_handler(lambda e: seen.append(("extra", e)), judge)
-    src.add_oom_handler(lambda e: seen.append(("raw", e)))
+    monkeypatch.setattr(oom, "classify_event", counting)
+    src.set_oom_handler(lambda e: seen.append(("sampler", e)))
+    src.add_oom_handler(lambda e: seen.append(("extra", e)))
+    src.add_oom_handler(lambda e: seen.append(("another", e)))
     with pytest.raises(OutOfMemory) as caught:
         while src.step(1000, raise_oom=True):
             pass
-    assert [who for who, _ in seen] == ["sampler", "extra", "raw"]
-    assert len(judged) == 1 and seen[0][1] is seen[1][1]  # one judgement, shared
-    assert seen[2][1].cause == "unknown" and seen[0][1].cause != "unknown"
-    assert caught.value.alloc_size == seen[0][1].alloc_size
+    assert [who for who, _ in seen] == ["sampler", "extra", "another"]
+    ((raw, verdict, thread),) = judged  # one judgement, in the thread that ran out of memory
+    assert thread == threading.current_thread().name
+    assert raw.explanation == NOT_CLASSIFIED and verdict == classify_event(raw)
+    assert all(e is verdict for _, e in seen) and verdict.cause == "fragmentation"
+    assert src.ooms[-1] is verdict
+    assert caught.value.alloc_size == verdict.alloc_size
     assert src.step(10) == 0  # the run is over, as after a real OOM
 
 

@@ -21,12 +21,11 @@ import torch
 
 from conftest import REAL_DIR, read_real, real_file, standin_file
 from gpumemviz.analysis.fragmentation.oom import classify_event, classify_oom
-from gpumemviz.live.capture import capture_oom
-from gpumemviz.live.sources import SourceCommandError, default_source
+from gpumemviz.live.sources import SourceCommandError, default_source, oom
 from gpumemviz.live.sources import nvml as nvml_mod
 from gpumemviz.live.sources import oom_observer as obs
 from gpumemviz.live.sources.oom import oom_stream
-from gpumemviz.live.sources.oom_capture import OomCapture
+from gpumemviz.live.sources.oom_capture import OomCapture, capture_oom
 from gpumemviz.live.sources.torch_cuda import TorchCudaSource
 from gpumemviz.snapshot.sample import NOT_CLASSIFIED, MemoryStats, OomEvent
 
@@ -413,9 +412,9 @@ def test_oom_observer_takes_the_snapshot_once_per_failure(serve, oom_file):
     fake, attached = serve(raw, total=total)
     src = TorchCudaSource(1, nvml=False)
     events: list[OomEvent] = []
-    src.set_oom_handler(events.append, classify=classify_event)
+    src.set_oom_handler(events.append)
     # replacing the handler does not attach twice
-    src.set_oom_handler(events.append, classify=classify_event)
+    src.set_oom_handler(events.append)
     assert attached == [obs._trampoline]
     device, size, total, free = _oom_args(raw, total)
     observer = attached[0]
@@ -469,7 +468,7 @@ def test_the_live_oom_is_judged_with_the_recorded_stream_and_settings(serve):
     _, attached = serve(raw)
     src = TorchCudaSource(0, nvml=False)
     events: list[OomEvent] = []
-    src.set_oom_handler(events.append, classify=classify_event)
+    src.set_oom_handler(events.append)
     obs._OOM["totals"][0] = 220 * mib  # a device that is this segment: nothing outside
     attached[0](0, 30 * mib, 220 * mib, 0)
     (ev,) = events
@@ -477,37 +476,70 @@ def test_the_live_oom_is_judged_with_the_recorded_stream_and_settings(serve):
     assert "refused by the max_split_size rules" in ev.explanation
 
 
-def test_the_source_hands_on_raw_facts_and_each_classifier_runs_once(serve, oom_file, tmp_path):
-    """Sources sit below the analysis layer: without a classifier the event carries what the
-    observer read (no verdict); handlers sharing a classifier get one judgement of the failure."""
-    raw, total = oom_file
-    trace = raw["device_traces"][1]  # inside the observer the trace ends at the `oom` entry
+def _cut_at_oom(raw: dict) -> None:
+    """Inside the observer the trace ends at the `oom` entry: serve it that way."""
+    trace = raw["device_traces"][1]
     raw["device_traces"][1] = trace[
         : max(i for i, e in enumerate(trace) if e["action"] == "oom") + 1
     ]
+
+
+def test_the_observer_judges_each_failure_once_for_every_handler(
+    serve, oom_file, tmp_path, monkeypatch
+):
+    """The observer builds the event of raw facts and judges it once, in the allocating thread,
+    with the analysis layer's `classify_event`; every handler (two sources, a capture) gets that
+    one judged event."""
+    raw, total = oom_file
+    _cut_at_oom(raw)
     _, attached = serve(raw, total=total)
-    calls: list[OomEvent] = []
+    calls: list[tuple[OomEvent, OomEvent]] = []
 
     def counting(event: OomEvent) -> OomEvent:
-        calls.append(event)
-        return classify_event(event)
+        verdict = classify_event(event)
+        calls.append((event, verdict))
+        return verdict
 
-    bare: list[OomEvent] = []
-    judged: list[OomEvent] = []
-    TorchCudaSource(1, nvml=False).set_oom_handler(bare.append)
-    TorchCudaSource(1, nvml=False).set_oom_handler(judged.append, classify=counting)
-    with OomCapture(tmp_path / "oom.pickle", classify=counting) as cap:
+    monkeypatch.setattr(oom, "classify_event", counting)
+    first: list[OomEvent] = []
+    second: list[OomEvent] = []
+    TorchCudaSource(1, nvml=False).set_oom_handler(first.append)
+    TorchCudaSource(1, nvml=False).set_oom_handler(second.append)
+    with OomCapture(tmp_path / "oom.pickle") as cap:
         device, size, _, free = _oom_args(raw, total)
         attached[0](device, size, total, free)
-    (ev,) = bare
+    ((ev, verdict),) = calls  # one judgement, of the raw event
     assert (ev.cause, ev.explanation) == ("unknown", NOT_CLASSIFIED)
     assert ev.reserved == ev.largest_free_block == 0
     assert (ev.device_total, ev.request_size, ev.device_free) == (total, size, free)
     assert ev.stream == oom_stream(raw, 1) is not None
-    assert len(calls) == 1 and calls[0] is ev  # one judgement, of the raw event
-    assert judged == cap.events == [classify_event(ev)]
-    assert judged[0].explanation != NOT_CLASSIFIED
-    assert judged[0].reserved == sum(s["total_size"] for s in raw["segments"] if s["device"] == 1)
+    assert first == second == cap.events == [verdict]
+    assert first[0] is second[0] is cap.events[0] is verdict
+    assert verdict == classify_event(ev) and verdict.explanation != NOT_CLASSIFIED
+    assert verdict.reserved == sum(s["total_size"] for s in raw["segments"] if s["device"] == 1)
+
+
+def test_a_failed_verdict_leaves_the_raw_facts_with_the_reason(serve, oom_file, monkeypatch):
+    """Judging runs in the user's allocating thread: when it raises, the handlers still get the
+    failure's facts, saying why there is no verdict, and nothing reaches the user's code."""
+    raw, total = oom_file
+    _cut_at_oom(raw)
+    _, attached = serve(raw, total=total)
+
+    def broken(event: OomEvent) -> OomEvent:
+        raise RuntimeError("verdict bug")
+
+    monkeypatch.setattr(oom, "classify_event", broken)
+    events: list[OomEvent] = []
+    TorchCudaSource(1, nvml=False).set_oom_handler(events.append)
+    device, size, _, free = _oom_args(raw, total)
+    attached[0](device, size, total, free)  # must not raise
+    (ev,) = events
+    assert (ev.cause, ev.explanation) == ("unknown", "not classified: RuntimeError: verdict bug")
+    assert ev.reserved == ev.largest_free_block == 0
+    assert (ev.device_total, ev.request_size, ev.device_free) == (total, size, free)
+    assert ev.snapshot == raw
+    assert classify_event(ev).explanation != NOT_CLASSIFIED  # the facts, judged later
 
 
 def test_stopped_handler_turns_the_observer_into_a_no_op(serve, oom_file):
@@ -535,7 +567,7 @@ def test_observer_never_raises_into_user_code(serve, oom_file):
         raise ValueError("handler bug")
 
     src = TorchCudaSource(1, nvml=False)
-    src.set_oom_handler(bad_handler, classify=classify_event)
+    src.set_oom_handler(bad_handler)
     attached[0](1, 1 << 20, total, 0)  # must not raise
     assert got[0].snapshot is None and got[0].cause == "unknown"
     assert "snapshot failed inside OOM" in got[0].snapshot_error
@@ -708,7 +740,7 @@ def test_extra_oom_handlers_and_history_state_on_the_cuda_path(serve, oom_file, 
     assert src.history_enabled() is True
     fake.history_enabled = False
     mine: list[OomEvent] = []
-    src.add_oom_handler(mine.append, classify_event)
+    src.add_oom_handler(mine.append)
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     pub = publish(0.05, store=master, source=src, oom_dir=tmp_path, record_history=True)
     try:

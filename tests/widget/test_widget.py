@@ -337,13 +337,12 @@ def test_advice_follows_the_last_state_when_samples_stop_within_the_throttle(pan
 
 
 def test_an_oom_sample_shows_its_verdict(panel):
-    from gpumemviz.analysis.fragmentation.oom import classify_event
     from gpumemviz.live.sources.simulated import SimulatedSource
 
     src = SimulatedSource("training", autostart=False)
     src.step(100_000)
     assert src.ooms, "the training workload runs out of memory near its end"
-    event = classify_event(src.ooms[-1])  # what a panel's sampler (gpumemviz.live.shared) hands on
+    event = src.ooms[-1]  # judged by the source where it ran out, as its sampler gets it
     panel.push_sample(src.oom_sample(event))
     assert panel.flush()
     assert panel.oom["cause"] == event.cause == "fragmentation"
@@ -564,12 +563,11 @@ def test_a_replay_timeline_is_the_recorded_run_with_its_annotations(
 def test_a_newer_sample_never_drops_a_waiting_oom(panel):
     """The sampler publishes an OOM sample and, before the writer takes it, another sample
     arrives: the map shows the newer one, the OOM verdict and marker still land."""
-    from gpumemviz.analysis.fragmentation.oom import classify_event
     from gpumemviz.live.sources.simulated import SimulatedSource
 
     src = SimulatedSource("training", autostart=False)
     src.step(100_000)
-    event = classify_event(src.ooms[-1])
+    event = src.ooms[-1]  # judged by the source
     gate = threading.Event()
     panel._writer.submit(gate.wait)  # the writer is busy: both samples wait in _offer
     panel.push_sample(src.oom_sample(event))

@@ -21,7 +21,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from gpumemviz.analysis.fragmentation.oom import classify_event
 from gpumemviz.distributed.answers import Answers
 from gpumemviz.distributed.jobview import read_ranks
 from gpumemviz.distributed.keys import (
@@ -43,7 +42,7 @@ from gpumemviz.distributed.store import (
 )
 from gpumemviz.distributed.summary import RankIdentity, map_summary, oom_verdict, rank_summary
 from gpumemviz.live.sampler import Sampler
-from gpumemviz.live.shared import sampler_for, shared
+from gpumemviz.live.shared import shared
 from gpumemviz.live.sources.base import Source, short_error
 from gpumemviz.prometheus.server import Exporter, serve_rank
 from gpumemviz.render.strips import STRIP_BINS
@@ -118,7 +117,7 @@ class Publisher:
         for src in self.sources:
             add = getattr(src, "add_oom_handler", None)
             if callable(add):
-                add(self._on_oom, classify_event)
+                add(self._on_oom)
 
     # lifecycle -------------------------------------------------------------------------------
     @property
@@ -442,7 +441,7 @@ def publish(
                 f"source must be a Source or a sequence of them, got {short_repr(source)}"
             )
         for src in sources:
-            sampler = sampler_for(src, interval=min(interval, 0.5))
+            sampler = Sampler(src, interval=min(interval, 0.5))
             feeds.append((sampler, True, sampler.start()))
     handle = Publisher(
         store,

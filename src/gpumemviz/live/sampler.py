@@ -14,9 +14,8 @@ Why it is shaped like this:
   if the thread stops on its own all the same, its last sample says why (``stopped``).
 - Its history is a ring bounded in bytes (`gpumemviz.live.history.History`): every sample keeps its
   stats, but only the newest segment state and periodic keyframes keep their blocks.
-- It sits below the analysis layer: OOM events are judged by the classifier its builder hands it
-  (``classify``), which it passes on to the source with its OOM handler
-  (`gpumemviz.live.shared` builds the samplers the front ends use).
+- It hears of OOMs from its source (``set_oom_handler``, installed while it runs), judged where
+  they happened: the handler only queues the event; the thread makes it a keyframe.
 
 The module stays whole (about 560 lines): the thread's loop, the reads, the schedule and the
 publishing share one set of locks, counters and history; the values it moves
@@ -34,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpumemviz.live.history import History
-from gpumemviz.live.sources.base import OomClassifier, Source, short_error
+from gpumemviz.live.sources.base import Source, short_error
 from gpumemviz.snapshot.escaping import short_repr
 from gpumemviz.snapshot.peaks import PeakTracker
 from gpumemviz.snapshot.sample import MAX_INTERVAL_S, OomEvent, Sample, check_interval
@@ -89,11 +88,6 @@ class Sampler:
         Seconds between segment states the history keeps in full (default 60).
     read_timeout : float, optional
         A read taking longer is abandoned as hung (default ``max(2 s, 4 intervals)``).
-    classify : OomClassifier, optional
-        Handed to the source with the OOM handler, to judge each OOM event once before it
-        reaches this sampler (`gpumemviz.analysis.fragmentation.oom.classify_event`; the sampler
-        sits below the analysis layer, so whoever builds it passes it). Without it OOM events carry
-        only the facts the source read.
 
     Examples
     --------
@@ -117,7 +111,6 @@ class Sampler:
         history_bytes: int = 64 * MiB,
         keyframe_interval: float = 60.0,
         read_timeout: float | None = None,
-        classify: OomClassifier | None = None,
     ) -> None:
         if not callable(getattr(source, "sample", None)):
             raise TypeError(f"source must have a sample() method, got {type(source).__name__}")
@@ -130,7 +123,6 @@ class Sampler:
                 f"cpu_budget must be a share of one core in (0, 1], got {short_repr(cpu_budget)}"
             )
         self.source = source
-        self.classify = classify
         self.interval = float(interval)
         self.segment_interval = float(segment_interval)
         self.cpu_budget = float(cpu_budget)
@@ -184,10 +176,7 @@ class Sampler:
             set_handler = getattr(self.source, "set_oom_handler", None)
             if callable(set_handler):
                 try:
-                    if self.classify is None:  # sources taking only the handler work too
-                        set_handler(self._on_oom)
-                    else:
-                        set_handler(self._on_oom, classify=self.classify)
+                    set_handler(self._on_oom)
                 except Exception as exc:
                     self._note(f"OOM capture not available: {short_error(exc)}")
             name = f"gpumemviz-sampler-{getattr(self.source, 'device', '?')}"

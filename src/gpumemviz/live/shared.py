@@ -1,45 +1,20 @@
-"""The samplers the front ends run: one shared per device, or one for a source the user names.
-
-The sampler and the sources sit below the analysis layer, so they cannot judge an OOM
-themselves; this module builds every sampler the panel, the magic and the panel's commands use,
-and hands each the analysis layer's `classify_event` (`gpumemviz.analysis.fragmentation.oom`),
-which the
-sampler passes to its source with the OOM handler. Each OOM is judged once, where it happens.
+"""The shared samplers: one per device, made on first use, read by every panel, the magic, the
+panel's commands and the metrics exporter, so a device is read once however many front ends show
+it. A front end given a source of the user's own builds its own `Sampler` instead.
 """
 
 from __future__ import annotations
 
 import threading
 
-from gpumemviz.analysis.fragmentation.oom import classify_event
 from gpumemviz.live.sampler import Sampler
-from gpumemviz.live.sources.base import Source
 from gpumemviz.live.sources.default import cuda_device_count, default_source
 from gpumemviz.snapshot.sample import check_device
 
-__all__ = ["local_devices", "sampler_for", "shared", "shared_devices"]
+__all__ = ["local_devices", "shared", "shared_devices"]
 
 _SHARED: dict[int, Sampler] = {}
 _SHARED_LOCK = threading.Lock()
-
-
-def sampler_for(source: Source, interval: float = 0.5) -> Sampler:
-    """A sampler of its own for ``source`` (not started), with OOMs judged by `classify_event`.
-
-    Parameters
-    ----------
-    source : Source
-        Where samples come from.
-    interval : float
-        Seconds between reads (default 0.5).
-
-    Examples
-    --------
-    >>> from gpumemviz.live.sources import UnavailableSource
-    >>> sampler_for(UnavailableSource(0, "no GPU here")).classify is classify_event
-    True
-    """
-    return Sampler(source, interval=interval, classify=classify_event)
 
 
 def shared(device: int = 0) -> Sampler:
@@ -53,8 +28,7 @@ def shared(device: int = 0) -> Sampler:
     Returns
     -------
     Sampler
-        Reading `gpumemviz.live.sources.default_source` for that device, with OOMs judged by
-        `classify_event`.
+        Reading `gpumemviz.live.sources.default_source` for that device.
 
     Examples
     --------
@@ -65,7 +39,7 @@ def shared(device: int = 0) -> Sampler:
     with _SHARED_LOCK:
         sampler = _SHARED.get(device)
         if sampler is None:
-            sampler = sampler_for(default_source(device))
+            sampler = Sampler(default_source(device))
             _SHARED[device] = sampler
         return sampler
 
@@ -84,8 +58,9 @@ def shared_devices() -> list[int]:
 
 
 def local_devices() -> list[int]:
-    """Every CUDA device torch sees here (``device="all"``); ``[0]`` without CUDA, where the
-    shared sampler of device 0 runs the simulator. Does not initialise CUDA.
+    """The devices `shared` serves for ``device="all"``: every CUDA device torch sees here;
+    ``[0]`` without CUDA, where the shared sampler of device 0 runs the simulator. Does not
+    initialise CUDA.
 
     Examples
     --------

@@ -48,9 +48,9 @@ class DeviceSet:
 
     Examples
     --------
-    >>> from gpumemviz.live.shared import sampler_for
+    >>> from gpumemviz.live.sampler import Sampler
     >>> from gpumemviz.live.sources.simulated import SimulatedSource
-    >>> ds = DeviceSet({d: sampler_for(SimulatedSource(device=d, autostart=False))
+    >>> ds = DeviceSet({d: Sampler(SimulatedSource(device=d, autostart=False))
     ...                 for d in (1, 0)}, owned=True)
     >>> ds.devices
     (0, 1)

@@ -574,7 +574,7 @@ def _demo_sampler(workload: str, device: int, interval: float | None) -> Sampler
     """A simulated device; with several, each runs a little faster than the one before, so
     their states differ (the same workload in lockstep would draw one strip N times)."""
     from gpumemviz.allocator.workloads import WORKLOADS
-    from gpumemviz.live.shared import sampler_for
+    from gpumemviz.live.sampler import Sampler
     from gpumemviz.live.sources.simulated import SimulatedSource
     from gpumemviz.snapshot.escaping import short_repr
 
@@ -584,7 +584,7 @@ def _demo_sampler(workload: str, device: int, interval: float | None) -> Sampler
         )
     speed = 400.0 * (1 + 0.25 * device)  # SimulatedSource's default rate on device 0
     source = SimulatedSource(workload, device=device, steps_per_second=speed)
-    return sampler_for(source, interval=interval or 0.5)
+    return Sampler(source, interval=interval or 0.5)
 
 
 def _load_file(path: Path) -> Snapshot:
@@ -613,7 +613,7 @@ def _replay_sampler(
 ) -> Sampler:
     """A sampler over a recorded trace, opened on its last entry (the state the file records);
     ``device``: that device's trace (default: the longest)."""
-    from gpumemviz.live.shared import sampler_for
+    from gpumemviz.live.sampler import Sampler
     from gpumemviz.live.sources.playback import PlaybackSource
 
     try:
@@ -623,7 +623,7 @@ def _replay_sampler(
     where = f"cuda:{device}, " if device is not None else ""
     source.label = f"replay of {path.name} ({where}{source.n} trace entries)"
     source.seek(source.n - 1)
-    return sampler_for(source, interval=interval or 0.5)
+    return Sampler(source, interval=interval or 0.5)
 
 
 def summary(sample: Sample) -> str:

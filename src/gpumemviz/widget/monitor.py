@@ -84,7 +84,8 @@ def monitor(
     >>> sampler.running
     False
     """
-    from gpumemviz.live.shared import local_devices, sampler_for, shared
+    from gpumemviz.live.sampler import Sampler
+    from gpumemviz.live.shared import local_devices, shared
 
     if job is not None:
         return _job_panel(job, device, interval, source, subshell)
@@ -107,7 +108,7 @@ def monitor(
         sampler = shared(device)
         sampler.set_interval(interval)
     else:
-        sampler = sampler_for(source, interval=interval)
+        sampler = Sampler(source, interval=interval)
         device = getattr(source, "device", device)
     panel = MemoryPanel(device=device if isinstance(device, int) else None, subshell=subshell)
     panel.attach(sampler, owned=source is not None)

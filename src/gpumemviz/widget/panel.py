@@ -6,11 +6,12 @@ cell, the sampler's listener, the browser's messages) only enqueue. The front en
 bundle itself (`_esm` and `_css` are paths from gpumemviz.reporting.bundles), so anywidget's hot
 reload (``ANYWIDGET_HMR=1``) follows a rebuild during development.
 
-The module stays whole (under 800 lines, a third of them docstrings): it is the one class
-whose methods all read and write the same traits, wire and writer queue; the pieces it uses
-live in their own modules: writer thread, kernel subshells, browser messages (messages.py),
-trait values (panel_state.py), the advice throttle (advising.py), the devices of a
-several-device panel (devices.py) and a replay's recorded OOM verdict (replay_oom.py).
+The module stays whole (about 850 lines, a third of them docstrings): it is the one class
+whose methods all read and write the same traits, wire and writer queue, its browser messages
+included (docs/internals.md, the wire: Browser -> Python); the pieces it uses without reaching
+into it live in their own modules: writer thread, kernel subshells, trait values
+(panel_state.py), the advice throttle (advising.py), the devices of a several-device panel
+(devices.py) and a replay's recorded OOM verdict (replay_oom.py).
 """
 
 from __future__ import annotations
@@ -39,10 +40,10 @@ from gpumemviz.reporting.bundles import bundle_path
 from gpumemviz.snapshot import Snapshot
 from gpumemviz.widget.advising import AdviceThrottle
 from gpumemviz.widget.devices import DeviceSet, recorded_ooms
-from gpumemviz.widget.messages import handle_browser_msg
 from gpumemviz.widget.panel_state import (
     controls_state,
     oom_dict,
+    plain,
     recorded_timeline,
     report_numbers,
     source_times,
@@ -164,7 +165,7 @@ class MemoryPanel(anywidget.AnyWidget):
         )
         self._devset: DeviceSet | None = None  # every device's sampler (attach_devices)
         self._replay_ooms: ReplayedOoms | None = None  # a replay's recorded OOMs, judged
-        self.on_msg(lambda _w, content, _b: handle_browser_msg(self, content))
+        self.on_msg(lambda _w, content, _b: self._on_browser_msg(content))
         # the kernel subshell that handles this panel's browser messages (None: the main shell)
         self.subshell: str | None = route_to_subshell(self.comm) if subshell else None
         if not subshell:
@@ -244,9 +245,9 @@ class MemoryPanel(anywidget.AnyWidget):
 
         Examples
         --------
-        >>> from gpumemviz.live.shared import sampler_for
+        >>> from gpumemviz.live.sampler import Sampler
         >>> from gpumemviz.live.sources.simulated import SimulatedSource
-        >>> sampler = sampler_for(SimulatedSource(autostart=False))
+        >>> sampler = Sampler(SimulatedSource(autostart=False))
         >>> panel = MemoryPanel()
         >>> panel.attach(sampler, owned=True)
         >>> _ = sampler.sample_once(); panel.flush()
@@ -340,9 +341,9 @@ class MemoryPanel(anywidget.AnyWidget):
 
         Examples
         --------
-        >>> from gpumemviz.live.shared import sampler_for
+        >>> from gpumemviz.live.sampler import Sampler
         >>> from gpumemviz.live.sources.simulated import SimulatedSource
-        >>> feeds = {d: sampler_for(SimulatedSource(device=d, autostart=False)) for d in (0, 1)}
+        >>> feeds = {d: Sampler(SimulatedSource(device=d, autostart=False)) for d in (0, 1)}
         >>> panel = MemoryPanel()
         >>> panel.attach_devices(feeds, selected=1, owned=True)
         >>> for f in feeds.values(): _ = f.sample_once(segments=True)
@@ -444,10 +445,10 @@ class MemoryPanel(anywidget.AnyWidget):
 
         Examples
         --------
-        >>> from gpumemviz.live.shared import sampler_for
+        >>> from gpumemviz.live.sampler import Sampler
         >>> from gpumemviz.live.sources.simulated import SimulatedSource
         >>> panel = MemoryPanel()
-        >>> panel.attach(sampler_for(SimulatedSource(autostart=False)))
+        >>> panel.attach(Sampler(SimulatedSource(autostart=False)))
         >>> panel.detach(); panel.sampler is None
         True
         >>> panel.close()
@@ -765,6 +766,56 @@ class MemoryPanel(anywidget.AnyWidget):
         del self.command_log[:-50]
         self._writer.submit(self._refresh_controls)  # paused, interval, replay position
         return entry
+
+    def _on_browser_msg(self, content: JsonDict) -> None:
+        """Act on one message from the front end (docs/internals.md, the wire: Browser ->
+        Python); unknown kinds are ignored. A command runs on the thread the kernel hands the
+        message to; views, block requests, timeline syncs and closes are queued for the writer
+        thread. A strip click is the "select" command."""
+        kind = content.get("kind") if isinstance(content, dict) else None
+        if kind == "command":
+            # done here, on the thread the kernel gave this message (a subshell while a cell
+            # runs); only the reply and the traits go through the writer thread
+            cid = str(content.get("id", ""))
+            given = content.get("args")
+            args = given if isinstance(given, dict) else {}
+            entry = self.command(str(content.get("name", "")), **args)
+            reply = {"kind": "reply", "id": cid, **plain(entry)}
+            self._writer.submit(lambda: self.send(reply))
+        elif kind == "view":
+            view = str(content.get("view", ""))
+            span = (int(content.get("first", 0)), int(content.get("count", 1)))
+            cells = int(content.get("cells", 1024))
+            self._writer.submit(lambda: self._send_frames(self._wire.set_view(view, *span, cells)))
+        elif kind == "blocks":  # the zoom wants one row's exact blocks (its frame had cells)
+            view, row = str(content.get("view", "")), int(content.get("row", -1))
+            lo, hi = content.get("lo"), content.get("hi")
+            win = (
+                (int(lo), int(hi))
+                if isinstance(lo, (int, float)) and isinstance(hi, (int, float))
+                else (None, None)
+            )
+            self._writer.submit(lambda: self._send_frames(self._wire.exact_blocks(view, row, *win)))
+        elif kind == "timeline_sync":
+            since = int(content.get("since", 0))
+            self._writer.submit(lambda: self._sync_timeline(since))
+        elif kind == "close":
+            view = str(content.get("view", ""))
+            self._writer.submit(lambda: self._wire.drop_view(view))
+
+    def _sync_timeline(self, since: int) -> None:
+        """Send the timeline's points from ``since`` on, with every marker (a view opened, or
+        came back after a gap)."""
+        first, points = self.timeline.since(since)
+        self.send(
+            {
+                "kind": "timeline",
+                "first": first,
+                "points": points,
+                "reset": True,
+                "marks": self.timeline.marks(),
+            }
+        )
 
     def replay_times(self) -> np.ndarray | None:
         """The replayed trace's entry times (`trace_times`), or None: not a replay, or a trace

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 __all__ = [
     "CAPABILITIES",
     "HistorySource",
-    "OomClassifier",
     "OomHandler",
     "Source",
     "SourceCommandError",
@@ -51,14 +50,14 @@ class Source(Protocol):
 
     - ``segment_interval_hint: float``: the shortest sensible gap between segment reads (for
       example, slow while the user records allocator history);
-    - ``set_oom_handler(fn | None, *, classify=None)``: install the function the OOM observer
-      calls with an `OomEvent` (from the user's allocating thread), or remove it. ``classify``
-      (an `OomClassifier`, from the analysis layer above) judges each event once before it is
-      kept or handed on; without it the event carries only the facts the source read;
+    - ``set_oom_handler(fn | None)``: install the function the OOM observer calls with an
+      `OomEvent` (from the user's allocating thread), or remove it. The source judges each event
+      once, where the OOM happens, before it is kept or handed on
+      (`gpumemviz.live.sources.oom.judge`: the analysis layer's verdict);
     - ``oom_sample(event) -> Sample``: turn an `OomEvent` into a sample with its segment state.
-    - ``add_oom_handler(fn, classify=None)`` / ``remove_oom_handler(fn)``: more handlers beside
-      the one ``set_oom_handler`` installs (`gpumemviz.distributed` writes a rank's OOM files
-      there, in the allocating thread, before the error is raised);
+    - ``add_oom_handler(fn)`` / ``remove_oom_handler(fn)``: more handlers beside the one
+      ``set_oom_handler`` installs, given the same judged event (`gpumemviz.distributed` writes
+      a rank's OOM files there, in the allocating thread, before the error is raised);
     - ``history_enabled() -> bool | None`` and ``record_history(enabled)``: whether the source
       records allocation history (None: cannot say yet), and turning it on.
     """
@@ -182,8 +181,5 @@ class UnavailableSource:
 
 
 OomHandler = Callable[[OomEvent], object]
-"""Called with each OOM event, in the user's allocating thread: it must only queue the event."""
-
-OomClassifier = Callable[[OomEvent], OomEvent]
-"""Judges an event built of raw facts: `gpumemviz.analysis.fragmentation.oom.classify_event`, handed
-down by the layer that installs the handler (sources sit below the analysis layer)."""
+"""Called with each OOM event (judged), in the user's allocating thread: it must only queue the
+event."""

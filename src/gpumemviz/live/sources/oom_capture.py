@@ -1,10 +1,10 @@
-"""`OomCapture`: the context manager that writes the allocator snapshot at an OOM.
+"""`capture_oom` (``gpumemviz.capture_oom``) and its `OomCapture`: the allocator snapshot written
+at an OOM, for scripts and torchrun jobs.
 
-For scripts and torchrun jobs; the public entry is `gpumemviz.capture_oom`
-(`gpumemviz.live.capture`),
-which hands this class the analysis layer's classifier. The snapshot is the one the OOM observer
-took in the failing thread (`gpumemviz.live.sources.oom_observer`); where no observer ran (old
-torch, or attach failed), the one taken as the error leaves the ``with`` block.
+The snapshot is the one the OOM observer took in the failing thread
+(`gpumemviz.live.sources.oom_observer`, which judges each failure there once: the events kept
+carry the verdict); where no observer ran (old torch, or attach failed), the one taken as the
+error leaves the ``with`` block.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from gpumemviz.io import write_torch
-from gpumemviz.live.sources.base import OomClassifier, short_error
+from gpumemviz.live.sources.base import short_error
 from gpumemviz.live.sources.oom_observer import add_handler, ensure_observer, remove_handler
 from gpumemviz.snapshot.escaping import short_repr
 from gpumemviz.snapshot.sample import OomEvent
@@ -23,7 +23,7 @@ from gpumemviz.snapshot.sample import OomEvent
 if TYPE_CHECKING:
     from gpumemviz.snapshot.schema import TorchDict
 
-__all__ = ["OomCapture"]
+__all__ = ["OomCapture", "capture_oom"]
 
 
 def _torch() -> Any:  # Any: torch is read by duck typing, across versions
@@ -38,6 +38,38 @@ def _write_pickle(obj: TorchDict, path: Path) -> None:
     write_torch(obj, path)
 
 
+def capture_oom(path: str | os.PathLike[str] = "oom_snapshot.pickle") -> OomCapture:
+    """Write the allocator snapshot at the moment of an out-of-memory error.
+
+    For scripts and torchrun jobs. The snapshot is taken inside PyTorch's OOM observer (in the
+    failing thread, after the allocator flushed its cache), so it shows the state the allocation
+    failed in, with the ``oom`` trace entry when history is recorded. The first failure inside the
+    block is written (protocol 4, atomically); later ones are kept in ``.events``. The error still
+    propagates. Nothing initialises CUDA: if CUDA starts inside the block, the observer is attached
+    as CUDA initialises. Without CUDA this does nothing.
+
+    Parameters
+    ----------
+    path : str or path-like
+        Where to write. ``{rank}`` and ``{pid}`` are filled in (RANK from torchrun).
+
+    Returns
+    -------
+    OomCapture
+        With ``written`` (the path, once written), ``events`` (each judged where it failed,
+        with its ``cause`` and ``explanation``) and ``error``.
+
+    Examples
+    --------
+    >>> import gpumemviz
+    >>> with gpumemviz.capture_oom("/tmp/oom_{rank}.pickle") as cap:
+    ...     pass  # train here
+    >>> cap.written is None
+    True
+    """
+    return OomCapture(path)
+
+
 class OomCapture:
     """Context manager behind `gpumemviz.capture_oom`; see there.
 
@@ -45,14 +77,9 @@ class OomCapture:
     ----------
     path : str or path-like
         Where to write; ``{rank}`` and ``{pid}`` are filled in.
-    classify : OomClassifier, optional
-        Judges each event before it is kept in ``events`` (the observer runs each classifier
-        once per failure); without it the events carry only the raw facts.
     """
 
-    def __init__(
-        self, path: str | os.PathLike[str], *, classify: OomClassifier | None = None
-    ) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         text = os.fspath(path)
         if not text:
             raise ValueError("capture_oom needs a file path, got an empty string")
@@ -64,7 +91,6 @@ class OomCapture:
                 f"capture_oom path {short_repr(text)}: only {{rank}} and {{pid}} may be used"
             ) from exc
         self.path = Path(text)
-        self.classify = classify
         self.events: list[OomEvent] = []
         self.written: Path | None = None
         self.error: str | None = None
@@ -83,7 +109,7 @@ class OomCapture:
             self.error = f"could not write {self.path}: {short_error(exc)}"
 
     def __enter__(self) -> OomCapture:
-        add_handler(self._on_oom, self.classify)
+        add_handler(self._on_oom)
         self.attached = ensure_observer(defer=True)
         return self
 

@@ -4,9 +4,9 @@
 per process as a trampoline that does nothing when no handler is installed. It runs in the
 user's allocating thread after the allocator flushed its cache: it takes
 ``torch.cuda.memory._snapshot()`` there, builds one `OomEvent` of the raw facts, catches
-everything (an exception would reach the user's code), and drops repeats of one failure. Each
-handler comes with the classifier its installer handed down (`OomClassifier`); the trampoline
-runs each distinct classifier once per failure. Attaching never initialises CUDA: before
+everything (an exception would reach the user's code), and drops repeats of one failure. It
+judges the event once (`gpumemviz.live.sources.oom.judge`: the analysis layer's verdict) and
+hands that one judged event to every handler. Attaching never initialises CUDA: before
 ``torch.cuda.is_initialized()`` the attach is queued to run as CUDA initialises.
 """
 
@@ -16,8 +16,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from gpumemviz.live.sources.base import OomClassifier, OomHandler, short_error
-from gpumemviz.live.sources.oom import oom_request_size, oom_stream
+from gpumemviz.live.sources.base import OomHandler, short_error
+from gpumemviz.live.sources.oom import judge, oom_request_size, oom_stream
 from gpumemviz.snapshot.sample import OomEvent
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def _torch() -> Any:  # Any: torch is read by duck typing, across versions
 class _ObserverState(TypedDict):
     attached: bool
     queued: bool
-    handlers: tuple[tuple[OomHandler, OomClassifier | None], ...]
+    handlers: tuple[OomHandler, ...]
     last: dict[int, float]
     dropped: int
     errors: int
@@ -49,7 +49,7 @@ _OOM_LOCK = threading.Lock()
 _OOM: _ObserverState = {
     "attached": False,  # the observer is attached to torch (there is no detach)
     "queued": False,  # attach is queued to run when CUDA initialises
-    "handlers": (),  # tuple of (OomHandler, OomClassifier | None): copy-on-write, read unlocked
+    "handlers": (),  # tuple of OomHandler: copy-on-write, read unlocked
     "last": {},  # device -> monotonic time of the last captured failure
     "dropped": 0,  # observer calls dropped as repeats
     "errors": 0,  # exceptions caught inside the observer
@@ -70,16 +70,12 @@ def _trampoline(device: int, alloc_size: int, device_limit: int, device_free: in
             _OOM["dropped"] += 1  # a retry of the failure just captured (window not extended)
             return
         _OOM["last"][device] = now
-        event = _build_event(int(device), int(alloc_size), int(device_limit), int(device_free))
-        judged: dict[OomClassifier, OomEvent] = {}  # each classifier runs once per failure
-        for handler, classify in handlers:
+        event = judge(
+            _build_event(int(device), int(alloc_size), int(device_limit), int(device_free))
+        )  # once per failure, whoever listens
+        for handler in handlers:
             try:
-                if classify is None:
-                    handler(event)
-                    continue
-                if classify not in judged:
-                    judged[classify] = classify(event)
-                handler(judged[classify])
+                handler(event)
             except Exception as exc:
                 _OOM["errors"] += 1
                 _OOM["last_error"] = short_error(exc)
@@ -100,7 +96,7 @@ def _device_total(torch: Any, device: int, fallback: int) -> int:  # Any: torch,
 
 def _build_event(device: int, alloc_size: int, device_limit: int, device_free: int) -> OomEvent:
     """The failure's raw facts: the snapshot, the sizes, the device total, the `oom` entry's
-    request and stream (the verdict is the classifier's)."""
+    request and stream (`judge` adds the verdict)."""
     torch = _torch()
     snapshot: TorchDict | None = None
     snap_error = None
@@ -163,16 +159,16 @@ def ensure_observer(*, defer: bool) -> bool:
         return bool(_OOM["attached"])
 
 
-def add_handler(handler: OomHandler, classify: OomClassifier | None = None) -> None:
-    """Call ``handler`` with each OOM, judged by ``classify`` first when one is given."""
+def add_handler(handler: OomHandler) -> None:
+    """Call ``handler`` with each OOM, judged (`judge`) before any handler sees it."""
     with _OOM_LOCK:
-        if all(h != handler for h, _ in _OOM["handlers"]):
-            _OOM["handlers"] = (*_OOM["handlers"], (handler, classify))
+        if all(h != handler for h in _OOM["handlers"]):
+            _OOM["handlers"] = (*_OOM["handlers"], handler)
 
 
 def remove_handler(handler: OomHandler) -> None:
     with _OOM_LOCK:
-        _OOM["handlers"] = tuple((h, c) for h, c in _OOM["handlers"] if h != handler)
+        _OOM["handlers"] = tuple(h for h in _OOM["handlers"] if h != handler)
 
 
 def oom_observer_status() -> JsonDict:

@@ -3,8 +3,9 @@
 What a user without a GPU sees (and what the panel labels as demo data): a training or serving
 program from `allocator.workloads` driven through `CachingAllocator` on its own thread, slowly
 enough to watch segments fill, fragment and, for some workloads, run out of memory. An OOM goes
-through the same path as a real one (an `OomEvent`, judged by the classifier handed down with the
-OOM handler), then the workload restarts.
+through the same path as a real one (an `OomEvent`, judged once in the thread that ran out of
+memory, `gpumemviz.live.sources.oom.judge`, then handed to the OOM handlers), then the workload
+restarts.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.allocator.pool_workloads import apply_pool_step
 from gpumemviz.allocator.workloads import WORKLOADS, Workload
-from gpumemviz.live.sources.base import OomClassifier, OomHandler, short_error
-from gpumemviz.live.sources.oom import oom_stream
+from gpumemviz.live.sources.base import OomHandler, short_error
+from gpumemviz.live.sources.oom import judge, oom_stream
 from gpumemviz.snapshot.escaping import short_repr
 from gpumemviz.snapshot.sample import (
     SEGMENTS_NOT_READ,
@@ -107,9 +108,9 @@ class SimulatedSource:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._on_oom: tuple[OomHandler, OomClassifier | None] | None = None  # set_oom_handler
+        self._on_oom: OomHandler | None = None  # set_oom_handler
         # add_oom_handler: handlers beside the sampler's, as the observer keeps them for torch
-        self._extra_ooms: tuple[tuple[OomHandler, OomClassifier | None], ...] = ()
+        self._extra_ooms: tuple[OomHandler, ...] = ()
         self._record = bool(record_history)
         self.runs = 0  # workload runs started
         # the newest OOMs only: each holds a full snapshot with its trace (~5 MiB), and a demo
@@ -193,24 +194,16 @@ class SimulatedSource:
         )
 
     def _deliver(self, event: OomEvent) -> None:
-        on_oom = self._on_oom
-        handler, classify = on_oom if on_oom is not None else (None, None)
-        raw = event
-        if classify is not None:
-            # judged once, then kept and handed on; a broken classifier must not stop the demo
-            with contextlib.suppress(Exception):
-                event = classify(event)
+        event = judge(event)  # once per failure (never raises), then kept and handed on
         self.ooms.append(event)
+        handler = self._on_oom
         if handler is not None:
             # the sampler's handler only queues; a broken one must not stop the demo
             with contextlib.suppress(Exception):
                 handler(event)
-        judged = {classify: event} if classify is not None else {}
-        for extra, how in self._extra_ooms:  # each classifier once per failure, as the observer
+        for extra in self._extra_ooms:  # the same judged event, as the observer hands it on
             with contextlib.suppress(Exception):
-                if how is not None and how not in judged:
-                    judged[how] = how(raw)
-                extra(judged[how] if how is not None else raw)
+                extra(event)
 
     def _run(self) -> None:
         per_tick = max(1, round(self.steps_per_second * _TICK_S))
@@ -294,22 +287,20 @@ class SimulatedSource:
             notes=notes,
         )
 
-    def set_oom_handler(
-        self, handler: OomHandler | None, *, classify: OomClassifier | None = None
-    ) -> None:
-        """Install (or remove, with None) the function called with each OOM, from the workload
-        thread; ``classify`` judges the event first (and `ooms` keeps it judged)."""
-        self._on_oom = None if handler is None else (handler, classify)
+    def set_oom_handler(self, handler: OomHandler | None) -> None:
+        """Install (or remove, with None) the function called with each OOM, judged, from the
+        thread that ran out of memory (`ooms` keeps the judged events too)."""
+        self._on_oom = handler
 
-    def add_oom_handler(self, handler: OomHandler, classify: OomClassifier | None = None) -> None:
-        """Also call ``handler`` with each OOM (judged by ``classify`` first), beside the one
+    def add_oom_handler(self, handler: OomHandler) -> None:
+        """Also call ``handler`` with each OOM (the same judged event), beside the one
         `set_oom_handler` installs: what `gpumemviz.live.sources.oom_observer.add_handler` is for
         torch. It runs in the thread that ran out of memory, before `step` raises."""
-        if all(h != handler for h, _ in self._extra_ooms):
-            self._extra_ooms = (*self._extra_ooms, (handler, classify))
+        if handler not in self._extra_ooms:
+            self._extra_ooms = (*self._extra_ooms, handler)
 
     def remove_oom_handler(self, handler: OomHandler) -> None:
-        self._extra_ooms = tuple((h, c) for h, c in self._extra_ooms if h != handler)
+        self._extra_ooms = tuple(h for h in self._extra_ooms if h != handler)
 
     def history_enabled(self) -> bool:
         """Whether the model records its allocation history now."""

@@ -13,7 +13,8 @@ Rules this module keeps:
   user records history, segment state is read slowly; when gpumemviz turns recording on itself it
   passes ``skip_actions=["snapshot"]``.
 - OOMs come from the process-wide observer (`gpumemviz.live.sources.oom_observer`), which runs in
-the user's allocating thread; this source only installs its handler there, for its device.
+  the user's allocating thread and judges each failure there; this source only installs its
+  handler there, for its device.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from gpumemviz.live.sources.base import OomClassifier, OomHandler, SourceCommandError, short_error
+from gpumemviz.live.sources.base import OomHandler, SourceCommandError, short_error
 from gpumemviz.live.sources.nvml import NvmlReader, normalize_uuid
 from gpumemviz.live.sources.oom_observer import add_handler, ensure_observer, remove_handler
 from gpumemviz.snapshot.escaping import short_repr
@@ -292,14 +293,11 @@ class TorchCudaSource:
             return None, None
 
     # OOM ------------------------------------------------------------------------------------
-    def set_oom_handler(
-        self, handler: OomHandler | None, *, classify: OomClassifier | None = None
-    ) -> None:
+    def set_oom_handler(self, handler: OomHandler | None) -> None:
         """Install (or remove, with None) the function called with each OOM of this device.
 
-        The handler runs in the user's allocating thread: it must only queue the event.
-        ``classify`` (`gpumemviz.analysis.fragmentation.oom.classify_event`, handed down by the
-        layer above) judges the event there first; without it the event carries the raw facts only.
+        The handler runs in the user's allocating thread: it must only queue the event. The
+        observer has judged the event there first (`gpumemviz.live.sources.oom.judge`).
         """
         if self._oom_handler is not None:
             remove_handler(self._oom_handler)
@@ -314,13 +312,13 @@ class TorchCudaSource:
                 handler(event)
 
         self._oom_handler = on_oom
-        add_handler(on_oom, classify)
+        add_handler(on_oom)
         ensure_observer(defer=True)
 
-    def add_oom_handler(self, handler: OomHandler, classify: OomClassifier | None = None) -> None:
-        """Also call ``handler`` with each OOM of this device (judged by ``classify`` first),
-        beside the one `set_oom_handler` installs; in the user's allocating thread, before torch
-        raises its error. Never initialises CUDA (the observer attaches as CUDA starts)."""
+    def add_oom_handler(self, handler: OomHandler) -> None:
+        """Also call ``handler`` with each OOM of this device (the same judged event), beside
+        the one `set_oom_handler` installs; in the user's allocating thread, before torch raises
+        its error. Never initialises CUDA (the observer attaches as CUDA starts)."""
         device = self.device
 
         def on_oom(event: OomEvent) -> None:
@@ -328,7 +326,7 @@ class TorchCudaSource:
                 handler(event)
 
         self._extra_ooms[handler] = on_oom
-        add_handler(on_oom, classify)
+        add_handler(on_oom)
         ensure_observer(defer=True)
 
     def remove_oom_handler(self, handler: OomHandler) -> None:
