@@ -9,6 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+# the settings' unit, defaults and bounds: defined with the settings parser (the snapshot layer,
+# which parses a snapshot's recorded settings), listed here with the rules that use them
+from gpumemviz.snapshot.settings import (
+    K_LARGE_BUFFER,
+    K_MIN_LARGE_ALLOC,
+    MIB,
+    N_ROUNDUP_INTERVALS,
+    UNLIMITED,
+)
+
 __all__ = [
     "K_LARGE_BUFFER",
     "K_MIN_BLOCK_SIZE",
@@ -30,15 +40,10 @@ __all__ = [
     "should_split",
 ]
 
-MIB = 1 << 20
 K_MIN_BLOCK_SIZE = 512  # every size is a multiple of this
 K_SMALL_SIZE = 1 * MIB  # rounded size <= this goes to the small pool
 K_SMALL_BUFFER = 2 * MIB  # small-pool segment size and small expandable page
-K_MIN_LARGE_ALLOC = 10 * MIB  # large requests below this get a large_segment_size segment
 K_ROUND_LARGE = 2 * MIB  # larger requests are cudaMalloc'd rounded up to this
-K_LARGE_BUFFER = 20 * MIB  # default large_segment_size (segment and large expandable page)
-N_ROUNDUP_INTERVALS = 16  # power-of-two intervals for roundup_power2_divisions, from 1 MiB
-UNLIMITED = (1 << 64) - 1  # SIZE_MAX: max_split_size when unset (reported as -1)
 
 
 def division_index(size: int) -> int:

@@ -262,7 +262,7 @@ def check_advice(
 
 def _recorded_config(snap: Snapshot) -> AllocatorConfig | str:
     try:
-        return AllocatorConfig.from_settings(snap.allocator_settings)
+        return snap.config
     except ConfigError as e:
         return f"the recorded settings cannot be read: {e}"
 

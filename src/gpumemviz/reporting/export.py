@@ -310,6 +310,7 @@ def trace_totals(
                 snap.to_torch_segments() if torch_dict is None else torch_dict,
                 device,
                 columns=trace,
+                config=snap.config,  # the snapshot's one parse of its settings
             )
     except (ValueError, KeyError, IndexError):
         return reserved, requested, None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,7 @@ from gpumemviz.snapshot.schema import (
     TorchList,
     TorchMapping,
 )
+from gpumemviz.snapshot.settings import AllocatorConfig, ConfigError
 from gpumemviz.snapshot.shapes import RowShape
 from gpumemviz.snapshot.tables import Block, BlockTable, Segment, SegmentTable, Trace
 from gpumemviz.snapshot.torch_reader import read_torch
@@ -129,6 +131,44 @@ class Snapshot:
         seen = set(np.unique(self.segments.device).tolist())
         seen.update(d for d, t in self.traces.items() if len(t))
         return tuple(sorted(seen))
+
+    @property
+    def config(self) -> AllocatorConfig:
+        """The recorded `allocator_settings`, parsed on first use and kept: every analysis,
+        replay and advice check of this snapshot reads this one value.
+
+        Returns
+        -------
+        AllocatorConfig
+            `AllocatorConfig.from_settings(allocator_settings)`: torch's defaults when none
+            were recorded.
+
+        Raises
+        ------
+        ConfigError
+            When the recorded settings do not parse; each use raises it again, with the
+            message of the one parse.
+
+        Examples
+        --------
+        >>> snap = Snapshot.from_torch({"segments": [], "allocator_settings": {
+        ...     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "max_split_size": -1}})
+        >>> snap.config.expandable_segments, snap.config is snap.config
+        (True, True)
+        """
+        parsed = self._parsed_settings
+        if isinstance(parsed, ConfigError):
+            raise ConfigError(*parsed.args) from None
+        return parsed
+
+    @cached_property
+    def _parsed_settings(self) -> AllocatorConfig | ConfigError:
+        """The one parse of the recorded settings, or why they do not parse (a frozen
+        dataclass with a ``__dict__``: `cached_property` stores it there)."""
+        try:
+            return AllocatorConfig.from_settings(self.allocator_settings)
+        except ConfigError as err:
+            return err
 
     def __repr__(self) -> str:
         reserved = int(self.segments.total_size.sum())

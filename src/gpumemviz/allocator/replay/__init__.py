@@ -48,26 +48,29 @@ __all__ = ["DeviceReplay", "Prepared", "ReplayError", "ReplayResult", "prepare",
 
 def _as_source(
     snapshot: SnapshotLike | TorchMapping,
-) -> tuple[TorchMapping, Mapping[int, Trace] | None]:
-    """The torch dict replay reads, and each device's trace as columns where it has them.
+) -> tuple[TorchMapping, Mapping[int, Trace] | None, AllocatorConfig]:
+    """The torch dict replay reads, each device's trace as columns where it has them, and the
+    recorded settings, parsed once for the whole replay.
 
     A `Snapshot`'s dict is built without its traces (a dict per entry: the most of its time
-    and memory); the recordings read the traces' columns instead. A torch dict's traces are
-    read into columns too (`_columns_of`): the same values, at a fraction of the cost of
-    reading each entry dict as replay walks.
+    and memory); the recordings read the traces' columns instead, and its settings are its own
+    `config` (parsed when the snapshot was first asked). A torch dict's traces are read into
+    columns too (`_columns_of`): the same values, at a fraction of the cost of reading each
+    entry dict as replay walks.
     """
     if isinstance(snapshot, Mapping):
         if "segments" not in snapshot:
             raise ReplayError("snapshot dict has no 'segments' key")
-        return snapshot, _columns_of(snapshot)
+        return snapshot, _columns_of(snapshot), _recorded_config(snapshot)
     if isinstance(snapshot, list):
-        return {"segments": snapshot, "device_traces": []}, None
+        data: TorchMapping = {"segments": snapshot, "device_traces": []}
+        return data, None, _recorded_config(data)
     if isinstance(snapshot, Snapshot):
-        return snapshot.to_torch_segments(), snapshot.traces
+        return snapshot.to_torch_segments(), snapshot.traces, snapshot.config
     to_torch = getattr(snapshot, "to_torch", None)
     if callable(to_torch):
-        data: TorchMapping = to_torch()
-        return data, None
+        data = to_torch()
+        return data, None, _recorded_config(data)
     try:
         from gpumemviz.io import load_snapshot
     except ImportError:  # pragma: no cover - io is part of the package
@@ -75,6 +78,11 @@ def _as_source(
             f"cannot read a snapshot from {type(snapshot).__name__}: pass the torch dict"
         ) from None
     return _as_source(load_snapshot(snapshot))
+
+
+def _recorded_config(snap: TorchMapping) -> AllocatorConfig:
+    """A torch dict's ``allocator_settings``, parsed (torch's defaults where none)."""
+    return AllocatorConfig.from_settings(snap.get("allocator_settings"))
 
 
 def _columns_of(snap: TorchMapping) -> dict[int, Trace] | None:
@@ -204,9 +212,9 @@ def replay(
         caps = {d: _as_capacity(c, f"capacity of device {d}") for d, c in capacity.items()}
     else:
         caps = _as_capacity(capacity)
-    snap, traces = _as_source(snapshot)
-    cfg = _as_config(config, AllocatorConfig.from_settings(snap.get("allocator_settings")))
-    return Prepared(snap, traces).replay(cfg, caps)
+    snap, traces, recorded = _as_source(snapshot)
+    cfg = _as_config(config, recorded)
+    return Prepared(snap, traces, recorded).replay(cfg, caps)
 
 
 class Prepared:
@@ -217,10 +225,16 @@ class Prepared:
     pass are shared by every call (what the advice check does with several settings).
     """
 
-    def __init__(self, snap: TorchMapping, traces: Mapping[int, Trace] | None = None):
+    def __init__(
+        self,
+        snap: TorchMapping,
+        traces: Mapping[int, Trace] | None = None,
+        recorded: AllocatorConfig | None = None,
+    ):
         """`traces`: each device's trace as columns (then `snap`'s ``device_traces`` are not
-        read)."""
-        self.recorded_cfg = AllocatorConfig.from_settings(snap.get("allocator_settings"))
+        read); `recorded`: `snap`'s ``allocator_settings`` already parsed (a `Snapshot`'s
+        `config`; None: parsed here)."""
+        self.recorded_cfg = recorded if recorded is not None else _recorded_config(snap)
         self.settings_recorded = isinstance(snap.get("allocator_settings"), Mapping)
         self.traces = traces
         if traces is not None:
@@ -247,7 +261,7 @@ class Prepared:
 
         try:
             columns = self.traces[dev] if self.traces is not None else None
-            tl = Recording.from_snapshot(snap, dev, columns=columns)
+            tl = Recording.from_snapshot(snap, dev, columns=columns, config=self.recorded_cfg)
         except LayoutError as err:
             raise ReplayError(f"device {dev}: {err}") from None
         self.timelines[dev] = tl

@@ -72,7 +72,8 @@ class Rules:
 
     @classmethod
     def from_settings(cls, settings: TorchMapping | None) -> Rules:
-        """From a snapshot's ``allocator_settings`` (None: torch's defaults)."""
+        """From a torch dict's ``allocator_settings`` (None: torch's defaults); a `Snapshot`
+        has them parsed already: ``Rules(snap.config)``."""
         return cls(AllocatorConfig.from_settings(settings))
 
     def round(self, size: int) -> int:

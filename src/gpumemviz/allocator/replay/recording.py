@@ -24,6 +24,7 @@ from gpumemviz.allocator.replay.trail import Trail, spacing
 from gpumemviz.snapshot.gc_pause import no_gc
 
 if TYPE_CHECKING:
+    from gpumemviz.allocator.config import AllocatorConfig
     from gpumemviz.snapshot import Trace
     from gpumemviz.snapshot.schema import TorchDict, TorchList, TorchMapping
 
@@ -138,6 +139,7 @@ class Recording:
         device: int = 0,
         *,
         columns: Trace | None = None,
+        config: AllocatorConfig | None = None,
         **kw: Any,  # Any: `__init__`'s options
     ) -> Recording:
         """Reconstruct the start of `device`'s trace, and its layout after every entry.
@@ -152,6 +154,9 @@ class Recording:
             That trace as a `Snapshot`'s columns (then the dict's ``device_traces`` entries
             are not read; `snapshot_at` hands out the dict's own entries where it holds them,
             else builds entry dicts when first asked).
+        config
+            The dict's ``allocator_settings`` already parsed (a `Snapshot`'s `config`, or the
+            replay's recorded settings); None: parsed here.
         **kw
             ``every``: checkpoint spacing in trace entries (default 128; heavier layouts
             get wider spacing, up to `MAX_SPACING`).
@@ -172,7 +177,7 @@ class Recording:
         (0, 1)
         """
         settings = _device_settings(snapshot)
-        rules = Rules.from_settings(settings)
+        rules = Rules(config) if config is not None else Rules.from_settings(settings)
         segs = [s for s in snapshot["segments"] if int(s.get("device", 0)) == device]
         final = Layout.from_segments(segs)
         trace: list[TorchDict] | None = None

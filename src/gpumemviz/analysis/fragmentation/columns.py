@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpumemviz.allocator.config import AllocatorConfig
 from gpumemviz.analysis.fragmentation.pools import released_mask
 from gpumemviz.analysis.fragmentation.reduce import make_columns, reduce_columns
 from gpumemviz.analysis.fragmentation.report import FragmentationReport
-from gpumemviz.analysis.fragmentation.settings import parse_settings
+from gpumemviz.analysis.fragmentation.settings import parse_settings, snapshot_settings
 from gpumemviz.snapshot import ALLOCATED, INACTIVE, PENDING_FREE, Snapshot, read_torch
 from gpumemviz.snapshot.schema import TorchDict, TorchList
 
@@ -18,7 +19,9 @@ def from_torch(
 ) -> FragmentationReport:
     """A torch dict or bare segment list, read by the reader `Snapshot.from_torch` uses."""
     cols = read_torch(obj, full=False)
-    return _report(cols.seg, cols.blk, cols.allocator_settings, cols.traced_devices(), pools_in_use)
+    settings = cols.allocator_settings
+    parsed = parse_settings(settings)
+    return _report(cols.seg, cols.blk, settings, parsed, cols.traced_devices(), pools_in_use)
 
 
 def from_snapshot(
@@ -28,7 +31,8 @@ def from_snapshot(
     seg = {k: getattr(sg, k) for k in _SEG_COLUMNS}
     seg["block_count"] = sg.block_count
     blk = {"size": bl.size, "requested_size": bl.requested_size, "state": bl.state}
-    return _report(seg, blk, snap.allocator_settings, tuple(snap.devices), pools_in_use)
+    parsed = snapshot_settings(snap)  # the snapshot's own parse (`Snapshot.config`)
+    return _report(seg, blk, snap.allocator_settings, parsed, tuple(snap.devices), pools_in_use)
 
 
 _SEG_COLUMNS = ("device", "address", "total_size", "stream", "is_small", "is_expandable", "pool_id")
@@ -37,7 +41,8 @@ _SEG_COLUMNS = ("device", "address", "total_size", "stream", "is_small", "is_exp
 def _report(
     seg: dict[str, np.ndarray],
     blk: dict[str, np.ndarray],
-    settings: object,  # the recorded allocator_settings, read leniently (`parse_settings`)
+    settings: object,  # the recorded allocator_settings, as given
+    parsed: tuple[AllocatorConfig, bool],  # them read leniently (`parse_settings`)
     devices: tuple[int, ...],
     pools_in_use: bool | frozenset[tuple[int, int]],
 ) -> FragmentationReport:
@@ -59,7 +64,6 @@ def _report(
     ends = start + count
     fseg, foff, fsel = _where(np.flatnonzero(state == INACTIVE), ends, start, before)
     pseg, poff, psel = _where(np.flatnonzero(state == PENDING_FREE), ends, start, before)
-    parsed = parse_settings(settings)
     pool_id = np.asarray(seg["pool_id"], dtype=np.int64).reshape(n, 2)
     cols = make_columns(
         device=np.asarray(seg["device"], dtype=np.int64),

@@ -1,10 +1,12 @@
 """The allocator settings a snapshot recorded, read leniently and remembered.
 
 Files from strangers must still be analysed: settings that do not parse fall back piece by
-piece to torch's defaults (the raw settings stay in the report). A sampler analyses the same
-settings twice a second, so parsed configs are remembered, keyed by the settings' plain values
-and never by their repr, which a value shared with itself (a list of the same list 30 levels
-deep) would make walk 2^30 paths.
+piece to torch's defaults (the raw settings stay in the report). A `Snapshot` parsed its
+settings once already (`Snapshot.config`): `snapshot_settings` reads that value and falls back
+only where it did not parse. A torch dict has no such value, and a sampler analyses the same
+settings twice a second, so configs parsed from dicts are remembered, keyed by the settings'
+plain values and never by their repr, which a value shared with itself (a list of the same
+list 30 levels deep) would make walk 2^30 paths.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpumemviz.allocator.config import AllocatorConfig, ConfigError
+from gpumemviz.snapshot import Snapshot
 
-__all__ = ["parse_settings"]
+__all__ = ["parse_settings", "snapshot_settings"]
 
 
 def parse_settings(settings: Any) -> tuple[AllocatorConfig, bool]:
@@ -27,15 +30,36 @@ def parse_settings(settings: Any) -> tuple[AllocatorConfig, bool]:
     """
     if not isinstance(settings, Mapping):
         return _DEFAULT_CONFIG, False
+    config = _remembered(settings, _DROPPED)
+    return config, config.expandable_segments
+
+
+def snapshot_settings(snap: Snapshot) -> tuple[AllocatorConfig, bool]:
+    """`parse_settings(snap.allocator_settings)`, read from the snapshot's own parse of them
+    (`Snapshot.config`); only settings that do not parse are read again, leniently."""
+    settings = snap.allocator_settings
+    if not isinstance(settings, Mapping):
+        return _DEFAULT_CONFIG, False
+    try:
+        config = snap.config
+    except ConfigError:
+        config = _remembered(settings, _DROPPED[1:])  # the whole of them did not parse
+    return config, config.expandable_segments
+
+
+def _remembered(
+    settings: Mapping[str, Any], dropped: tuple[tuple[str, ...], ...]
+) -> AllocatorConfig:
+    """`_parse_leniently`, remembered by the settings' values."""
     key = _settings_key(settings)
     config = _CONFIGS.get(key) if key is not None else None
     if config is None:
-        config = _parse_leniently(settings)
+        config = _parse_leniently(settings, dropped)
         if key is not None:
             if len(_CONFIGS) >= 64:
                 _CONFIGS.clear()
             _CONFIGS[key] = config
-    return config, config.expandable_segments
+    return config
 
 
 _KEY_SCALARS = (str, int, float, bool, type(None))
@@ -65,10 +89,13 @@ def _settings_key(settings: Mapping[str, Any]) -> tuple[object, ...] | None:
 _MAX_KEY_ITEMS = 64
 
 
-def _parse_leniently(settings: Mapping[str, Any]) -> AllocatorConfig:
+def _parse_leniently(
+    settings: Mapping[str, Any], dropped_in_turn: tuple[tuple[str, ...], ...]
+) -> AllocatorConfig:
     """The settings; where they do not parse, without the string, then also without the
-    divisions (the one dict value AllocatorConfig checks), then torch's defaults."""
-    for dropped in ((), ("PYTORCH_CUDA_ALLOC_CONF",), _STRING_AND_DIVISIONS):
+    divisions (the one dict value AllocatorConfig checks), then torch's defaults
+    (`dropped_in_turn`: the keys left out at each try, `_DROPPED` or a tail of it)."""
+    for dropped in dropped_in_turn:
         try:
             return AllocatorConfig.from_settings(
                 {k: v for k, v in settings.items() if k not in dropped}
@@ -79,6 +106,7 @@ def _parse_leniently(settings: Mapping[str, Any]) -> AllocatorConfig:
 
 
 _STRING_AND_DIVISIONS = ("PYTORCH_CUDA_ALLOC_CONF", "roundup_power2_divisions")
+_DROPPED = ((), ("PYTORCH_CUDA_ALLOC_CONF",), _STRING_AND_DIVISIONS)
 
 
 _DEFAULT_CONFIG = AllocatorConfig()

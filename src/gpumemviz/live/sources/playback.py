@@ -165,7 +165,9 @@ class PlaybackSource:
             self.columns = opened.traces.get(device) or Trace.empty()
             self._trace = ()
             segments = opened.to_torch_segments()
-            self.recording = Recording.from_snapshot(segments, device, columns=self.columns)
+            self.recording = Recording.from_snapshot(
+                segments, device, columns=self.columns, config=opened.config
+            )
             is_oom = self.columns.action == self.columns.action_names.index("oom")
             self._settings = opened.allocator_settings
             self._annotations = opened.external_annotations
