@@ -134,7 +134,7 @@ def run_main(main: Callable[[], int | None], doc: str | None) -> NoReturn:
     name = Path(sys.argv[0]).name
     title = " ".join((doc or name).strip().split("\n\n")[0].split())
     command = shlex.join(["python", f"benchmarks/{name}", *sys.argv[1:]])
-    print(f"## `benchmarks/{name}`\n\n{title}\n\n`{command}`\n\n```text")
+    print(f"### `benchmarks/{name}`\n\n{title}\n\n`{command}`\n\n```text")
     print(out.getvalue().rstrip("\n"))
     print("```\n")
     raise SystemExit(status)

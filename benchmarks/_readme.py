@@ -62,7 +62,7 @@ def main() -> int:
         "target.\n"
     )
     if args:
-        header += f"These are `{shlex.join(args)}` figures; `make bench` gives the full ones.\n"
+        header += f"\nThese are `{shlex.join(args)}` figures; `make bench` gives the full ones.\n"
     kept = README.read_text().split(MARKER)[0] if README.exists() else "# Benchmarks\n\n"
     README.write_text(kept + MARKER + "\n" + header + "\n" + "\n".join(sections))
     print(f"wrote {README}", file=sys.stderr)
