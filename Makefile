@@ -55,8 +55,11 @@ test: lint system-deps js
 demo: $(STAMP) js
 	$(VENV)/bin/gpumemviz demo
 
+# Every benchmarks/*.py, each one's tables written into benchmarks/README.md (below its marker
+# line, with the machine it ran on); BENCH_ARGS=--quick for a short run.
+BENCH_ARGS ?=
 bench: $(STAMP) js
-	@for b in benchmarks/[!_]*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	$(PY) benchmarks/_readme.py $(BENCH_ARGS)
 
 # Fuzz every reader of untrusted input (pickle, JSON, torch dicts, the CLI) for FUZZ_SECONDS
 # (default 600): half coverage-guided under atheris (installed into build/atheris, not the venv;

@@ -1,18 +1,22 @@
 """What the benchmark scripts share: where the real files are, a safe plain reader, the timer,
-and a uniform synthetic snapshot (each script imports this as `_common`; run them from the
+a uniform synthetic snapshot, and `run_main` (``--markdown``: the output as a section of
+benchmarks/README.md) (each script imports this as `_common`; run them from the
 repository root as `.venv/bin/python benchmarks/NAME.py`)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import io
 import pickle
 import random
+import shlex
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 REPO = Path(__file__).resolve().parents[1]
 #: The licensed real snapshots shipped with the repository.
@@ -111,3 +115,26 @@ def uniform_snapshot(
                          "blocks": blocks})  # fmt: skip
         address += offset + 2 * MIB
     return {"segments": segments, "device_traces": [[]]}
+
+
+def run_main(main: Callable[[], int | None], doc: str | None) -> NoReturn:
+    """Run a benchmark's `main` and exit with its status.
+
+    With ``--markdown`` on the command line (taken out before `main` parses it), the script's
+    output becomes one section of benchmarks/README.md, which `make bench` writes: a heading
+    naming the script, the first line of its docstring, the command that ran, and the output as
+    a fixed-width block (the tables keep their columns).
+    """
+    if "--markdown" not in sys.argv[1:]:
+        raise SystemExit(main())
+    sys.argv.remove("--markdown")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main()
+    name = Path(sys.argv[0]).name
+    title = " ".join((doc or name).strip().split("\n\n")[0].split())
+    command = shlex.join(["python", f"benchmarks/{name}", *sys.argv[1:]])
+    print(f"### `benchmarks/{name}`\n\n{title}\n\n`{command}`\n\n```text")
+    print(out.getvalue().rstrip("\n"))
+    print("```\n")
+    raise SystemExit(status)

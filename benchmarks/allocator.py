@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from _common import run_main
 from gpumemviz.allocator.model import CachingAllocator
 
 MIB = 1 << 20
@@ -137,7 +138,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=300, help="training steps (default 300)")
     ap.add_argument("--repeat", type=int, default=3, help="best of R runs (default 3)")
+    ap.add_argument("--quick", action="store_true", help="30 steps, one run")
     args = ap.parse_args()
+    if args.quick:
+        args.iters, args.repeat = 30, 1
     ops = training_program(args.iters)
     n = len(ops)
     rows = [("bare best-fit loop", min(run_bare(ops) for _ in range(args.repeat)))]
@@ -155,4 +159,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, __doc__)

@@ -23,12 +23,11 @@ import contextlib
 import io
 import pickle
 import random
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from _common import MIB, label, read_plain, real_files
+from _common import MIB, label, read_plain, real_files, run_main
 from gpumemviz.analysis.fragmentation import fragmentation
 from gpumemviz.snapshot import Snapshot
 
@@ -177,4 +176,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, __doc__)

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch.distributed as dist
 
+from _common import run_main
 from gpumemviz.distributed import JobView, Publisher, grid_rows
 from gpumemviz.distributed.keys import OOM_COUNT, request_key, summary_key
 from gpumemviz.distributed.store import own_connection
@@ -130,4 +131,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, __doc__)

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from _common import REPO, best, quick_or_full
+from _common import REPO, best, quick_or_full, run_main
 
 sys.path.insert(0, str(REPO / "tests"))
 
@@ -89,4 +89,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, __doc__)

@@ -21,7 +21,7 @@ import random
 import tempfile
 from pathlib import Path
 
-from _common import MIB, best, label, quick_or_full, real_files, uniform_snapshot
+from _common import MIB, best, label, quick_or_full, real_files, run_main, uniform_snapshot
 from gpumemviz.analysis.diff import diff
 from gpumemviz.analysis.frames import redact_paths, redact_torch
 from gpumemviz.analysis.holders import live_holders
@@ -109,4 +109,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, __doc__)

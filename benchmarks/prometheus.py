@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, start_http_server
 
-from _common import best
+from _common import best, run_main
 from gpumemviz.analysis.fragmentation import fragmentation
 from gpumemviz.live.shared import shared
 from gpumemviz.prometheus import serve
@@ -120,4 +120,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, __doc__)

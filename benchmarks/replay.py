@@ -8,7 +8,7 @@ model (with its scores), trace events per second, and `snapshot_at` over random 
 under 50 ms per jump on the largest trace). A file replay refuses (private pools) is listed as
 such. Then the workload programs: time per run.
 
-Run: .venv/bin/python benchmarks/replay.py [--jumps N]
+Run: .venv/bin/python benchmarks/replay.py [--jumps N] [--quick]
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
 
-from _common import REPO, best, real_files
+from _common import REPO, best, real_files, run_main
 from gpumemviz.allocator.replay import ReplayError, replay
 from gpumemviz.allocator.replay.recording import Recording
 from gpumemviz.allocator.workloads import WORKLOADS, run
@@ -29,7 +28,10 @@ from gpumemviz.io import loads_restricted
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jumps", type=int, default=200, help="random snapshot_at jumps per trace")
+    ap.add_argument("--quick", action="store_true", help="20 jumps per trace")
     args = ap.parse_args()
+    if args.quick:
+        args.jumps = 20
     standins = sorted((REPO / "tests" / "data" / "standin").glob("*.pickle"))
     files = real_files() + standins
     if not files:
@@ -91,4 +93,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, __doc__)

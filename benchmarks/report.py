@@ -19,6 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from _common import run_main
 from gpumemviz.io import load_snapshot, save_snapshot
 from gpumemviz.reporting.html_report import ANALYSIS_ALLOWANCE, SIZE_FACTOR, renderer_size, report
 from gpumemviz.snapshot import Snapshot
@@ -50,7 +51,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blocks", default="100000,1000000", help="comma-separated block counts")
     ap.add_argument("--per-segment", default="10,100,2000", help="blocks per segment, each")
+    ap.add_argument("--quick", action="store_true", help="10^4 blocks only")
     args = ap.parse_args()
+    if args.quick:
+        args.blocks = "10000"
     rend = renderer_size()
     print(f"renderer (JS + CSS + page): {rend:,} bytes")
     head = f"{'blocks':>9} {'segments':>8} {'pickle MB':>9} {'load s':>7} {'report s':>8}"
@@ -76,4 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, __doc__)

@@ -21,6 +21,7 @@ import types
 
 import torch
 
+from _common import run_main
 from gpumemviz.allocator.stats import DeviceStats
 from gpumemviz.live.sampler import Sampler
 from gpumemviz.live.sources.torch_cuda import TorchCudaSource
@@ -223,4 +224,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main, __doc__)

@@ -34,7 +34,16 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from _common import REPO, best, label, quick_or_full, read_plain, real_files, uniform_snapshot
+from _common import (
+    REPO,
+    best,
+    label,
+    quick_or_full,
+    read_plain,
+    real_files,
+    run_main,
+    uniform_snapshot,
+)
 from gpumemviz.io import check_plain, load_snapshot, scan_pickle
 from gpumemviz.snapshot import Snapshot, SnapshotError, validate
 
@@ -147,4 +156,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main, __doc__)

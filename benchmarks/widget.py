@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
+from _common import run_main
 from gpumemviz.render.rows import build_rows, encode_cells
 from gpumemviz.render.strips import device_summary, strip_set
 from gpumemviz.render.wire import FIRST_FRAME_LIMIT, FRAME_LIMIT, Wire
@@ -294,4 +295,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, __doc__)

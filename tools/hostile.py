@@ -5,7 +5,7 @@ objects from one-byte opcodes (sets, dicts, lists, tuples, memo entries, marks, 
 short strings and ints, a list reachable at 60 depths, and a few hundred bytes of shared
 references that expand to 2^30 leaves. The loader must answer each within 12x its size plus
 64 MiB of memory (measured with tracemalloc) and in time linear in its size, with a snapshot or
-a one-line SnapshotError. tests/test_io_bounds.py runs them small; benchmarks/snapshot_io.py
+a one-line SnapshotError. tests/io/test_io_bounds.py runs them small; benchmarks/snapshot_io.py
 reports their memory per input byte; tools/fuzz.py may draw on them.
 
 Run: ``python tools/hostile.py [--mib 8] OUT_DIR`` writes one file per pattern.

@@ -128,7 +128,7 @@ def test_a_fragmented_dict_without_trace_keeps_todays_advice():
 
 
 def test_the_recorded_oom_avoided_is_said_and_counts_as_better():
-    # the README's training loop: OOM at operation 10,885 with the defaults
+    # docs/advice.md's training loop: OOM at operation 10,885 with the defaults
     w = workloads.WORKLOADS["training"]
     a = CachingAllocator(w.capacity, w.config)
     assert not workloads.run(w, a).completed
@@ -139,7 +139,7 @@ def test_the_recorded_oom_avoided_is_said_and_counts_as_better():
     assert c.check.oom_before is not None and c.check.oom_after is None
     assert c.check.verdict == "better"
     assert f"the OOM at entry {c.check.oom_before} avoided." in c.advice.message
-    assert format_size(c.check.peak_reserved_after) == "16.94 GiB"  # the README's table
+    assert format_size(c.check.peak_reserved_after) == "16.94 GiB"  # docs/advice.md's table
 
 
 def _check(**kw) -> ReplayCheck:

@@ -238,8 +238,8 @@ def _stacks_trace(stacks: list[list[dict]]) -> bytes:
 
 @pytest.mark.parametrize("tail", ["cycle", "deep", "fine"])
 def test_past_1500_different_stacks_the_walk_still_reads_every_list(tail, monkeypatch):
-    # every stack differs: runs stop being remembered (benchmarks/load_big.py, "mixed"), and
-    # what the last lists hide is found all the same
+    # every stack differs: runs stop being remembered (benchmarks/big_traces.py --part load,
+    # kind "mixed"), and what the last lists hide is found all the same
     from gpumemviz.io import walk
 
     rng = random.Random(20)

@@ -1,6 +1,8 @@
 """Every notebook in example_notebooks/ runs headless (nbclient, a real kernel) and shows what it
 says it shows; each is committed without outputs, holds no `assert`, and declares its
-dependencies (PEP 723).
+dependencies (PEP 723). The .ipynb files are their own source (no generator writes them): edit
+one in Jupyter, then `jupyter nbconvert --clear-output --inplace` it before committing, which
+`test_notebook_is_stripped_and_declares_its_dependencies` holds.
 
 The notebooks are tutorials: their checks live in tests/notebook_outcomes.py. A run here adds
 that module's probe cells to a copy of the notebook in tmp_path (so nothing it writes lands in
