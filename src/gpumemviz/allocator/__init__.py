@@ -15,7 +15,7 @@ _LAZY: dict[str, str] = {
     "CachingAllocator": "gpumemviz.allocator.model",
     "ConfigError": "gpumemviz.allocator.config",
     "OutOfMemory": "gpumemviz.allocator.oom",
-    "replay": "gpumemviz.allocator.replay",  # the callable module: replay(snapshot, ...)
+    "replay": "gpumemviz.allocator.replay",  # the module: replay.replay(snapshot, ...)
     "workloads": "gpumemviz.allocator.workloads",
 }
 

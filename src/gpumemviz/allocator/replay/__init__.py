@@ -4,8 +4,8 @@ With the recorded settings the model makes every decision and is scored against 
 With other settings or another capacity ("what if"), segment addresses are invented and only
 the address-free figures are compared (reserved, allocated and segments over time, peak
 reserved, OOM): the recorded addresses say nothing about a run the recorded settings did not
-make. This module is `replay` itself (callable: `gpumemviz.allocator.replay(snapshot)`); the
-machinery sits in the subpackage's modules:
+make. This module holds the entry point, `replay` (`gpumemviz.allocator.replay.replay(snapshot)`);
+the machinery sits in the subpackage's modules:
 
 - layout.py: `Layout`, one device's segments and blocks, moved by trace entries
 - reconstruct.py: the state at the start of a trace, by walking it backwards
@@ -14,7 +14,7 @@ machinery sits in the subpackage's modules:
 - recording.py: `Recording`, the recorded history after every entry (the ground truth)
 - columns.py: a `Snapshot`'s trace read as steps from its numpy columns
 - placement.py: where the model's segments go (the recorded addresses)
-- driver.py and drive.py: one device's pass through a fresh model, scored (`drive`)
+- driver.py: one device's pass through a fresh model, scored (`drive`)
 - result.py: `DeviceReplay`, `ReplayResult`, `ReplayError`
 
 The model is imported only when `replay` runs, so `recording.Recording` (what export and
