@@ -76,7 +76,8 @@ def test_the_public_names_import_from_the_package():
         "print(json.dumps({\n"
         "    'same': [CachingAllocator is m.CachingAllocator, OutOfMemory is o.OutOfMemory,\n"
         "             AllocatorConfig is c.AllocatorConfig, ConfigError is c.ConfigError],\n"
-        "    'replay': [replay is sys.modules['gpumemviz.allocator.replay'], callable(replay.replay)],\n"
+        "    'replay': [replay is sys.modules['gpumemviz.allocator.replay'],\n"
+        "               callable(replay.replay)],\n"
         "    'workloads': workloads is sys.modules['gpumemviz.allocator.workloads'],\n"
         "}))"
     )

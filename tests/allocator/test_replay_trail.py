@@ -17,8 +17,9 @@ from conftest import RECORDED_FILES, read_real
 from gpumemviz.allocator.config import AllocatorConfig
 from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.replay.layout import Layout, LayoutError
-from gpumemviz.allocator.replay.reconstruct import Rules, reconstruct_layout, steps_of
+from gpumemviz.allocator.replay.reconstruct import reconstruct_layout
 from gpumemviz.allocator.replay.recording import Recording
+from gpumemviz.allocator.replay.steps import Rules, steps_of
 from gpumemviz.allocator.replay.trail import Trail
 from gpumemviz.allocator.workloads import inference_server, run, training_loop
 
