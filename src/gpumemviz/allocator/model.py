@@ -252,6 +252,7 @@ class CachingAllocator:
         self._gc_threshold = cfg.garbage_collection_threshold
         self._gc = False
         self.stats = S.DeviceStats(cfg.to_settings()["max_split_size"])
+        self._record = record_trace  # the trace ring's switch (its ring is set up below)
         # private pools (the hot path only asks `if self._alloc_to:` when no pool is in use)
         self._pools: dict[PoolId, PrivatePool] = {}  # torch's graph_pools
         self._alloc_to: list[tuple[PoolId, StreamFilter]] = []  # captures_underway
@@ -264,7 +265,6 @@ class CachingAllocator:
         # in `_trace_count`.
         if trace_max_entries is not None:
             trace_max_entries = max(1, trace_max_entries)  # torch's setMaxEntries
-        self._record = record_trace
         self._trace: deque[TraceEntry] = deque(maxlen=trace_max_entries)
         self._tappend: Callable[[TraceEntry], None] | None = (
             self._trace.append if record_trace else None

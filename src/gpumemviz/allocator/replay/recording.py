@@ -280,6 +280,14 @@ class Recording:
     def __len__(self) -> int:
         return len(self.steps)
 
+    @property
+    def checkpoints(self) -> list[tuple[int, Layout]]:
+        """``(i, layout before entry i)`` of each checkpoint `layout_at` starts from, in
+        ascending order (the layouts are copies: changing one changes no checkpoint)."""
+        return [
+            (at, lay.copy()) for at, lay in zip(self._checkpoint_at, self._checkpoints, strict=True)
+        ]
+
     def layout_at(self, event_index: int) -> Layout:
         """A fresh copy of the layout after entry `event_index` (-1: the start)."""
         n = len(self.steps)
