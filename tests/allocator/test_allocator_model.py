@@ -377,10 +377,11 @@ def exp_alloc(capacity: int = GIB, *bases: int) -> CachingAllocator:
 
 
 def test_expandable_maps_one_page_for_the_rounded_request():
-    a = exp_alloc()
+    provide = fixed(R)
+    a = CachingAllocator(GIB, EXP, address_provider=provide)
     p = a.malloc(4_000_000)
     assert p == R
-    assert a._provide.calls == [("expandable", 58 * 20 * MIB, 0)]  # 1.125 GiB in 20 MiB pages
+    assert provide.calls == [("expandable", 58 * 20 * MIB, 0)]  # 1.125 GiB in 20 MiB pages
     assert actions(a) == [("segment_map", R, 20 * MIB), ("alloc", R, 4_000_000)]
     q = a.malloc(4_000_000)  # the next one fits in the same page
     assert q == R + 4_000_256
@@ -407,10 +408,11 @@ def test_expandable_growth_starts_at_the_free_tail():
 
 
 def test_expandable_small_pool_pages_are_2_mib():
-    a = exp_alloc(GIB, R, R - 4 * GIB)
+    provide = fixed(R, R - 4 * GIB)
+    a = CachingAllocator(GIB, EXP, address_provider=provide)
     p = a.malloc(1000)
     assert p == R and actions(a)[0] == ("segment_map", R, 2 * MIB)
-    assert a._provide.calls[0] == ("expandable", 1152 * MIB, 0)
+    assert provide.calls[0] == ("expandable", 1152 * MIB, 0)
     big = a.malloc(3 * MIB)  # large pool: its own reservation
     assert big == R - 4 * GIB
 
@@ -425,7 +427,8 @@ def test_expandable_best_fit_prefers_blocks_that_cannot_grow():
 
 
 def test_unmapping_whole_free_pages_and_releasing_the_reservation():
-    a = exp_alloc()
+    provide = fixed(R, R - 4 * GIB)
+    a = CachingAllocator(GIB, EXP, address_provider=provide)
     p = [a.malloc(4_000_000) for _ in range(6)]  # 24 MB: two pages
     assert a.reserved == 40 * MIB
     for q in p[1:]:
@@ -443,8 +446,10 @@ def test_unmapping_whole_free_pages_and_releasing_the_reservation():
     assert a.empty_cache() == 20 * MIB
     assert actions(a, i) == [("segment_unmap", R, 20 * MIB)]  # then the reservation goes, silently
     assert a.snapshot(record=False)["segments"] == [] and a.reserved == 0
-    assert a._small.unmapped == [] and a._large.unmapped == []
     check(a)
+    # the reservation is gone (not kept unmapped): the next malloc reserves address space anew
+    assert a.malloc(4_000_000) == R - 4 * GIB
+    assert [kind for kind, _, _ in provide.calls] == ["expandable", "expandable"]
 
 
 def test_unmapped_hole_gives_two_segment_entries_and_is_refilled_first():
@@ -614,7 +619,8 @@ def _workload(a: CachingAllocator, rng: random.Random, n: int, live: list[int]) 
 
 @pytest.mark.parametrize("conf", ["", EXP, "max_split_size_mb:24"])
 def test_from_segments_continues_exactly(conf):
-    a = CachingAllocator(512 * MIB, conf)
+    provide = DescendingAddresses()
+    a = CachingAllocator(512 * MIB, conf, address_provider=provide)
     rng = random.Random(3)
     live: list[int] = []
     _workload(a, rng, 400, live)
@@ -623,7 +629,7 @@ def test_from_segments_continues_exactly(conf):
     a.free(p)
     snap = a.snapshot(record=False)
     b = CachingAllocator.from_segments(
-        snap["segments"], 512 * MIB, conf, address_provider=DescendingAddresses(a._provide.cursor)
+        snap["segments"], 512 * MIB, conf, address_provider=DescendingAddresses(provide.cursor)
     )
     assert b.snapshot(record=False)["segments"] == snap["segments"]
     for k, v in walk_stats(snap["segments"]).items():

@@ -15,8 +15,9 @@ HEAVY = (
     *("replay.layout", "replay.reconstruct", "replay.recording", "replay.driver"),
     "replay.evidence",
 )
-# the modules of CachingAllocator's mixins: the model too
-HEAVY += ("blocks", "trace", "events", "release", "expandable", "load", "dump", "clone")
+# the modules CachingAllocator is built from (its structures, trace vocabulary and snapshot
+# writer): they load with the model only
+HEAVY += ("blocks", "trace", "dump")
 
 
 def _fresh(code: str) -> dict:

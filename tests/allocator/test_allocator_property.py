@@ -52,8 +52,9 @@ def _check(a: CachingAllocator, step: int, peaks: dict[str, int]) -> dict[str, i
             peaks[peak] = max(peaks.get(peak, 0), v)
             assert stats[peak] == peaks[peak], (step, peak, stats[peak], peaks[peak])
     assert stats["reserved_bytes.all.current"] == a.reserved <= a.capacity
-    if a._allowed is not None:
-        assert a.reserved <= a._allowed
+    fraction = a.config.per_process_memory_fraction  # the programs set it only in the config
+    if fraction < 1.0:
+        assert a.reserved <= int(fraction * a.device_total)
     end = 0  # segments come sorted by address; walk every block in address order
     for s in segs:
         assert s["address"] >= end, (step, "segments overlap")

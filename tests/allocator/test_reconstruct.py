@@ -14,8 +14,9 @@ import pytest
 from conftest import read_real, real_file, standin_file
 from gpumemviz.allocator.config import AllocatorConfig
 from gpumemviz.allocator.replay.layout import Layout, LayoutError
-from gpumemviz.allocator.replay.reconstruct import Rules, reconstruct, steps_of
+from gpumemviz.allocator.replay.reconstruct import reconstruct
 from gpumemviz.allocator.replay.recording import apply_step
+from gpumemviz.allocator.replay.steps import Rules, steps_of
 from gpumemviz.allocator.rules import K_SMALL_SIZE, MIB
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -17,8 +17,9 @@ from conftest import RECORDED_FILES, read_real
 from gpumemviz.allocator.config import AllocatorConfig
 from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.replay.layout import Layout, LayoutError
-from gpumemviz.allocator.replay.reconstruct import Rules, reconstruct_layout, steps_of
+from gpumemviz.allocator.replay.reconstruct import reconstruct_layout
 from gpumemviz.allocator.replay.recording import Recording
+from gpumemviz.allocator.replay.steps import Rules, steps_of
 from gpumemviz.allocator.replay.trail import Trail
 from gpumemviz.allocator.workloads import inference_server, run, training_loop
 
@@ -201,9 +202,10 @@ def test_every_checkpoint_is_the_forward_layout(every):
     assert exact
     assert got.allocated.tolist() == want.allocated.tolist()
     assert got.segments.tolist() == want.segments.tolist()
-    marks = got._checkpoint_at
+    checkpoints = got.checkpoints
+    marks = [at for at, _ in checkpoints]
     assert len(marks) > 20
-    for at, lay in zip(marks, got._checkpoints, strict=True):  # the layout before entry `at`
+    for at, lay in checkpoints:  # the layout before entry `at`
         assert lay.key() == want.layout_at(at - 1).key(), f"checkpoint at {at}"
     for i in sorted({j for at in marks for j in (at - 2, at - 1, at) if j >= -1}):
         assert got.layout_at(i).key() == want.layout_at(i).key(), f"entry {i}"

@@ -16,7 +16,7 @@ _LAZY: dict[str, str] = {
     "CachingAllocator": "gpumemviz.allocator.model",
     "ConfigError": "gpumemviz.allocator.config",
     "OutOfMemory": "gpumemviz.allocator.oom",
-    "replay": "gpumemviz.allocator.replay",
+    "replay": "gpumemviz.allocator.replay",  # the module: replay.replay(snapshot, ...)
     "workloads": "gpumemviz.allocator.workloads",
 }
 

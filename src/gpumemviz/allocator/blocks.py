@@ -3,9 +3,9 @@
 `ModelBlock` is torch's `Block` (a run of one segment, linked to its neighbours), `BlockPool`
 its `BlockPool` (the free blocks, sorted for best fit) and `Reservation` its
 `ExpandableSegment` (one virtual address range mapped page by page), `PrivatePool` its
-`PrivatePool` (a MemPool's or a CUDA graph's own pair of pools). `link` and `try_merge` are
-the two ways blocks are re-linked. Not the `snapshot.Block` of a recorded snapshot: these are
-the model's own mutable state.
+`PrivatePool` (a MemPool's or a CUDA graph's own pair of pools, named by a `PoolId`). `link`
+and `try_merge` are the two ways blocks are re-linked. Not the `snapshot.Block` of a recorded
+snapshot: these are the model's own mutable state, which `model.CachingAllocator` holds.
 """
 
 from __future__ import annotations
@@ -14,7 +14,20 @@ from bisect import bisect_left, insort
 
 from gpumemviz.allocator import stats as S
 
-__all__ = ["BlockPool", "ModelBlock", "PrivatePool", "Reservation", "link", "try_merge"]
+__all__ = [
+    "DEFAULT_POOL",
+    "BlockPool",
+    "ModelBlock",
+    "PoolId",
+    "PrivatePool",
+    "Reservation",
+    "link",
+    "try_merge",
+]
+
+PoolId = tuple[int, int]
+"""A pool's id as torch hands them out: (0, n) for a MemPool, (n, 0) for a CUDA graph's."""
+DEFAULT_POOL: PoolId = (0, 0)
 
 
 class Reservation:
@@ -118,7 +131,7 @@ class PrivatePool:
 
     __slots__ = ("id", "large", "malloc_count", "reserved", "small", "use_count", "use_on_oom")
 
-    def __init__(self, pool_id: tuple[int, int], no_split: bool = False) -> None:
+    def __init__(self, pool_id: PoolId, no_split: bool = False) -> None:
         self.id = pool_id
         self.small = BlockPool(True, self)
         self.large = BlockPool(False, self)

@@ -10,6 +10,7 @@ subpackage's modules:
 - layout.py: `Layout`, one device's segments and blocks, moved by trace entries
 - reconstruct.py: the state at the start of a trace, by walking it backwards
 - trail.py: what that walk keeps for the recording (figures, checkpoints, proof of exactness)
+- steps.py: a trace as the walks read it (`Step` tuples) and the `Rules` that size blocks
 - forward.py: one trace entry applied forwards at its recorded address
 - recording.py: `Recording`, the recorded history after every entry (the ground truth)
 - columns.py: a `Snapshot`'s trace read as steps from its numpy columns

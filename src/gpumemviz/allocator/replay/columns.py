@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from gpumemviz.allocator.replay.reconstruct import ByAddress, Step
+    from gpumemviz.allocator.replay.reconstruct import ByAddress
+    from gpumemviz.allocator.replay.steps import Step
     from gpumemviz.snapshot import Trace
     from gpumemviz.snapshot.schema import TorchList
 

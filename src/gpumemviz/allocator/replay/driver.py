@@ -42,9 +42,9 @@ from gpumemviz.allocator.replay.placement import (
     Reservations,
     Runs,
 )
-from gpumemviz.allocator.replay.reconstruct import SEGMENT_ACTIONS
 from gpumemviz.allocator.replay.recording import Recording
 from gpumemviz.allocator.replay.result import DeviceReplay, ReplayError, layout_key
+from gpumemviz.allocator.replay.steps import SEGMENT_ACTIONS
 from gpumemviz.allocator.rules import is_small, page_size, reservation_size
 from gpumemviz.allocator.trace import TraceRow
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 
 from gpumemviz.allocator.config import AllocatorConfig
 from gpumemviz.allocator.replay.layout import INACTIVE, Layout, LayoutError
-from gpumemviz.allocator.replay.reconstruct import SEGMENT_ACTIONS, Rules, Step
 from gpumemviz.allocator.replay.result import DeviceReplay
+from gpumemviz.allocator.replay.steps import SEGMENT_ACTIONS, Rules, Step
 from gpumemviz.allocator.rules import page_size
 from gpumemviz.allocator.trace import TraceRow
 

@@ -14,7 +14,7 @@ from gpumemviz.allocator.replay.layout import ALLOCATED, PENDING_FREE, Layout, L
 from gpumemviz.allocator.rules import is_small, page_size, should_split
 
 if TYPE_CHECKING:
-    from gpumemviz.allocator.replay.reconstruct import Rules, Step
+    from gpumemviz.allocator.replay.steps import Rules, Step
 
 __all__ = ["apply_step", "pool_ahead"]
 

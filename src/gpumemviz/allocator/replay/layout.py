@@ -8,7 +8,7 @@ needed, to know how large a block an alloc carved (`rules.should_split`).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
@@ -77,6 +77,31 @@ class Seg:
         return Seg(self.stream, self.small, self.expandable, self.blocks[:])
 
 
+def _segs_of(segments: Iterable[TorchMapping]) -> Iterator[Seg]:
+    """The `Seg` of each torch-format segment dict, in turn (`Layout.from_segments`)."""
+    for s in segments:
+        base = int(s["address"])
+        blocks: list[Block] = []
+        at = base
+        for b in s["blocks"]:
+            size = int(b["size"])
+            state = _STATE_CODE.get(b["state"])
+            if state is None:
+                raise LayoutError(
+                    f"segment {base:#x}: unknown block state {short_repr(b['state'])}"
+                )
+            req = 0
+            if state != INACTIVE:  # torch 2.0 keeps it in the block's history
+                hist = b.get("history") or [{}]
+                req = int(b.get("requested_size", hist[0].get("real_size", 0)) or 0)
+            blocks.append((int(b.get("address", at)), size, state, req))
+            at += size
+        if not blocks:
+            raise LayoutError(f"segment {base:#x} has no blocks")
+        small = s.get("segment_type", "large") == "small"
+        yield Seg(int(s["stream"]), small, bool(s.get("is_expandable")), blocks)
+
+
 class Layout:
     """Segments of one device keyed by base address, with the primitive moves of a trace.
 
@@ -87,38 +112,19 @@ class Layout:
 
     __slots__ = ("bases", "owned", "segs")
 
-    def __init__(self) -> None:
+    def __init__(self, segs: Iterable[Seg] = ()) -> None:
+        """A layout of `segs` (each its own from now on); LayoutError on two at one base."""
         self.bases: list[int] = []  # sorted segment base addresses
         self.segs: dict[int, Seg] = {}
         self.owned: set[Seg] = set()  # segments no other layout shares (safe to change)
+        for seg in segs:
+            self._insert(seg)
 
     # -- construction and export --------------------------------------------------------------
     @classmethod
     def from_segments(cls, segments: Iterable[TorchMapping]) -> Layout:
         """Build from torch-format segment dicts (block addresses computed when absent)."""
-        lay = cls()
-        for s in segments:
-            base = int(s["address"])
-            blocks: list[Block] = []
-            at = base
-            for b in s["blocks"]:
-                size = int(b["size"])
-                state = _STATE_CODE.get(b["state"])
-                if state is None:
-                    raise LayoutError(
-                        f"segment {base:#x}: unknown block state {short_repr(b['state'])}"
-                    )
-                req = 0
-                if state != INACTIVE:  # torch 2.0 keeps it in the block's history
-                    hist = b.get("history") or [{}]
-                    req = int(b.get("requested_size", hist[0].get("real_size", 0)) or 0)
-                blocks.append((int(b.get("address", at)), size, state, req))
-                at += size
-            if not blocks:
-                raise LayoutError(f"segment {base:#x} has no blocks")
-            small = s.get("segment_type", "large") == "small"
-            lay._insert(Seg(int(s["stream"]), small, bool(s.get("is_expandable")), blocks))
-        return lay
+        return cls(_segs_of(segments))
 
     def to_segments(
         self,
@@ -182,7 +188,7 @@ class Layout:
         self.owned = set()  # everything is shared now
         return lay
 
-    def _own(self, seg: Seg) -> Seg:
+    def own(self, seg: Seg) -> Seg:
         """`seg` made safe to change: this layout's own copy, its cached dict dropped."""
         if seg in self.owned:
             seg.cached = None
@@ -252,7 +258,7 @@ class Layout:
         b = seg.blocks[i]
         if b[2] != INACTIVE or addr + size > b[0] + b[1]:
             raise LayoutError(f"{what}: [{addr:#x}, +{size}) is not inside one free block")
-        seg = self._own(seg)
+        seg = self.own(seg)
         new = [(addr, size, state, requested)]
         if addr > b[0]:
             new.insert(0, (b[0], addr - b[0], INACTIVE, 0))
@@ -281,7 +287,7 @@ class Layout:
         """`release` of block `i` of `seg` (what `block_at` found)."""
         if seg.blocks[i][2] == INACTIVE:
             raise LayoutError(f"{what}: block at {seg.blocks[i][0]:#x} is already free")
-        seg = self._own(seg)
+        seg = self.own(seg)
         blocks = seg.blocks
         b = blocks[i]
         start, size, req, lo, hi = b[0], b[1], 0, i, i + 1
@@ -307,7 +313,7 @@ class Layout:
             raise LayoutError(f"block at {addr:#x} is not {STATE_NAMES[only].split('_')[-1]}")
         if seg.blocks[i][2] == INACTIVE:
             raise LayoutError(f"{what}: block at {addr:#x} is free")
-        seg = self._own(seg)
+        seg = self.own(seg)
         b = seg.blocks[i]
         seg.blocks[i] = (b[0], b[1], state, b[3])
         return b[1]

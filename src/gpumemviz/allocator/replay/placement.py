@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from gpumemviz.allocator.addresses import DescendingAddresses, reservation_starts
 from gpumemviz.allocator.model import CachingAllocator
-from gpumemviz.allocator.replay.reconstruct import Step
 from gpumemviz.allocator.replay.recording import Recording
+from gpumemviz.allocator.replay.steps import Step
 from gpumemviz.allocator.rules import page_size, reservation_size
 from gpumemviz.allocator.trace import TraceRow
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from gpumemviz.allocator.replay.layout import INACTIVE
-from gpumemviz.allocator.replay.reconstruct import Step
+from gpumemviz.allocator.replay.steps import Step
 
 if TYPE_CHECKING:
     from gpumemviz.allocator.replay.layout import Layout

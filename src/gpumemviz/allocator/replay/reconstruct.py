@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from gpumemviz.allocator.config import AllocatorConfig
 from gpumemviz.allocator.replay.layout import (
     ALLOCATED,
     INACTIVE,
@@ -27,94 +26,23 @@ from gpumemviz.allocator.replay.layout import (
     Seg,
     block_address,
 )
+from gpumemviz.allocator.replay.steps import ALLOC_ACTIONS, SEGMENT_ACTIONS, Rules, Step, steps_of
 from gpumemviz.allocator.replay.trail import Trail
 from gpumemviz.allocator.rules import (
     K_MIN_BLOCK_SIZE,
     K_SMALL_SIZE,
     is_small,
     page_size,
-    round_size,
     should_split,
 )
-from gpumemviz.snapshot.escaping import short_repr
 
 if TYPE_CHECKING:
     from gpumemviz.snapshot.schema import TorchDict, TorchMapping
 
-__all__ = [
-    "ALLOC_ACTIONS",
-    "SEGMENT_ACTIONS",
-    "ByAddress",
-    "Rules",
-    "Step",
-    "reconstruct",
-    "reconstruct_layout",
-    "steps_of",
-]
+__all__ = ["ByAddress", "reconstruct", "reconstruct_layout"]
 
-Step = tuple[str, int, int, int]  # (action, addr or device_free, size, stream)
 ByAddress = tuple[list[int], list[int], list[bool]]  # see `reconstruct_layout`
-ALLOC_ACTIONS = frozenset({"alloc", "free_requested", "free_completed"})
-SEGMENT_ACTIONS = frozenset({"segment_alloc", "segment_free", "segment_map", "segment_unmap"})
 _GROWS = frozenset({"segment_alloc", "segment_map"})
-
-
-class Rules:
-    """The settings that decide block sizes (roundup divisions, max_split_size), ready to use."""
-
-    __slots__ = ("config", "divisions", "max_split_size", "rounded")
-
-    def __init__(self, config: AllocatorConfig | None = None):
-        self.config = config or AllocatorConfig()
-        self.divisions = self.config.divisions
-        self.max_split_size = self.config.max_split_size
-        self.rounded: dict[int, int] = {}  # size -> round(size), as asked (sizes repeat)
-
-    @classmethod
-    def from_settings(cls, settings: TorchMapping | None) -> Rules:
-        """From a torch dict's ``allocator_settings`` (None: torch's defaults); a `Snapshot`
-        has them parsed already: ``Rules(snap.config)``."""
-        return cls(AllocatorConfig.from_settings(settings))
-
-    def round(self, size: int) -> int:
-        got = self.rounded.get(size)
-        if got is None:
-            got = self.rounded[size] = round_size(size, self.divisions)
-        return got
-
-
-def steps_of(trace: Sequence[TorchMapping]) -> list[Step]:
-    """Trace dicts as compact tuples, the form every walk over a trace uses.
-
-    Parameters
-    ----------
-    trace
-        One device's ``device_traces`` entries.
-
-    Returns
-    -------
-    list of (action, addr, size, stream)
-        For an ``oom`` entry the addr field holds ``device_free``.
-
-    Raises
-    ------
-    LayoutError
-        When an entry lacks its action or has a non-integer field.
-
-    Examples
-    --------
-    >>> steps_of([{"action": "oom", "device_free": 5, "size": 512, "stream": 0}])
-    [('oom', 5, 512, 0)]
-    """
-    out = []
-    for i, e in enumerate(trace):
-        try:
-            action = e["action"]
-            addr = e["device_free"] if action == "oom" else e.get("addr", 0)
-            out.append((action, int(addr), int(e.get("size", 0)), int(e.get("stream", 0))))
-        except (KeyError, TypeError, ValueError) as err:
-            raise LayoutError(f"trace entry {i}: malformed ({short_repr(err)})") from None
-    return out
 
 
 def _what(i: int, step: Step) -> str:
@@ -360,7 +288,7 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                 if seg in owned:  # `Layout.release_at`, inlined
                     seg.cached = None
                 else:
-                    blocks = lay._own(seg).blocks
+                    blocks = lay.own(seg).blocks
                 start, merged, req, lo, hi = addr, bsize, 0, k, k + 1
                 if next_free:
                     merged += blocks[k + 1][1]
@@ -376,7 +304,7 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                 if seg in owned:
                     seg.cached = None
                 else:
-                    blocks = lay._own(seg).blocks
+                    blocks = lay.own(seg).blocks
                 blocks[k] = (addr, b[1], ALLOCATED, b[3])
             elif action == "free_completed" and state == INACTIVE and addr < (end := b[0] + b[1]):
                 if seg.small or seg.expandable:
@@ -391,7 +319,7 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                     if seg in owned:  # `Layout.carve_at`, inlined
                         seg.cached = None
                     else:
-                        blocks = lay._own(seg).blocks
+                        blocks = lay.own(seg).blocks
                     state = PENDING_FREE
                     if (
                         i > max(next_at, 0)  # no checkpoint between the two

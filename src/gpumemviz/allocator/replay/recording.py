@@ -19,7 +19,8 @@ from gpumemviz.allocator.replay.columns import alloc_entries, by_address, steps_
 from gpumemviz.allocator.replay.forward import apply_step
 from gpumemviz.allocator.replay.layout import Layout, LayoutError
 from gpumemviz.allocator.replay.pools import PoolPlan, plan_pools
-from gpumemviz.allocator.replay.reconstruct import Rules, Step, reconstruct_layout, steps_of
+from gpumemviz.allocator.replay.reconstruct import reconstruct_layout
+from gpumemviz.allocator.replay.steps import Rules, Step, steps_of
 from gpumemviz.allocator.replay.trail import Trail, spacing
 from gpumemviz.snapshot.gc_pause import no_gc
 
@@ -61,9 +62,19 @@ class Recording:
         settings: TorchMapping | None = None,
         every: int = 128,
         walked: tuple[Trail, Layout] | None = None,
+        trace: list[TorchDict] | None = None,
+        columns: Trace | None = None,
+        segments: Iterable[TorchMapping] = (),
+        allocs: Iterable[tuple[int, int, TorchList]] = (),
     ):
         """`walked`: the trail of the walk that reconstructed `start` and the final layout it
-        began from; used when the trail is exact, else the trace is applied forwards."""
+        began from; used when the trail is exact, else the trace is applied forwards.
+
+        `trace` (the entries as torch dicts) or `columns` (the trace as a `Snapshot`'s
+        columns) is what `snapshot_at` hands out as ``device_traces``; without either, dicts
+        are built from `steps`. `segments` (the final ones) and `allocs` (index, address,
+        frames of each alloc entry) give the blocks' stacks (`frames_after`).
+        """
         self.device = device
         self.steps = list(steps)
         self.rules = rules
@@ -76,12 +87,13 @@ class Recording:
             self._from_trail(*walked)
         else:
             self._forward(start)
-        self._trace: list[TorchDict] | None = None
-        self._columns: Trace | None = None  # the trace's columns, when built from them
+        self._trace = trace
+        self._columns = columns  # the trace's columns, when built from them
         # allocation stacks: per address, the alloc entries there (indices, frames) and the
         # stacks of blocks alive before the trace; the layout itself carries none
         self._allocs: dict[int, tuple[list[int], list[list[Any]]]] = {}
         self._start_frames: dict[int, TorchList] = {}
+        self._keep_frames(segments, allocs)
         # which private pool each alloc went to (None: the segments name none)
         self.pools: PoolPlan | None = None
 
@@ -192,12 +204,6 @@ class Recording:
         trail = Trail(len(steps), kw.get("every", 128))
         sorted_steps = by_address(columns) if trace is None and columns is not None else None
         start = reconstruct_layout(final, steps, rules, trail, sorted_steps)
-        tl = cls(start, steps, rules, device=device, settings=settings, walked=(trail, final), **kw)
-        tl._trace, tl._columns = trace, columns
-        held = snapshot.get("device_traces") or []
-        if trace is None and device < len(held) and len(held[device]) == len(steps):
-            tl._trace = list(held[device])  # a dict's own entries: `snapshot_at` reads them
-        tl.pools = plan_pools(start, steps, segs, tl.layout_at)
         if trace is not None:
             allocs = [
                 (i, int(e["addr"]), e.get("frames") or [])
@@ -207,7 +213,24 @@ class Recording:
         else:
             assert columns is not None  # steps came from them
             allocs = alloc_entries(columns)
-        tl._keep_frames(segs, allocs)
+        entries = trace
+        held = snapshot.get("device_traces") or []
+        if trace is None and device < len(held) and len(held[device]) == len(steps):
+            entries = list(held[device])  # a dict's own entries: `snapshot_at` reads them
+        tl = cls(
+            start,
+            steps,
+            rules,
+            device=device,
+            settings=settings,
+            walked=(trail, final),
+            trace=entries,
+            columns=columns,
+            segments=segs,
+            allocs=allocs,
+            **kw,
+        )
+        tl.pools = plan_pools(start, steps, segs, tl.layout_at)
         got, want = tl.final.key(requested=False), final.key(requested=False)
         if got != want:
             diff = [a[0] for a, b in zip(got, want, strict=False) if a != b]
@@ -261,6 +284,14 @@ class Recording:
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    @property
+    def checkpoints(self) -> list[tuple[int, Layout]]:
+        """``(i, layout before entry i)`` of each checkpoint `layout_at` starts from, in
+        ascending order (the layouts are copies: changing one changes no checkpoint)."""
+        return [
+            (at, lay.copy()) for at, lay in zip(self._checkpoint_at, self._checkpoints, strict=True)
+        ]
 
     def layout_at(self, event_index: int) -> Layout:
         """A fresh copy of the layout after entry `event_index` (-1: the start)."""

@@ -19,7 +19,7 @@ from gpumemviz.allocator.replay.forward import apply_step
 from gpumemviz.allocator.replay.layout import Layout, LayoutError, Seg
 
 if TYPE_CHECKING:
-    from gpumemviz.allocator.replay.reconstruct import Rules, Step
+    from gpumemviz.allocator.replay.steps import Rules, Step
 
 __all__ = ["MAX_SPACING", "Trail", "spacing"]
 
