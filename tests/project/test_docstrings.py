@@ -2,8 +2,8 @@
 
 docs/internals.md keeps how the parts work together and the wire format; signatures, argument
 meanings, defaults, return shapes and errors live in the docstrings (issue 14). This test holds
-that line for `gpumemviz.__all__`: each function (a callable module stands for its function,
-`gpumemviz.render.plots` for the figures it exports) and each class, and the public methods and
+that line for `gpumemviz.__all__`: each function (the module `gpumemviz.plots` stands for the
+plots it exports) and each class, and the public methods and
 properties of those classes, which is what users call on what the functions return. The
 examples themselves run as doctests (pytest's ``--doctest-modules`` over src/gpumemviz).
 """
@@ -78,14 +78,11 @@ def public_api() -> Iterator[tuple[str, Any, str]]:  # Any: the documented objec
         if name == "__version__":
             continue
         value = getattr(gpumemviz, name)
-        if isinstance(value, types.ModuleType):
-            if callable(value):  # gpumemviz.diff: the module stands for its function
-                yield name, getattr(value, name), "function"
-            else:  # gpumemviz.render.plots: the figures it exports
-                for sub in value.__all__:
-                    obj = getattr(value, sub)
-                    if callable(obj):
-                        yield f"{name}.{sub}", obj, "function"
+        if isinstance(value, types.ModuleType):  # gpumemviz.plots: the plots it exports
+            for sub in value.__all__:
+                obj = getattr(value, sub)
+                if callable(obj):
+                    yield f"{name}.{sub}", obj, "function"
         elif isinstance(value, type):
             yield name, value, "class"
             yield from _members(name, value)

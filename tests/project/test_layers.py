@@ -53,7 +53,7 @@ LAYERS: dict[str, tuple[tuple[str, ...], str]] = {
     ),
     "cli": (
         (*_BELOW_WIDGET, "reporting", "prometheus", "distributed", ""),
-        "`gpumemviz inspect | report | whatif | diff | export | job | demo`",
+        "the `gpumemviz` command: inspect, report, whatif, diff, export, job, demo",
     ),
     "": (
         tuple(

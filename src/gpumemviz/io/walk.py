@@ -29,7 +29,7 @@ pass (map, set, compress, Counter), and Python loops run per level (at most `max
 slice, per batch and per new shared long list (once each, `_LONG` items or more). On the real
 files the walk takes about what the old level-by-level walk did on the small ones and half on
 the large ones; on a 10^5-entry torch-shaped trace whose every stack differs, 0.5 s where it
-took 1.2 s (benchmarks/load_big.py); memory, a few % of the decoded data.
+took 1.2 s (benchmarks/big_traces.py --part load); memory, a few % of the decoded data.
 """
 
 from __future__ import annotations

@@ -279,7 +279,7 @@ class NvmlInfo:
         return cls(available=False, reason=reason)
 
 
-NOT_CLASSIFIED = "not classified: no classifier was given for this OOM"
+NOT_CLASSIFIED = "not classified yet: the source has not judged this OOM"
 """`OomEvent.explanation` of an event as a source builds it, before any classification."""
 
 
@@ -294,9 +294,9 @@ class OomEvent:
 
     A source fills in the facts it has at the failure (sizes, ``device_total``, the snapshot);
     ``cause``, ``explanation`` and the figures from ``reserved`` to ``outside_bytes`` are the
-    analysis layer's verdict on them (`gpumemviz.analysis.fragmentation.oom.classify_event`), given
-    by whoever installed the OOM handler. Until then ``cause`` is "unknown" and ``explanation``
-    is `NOT_CLASSIFIED`.
+    analysis layer's verdict on them (`gpumemviz.analysis.fragmentation.oom.classify_event`), which
+    the source applies once, where the failure happens (`gpumemviz.live.sources.oom.judge`).
+    Until then ``cause`` is "unknown" and ``explanation`` is `NOT_CLASSIFIED`.
     """
 
     time: float

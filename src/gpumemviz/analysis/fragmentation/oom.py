@@ -3,11 +3,10 @@
 A pure function of the torch segment dicts, cheap enough for the user's allocating thread (the
 OOM observer runs there): the fragmentation report's dict path (one walk over the segments, no
 Snapshot built) and its `can_fit`, so the verdict follows the allocator's own rules: a request
-is served only from its own stream's small or large pool. Sources sit below this layer: they
-build an `OomEvent` of the raw facts (reading the ``oom`` trace entry's request size and stream
-is theirs, `gpumemviz.live.sources.oom`), and `classify_event` is the function the layers above hand
-them with the OOM handler (`gpumemviz.live.capture`, `gpumemviz.live.shared`), so each event is
-judged once.
+is served only from its own stream's small or large pool. The sources (in `gpumemviz.live`, the
+layer above) build an `OomEvent` of the raw facts (reading the ``oom`` trace entry's request
+size and stream, `gpumemviz.live.sources.oom`) and judge it once with `classify_event`, where
+the failure happens (`gpumemviz.live.sources.oom.judge`).
 """
 
 from __future__ import annotations
