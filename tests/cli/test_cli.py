@@ -269,6 +269,8 @@ def test_whatif_expandable_text_side_by_side(tmp_path, capsys):
     ("extra", "message"),
     [
         (["--conf", "bogus_key:1"], "--conf 'bogus_key:1': Unrecognized key 'bogus_key'"),
+        (["--conf", "expandable_segments:true"], "(use True: PyTorch rejects true)"),
+        (["--conf", "expandable_segments:false"], "(use False: PyTorch rejects false)"),
         (["--capacity", "10XB"], "not a size: '10XB'"),
         (["--capacity", "0"], "--capacity must be positive"),
         (["--capacity", "-5GiB"], "--capacity must be positive, got '-5GiB'"),

@@ -226,3 +226,29 @@ def test_make_demo_runs_the_cli_demo_command():
     assert f"cd {FOLDER} && " in shown.stdout
     assert "jupyter lab --ServerApp.ip=127.0.0.1" in shown.stdout
     assert "--LabApp.default_url=/lab/tree/01_quickstart.ipynb" in shown.stdout
+
+
+def test_what_the_demo_leaves_beside_the_notebooks_is_ignored_by_git():
+    """The panel's export button writes gpumemviz-snapshot-*.pickle into the notebook's folder
+    (its working directory) and JupyterLab keeps .ipynb_checkpoints/ there: after a demo,
+    `git status` in a clone shows neither."""
+    import subprocess
+
+    root = FOLDER.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    left = [
+        "example_notebooks/gpumemviz-snapshot-20261206-120000.pickle",
+        "example_notebooks/.ipynb_checkpoints/01_quickstart-checkpoint.ipynb",
+    ]
+    out = subprocess.run(
+        ["git", "check-ignore", "--no-index", *left], cwd=root, capture_output=True, text=True
+    )
+    assert out.stdout.split() == left, out.stderr
+    kept = subprocess.run(
+        ["git", "check-ignore", "--no-index", "example_notebooks/01_quickstart.ipynb"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    assert kept.returncode == 1  # the notebooks themselves stay tracked

@@ -175,8 +175,11 @@ class _Tokens:
             return True
         if tok == "False":
             return False
+        hint = ""
+        if tok.lower() in ("true", "false"):  # what people type; PyTorch wants the capital
+            hint = f" (use {tok.capitalize()}: PyTorch rejects {tok})"
         raise ConfigError(
-            f"Expected 'True' or 'False' at index {i} in ConfigTokenizer but got '{tok}'"
+            f"Expected 'True' or 'False' at index {i} in ConfigTokenizer but got '{tok}'{hint}"
         )
 
     def skip_key(self, i: int) -> int:
