@@ -222,6 +222,22 @@ def test_help_prints_the_options_instead_of_an_error(shell, capsys):
     assert "usage: %gpumemviz" in capsys.readouterr().out
 
 
+def test_the_magics_own_help_shows_every_option_and_the_workloads(shell, capsys):
+    """`%gpumemviz?` (the magic's docstring) names every option the parser takes, and
+    `--help` lists the names --demo accepts."""
+    import re
+
+    from gpumemviz.allocator.workloads import WORKLOADS
+
+    shell.run_line_magic("pinfo", "%gpumemviz")
+    doc = re.sub(r"\s+", " ", capsys.readouterr().out)
+    for option in ("--device N|all", "--devices N", "--job HOST:PORT", "--demo WORKLOAD"):
+        assert option in doc, doc
+    shell.run_line_magic("gpumemviz", "--help")
+    out = re.sub(r"\s+", " ", capsys.readouterr().out)
+    assert all(name in out for name in WORKLOADS), out
+
+
 def test_a_cell_peak_stays_the_sampled_high_when_someone_resets_torchs_counter(shell):
     """Reset mid-cell, torch's counter rises again but not to the high gpumemviz sampled: the
     marker keeps the sampled high (torch's lower figure does not replace it)."""
@@ -247,3 +263,34 @@ def test_a_cell_peak_stays_the_sampled_high_when_someone_resets_torchs_counter(s
 
     label = [m for m in panel.timeline.marks() if m["kind"] == "cell"][-1]["label"]
     assert label.endswith(f"peak {format_size(high)}"), label
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "gpumemviz.monitor",
+        "ip.run_line_magic('load_ext', 'gpumemviz'); ip.run_line_magic('gpumemviz', '--demo')",
+    ],
+    ids=["monitor", "magic"],
+)
+def test_without_the_widget_extra_the_error_says_how_to_install_it(call):
+    """`pip install gpumemviz` without `[widget]`: the panel's first use names the command."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "sys.modules['anywidget'] = None  # as if it were not installed\n"
+        "import gpumemviz\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "ip = InteractiveShell.instance()\n"
+        "try:\n"
+        f"    {call}\n"
+        "except ModuleNotFoundError as e:\n"
+        "    print('ERROR', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (
+        "ERROR gpumemviz's panel needs anywidget, which is not installed: "
+        "pip install 'gpumemviz[widget]'" in out.stdout
+    ), out.stdout + out.stderr[-2000:]

@@ -61,6 +61,12 @@ def _device_arg(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"not a device index or all: {short_repr(text)}") from None
 
 
+def _workload_names() -> list[str]:
+    from gpumemviz.allocator.workloads import WORKLOADS  # the model: only when a magic runs
+
+    return sorted(WORKLOADS)
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # argparse would exit the kernel
         raise UsageError(f"%gpumemviz: {message}; usage: {USAGE}")
@@ -97,7 +103,8 @@ def _parser() -> _Parser:
         "--demo",
         metavar="WORKLOAD",
         default=None,
-        help="show a simulated allocator running WORKLOAD (no GPU needed)",
+        help="show a simulated allocator running WORKLOAD (no GPU needed): one of "
+        + ", ".join(_workload_names()),
     )
     p.add_argument(
         "--replay", metavar="FILE", default=None, help="play back a recorded snapshot file"
@@ -164,8 +171,9 @@ class GpumemvizMagics(Magics):
     def gpumemviz(self, line: str) -> MemoryPanel | None:
         """Show the live memory panel; ``stop``, ``status`` or ``export PATH`` act on it.
 
-        ``%gpumemviz [--device N] [--interval S] [--demo WORKLOAD] [--replay FILE]``
-        ``[stop | status | export [--force] PATH]``
+        ``%gpumemviz [--device N|all] [--devices N] [--interval S] [--demo WORKLOAD]``
+        ``[--replay FILE] [--job HOST:PORT] [stop | status | export [--force] PATH]``
+        (``%gpumemviz --help`` says what each does and lists the WORKLOAD names).
 
         One feed per device: the shared sampler, or the extension's own on
         ``SimulatedSource(WORKLOAD)`` or ``PlaybackSource(FILE)`` (opened paused on the last
