@@ -376,6 +376,7 @@ FIT_PROBES = {
     "nb05-10": {  # the panel on the predicted peak
         "panel_segments": "panel.header['segments']",
         "panel_reserved": "panel.header['reserved']",
+        "panel_title": "panel.title",
         "errors": "list(panel.errors)",
     },
 }
@@ -400,6 +401,10 @@ def _check_fit(v: Values, text: str, nb: NotebookNode) -> None:
     # the panel shows the state at the default's allocated peak (reserved peaks later or then)
     assert v["panel_segments"] == v["segments"][default]
     assert v["allocated"][default] <= v["panel_reserved"] <= v["reserved"][default]
+    # ... and its title says so, with the peak reserved the table shows beside it
+    gib = v["reserved"][default] / GIB
+    assert v["panel_title"].startswith("predicted state at peak allocated ("), v["panel_title"]
+    assert v["panel_title"].endswith(f"peak reserved {gib:.2f} GiB"), v["panel_title"]
     assert v["errors"] == []
     assert "largest batch that fits in 79.00 GiB" in text
     assert "estimate on 79.00 GiB (default settings, arch 9.0): fits" in text
