@@ -1,6 +1,6 @@
 // The header above the map: title, badges, status line, figures and the colour legend.
 import { KIND_NAMES } from "./decode.js";
-import { formatSize } from "./rows.js";
+import { EXP_KEY, formatSize } from "./rows.js";
 
 /** Figures in display order: [key, label, is bytes]. */
 export const FIGURES = /** @type {const} */ ([
@@ -111,6 +111,10 @@ export function createHeader(host) {
     item.dataset.kind = kind;
     legend.append(item);
   });
+  const key = document.createElement("span");
+  key.className = "gmv-legend-key";
+  key.textContent = EXP_KEY;
+  legend.append(key);
   root.append(top, figs, oom, advice, legend);
   host.append(root);
 

@@ -13,6 +13,19 @@ export const KIND_RELEASABLE = 2;
 export const KIND_TRAPPED = 3;
 export const KIND_NAMES = ["allocated", "pending_free", "free_releasable", "free_trapped"];
 export const STATE_NAMES = ["inactive", "active_allocated", "active_pending_free"];
+/** A block state in the legend's words (torch's `STATE_NAMES` after it, for memory_viz users). */
+export const STATE_WORDS = ["free", "allocated", "pending free"];
+
+/**
+ * How a tooltip names block state `s`: the legend's word, and torch's for memory_viz users.
+ * @param {number} s
+ * @param {string} [requested] the requested size, formatted, where the block is in use
+ */
+export function stateText(s, requested) {
+  if (!(s in STATE_WORDS)) return "?";
+  const why = requested ? `requested ${requested}; ` : "";
+  return `${STATE_WORDS[s]} (${why}torch: ${STATE_NAMES[s]})`;
+}
 export const LEVELS = 63;
 export const CELL_NO_DATA = 0;
 

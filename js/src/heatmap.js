@@ -1,5 +1,5 @@
 // The segment map on a canvas, virtually scrolled: only the rows in view are drawn or held.
-import { KIND_NAMES, STATE_NAMES } from "./decode.js";
+import { KIND_NAMES, stateText } from "./decode.js";
 import { logEvent } from "./probe.js";
 import {
   blockAt, blockKind, cellColor, cellRange, cellsFor, formatSize, geometry, groupTitle, keepWindow,
@@ -431,12 +431,11 @@ export function hoverText(row, c, cells) {
  */
 export function blockText(row, i) {
   const b = /** @type {import("./decode.js").Blocks} */ (row.blocks);
-  const head = `segment 0x${row.meta.address.toString(16)} · ${rowLabel(row.meta)}`;
-  const state = STATE_NAMES[b.state[i]] || "?";
-  const req = b.state[i] ? ` (requested ${formatSize(b.requested[i])})` : "";
+  const head = `segment 0x${row.meta.address.toString(16)} · ${rowLabel(row.meta, true)}`;
+  const state = stateText(b.state[i], b.state[i] ? formatSize(b.requested[i]) : undefined);
   const addr = `0x${(row.meta.address + b.offset[i]).toString(16)}`;
   const text = `${head}\nblock ${addr} +${formatSize(b.offset[i])}: ` +
-    `${formatSize(b.size[i])} ${state}${req}`;
+    `${formatSize(b.size[i])} ${state}`;
   const stack = b.stack ? b.stack[i] : null;
   return stack ? `${text}\n${stackText(stack)}` : text;
 }

@@ -1,7 +1,7 @@
 // Entry of the offline HTML report (gpumemviz/reporting/html_report.py): the panel's header and segment
 // map fed from data embedded in the page instead of a kernel, plus a segment zoom, the memory
 // timeline and the analysis tables. Every text from the snapshot goes in as a text node.
-import { decodeFrame, STATE_NAMES, KIND_NAMES } from "./decode.js";
+import { decodeFrame, KIND_NAMES, stateText } from "./decode.js";
 import { createHeatmap, ROW_H } from "./heatmap.js";
 import { createHeader } from "./controls.js";
 import { createTimeline } from "./timeline.js";
@@ -334,8 +334,8 @@ function segmentZoom(host, palette) {
       const i = blockAt(row.blocks, off);
       if (i >= 0) {
         const st = row.blocks.state[i];
-        text = `segment 0x${row.meta.address.toString(16)} · ${rowLabel(row.meta)}\nblock +${formatSize(row.blocks.offset[i])}: ${formatSize(row.blocks.size[i])} ${STATE_NAMES[st] || "?"}` +
-          (st ? ` (requested ${formatSize(row.blocks.requested[i])})` : "");
+        text = `segment 0x${row.meta.address.toString(16)} · ${rowLabel(row.meta, true)}\nblock +${formatSize(row.blocks.offset[i])}: ${formatSize(row.blocks.size[i])} ` +
+          stateText(st, st ? formatSize(row.blocks.requested[i]) : undefined);
       }
     } else {
       text += " (blocks not embedded: too many for the report's size budget)";

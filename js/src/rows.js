@@ -125,13 +125,19 @@ export function fixed2(x) {
 }
 
 /**
- * The label beside a row: its size, "exp" for an expandable segment's mapped run.
+ * The label beside a row: its size, "exp" for an expandable segment's mapped run (the legend's
+ * key says so); `long` spells it out, for tooltips.
  * @param {Record<string, number>} meta
+ * @param {boolean} [long]
  */
-export function rowLabel(meta) {
+export function rowLabel(meta, long = false) {
   const text = formatSize(meta.total_size);
-  return (meta.flags & 2) ? `${text} exp` : text;
+  if (!(meta.flags & 2)) return text;
+  return long ? `${text} expandable segment` : `${text} exp`;
 }
+
+/** The legend's key for the short row label. */
+export const EXP_KEY = "exp: an expandable segment's mapped run";
 
 /**
  * Colour of one cell: the allocated colour mixed into the cell's other kind by its allocated

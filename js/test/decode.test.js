@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { cellParts, decodeFrame, META_FIELDS, toArrayBuffer } from "../src/decode.js";
+import { cellParts, decodeFrame, META_FIELDS, stateText, toArrayBuffer } from "../src/decode.js";
 
 /** Build a frame the way render/wire_frame.py packs it. */
 function frame(rows, cells, blocks) {
@@ -95,4 +95,11 @@ test("decodeBlocks reads a window of one row's exact blocks", async () => {
   assert.deepEqual(Array.from(msg.blocks.state), [1, 0]);
   assert.deepEqual(msg.blocks.stack, [{ lines: ["a.py:1"], user: 0 }, null]);
   assert.throws(() => decodeBlocks({ kind: "frame" }, []), /not a gpumemviz blocks message/);
+});
+
+test("a block's state is named in the legend's words, torch's after them", () => {
+  assert.equal(stateText(0), "free (torch: inactive)");
+  assert.equal(stateText(1, "1.00 MiB"), "allocated (requested 1.00 MiB; torch: active_allocated)");
+  assert.equal(stateText(2), "pending free (torch: active_pending_free)");
+  assert.equal(stateText(7), "?");
 });

@@ -2,7 +2,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
   blockAt, cellColor, cellRange, cellsFor, formatSize, geometry, groupTitle, keepWindow, parseColor,
-  rowLabel,
+  EXP_KEY, rowLabel,
 } from "../src/rows.js";
 
 const groups = [
@@ -64,6 +64,9 @@ test("formatSize matches units.format_size", () => {
   assert.equal(formatSize(3 * 2 ** 30), "3.00 GiB");
   assert.equal(formatSize(2 ** 20), "1024.00 KiB");
   assert.equal(rowLabel({ total_size: 60 * 2 ** 20, flags: 2 }), "60.00 MiB exp");
+  assert.equal(rowLabel({ total_size: 60 * 2 ** 20, flags: 2 }, true), "60.00 MiB expandable segment");
+  assert.equal(rowLabel({ total_size: 2 * 2 ** 20, flags: 1 }, true), "2.00 MiB");
+  assert.match(EXP_KEY, /^exp: an expandable segment/);
   assert.equal(rowLabel({ total_size: 2 * 2 ** 20, flags: 1 }), "2.00 MiB");
 });
 
@@ -106,7 +109,8 @@ test("hover names the block's address, size, state and its stack, the user's lin
       stack: [{ lines: ["linear.py:1:forward", "train.py:9:step"], user: 1 }, null] },
   };
   const text = hoverText(row, 0, 4);
-  assert.match(text, /block 0x7f0000000000 \+0 bytes: 2\.00 MiB active_allocated \(requested 1\.91 MiB\)/);
+  assert.match(text, /block 0x7f0000000000 \+0 bytes: 2\.00 MiB allocated \(requested 1\.91 MiB; torch: active_allocated\)/);
+  assert.match(hoverText(row, 3, 4), /2\.00 MiB free \(torch: inactive\)$/);
   assert.match(text, /\n {2}linear\.py:1:forward\n▶ train\.py:9:step$/);
   assert.doesNotMatch(hoverText(row, 3, 4), /▶/);  // the free block has no stack
 });

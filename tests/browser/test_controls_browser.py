@@ -350,8 +350,13 @@ def test_hover_shows_a_real_blocks_stack_and_a_click_pins_it(page, notebook, art
     user = user_frame_index(kept)
     assert f"▶ {format_frame(kept[user])}" in text, text
     assert f"block 0x{int(snap.blocks.address[b]):x} " in text
-    assert f"{format_size(int(snap.blocks.size[b]))} active_allocated" in text
-    assert f"(requested {format_size(int(snap.blocks.requested_size[b]))})" in text
+    # the legend's word first ("allocated"), torch's after it
+    # the map's short "exp" label has its key in the legend
+    legend = page.locator(".gmv-legend").first.text_content() or ""
+    assert "exp: an expandable segment's mapped run" in legend, legend
+    req = format_size(int(snap.blocks.requested_size[b]))
+    size = format_size(int(snap.blocks.size[b]))
+    assert f"{size} allocated (requested {req}; torch: active_allocated)" in text
 
     page.mouse.click(spot["x"], spot["y"])  # pin
     assert tip.get_attribute("data-pinned") == "true"
@@ -482,7 +487,7 @@ def test_zoom_into_a_segment_down_to_a_block_narrower_than_a_cell(page, notebook
     tip.wait_for(state="visible", timeout=5000)
     text = tip.text_content()
     assert f"block 0x{seg['address'] + start:x} +{format_size(start)}: " in text, text
-    assert f"{format_size(block['size'])} {block['state']}" in text
+    assert f"{format_size(block['size'])} " in text and f"torch: {block['state']})" in text
     page.locator(".gmv-root").first.screenshot(path=str(artifacts / "panel_zoom.png"))
     page.mouse.move(0, 0)
 
@@ -513,7 +518,7 @@ def test_zoom_into_a_segment_down_to_a_block_narrower_than_a_cell(page, notebook
     tip.wait_for(state="visible", timeout=5000)
     text = tip.text_content()
     assert f"block 0x{(1 << 32) + j * 1024:x} +{format_size(j * 1024)}: " in text, text
-    assert f"{format_size(1024)} active_allocated" in text, text
+    assert f"{format_size(1024)} allocated (requested " in text, text
     page.mouse.move(0, 0)
 
     # 70,000 blocks: the zoom asks for the blocks of its window once it rests; block 69,001 lies
@@ -546,4 +551,4 @@ def test_zoom_into_a_segment_down_to_a_block_narrower_than_a_cell(page, notebook
     tip.wait_for(state="visible", timeout=5000)
     text = tip.text_content()
     assert f"block 0x{(1 << 32) + j * 1024:x} +{format_size(j * 1024)}: " in text, text
-    assert f"{format_size(1024)} active_allocated" in text, text
+    assert f"{format_size(1024)} allocated (requested " in text, text
