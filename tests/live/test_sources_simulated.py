@@ -180,3 +180,22 @@ def test_history_recording_follows_record_history():
     src.record_history(True)
     src.step(200)
     assert src.history_enabled() is True and len(src.export()["device_traces"][0]) > 0
+
+
+def test_counts_only_grow_when_the_workload_restarts():
+    """A restart is a new workload in the same simulated process: `OOMs 0` must never show
+    under the OOM the panel just reported."""
+    src = SimulatedSource("training", autostart=False)
+    run_to_end(src)
+    first = src.sample(segments=False).stats
+    assert first.num_ooms == 1
+    src.restart()
+    after = src.sample(segments=False).stats
+    assert after.num_ooms == 1 and after.num_alloc_retries >= first.num_alloc_retries
+    assert after.peak_reserved == first.peak_reserved  # the earlier run's peak stays the peak
+    assert after.reserved == 0  # the fresh model holds nothing yet
+    run_to_end(src)
+    assert src.sample(segments=False).stats.num_ooms == 2 == len(src.ooms)
+    src.reset_peaks()  # the panel's button: peaks start again from now, counts stay
+    again = src.sample(segments=False).stats
+    assert again.peak_reserved == again.reserved and again.num_ooms == 2

@@ -118,11 +118,27 @@ class SimulatedSource:
         self.ooms: collections.deque[OomEvent] = collections.deque(maxlen=OOMS_KEPT)
         self.last_mark: str | None = None
         self._closed = False
-        self._reset()
+        # the cumulative counters (OOMs, retries, ...) and peaks of the runs before this one: a
+        # restart is a new workload in the same "process", whose counts only grow
+        self._carried: dict[str, int] = {}
+        self._model: CachingAllocator
+        self._reset(first=True)
 
     capabilities = frozenset({"segments", "empty_cache", "export", "oom", "nvml"})
 
-    def _reset(self) -> None:
+    def restart(self) -> None:
+        """Start the workload again on a fresh model (what the demo's thread does after an OOM or
+        the workload's end); the counts and peaks of earlier runs carry on."""
+        with self._lock:
+            self._reset()
+
+    def _reset(self, *, first: bool = False) -> None:
+        if not first:
+            for key, value in self._model.memory_stats().items():
+                if key.endswith(".peak"):
+                    self._carried[key] = max(self._carried.get(key, 0), value)
+                elif key.startswith("num_") or key.endswith((".allocated", ".freed")):
+                    self._carried[key] = self._carried.get(key, 0) + value
         w = self.workload
         self._model = CachingAllocator(
             w.capacity,
@@ -216,8 +232,7 @@ class SimulatedSource:
                 wait = self.pause_after_oom if self.ooms and self._oom_recent() else 0.5
                 if self._stop.wait(wait):
                     return
-                with self._lock:
-                    self._reset()
+                self.restart()
                 next_t = time.monotonic()
             next_t += _TICK_S
             self._stop.wait(max(0.0, next_t - time.monotonic()))
@@ -243,7 +258,7 @@ class SimulatedSource:
             from gpumemviz.snapshot import Snapshot
 
             with self._lock:
-                stats = MemoryStats.from_torch(self._model.memory_stats())
+                stats = MemoryStats.from_torch(self._memory_stats())
                 raw = self._model.snapshot(include_traces=False, record=False) if segments else None
                 mark = self.last_mark
             snap = Snapshot.from_torch(raw["segments"]) if raw is not None else None
@@ -330,6 +345,17 @@ class SimulatedSource:
         ``torch.cuda.reset_peak_memory_stats``), so a panel can watch the next phase's peak."""
         with self._lock:
             self._model.reset_peak_stats()
+            self._carried = {k: v for k, v in self._carried.items() if not k.endswith(".peak")}
+
+    def _memory_stats(self) -> dict[str, int]:
+        """The model's stats with the earlier runs' counts added (peaks: the higher)."""
+        stats = dict(self._model.memory_stats())
+        for key, value in self._carried.items():
+            if key.endswith(".peak"):
+                stats[key] = max(stats.get(key, 0), value)
+            else:
+                stats[key] = stats.get(key, 0) + value
+        return stats
 
     def export(self) -> TorchDict:
         """The model's full snapshot (torch 2.11 format, with its recorded history)."""
