@@ -10,6 +10,7 @@ AssertionError when an outcome changes (tests/test_notebook.py plants such chang
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -377,6 +378,10 @@ FIT_PROBES = {
         "panel_segments": "panel.header['segments']",
         "panel_reserved": "panel.header['reserved']",
         "panel_title": "panel.title",
+        # the hover's stack of each block: its lines and which one is the user's
+        "user_lines": "[(lambda ls, u: ls[u] if u is not None else None)(*__import__("
+        "'gpumemviz.render.stacks', fromlist=['x']).stack_lines(list(f))) "
+        "for f in best.snapshot.block_frames() if f]",
         "errors": "list(panel.errors)",
     },
 }
@@ -406,6 +411,9 @@ def _check_fit(v: Values, text: str, nb: NotebookNode) -> None:
     assert v["panel_title"].startswith("predicted state at peak allocated ("), v["panel_title"]
     assert v["panel_title"].endswith(f"peak reserved {gib:.2f} GiB"), v["panel_title"]
     assert v["errors"] == []
+    # the user's lines are the notebook's cells, not ipykernel's temporary files
+    users = [line for line in v["user_lines"] if line is not None]
+    assert users and all(re.fullmatch(r"cell \[\d+\], line \d+: \S+", u) for u in users), users
     assert "largest batch that fits in 79.00 GiB" in text
     assert "estimate on 79.00 GiB (default settings, arch 9.0): fits" in text
 

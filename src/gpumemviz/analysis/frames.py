@@ -28,6 +28,7 @@ __all__ = [
     "UNKNOWN",
     "Redactor",
     "UserFrames",
+    "cell_of",
     "elide_repeats",
     "filter_frames",
     "find_user_names",
@@ -37,6 +38,7 @@ __all__ = [
     "is_interpreter_frame",
     "is_torch_frame",
     "keep_frame",
+    "name_cells",
     "redact_paths",
     "redact_torch",
     "user_frame",
@@ -140,7 +142,7 @@ def _is_interpreter(name: str, filename: str) -> bool:
         return True
     return (
         filename.startswith(("<frozen ", "<built-in"))
-        or filename in ("<string>", "<stdin>")
+        or filename in ("<string>", "<stdin>", "<aten>")  # <aten>: the estimate's operator
         or _STDLIB.search(filename) is not None
     )
 
@@ -217,8 +219,38 @@ class UserFrames:
                 (self._user if user else self._other)[id(f)] = f
 
 
+#: A plain IPython shell names a cell's code ``<ipython-input-5-3f2a...>``.
+_IPYTHON_INPUT = re.compile(r"<ipython-input-(\d+)-[0-9a-f]+>")
+#: filename -> the notebook cell it is, for kernels that name cells by a hash of their code
+#: (ipykernel's temporary files): filled by the notebook layer (`name_cells`), read here.
+_CELLS: dict[str, int] = {}
+
+
+def name_cells(cells: dict[str, int]) -> None:
+    """Say which notebook cell each of these code filenames is (``{filename: execution count}``),
+    so frames in them read "cell [5], line 14" instead of a kernel's temporary file name.
+
+    The widget layer calls this from inside a kernel, where the cells' sources are known;
+    analysis itself never asks the kernel. Later calls add to (or correct) earlier ones.
+
+    Examples
+    --------
+    >>> name_cells({"/tmp/ipykernel_7/463998876.py": 5})
+    >>> format_frame({"filename": "/tmp/ipykernel_7/463998876.py", "line": 14, "name": "step"})
+    'cell [5], line 14: step'
+    """
+    _CELLS.update(cells)
+
+
+def cell_of(filename: str) -> int | None:
+    """The notebook cell a code filename is (see `name_cells`), or None."""
+    m = _IPYTHON_INPUT.fullmatch(filename)
+    return int(m.group(1)) if m else _CELLS.get(filename)
+
+
 def format_frame(frame: TorchDict, *, full_filename: bool = False) -> str:
-    """'model.py:39:forward', torch's `_frame_fmt` format.
+    """'model.py:39:forward', torch's `_frame_fmt` format; a notebook cell's line reads
+    'cell [5], line 14: step' (IPython's own words for it).
 
     Parameters
     ----------
@@ -232,11 +264,17 @@ def format_frame(frame: TorchDict, *, full_filename: bool = False) -> str:
     --------
     >>> format_frame({"filename": "/home/a/model.py", "line": 39, "name": "forward"})
     'model.py:39:forward'
+    >>> format_frame({"filename": "<ipython-input-3-8a1f2b>", "line": 2, "name": "<module>"})
+    'cell [3], line 2: <module>'
     """
     filename, line, name = frame_fields(frame)
+    at = UNKNOWN if line is None else line
+    cell = cell_of(filename)
+    if cell is not None:
+        return f"cell [{cell}], line {at}: {name}"
     if not full_filename:
         filename = re.split(r"[\\/]", filename)[-1]
-    return f"{filename}:{UNKNOWN if line is None else line}:{name}"
+    return f"{filename}:{at}:{name}"
 
 
 NO_HISTORY = "<block was allocated before _record_history was enabled>"  # MemoryViz's words

@@ -87,7 +87,8 @@ def plan(rec: StepRecording, *, workspace: int, warm: bool) -> tuple[list[Step],
 
 def _frames(step: Step) -> list[dict[str, object]]:
     frames: list[dict[str, object]] = [
-        {"filename": "aten", "line": 0, "name": f"aten::{step.op}" if step.op else "tensor"}
+        # the operator itself, as a native frame (never "the user's line")
+        {"filename": "<aten>", "line": 0, "name": f"aten::{step.op}" if step.op else "tensor"}
     ]
     m = _FRAME.fullmatch(step.frame)
     if m is not None:

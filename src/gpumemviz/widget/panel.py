@@ -49,6 +49,7 @@ from gpumemviz.widget.panel_state import (
     source_times,
 )
 from gpumemviz.widget.replay_oom import ReplayedOoms
+from gpumemviz.widget.cells import name_notebook_cells
 from gpumemviz.widget.subshell import delete_subshell, route_to_main, route_to_subshell
 from gpumemviz.widget.writer import Writer
 
@@ -655,6 +656,7 @@ class MemoryPanel(anywidget.AnyWidget):
         rows = build_rows(snap, device=device)
         report = fragmentation(snap)
         self.shown, self._shown_device, self._shown_report = snap, device, report
+        name_notebook_cells()  # frames in this kernel's cells read "cell [5], line 14"
         if self._wire.set_rows(rows, Stacks(snap)):
             self.map_layout = self._wire.layout()
         painted = header_numbers(rows)
