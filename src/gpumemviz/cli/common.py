@@ -80,7 +80,7 @@ def add_sharing_args(p: argparse.ArgumentParser, output_help: str) -> None:
 
 def output_of(args: argparse.Namespace) -> Path:
     """The OUTPUT a sharing command writes: given as the second argument or as -o (once)."""
-    given = [o for o in (args.output_arg, args.output) if o is not None]
+    given: list[Path] = [o for o in (args.output_arg, args.output) if o is not None]
     if not given:
         raise UsageError(f"say where to write: gpumemviz {args.command} FILE OUTPUT")
     if len(given) == 2 and given[0] != given[1]:

@@ -19,8 +19,8 @@ def name_notebook_cells() -> int:
     """Name the cells this kernel has run so far; returns how many were added (0 outside an
     ipykernel kernel, or when nothing ran since the last call). Never raises."""
     try:
-        from IPython import get_ipython
         from ipykernel.compiler import get_file_name
+        from IPython import get_ipython
 
         shell = get_ipython()
         if shell is None:
@@ -29,7 +29,11 @@ def name_notebook_cells() -> int:
     except Exception:  # not in a kernel, or a kernel without these: frames keep their files
         return 0
     start = _SEEN[0]
-    named = {get_file_name(src): n for n, src in enumerate(history) if n >= max(start, 1) and src}
+    named: dict[str, int] = {
+        str(get_file_name(src)): n  # type: ignore[no-untyped-call]  # ipykernel has no types
+        for n, src in enumerate(history)
+        if n >= max(start, 1) and src
+    }
     _SEEN[0] = len(history)
     name_cells(named)
     return len(named)

@@ -39,6 +39,7 @@ from gpumemviz.render.wire import Wire, header_numbers
 from gpumemviz.reporting.bundles import bundle_path
 from gpumemviz.snapshot import Snapshot
 from gpumemviz.widget.advising import AdviceThrottle
+from gpumemviz.widget.cells import name_notebook_cells
 from gpumemviz.widget.devices import DeviceSet, recorded_ooms
 from gpumemviz.widget.panel_state import (
     controls_state,
@@ -49,7 +50,6 @@ from gpumemviz.widget.panel_state import (
     source_times,
 )
 from gpumemviz.widget.replay_oom import ReplayedOoms
-from gpumemviz.widget.cells import name_notebook_cells
 from gpumemviz.widget.subshell import delete_subshell, route_to_main, route_to_subshell
 from gpumemviz.widget.writer import Writer
 
