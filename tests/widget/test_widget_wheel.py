@@ -194,3 +194,65 @@ def test_a_kernel_of_the_venv_loads_the_extension_and_replays_a_file(venv, tmp_p
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+#: torch 2.13's own dependencies: with torch, what the README's first command installs
+_TORCH_DISTS = ("torch", "filelock", "typing_extensions", "sympy", "mpmath", "networkx", "jinja2")
+_TORCH_DISTS += ("markupsafe", "fsspec", "numpy")
+
+
+@pytest.fixture(scope="module")
+def readme_venv(wheel, tmp_path_factory) -> Path:
+    """A venv set up as README's install says: torch==2.13.0 first, then the package with its
+    `[widget]` extra (the wheel a clone's `pip install ".[widget]"` builds), and ipykernel for
+    the notebook's kernel. torch comes from this test venv through a path file holding only
+    torch and its dependencies (a copy would be 750 MB); everything else pip resolves."""
+    root = tmp_path_factory.mktemp("readme-venv")
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
+    py = root / "bin" / "python"
+    here = Path(site.getsitepackages()[0])
+    only = tmp_path_factory.mktemp("torch-only")
+    for entry in here.iterdir():
+        top = entry.name.split("-")[0].split(".")[0].lower()
+        if top in _TORCH_DISTS or top in {d.replace("_", "") for d in _TORCH_DISTS}:
+            (only / entry.name).symlink_to(entry)
+    purelib = _purelib(root)
+    (purelib / "torch-only.pth").write_text(f"{only}\n")
+    pip = [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    for args in (["torch==2.13.0"], [f"gpumemviz[widget] @ {wheel.as_uri()}", "ipykernel"]):
+        done = subprocess.run(
+            [*pip, *args], capture_output=True, text=True, timeout=600, env=_env()
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("npm") is None, reason="the package build needs npm")
+def test_the_readme_install_gives_a_working_magic_in_a_kernel(readme_venv, tmp_path):
+    """Issue 35's first item: plain `pip install .` left out anywidget; the README's install
+    (with `[widget]`) gives a kernel where `%gpumemviz` shows the panel."""
+    import nbformat
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+
+    spec = tmp_path / "kernels" / "readme-venv"
+    spec.mkdir(parents=True)
+    argv = [str(readme_venv / "bin" / "python"), "-m", "ipykernel_launcher"]
+    (spec / "kernel.json").write_text(
+        json.dumps(
+            {"argv": [*argv, "-f", "{connection_file}"], "display_name": "r", "language": "python"}
+        )
+    )
+    nb = nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell("%load_ext gpumemviz\n%gpumemviz --demo training")]
+    )
+    ksm = KernelSpecManager(kernel_dirs=[str(spec.parent)])
+    km = KernelManager(kernel_name="readme-venv", kernel_spec_manager=ksm)
+    client = NotebookClient(nb, km=km, timeout=180, resources={"metadata": {"path": str(tmp_path)}})
+    client.execute(env=_env())
+    outputs = nb.cells[0].outputs
+    assert not [o for o in outputs if o.output_type == "error"], outputs
+    views = [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert views, outputs
