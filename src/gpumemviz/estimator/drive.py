@@ -142,6 +142,7 @@ def drive(
         step_allocs=step_allocs,
         meta_seconds=rec.seconds,
         drive_seconds=time.perf_counter() - t0,
+        notes=tuple(rec.notes),
     )
 
 

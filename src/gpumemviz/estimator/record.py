@@ -15,6 +15,7 @@ operator is named in `StepRecording.fake_ops`. torch is imported only inside the
 
 from __future__ import annotations
 
+import itertools
 import sys
 import weakref
 from collections.abc import Callable, Iterator
@@ -22,9 +23,16 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Event", "MetaError", "StepRecording", "record"]
+__all__ = ["Event", "MetaError", "StepRecording", "library_dirs", "record", "user_frame"]
 
 ALLOC, FREE, BLAS = 0, 1, 2
+
+# Out-of-place operators that eager autograd runs in place in the backward, and that it runs
+# out of place on meta tensors or under a dispatch mode (its "tensor subclass like" test,
+# torch's ATen/TensorSubclassLikeUtils.h, counts both): the engine's gradient accumulation
+# (`add_`), the backward of max / min / sort along a dimension (`scatter_`), of gather
+# (`scatter_add_`) and of indexing (`index_put_`)
+IN_PLACE_TWINS = frozenset({"add", "scatter", "scatter_add", "index_put", "_index_put_impl"})
 
 
 class MetaError(ValueError):
@@ -64,6 +72,8 @@ class StepRecording:
     fake_ops: dict[str, int] = field(default_factory=dict)  # operator -> calls run by fake
     ops: int = 0  # operators dispatched
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # what the run could not model as on CUDA
+    in_place: int = 0  # backward results folded into their input's storage (`record`)
 
     def phase_events(self, phase: str) -> list[Event]:
         """The events of one phase ("setup" or "step")."""
@@ -74,7 +84,7 @@ class StepRecording:
 _GPUMEMVIZ_DIR = str(Path(__file__).resolve().parents[1])
 
 
-def _library_dirs() -> tuple[str, ...]:
+def library_dirs() -> tuple[str, ...]:
     import torch
 
     return (str(Path(torch.__file__).resolve().parent), _GPUMEMVIZ_DIR)
@@ -149,15 +159,27 @@ def record(
     composites: dict[Any, bool] = {}  # operator -> has a CompositeImplicitAutograd kernel
     events = rec.events
     keys: dict[int, int] = {}  # StorageImpl address -> key, while the storage lives
-    skip = _library_dirs()
+    counter = itertools.count()
+    alias: dict[int, int] = {}  # a folded result's key -> the key of the storage it took
+    pending: list[tuple[int, int] | None] = [None]  # (result key, input key) to fold
+    graph_task = torch._C._current_graph_task_id
+    skip = library_dirs()
     phase = ["setup"]
     meta = torch.device("meta")
 
     def freed(cdata: int, key: int, size: int) -> None:
         if keys.get(cdata) == key:
             del keys[cdata]
+        folding, pending[0] = pending[0], None
+        if folding is not None and folding[1] == key and events[-1].key == folding[0]:
+            # eager autograd would have written the result into this storage (in place):
+            # no new allocation, and this storage lives on as the result's
+            out = events.pop()
+            alias[out.key] = key
+            rec.in_place += 1
+            return
         if phase[0] != "done":  # what dies after the step returned is not part of it
-            events.append(Event(FREE, key, size, phase=phase[0]))
+            events.append(Event(FREE, alias.pop(key, key), size, phase=phase[0]))
 
     def track(t: Any, op: str) -> None:  # Any: a tensor
         if t.device.type != "meta":
@@ -167,10 +189,26 @@ def record(
         if cdata in keys:
             return
         size = s.nbytes()
-        key = len(events)
+        key = next(counter)
         keys[cdata] = key
+        pending[0] = None
         events.append(Event(ALLOC, key, size, op, user_frame(skip), phase[0]))
         weakref.finalize(s, freed, cdata, key, size)
+
+    def fold_candidate(out: Any, args: Any) -> None:  # Any: a tensor, operator arguments
+        """A backward result that eager autograd writes in place into its first input: fold
+        it into that input's storage if the input dies right after (`freed`)."""
+        first = args[0] if args else None
+        if not isinstance(first, torch.Tensor) or first.device.type != "meta":
+            return
+        if not first.is_contiguous():
+            return
+        src, dst = first.untyped_storage(), out.untyped_storage()
+        key = keys.get(src._cdata)
+        if key is None or src.nbytes() != dst.nbytes() or first.dtype != out.dtype:
+            return
+        if events and events[-1].kind == ALLOC and keys.get(dst._cdata) == events[-1].key:
+            pending[0] = (events[-1].key, key)
 
     handles: set[str] = set()
 
@@ -227,6 +265,8 @@ def record(
             name = str(func.overloadpacket.__name__)
             if isinstance(out, torch.Tensor):
                 track(out, name)
+                if name in IN_PLACE_TWINS and graph_task() != -1 and not torch.is_grad_enabled():
+                    fold_candidate(out, args)
             else:
                 for t in tree_flatten(out)[0]:
                     if isinstance(t, torch.Tensor):
@@ -241,18 +281,21 @@ def record(
 
     start = time.perf_counter()
     try:
-        with patch_paths(cuda_paths), Recorder():
-            if setup is not None:
-                state = setup(meta)
-                for t in _tensors(state):
-                    track(t, "")
-                phase[0] = "step"
-                out = step(state)
-            else:
-                phase[0] = "step"
-                out = step(meta)
-            del out
-            phase[0] = "done"
+        with patch_paths(cuda_paths) as policy, Recorder():
+            try:
+                if setup is not None:
+                    state = setup(meta)
+                    for t in _tensors(state):
+                        track(t, "")
+                    phase[0] = "step"
+                    out = step(state)
+                else:
+                    phase[0] = "step"
+                    out = step(meta)
+                del out
+                phase[0] = "done"
+            finally:
+                rec.notes.extend(policy.notes)
     except (RuntimeError, NotImplementedError) as e:  # what meta refuses, e.g. .item()
         where, phase[0] = phase[0], "done"
         raise MetaError(

@@ -71,6 +71,9 @@ class Estimate:
         The measured part's allocation sizes in order (requests, before rounding).
     meta_seconds, drive_seconds : float
         Time spent running the step on meta, and driving the allocator model.
+    notes : tuple of str
+        What the meta run could not model as CUDA runs it (an autocast region for another
+        device, a region compiled by torch.compile that ran eager): never silent.
     """
 
     peak_allocated: int
@@ -88,6 +91,7 @@ class Estimate:
     step_allocs: tuple[int, ...] = ()
     meta_seconds: float = 0.0
     drive_seconds: float = 0.0
+    notes: tuple[str, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -111,4 +115,5 @@ class Estimate:
             lines.append(
                 "  run through FakeTensorMode (no meta kernel): " + ", ".join(self.fake_ops)
             )
+        lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
