@@ -74,6 +74,8 @@ class StepRecording:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)  # what the run could not model as on CUDA
     in_place: int = 0  # backward results folded into their input's storage (`record`)
+    run_starts: list[int] = field(default_factory=list)  # where each run of the step starts
+    repeats: int = 1  # times the last run is driven (warm-up steps it stands for, and itself)
 
     def phase_events(self, phase: str) -> list[Event]:
         """The events of one phase ("setup" or "step")."""
@@ -137,6 +139,7 @@ def record(
     *,
     cuda_paths: bool = True,
     blas_ops: frozenset[str] = frozenset(),
+    warmup: int | None = None,
 ) -> StepRecording:
     """Run `setup` (if any) then `step` on the meta device and record their allocations.
 
@@ -145,6 +148,11 @@ def record(
     foreach / fused paths it takes for CUDA tensors (`extras.cuda_paths`). `blas_ops` names
     the operators (``overloadpacket`` names, e.g. "mm") that run through cuBLAS: the first one
     each handle runs is a BLAS event after its outputs.
+
+    With `warmup` N (and a `setup`), the step runs as a program's warm-up loop runs it: again
+    and again until two consecutive runs allocate the same (operator, size) sequence (an
+    optimizer's first step makes its state), at most N + 1 times; `run_starts` says where each
+    run's events start and `repeats` how many of the N + 1 steps the last run stands for.
     """
     import time
 
@@ -175,7 +183,7 @@ def record(
             # eager autograd would have written the result into this storage (in place):
             # no new allocation, and this storage lives on as the result's
             out = events.pop()
-            alias[out.key] = key
+            alias[out.key] = alias.pop(key, key)
             rec.in_place += 1
             return
         if phase[0] != "done":  # what dies after the step returned is not part of it
@@ -287,12 +295,21 @@ def record(
                     state = setup(meta)
                     for t in _tensors(state):
                         track(t, "")
-                    phase[0] = "step"
-                    out = step(state)
                 else:
-                    phase[0] = "step"
-                    out = step(meta)
-                del out
+                    state = meta
+                phase[0] = "step"
+                runs: list[list[tuple[str, int]]] = []
+                for _ in range(1 if warmup is None else warmup + 1):
+                    rec.run_starts.append(len(events))
+                    out = step(state)
+                    del out
+                    if warmup is None:
+                        break
+                    allocs = [(e.op, e.size) for e in events[rec.run_starts[-1] :] if e.kind == ALLOC]
+                    if runs and allocs == runs[-1]:  # steady: the rest repeat this run
+                        rec.repeats = warmup + 2 - len(rec.run_starts)
+                        break
+                    runs.append(allocs)
                 phase[0] = "done"
             finally:
                 rec.notes.extend(policy.notes)

@@ -71,6 +71,12 @@ class Estimate:
         The measured part's allocation sizes in order (requests, before rounding).
     meta_seconds, drive_seconds : float
         Time spent running the step on meta, and driving the allocator model.
+    start_reserved, start_segments : int
+        Reserved bytes and segments when the measured part starts: with `warmup`, the
+        warmed-up cache the step found.
+    runs, repeats : int
+        Meta runs of the step (with `warmup`, until two in a row allocated the same), and
+        how many steps the last run was driven for (the rest of the warm-up and the step).
     notes : tuple of str
         What the meta run could not model as CUDA runs it (an autocast region for another
         device, a region compiled by torch.compile that ran eager): never silent.
@@ -92,6 +98,10 @@ class Estimate:
     meta_seconds: float = 0.0
     drive_seconds: float = 0.0
     notes: tuple[str, ...] = ()
+    start_reserved: int = 0
+    start_segments: int = 0
+    runs: int = 1
+    repeats: int = 1
 
     @property
     def fits(self) -> bool:

@@ -31,6 +31,7 @@ def estimate(
     arch: str = "9.0",
     cublas_workspace_config: str | None = None,
     cuda_paths: bool = True,
+    warmup: int | None = None,
 ) -> Estimate:
     """Predict a step's GPU memory, fragmentation included, from a run on the meta device.
 
@@ -56,6 +57,12 @@ def estimate(
         A ``CUBLAS_WORKSPACE_CONFIG`` value (":4096:8") instead of torch's default.
     cuda_paths : bool
         Take the foreach / fused optimizer paths torch takes on CUDA (default True).
+    warmup : int, optional
+        The program runs `warmup` steps before the measured one (with `setup`): the step
+        runs on meta until two runs in a row allocate the same (an optimizer's first step
+        makes its state), and the last run is driven for the remaining steps, so the measured
+        step meets the warmed-up cache (its segments and fragmentation). The peaks are the
+        measured step's, as after ``torch.cuda.reset_peak_memory_stats()``.
 
     Returns
     -------
@@ -83,9 +90,14 @@ def estimate(
     ('randn', 4, 'out_of_memory')
     """
     cap, conf, ws = check_args(capacity, config, arch, cublas_workspace_config)
-    rec = record_step(step, setup=setup, cuda_paths=cuda_paths)
+    rec = record_step(step, setup=setup, cuda_paths=cuda_paths, warmup=warmup)
     return estimate_recording(
-        rec, capacity=cap, config=conf, workspace=ws, warm=setup is not None, arch=str(arch)
+        rec,
+        capacity=cap,
+        config=conf,
+        workspace=ws,
+        warm=setup is not None and warmup is None,
+        arch=str(arch),
     )
 
 
@@ -117,13 +129,19 @@ def record_step(
     *,
     setup: Callable[[Any], Any] | None = None,
     cuda_paths: bool = True,
+    warmup: int | None = None,
 ) -> StepRecording:
     """The meta run alone (what `max_batch` reuses for every allocator setting)."""
+    if warmup is not None:
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"warmup must be a number of steps (0 or more), got {warmup!r}")
+        if setup is None:
+            raise ValueError("warmup needs a setup: the steps carry its state from one to the next")
     if not callable(step):
         raise TypeError(f"step must be callable, got {type(step).__name__}")
     if setup is not None and not callable(setup):
         raise TypeError(f"setup must be callable or None, got {type(setup).__name__}")
-    return record(setup, step, cuda_paths=cuda_paths, blas_ops=BLAS_OPS)
+    return record(setup, step, cuda_paths=cuda_paths, blas_ops=BLAS_OPS, warmup=warmup)
 
 
 def estimate_recording(
