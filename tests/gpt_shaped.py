@@ -244,9 +244,7 @@ def training_step(state: State) -> None:
         if isinstance(state.optimizer, AdamW):  # the program's own loss with its own AdamW
             loss = cross_entropy(logits, state.targets)
         else:
-            loss = torch.nn.functional.cross_entropy(
-                logits.flatten(0, 1), state.targets.flatten()
-            )
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), state.targets.flatten())
     loss.backward()
     assert state.optimizer is not None
     state.optimizer.step()

@@ -16,7 +16,8 @@ The lists are torch 2.13's (`ATen/autocast_mode.h`, installed with torch as
 torch/include/ATen/autocast_mode.h: `AT_FORALL_LOWER_PRECISION_FP`, `AT_FORALL_FP32`,
 `AT_FORALL_FP32_SET_OPT_DTYPE`, `AT_FORALL_PROMOTE`, which `autocast_mode.cpp` registers for
 CUDA with `KERNEL_CUDA`). As on CUDA, the lower-precision copy of a float32 leaf that requires
-grad (a weight) is cached until the outermost autocast region exits.
+grad (a weight) is cached until the outermost autocast region exits (not under
+`torch.inference_mode()`, where torch does not cache).
 
 What cannot be modelled is said in `notes`: an autocast region for another device (meta
 tensors are not CPU tensors either), and one entered before the recording started.
@@ -189,7 +190,14 @@ class AutocastPolicy:
 
     def _caster(self, to: Any, lower: bool) -> Any:  # Any: a dtype; returns a function
         torch = self.torch
-        caching = lower and to is not torch.float32 and torch.is_autocast_cache_enabled()
+        # autocast_mode.cpp, cached_cast: lower-precision casts of fp32 leaves that require
+        # grad, not under inference_mode (torch issue 158232)
+        caching = (
+            lower
+            and to is not torch.float32
+            and torch.is_autocast_cache_enabled()
+            and not torch.is_inference_mode_enabled()
+        )
 
         def cast(t: Any) -> Any:
             if not self._eligible(t) or t.dtype is to:

@@ -9,7 +9,10 @@ Most steps allocate the same tensors at every batch size, each of a size affine 
 (activations, logits). With `extrapolate` (the default), the batches `start` and `2 * start`
 are run on meta and every other batch's recording is computed from them; each setting's answer
 is then run on meta for real, and if its sizes differ from the computed ones the search starts
-again with a meta run per batch. A search then costs two meta runs plus one per answer.
+again with a meta run per batch. A search then costs two meta runs plus one per answer. Where
+the two runs differ in more than sizes (a step whose smallest batch takes another path: a
+kernel that skips a copy at batch 1), the fit starts one batch further, `2 * start` and
+`3 * start`: three meta runs plus one per answer.
 """
 
 from __future__ import annotations
@@ -93,6 +96,7 @@ def max_batch(
     cublas_workspace_config: str | None = None,
     cuda_paths: bool = True,
     extrapolate: bool = True,
+    warmup: int | None = None,
 ) -> MaxBatch:
     """The largest batch that fits in `capacity`, for each allocator setting, by bisection.
 
@@ -105,7 +109,7 @@ def max_batch(
         Bytes the process can get ("79GiB").
     configs : sequence of str
         ``PYTORCH_CUDA_ALLOC_CONF`` settings to compare ("" is the default).
-    arch, cublas_workspace_config, cuda_paths
+    arch, cublas_workspace_config, cuda_paths, warmup
         As in `estimate`.
     start, limit : int
         The smallest batch tried, and the largest (a setting that fits `limit` reports it).
@@ -151,8 +155,8 @@ def max_batch(
             if not isinstance(made, tuple) or len(made) != 2:
                 raise ValueError(f"make({batch}) must return (step, setup), got {short_repr(made)}")
             step, setup = made
-            rec = record_step(step, setup=setup, cuda_paths=cuda_paths)
-            real[batch] = (rec, setup is not None)
+            rec = record_step(step, setup=setup, cuda_paths=cuda_paths, warmup=warmup)
+            real[batch] = (rec, setup is not None and warmup is None)
         return real[batch]
 
     def recording(batch: int) -> tuple[StepRecording, bool]:
@@ -168,8 +172,13 @@ def max_batch(
         rec, warm = recording(batch)
         return fits(rec, capacity=cap, config=conf, workspace=ws, warm=warm)
 
-    if extrapolate and 2 * start <= limit:
-        model[0] = _affine(start, run_meta(start)[0], 2 * start, run_meta(2 * start)[0])
+    if extrapolate:
+        for a, b in ((start, 2 * start), (2 * start, 3 * start)):
+            if b > limit:
+                break
+            model[0] = _affine(a, run_meta(a)[0], b, run_meta(b)[0])
+            if model[0] is not None:
+                break
     batches: dict[str, int] = {}
     estimates: dict[str, Estimate | None] = {}
     configs = list(configs)
@@ -208,6 +217,8 @@ def _affine(
     ea, eb = ra.events, rb.events
     if len(ea) != len(eb) or ra.fake_ops != rb.fake_ops:
         return None
+    if (ra.run_starts, ra.repeats) != (rb.run_starts, rb.repeats):
+        return None
     for x, y in zip(ea, eb, strict=True):
         if (x.kind, x.key, x.op, x.phase, x.blas) != (y.kind, y.key, y.op, y.phase, y.blas):
             return None
@@ -224,7 +235,14 @@ def _affine(
             if rest or x.size + grown < 0:
                 return None
             events.append(replace(x, size=x.size + grown))
-        return StepRecording(events=events, fake_ops=dict(ra.fake_ops), ops=ra.ops)
+        return StepRecording(
+            events=events,
+            fake_ops=dict(ra.fake_ops),
+            ops=ra.ops,
+            notes=list(ra.notes),
+            run_starts=list(ra.run_starts),
+            repeats=ra.repeats,
+        )
 
     return at
 

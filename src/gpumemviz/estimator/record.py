@@ -305,7 +305,9 @@ def record(
                     del out
                     if warmup is None:
                         break
-                    allocs = [(e.op, e.size) for e in events[rec.run_starts[-1] :] if e.kind == ALLOC]
+                    allocs = [
+                        (e.op, e.size) for e in events[rec.run_starts[-1] :] if e.kind == ALLOC
+                    ]
                     if runs and allocs == runs[-1]:  # steady: the rest repeat this run
                         rec.repeats = warmup + 2 - len(rec.run_starts)
                         break
