@@ -19,6 +19,7 @@ import itertools
 import sys
 import weakref
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,30 @@ def _tensors(value: Any) -> Iterator[Any]:  # Any: whatever an operator or setup
         elif isinstance(v, torch.optim.Optimizer):
             stack.extend(v.state.values())
             stack.extend(p for g in v.param_groups for p in g["params"])
+
+
+@contextmanager
+def _compiled_regions(notes: list[str]) -> Iterator[None]:
+    """While inside, the torch.compile regions this thread enters run eager and are noted
+    (`extras.cuda_paths` keeps dynamo from seeing them: under a dispatch mode it would skip
+    the function for good)."""
+    from gpumemviz.estimator.extras import compiled_regions
+
+    loaded = "torch._dynamo.eval_frame" in sys.modules
+    compiled_regions()
+    try:
+        yield
+    finally:
+        for where in compiled_regions():
+            notes.append(
+                f"torch.compile region {where} ran eager: this part of the estimate is of "
+                f"the eager step (Inductor's fused kernels allocate less)"
+            )
+        if not loaded and "torch._dynamo.eval_frame" in sys.modules:
+            notes.append(
+                "torch.compile was first used inside the step: its regions ran eager, and "
+                "this part of the estimate is of the eager step"
+            )
 
 
 def record(
@@ -289,7 +314,7 @@ def record(
 
     start = time.perf_counter()
     try:
-        with patch_paths(cuda_paths) as policy, Recorder():
+        with patch_paths(cuda_paths) as policy, _compiled_regions(rec.notes), Recorder():
             try:
                 if setup is not None:
                     state = setup(meta)
