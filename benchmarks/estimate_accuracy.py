@@ -35,10 +35,10 @@ from _common import REPO, SHIPPED_DIR
 
 sys.path.insert(0, str(REPO / "tests"))
 
-import gpumemviz  # noqa: E402
-from gpt_shaped import MEDIUM, inference_step, make_setup, training_step  # noqa: E402
-from gpumemviz.estimator import Estimate, estimate  # noqa: E402
-from gpumemviz.io import load_snapshot  # noqa: E402
+import gpumemviz
+from gpt_shaped import MEDIUM, inference_step, make_setup, training_step
+from gpumemviz.estimator import Estimate, estimate
+from gpumemviz.io import load_snapshot
 
 LICENSED_DIR = REPO.parent / "shared" / "real-snapshots-licensed"
 NAME = "Wedsonlin__assignment2-systems__results-medium_{context}_{kind}_memory_snapshot.pickle"
@@ -89,9 +89,7 @@ def recorded(path: Path) -> dict[str, object]:
 
 def run(context: int, kind: str, autocast: bool) -> Estimate:
     train = kind == "training"
-    setup = make_setup(
-        MEDIUM, 4, context, train=train, autocast=autocast, program_optimizer=True
-    )
+    setup = make_setup(MEDIUM, 4, context, train=train, autocast=autocast, program_optimizer=True)
     step = training_step if train else inference_step
     return estimate(step, setup=setup, capacity="80GiB", arch="8.0", warmup=5)
 

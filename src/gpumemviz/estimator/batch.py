@@ -25,7 +25,7 @@ from typing import Any
 from gpumemviz.estimator.drive import fits
 from gpumemviz.estimator.record import StepRecording
 from gpumemviz.estimator.result import Estimate
-from gpumemviz.estimator.run import check_args, estimate_recording, record_step
+from gpumemviz.estimator.run import check_args, estimate_recording, record_step, resolve_facts
 from gpumemviz.snapshot.escaping import short_repr
 from gpumemviz.snapshot.units import format_size
 
@@ -90,13 +90,14 @@ def max_batch(
     *,
     capacity: int | str,
     configs: Sequence[str] = ("", "expandable_segments:True"),
-    arch: str = "9.0",
+    arch: str | None = None,
     start: int = 1,
     limit: int = 1 << 16,
     cublas_workspace_config: str | None = None,
     cuda_paths: bool = True,
     extrapolate: bool = True,
     warmup: int | None = None,
+    sm_count: int | None = None,
 ) -> MaxBatch:
     """The largest batch that fits in `capacity`, for each allocator setting, by bisection.
 
@@ -109,7 +110,7 @@ def max_batch(
         Bytes the process can get ("79GiB").
     configs : sequence of str
         ``PYTORCH_CUDA_ALLOC_CONF`` settings to compare ("" is the default).
-    arch, cublas_workspace_config, cuda_paths, warmup
+    arch, cublas_workspace_config, cuda_paths, warmup, sm_count
         As in `estimate`.
     start, limit : int
         The smallest batch tried, and the largest (a setting that fits `limit` reports it).
@@ -145,7 +146,8 @@ def max_batch(
             raise ValueError(f"{name} must be a positive int, got {short_repr(v)}")
     if limit < start:
         raise ValueError(f"limit {limit} is below start {start}")
-    parsed = {c: check_args(capacity, c, arch, cublas_workspace_config) for c in configs}
+    facts = resolve_facts(arch, sm_count)
+    parsed = {c: check_args(capacity, c, facts.arch, cublas_workspace_config) for c in configs}
     real: dict[int, tuple[StepRecording, bool]] = {}
     model: list[Callable[[int], StepRecording | None] | None] = [None]
 
@@ -155,7 +157,7 @@ def max_batch(
             if not isinstance(made, tuple) or len(made) != 2:
                 raise ValueError(f"make({batch}) must return (step, setup), got {short_repr(made)}")
             step, setup = made
-            rec = record_step(step, setup=setup, cuda_paths=cuda_paths, warmup=warmup)
+            rec = record_step(step, setup=setup, cuda_paths=cuda_paths, warmup=warmup, facts=facts)
             real[batch] = (rec, setup is not None and warmup is None)
         return real[batch]
 
@@ -201,7 +203,7 @@ def max_batch(
                 continue
             cap, conf, ws = parsed[config]
             estimates[config] = estimate_recording(
-                rec, capacity=cap, config=conf, workspace=ws, warm=warm, arch=str(arch)
+                rec, capacity=cap, config=conf, workspace=ws, warm=warm, arch=facts.arch
             )
         i += 1
     capacity_bytes = parsed[configs[0]][0] if configs else 0

@@ -37,6 +37,7 @@ __all__ = [
     "BLAS_OPS",
     "compiled_regions",
     "cuda_paths",
+    "parse_arch",
     "patched",
     "recording_here",
     "sdpa_backend",
@@ -80,10 +81,26 @@ def workspace_size(arch: str | float | tuple[int, int] = "9.0", config: str | No
 
 
 def _major(arch: str | float | tuple[int, int]) -> int:
+    return parse_arch(arch)[0]
+
+
+def parse_arch(arch: str | float | tuple[int, int]) -> tuple[int, int]:
+    """A compute capability as (major, minor): "8.0", "sm_80", "90", 9.0, (8, 6), "hopper".
+
+    >>> parse_arch("sm_86"), parse_arch("9.0"), parse_arch("ampere")
+    ((8, 6), (9, 0), (8, 0))
+    """
     if isinstance(arch, tuple):
-        return int(arch[0])
+        return int(arch[0]), int(arch[1])
     text = str(arch).strip().lower().removeprefix("sm_").removeprefix("sm")
-    names = {"volta": 7, "turing": 7, "ampere": 8, "ada": 8, "hopper": 9, "blackwell": 10}
+    names = {
+        "volta": (7, 0),
+        "turing": (7, 5),
+        "ampere": (8, 0),
+        "ada": (8, 9),
+        "hopper": (9, 0),
+        "blackwell": (10, 0),
+    }
     if text in names:
         return names[text]
     m = re.fullmatch(r"([0-9]+)(?:\.([0-9]+))?", text)
@@ -93,8 +110,10 @@ def _major(arch: str | float | tuple[int, int]) -> int:
             f"got {short_repr(arch)}"
         )
     whole = m.group(1)
-    # "90" (sm_90) is 9.0; "9" or "9.0" too
-    return int(whole[:-1]) if m.group(2) is None and len(whole) >= 2 else int(whole)
+    if m.group(2) is not None:
+        return int(whole), int(m.group(2))
+    # "90" (sm_90) is 9.0; "9" is 9.0 too
+    return (int(whole[:-1]), int(whole[-1])) if len(whole) >= 2 else (int(whole), 0)
 
 
 # The patches are installed once for all the threads recording at a time and removed when

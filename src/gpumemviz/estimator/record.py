@@ -22,7 +22,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpumemviz.estimator.scratch import DeviceFacts
 
 __all__ = ["Event", "MetaError", "StepRecording", "library_dirs", "record", "user_frame"]
 
@@ -34,6 +37,8 @@ ALLOC, FREE, BLAS = 0, 1, 2
 # (`add_`), the backward of max / min / sort along a dimension (`scatter_`), of gather
 # (`scatter_add_`) and of indexing (`index_put_`)
 IN_PLACE_TWINS = frozenset({"add", "scatter", "scatter_add", "index_put", "_index_put_impl"})
+# reductions whose CUDA kernel may take staging memory (`scratch.reduce_scratch`)
+REDUCTIONS = frozenset({"sum", "mean"})
 
 
 class MetaError(ValueError):
@@ -77,6 +82,7 @@ class StepRecording:
     in_place: int = 0  # backward results folded into their input's storage (`record`)
     run_starts: list[int] = field(default_factory=list)  # where each run of the step starts
     repeats: int = 1  # times the last run is driven (warm-up steps it stands for, and itself)
+    scratch: int = 0  # kernel launches that took scratch memory (`scratch`)
 
     def phase_events(self, phase: str) -> list[Event]:
         """The events of one phase ("setup" or "step")."""
@@ -165,6 +171,7 @@ def record(
     cuda_paths: bool = True,
     blas_ops: frozenset[str] = frozenset(),
     warmup: int | None = None,
+    facts: DeviceFacts | None = None,
 ) -> StepRecording:
     """Run `setup` (if any) then `step` on the meta device and record their allocations.
 
@@ -178,6 +185,10 @@ def record(
     and again until two consecutive runs allocate the same (operator, size) sequence (an
     optimizer's first step makes its state), at most N + 1 times; `run_starts` says where each
     run's events start and `repeats` how many of the N + 1 steps the last run stands for.
+
+    With `facts` (the GPU's SM count and threads per SM), the kernel scratch of `scratch`
+    follows each reduction that takes it on CUDA: its staging buffer and semaphores,
+    allocated after the output and freed when the launch returns.
     """
     import time
 
@@ -243,6 +254,56 @@ def record(
         if events and events[-1].kind == ALLOC and keys.get(dst._cdata) == events[-1].key:
             pending[0] = (events[-1].key, key)
 
+    def add_scratch(name: str, args: Any) -> None:  # Any: operator arguments
+        """The staging buffer and semaphores of CUDA's reduction kernel, if it takes them."""
+        from gpumemviz.estimator.scratch import reduce_scratch
+
+        x = args[0] if args else None
+        if (
+            facts is None
+            or not isinstance(x, torch.Tensor)
+            or x.device.type != "meta"
+            or not x.is_floating_point()
+            or not x.is_contiguous()
+        ):
+            return
+        dims = args[1] if len(args) > 1 and args[1] is not None else range(x.dim())
+        shape = list(x.shape)
+        reduced = {
+            d % max(1, x.dim())
+            for d in (dims if isinstance(dims, list | tuple | range) else [dims])
+        }
+        if not reduced:
+            reduced = set(range(x.dim()))
+        kept = [d for d in range(x.dim()) if d not in reduced and shape[d] != 1]
+        summed = [d for d in reduced if shape[d] != 1]
+        if not summed:
+            return
+        if (kept and min(summed) > max(kept)) or not kept:
+            fastest = True
+        elif max(summed) < min(kept):
+            fastest = False
+        else:  # reduced dimensions between kept ones: a layout not modelled
+            return
+        outputs = 1
+        for d in kept:
+            outputs *= shape[d]
+        inputs = x.numel() // max(1, outputs)
+        acc = 8 if x.dtype == torch.float64 else 4
+        staging, semaphores = reduce_scratch(
+            outputs, inputs, fastest=fastest, acc_size=acc, facts=facts
+        )
+        if not staging:
+            return
+        pending[0] = None
+        frame, here = user_frame(skip), phase[0]
+        k1, k2 = next(counter), next(counter)
+        events.append(Event(ALLOC, k1, staging, f"{name} staging", frame, here))
+        events.append(Event(ALLOC, k2, semaphores, f"{name} semaphores", frame, here))
+        events.append(Event(FREE, k2, semaphores, phase=here))
+        events.append(Event(FREE, k1, staging, phase=here))
+        rec.scratch += 1
+
     handles: set[str] = set()
 
     def fake_run(func: Any, args: Any, kwargs: Any) -> Any:  # Any: torch's operator values
@@ -298,6 +359,8 @@ def record(
             name = str(func.overloadpacket.__name__)
             if isinstance(out, torch.Tensor):
                 track(out, name)
+                if facts is not None and name in REDUCTIONS:
+                    add_scratch(name, args)
                 if name in IN_PLACE_TWINS and graph_task() != -1 and not torch.is_grad_enabled():
                     fold_candidate(out, args)
             else:
