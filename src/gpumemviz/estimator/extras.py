@@ -187,29 +187,32 @@ def _install() -> None:
     _installed.append((cls, "__init__", init))
     cls.__init__ = autocast_init
 
-    frames = sys.modules.get("torch._dynamo.eval_frame")
-    if frames is not None:  # torch.compile is in use: its regions run eager, and are noted
-        set_frame = frames.__dict__["_maybe_set_eval_frame"]
+    # torch imports dynamo during meta runs anyway; imported here, its hook is in place before
+    # the step can enter a compiled region
+    import torch._dynamo.eval_frame as frames
 
-        def eager_in_recordings(callback: Any) -> Any:  # Any: dynamo's callback
-            if callback is None or not recording_here():
-                return set_frame(callback)
-            # a compiled function is entered by a recording thread: under the recording's
-            # dispatch mode torch.compile would skip the function for good (its code marked
-            # to run eager in every later call); run it eager without telling dynamo
-            wrapper = sys._getframe(1)
-            fn = wrapper.f_locals.get("fn")
-            code = getattr(fn, "__code__", None)
-            name = getattr(fn, "__qualname__", repr(fn))
-            where = f"{name} ({code.co_filename}:{code.co_firstlineno})" if code else name
-            regions: list[str] = getattr(_THREAD, "compiled", [])
-            if where not in regions:
-                regions.append(where)
-            _THREAD.compiled = regions
-            return set_frame(None)
+    # torch.compile's regions run eager, and are noted
+    set_frame = frames.__dict__["_maybe_set_eval_frame"]
 
-        _installed.append((frames, "_maybe_set_eval_frame", set_frame))
-        setattr(frames, "_maybe_set_eval_frame", eager_in_recordings)  # noqa: B010
+    def eager_in_recordings(callback: Any) -> Any:  # Any: dynamo's callback
+        if callback is None or not recording_here():
+            return set_frame(callback)
+        # a compiled function is entered by a recording thread: under the recording's
+        # dispatch mode torch.compile would skip the function for good (its code marked
+        # to run eager in every later call); run it eager without telling dynamo
+        wrapper = sys._getframe(1)
+        fn = wrapper.f_locals.get("fn")
+        code = getattr(fn, "__code__", None)
+        name = getattr(fn, "__qualname__", repr(fn))
+        where = f"{name} ({code.co_filename}:{code.co_firstlineno})" if code else name
+        regions: list[str] = getattr(_THREAD, "compiled", [])
+        if where not in regions:
+            regions.append(where)
+        _THREAD.compiled = regions
+        return set_frame(None)
+
+    _installed.append((frames, "_maybe_set_eval_frame", set_frame))
+    setattr(frames, "_maybe_set_eval_frame", eager_in_recordings)  # noqa: B010
 
 
 def _uninstall() -> None:

@@ -147,7 +147,6 @@ def _compiled_regions(notes: list[str]) -> Iterator[None]:
     the function for good)."""
     from gpumemviz.estimator.extras import compiled_regions
 
-    loaded = "torch._dynamo.eval_frame" in sys.modules
     compiled_regions()
     try:
         yield
@@ -156,11 +155,6 @@ def _compiled_regions(notes: list[str]) -> Iterator[None]:
             notes.append(
                 f"torch.compile region {where} ran eager: this part of the estimate is of "
                 f"the eager step (Inductor's fused kernels allocate less)"
-            )
-        if not loaded and "torch._dynamo.eval_frame" in sys.modules:
-            notes.append(
-                "torch.compile was first used inside the step: its regions ran eager, and "
-                "this part of the estimate is of the eager step"
             )
 
 
