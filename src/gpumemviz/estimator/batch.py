@@ -6,13 +6,14 @@ The search doubles the batch until one fails, then bisects between the last that
 first that does not: it assumes memory does not shrink as the batch grows.
 
 Most steps allocate the same tensors at every batch size, each of a size affine in the batch
-(activations, logits). With `extrapolate` (the default), the batches `start` and `2 * start`
-are run on meta and every other batch's recording is computed from them; each setting's answer
-is then run on meta for real, and if its sizes differ from the computed ones the search starts
-again with a meta run per batch. A search then costs two meta runs plus one per answer. Where
-the two runs differ in more than sizes (a step whose smallest batch takes another path: a
-kernel that skips a copy at batch 1), the fit starts one batch further, `2 * start` and
-`3 * start`: three meta runs plus one per answer.
+(activations, logits). With `extrapolate` (the default), two batches are run on meta and every
+other batch's recording from the first of them up is computed from them; each setting's
+answer is then run on meta for real. The fit is taken from the batches `2 * start` and
+`3 * start` first (a step's smallest batch often takes another path: a kernel that skips a
+copy at batch 1), else from `start` and `2 * start`. Where an answer's real sizes differ from
+the computed ones only past some batch (a kernel's scratch reaching its cap), the answer is
+walked to the real one with a meta run per batch. A search then costs two meta runs plus one
+or two per answer.
 """
 
 from __future__ import annotations
@@ -150,6 +151,7 @@ def max_batch(
     parsed = {c: check_args(capacity, c, facts.arch, cublas_workspace_config) for c in configs}
     real: dict[int, tuple[StepRecording, bool]] = {}
     model: list[Callable[[int], StepRecording | None] | None] = [None]
+    fit_from = [start]  # the smallest batch the model computes
 
     def run_meta(batch: int) -> tuple[StepRecording, bool]:
         if batch not in real:
@@ -163,23 +165,33 @@ def max_batch(
 
     def recording(batch: int) -> tuple[StepRecording, bool]:
         at = model[0]
-        if batch not in real and at is not None:
+        if batch not in real and at is not None and batch >= fit_from[0]:
             rec = at(batch)
             if rec is not None:
-                return rec, real[start][1]
+                return rec, real[fit_from[0]][1]
         return run_meta(batch)
+
+    def ok_real(batch: int, *, config: str) -> bool:
+        cap, conf, ws = parsed[config]
+        rec, warm = run_meta(batch)
+        return fits(rec, capacity=cap, config=conf, workspace=ws, warm=warm)
 
     def ok(batch: int, *, config: str) -> bool:
         cap, conf, ws = parsed[config]
         rec, warm = recording(batch)
         return fits(rec, capacity=cap, config=conf, workspace=ws, warm=warm)
 
+    made = make(start)  # checked first: building the step is cheap, recording it is not
+    if not isinstance(made, tuple) or len(made) != 2:
+        raise ValueError(f"make({start}) must return (step, setup), got {short_repr(made)}")
     if extrapolate:
-        for a, b in ((start, 2 * start), (2 * start, 3 * start)):
+        # from the second and third batches first: the smallest often takes another path
+        for a, b in ((2 * start, 3 * start), (start, 2 * start)):
             if b > limit:
-                break
+                continue
             model[0] = _affine(a, run_meta(a)[0], b, run_meta(b)[0])
             if model[0] is not None:
+                fit_from[0] = a
                 break
     batches: dict[str, int] = {}
     estimates: dict[str, Estimate | None] = {}
@@ -187,7 +199,9 @@ def max_batch(
     i = 0
     while i < len(configs):
         config = configs[i]
-        best = _largest(partial(ok, config=config), start, limit)
+        check = partial(ok, config=config)
+        low = fit_from[0]  # batches below the fit are searched only if it does not fit
+        best = _largest(check, low, limit) if check(low) else _largest(check, start, low - 1)
         batches[config] = best
         estimates[config] = None
         if best:
@@ -196,11 +210,14 @@ def max_batch(
             if model[0] is not None and [e.size for e in guess.events] != [
                 e.size for e in rec.events
             ]:
-                model[0] = None  # the sizes are not affine in the batch: search again, for real
-                batches.clear()
-                estimates.clear()
-                i = 0
-                continue
+                # the sizes stop being affine somewhere (a kernel's scratch reaching its cap):
+                # walk from the computed answer with real runs to the real one
+                best = _walk(partial(ok_real, config=config), best, start, limit)
+                batches[config] = best
+                if not best:
+                    i += 1
+                    continue
+                rec, warm = run_meta(best)
             cap, conf, ws = parsed[config]
             estimates[config] = estimate_recording(
                 rec, capacity=cap, config=conf, workspace=ws, warm=warm, arch=facts.arch
@@ -247,6 +264,18 @@ def _affine(
         )
 
     return at
+
+
+def _walk(ok: Callable[[int], bool], guess: int, start: int, limit: int) -> int:
+    """The largest b in [start, limit] with ok(b), walking from `guess` one batch at a time
+    (ok monotone); 0 when none."""
+    if ok(guess):
+        while guess < limit and ok(guess + 1):
+            guess += 1
+        return guess
+    while guess > start and not ok(guess - 1):
+        guess -= 1
+    return guess - 1 if guess > start else 0
 
 
 def _largest(ok: Callable[[int], bool], start: int, limit: int) -> int:

@@ -78,7 +78,7 @@ def _read_device() -> tuple[int, int, int, int, str] | None:
         p = torch.cuda.get_device_properties(torch.cuda.current_device())
         return p.major, p.minor, p.multi_processor_count, p.max_threads_per_multi_processor, "torch"
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         return None
     try:
