@@ -154,36 +154,97 @@ class State:
     targets: torch.Tensor
     kept: torch.Tensor  # the warm-up batches, kept alive as the recorded program keeps them
     optimizer: torch.optim.Optimizer | None = None
+    autocast: bool = False  # forward (and loss) under torch.autocast("cuda", bfloat16)
+    kept_targets: torch.Tensor | None = None  # the warm-up targets, kept alive too
+
+
+def cross_entropy(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The recorded program's own loss: a log-softmax written by hand, then gather and mean."""
+    x = inputs - torch.max(inputs, dim=-1, keepdim=True)[0]
+    log_probs = x - torch.log(torch.sum(torch.exp(x), dim=-1, keepdim=True))
+    return torch.mean(torch.gather(-log_probs, -1, targets.unsqueeze(-1)))
+
+
+class AdamW(torch.optim.Optimizer):
+    """The recorded program's own AdamW: one parameter at a time, its moments rebuilt each
+    step (`state.get("m", torch.zeros_like(grad))` makes the zeros every step)."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps=1e-8, wd=0.01) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": wd})
+
+    def step(self, closure=None):  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad.data
+                state = self.state[p]
+                alpha = group["lr"]
+                beta_1, beta_2 = group["betas"]
+                t = state.get("t", 1)
+                prev_m = state.get("m", torch.zeros_like(grad))
+                prev_v = state.get("v", torch.zeros_like(grad))
+                m = beta_1 * prev_m + ((1 - beta_1) * grad)
+                v = beta_2 * prev_v + ((1 - beta_2) * torch.square(grad))
+                alpha_t = alpha * (math.sqrt(1 - beta_2**t) / (1 - beta_1**t))
+                p.data -= alpha_t * m / (torch.sqrt(v) + group["eps"])
+                p.data -= alpha * group["weight_decay"] * p.data
+                state["m"], state["v"], state["t"] = m, v, t + 1
 
 
 def make_setup(
-    shape: dict[str, int], batch: int, context: int, *, warmup: int = 5, train: bool = False
+    shape: dict[str, int],
+    batch: int,
+    context: int,
+    *,
+    warmup: int = 5,
+    train: bool = False,
+    autocast: bool = False,
+    program_optimizer: bool = False,
 ):
     """`setup(device)` as the recorded program does it: the model, then its inputs (the warm-up
-    batches it keeps, then the measured one), the optimizer for a training step."""
+    batches it keeps, then the measured one), the optimizer for a training step
+    (`program_optimizer`: the program's own AdamW, made before the inputs as it does; else
+    torch's)."""
 
     def setup(device: torch.device) -> State:
         with torch.device(device):
             model = GPT(**shape, context=context)
+            opt: torch.optim.Optimizer | None = None
+            if program_optimizer:
+                opt = AdamW(model.parameters())
             vocab = shape["vocab"]
             kept = torch.randint(0, vocab, (warmup, batch, context))
             ids = torch.randint(0, vocab, (1, batch, context))[0]
-            targets = torch.randint(0, vocab, (batch, context)) if train else ids
-        opt = torch.optim.AdamW(model.parameters()) if train else None
-        return State(model, ids, targets, kept, opt)
+            kept_targets = None
+            if train:
+                kept_targets = torch.randint(0, vocab, (warmup, batch, context))
+                targets = torch.randint(0, vocab, (1, batch, context))[0]
+            else:
+                targets = ids
+        if train and opt is None:
+            opt = torch.optim.AdamW(model.parameters())
+        return State(model, ids, targets, kept, opt, autocast, kept_targets)
 
     return setup
 
 
 def inference_step(state: State) -> None:
     state.model.eval()
-    with torch.inference_mode():
+    with (
+        torch.inference_mode(),
+        torch.autocast("cuda", dtype=torch.bfloat16, enabled=state.autocast),
+    ):
         state.model(state.ids)
 
 
 def training_step(state: State) -> None:
-    logits = state.model(state.ids)
-    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), state.targets.flatten())
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=state.autocast):
+        logits = state.model(state.ids)
+        if isinstance(state.optimizer, AdamW):  # the program's own loss with its own AdamW
+            loss = cross_entropy(logits, state.targets)
+        else:
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), state.targets.flatten())
     loss.backward()
     assert state.optimizer is not None
     state.optimizer.step()

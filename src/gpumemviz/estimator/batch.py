@@ -6,10 +6,14 @@ The search doubles the batch until one fails, then bisects between the last that
 first that does not: it assumes memory does not shrink as the batch grows.
 
 Most steps allocate the same tensors at every batch size, each of a size affine in the batch
-(activations, logits). With `extrapolate` (the default), the batches `start` and `2 * start`
-are run on meta and every other batch's recording is computed from them; each setting's answer
-is then run on meta for real, and if its sizes differ from the computed ones the search starts
-again with a meta run per batch. A search then costs two meta runs plus one per answer.
+(activations, logits). With `extrapolate` (the default), two batches are run on meta and every
+other batch's recording from the first of them up is computed from them; each setting's
+answer is then run on meta for real. The fit is taken from the batches `2 * start` and
+`3 * start` first (a step's smallest batch often takes another path: a kernel that skips a
+copy at batch 1), else from `start` and `2 * start`. Where an answer's real sizes differ from
+the computed ones only past some batch (a kernel's scratch reaching its cap), the answer is
+walked to the real one with a meta run per batch. A search then costs two meta runs plus one
+or two per answer.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import Any
 from gpumemviz.estimator.drive import fits
 from gpumemviz.estimator.record import StepRecording
 from gpumemviz.estimator.result import Estimate
-from gpumemviz.estimator.run import check_args, estimate_recording, record_step
+from gpumemviz.estimator.run import check_args, estimate_recording, record_step, resolve_facts
 from gpumemviz.snapshot.escaping import short_repr
 from gpumemviz.snapshot.units import format_size
 
@@ -87,12 +91,14 @@ def max_batch(
     *,
     capacity: int | str,
     configs: Sequence[str] = ("", "expandable_segments:True"),
-    arch: str = "9.0",
+    arch: str | None = None,
     start: int = 1,
     limit: int = 1 << 16,
     cublas_workspace_config: str | None = None,
     cuda_paths: bool = True,
     extrapolate: bool = True,
+    warmup: int | None = None,
+    sm_count: int | None = None,
 ) -> MaxBatch:
     """The largest batch that fits in `capacity`, for each allocator setting, by bisection.
 
@@ -105,7 +111,7 @@ def max_batch(
         Bytes the process can get ("79GiB").
     configs : sequence of str
         ``PYTORCH_CUDA_ALLOC_CONF`` settings to compare ("" is the default).
-    arch, cublas_workspace_config, cuda_paths
+    arch, cublas_workspace_config, cuda_paths, warmup, sm_count
         As in `estimate`.
     start, limit : int
         The smallest batch tried, and the largest (a setting that fits `limit` reports it).
@@ -141,9 +147,11 @@ def max_batch(
             raise ValueError(f"{name} must be a positive int, got {short_repr(v)}")
     if limit < start:
         raise ValueError(f"limit {limit} is below start {start}")
-    parsed = {c: check_args(capacity, c, arch, cublas_workspace_config) for c in configs}
+    facts = resolve_facts(arch, sm_count)
+    parsed = {c: check_args(capacity, c, facts.arch, cublas_workspace_config) for c in configs}
     real: dict[int, tuple[StepRecording, bool]] = {}
     model: list[Callable[[int], StepRecording | None] | None] = [None]
+    fit_from = [start]  # the smallest batch the model computes
 
     def run_meta(batch: int) -> tuple[StepRecording, bool]:
         if batch not in real:
@@ -151,32 +159,49 @@ def max_batch(
             if not isinstance(made, tuple) or len(made) != 2:
                 raise ValueError(f"make({batch}) must return (step, setup), got {short_repr(made)}")
             step, setup = made
-            rec = record_step(step, setup=setup, cuda_paths=cuda_paths)
-            real[batch] = (rec, setup is not None)
+            rec = record_step(step, setup=setup, cuda_paths=cuda_paths, warmup=warmup, facts=facts)
+            real[batch] = (rec, setup is not None and warmup is None)
         return real[batch]
 
     def recording(batch: int) -> tuple[StepRecording, bool]:
         at = model[0]
-        if batch not in real and at is not None:
+        if batch not in real and at is not None and batch >= fit_from[0]:
             rec = at(batch)
             if rec is not None:
-                return rec, real[start][1]
+                return rec, real[fit_from[0]][1]
         return run_meta(batch)
+
+    def ok_real(batch: int, *, config: str) -> bool:
+        cap, conf, ws = parsed[config]
+        rec, warm = run_meta(batch)
+        return fits(rec, capacity=cap, config=conf, workspace=ws, warm=warm)
 
     def ok(batch: int, *, config: str) -> bool:
         cap, conf, ws = parsed[config]
         rec, warm = recording(batch)
         return fits(rec, capacity=cap, config=conf, workspace=ws, warm=warm)
 
-    if extrapolate and 2 * start <= limit:
-        model[0] = _affine(start, run_meta(start)[0], 2 * start, run_meta(2 * start)[0])
+    made = make(start)  # checked first: building the step is cheap, recording it is not
+    if not isinstance(made, tuple) or len(made) != 2:
+        raise ValueError(f"make({start}) must return (step, setup), got {short_repr(made)}")
+    if extrapolate:
+        # from the second and third batches first: the smallest often takes another path
+        for a, b in ((2 * start, 3 * start), (start, 2 * start)):
+            if b > limit:
+                continue
+            model[0] = _affine(a, run_meta(a)[0], b, run_meta(b)[0])
+            if model[0] is not None:
+                fit_from[0] = a
+                break
     batches: dict[str, int] = {}
     estimates: dict[str, Estimate | None] = {}
     configs = list(configs)
     i = 0
     while i < len(configs):
         config = configs[i]
-        best = _largest(partial(ok, config=config), start, limit)
+        check = partial(ok, config=config)
+        low = fit_from[0]  # batches below the fit are searched only if it does not fit
+        best = _largest(check, low, limit) if check(low) else _largest(check, start, low - 1)
         batches[config] = best
         estimates[config] = None
         if best:
@@ -185,14 +210,17 @@ def max_batch(
             if model[0] is not None and [e.size for e in guess.events] != [
                 e.size for e in rec.events
             ]:
-                model[0] = None  # the sizes are not affine in the batch: search again, for real
-                batches.clear()
-                estimates.clear()
-                i = 0
-                continue
+                # the sizes stop being affine somewhere (a kernel's scratch reaching its cap):
+                # walk from the computed answer with real runs to the real one
+                best = _walk(partial(ok_real, config=config), best, start, limit)
+                batches[config] = best
+                if not best:
+                    i += 1
+                    continue
+                rec, warm = run_meta(best)
             cap, conf, ws = parsed[config]
             estimates[config] = estimate_recording(
-                rec, capacity=cap, config=conf, workspace=ws, warm=warm, arch=str(arch)
+                rec, capacity=cap, config=conf, workspace=ws, warm=warm, arch=facts.arch
             )
         i += 1
     capacity_bytes = parsed[configs[0]][0] if configs else 0
@@ -207,6 +235,8 @@ def _affine(
     negative size; None when the two recordings differ in anything but sizes."""
     ea, eb = ra.events, rb.events
     if len(ea) != len(eb) or ra.fake_ops != rb.fake_ops:
+        return None
+    if (ra.run_starts, ra.repeats) != (rb.run_starts, rb.repeats):
         return None
     for x, y in zip(ea, eb, strict=True):
         if (x.kind, x.key, x.op, x.phase, x.blas) != (y.kind, y.key, y.op, y.phase, y.blas):
@@ -224,9 +254,28 @@ def _affine(
             if rest or x.size + grown < 0:
                 return None
             events.append(replace(x, size=x.size + grown))
-        return StepRecording(events=events, fake_ops=dict(ra.fake_ops), ops=ra.ops)
+        return StepRecording(
+            events=events,
+            fake_ops=dict(ra.fake_ops),
+            ops=ra.ops,
+            notes=list(ra.notes),
+            run_starts=list(ra.run_starts),
+            repeats=ra.repeats,
+        )
 
     return at
+
+
+def _walk(ok: Callable[[int], bool], guess: int, start: int, limit: int) -> int:
+    """The largest b in [start, limit] with ok(b), walking from `guess` one batch at a time
+    (ok monotone); 0 when none."""
+    if ok(guess):
+        while guess < limit and ok(guess + 1):
+            guess += 1
+        return guess
+    while guess > start and not ok(guess - 1):
+        guess -= 1
+    return guess - 1 if guess > start else 0
 
 
 def _largest(ok: Callable[[int], bool], start: int, limit: int) -> int:

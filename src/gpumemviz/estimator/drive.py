@@ -23,7 +23,7 @@ from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.allocator.rules import allocation_size, is_small, round_size
 from gpumemviz.analysis.fragmentation import fragmentation
 from gpumemviz.analysis.fragmentation.fit import FitAnswer
-from gpumemviz.estimator.record import ALLOC, BLAS, FREE, StepRecording
+from gpumemviz.estimator.record import ALLOC, BLAS, FREE, Event, StepRecording
 from gpumemviz.estimator.result import Estimate, EstimateOom
 from gpumemviz.snapshot import Snapshot
 from gpumemviz.snapshot.units import format_size
@@ -36,6 +36,7 @@ __all__ = ["Step", "drive", "fits", "plan"]
 
 _AB = 3 * S.ALLOCATED_BYTES
 _RB = 3 * S.RESERVED_BYTES
+_SEG = 3 * S.SEGMENT
 _FRAME = re.compile(r"(?P<file>.*):(?P<line>[0-9]+) in (?P<name>.*)")
 WORKSPACE_OP = "cuBLAS workspace"
 
@@ -54,10 +55,17 @@ class Step:
 
 def plan(rec: StepRecording, *, workspace: int, warm: bool) -> tuple[list[Step], int, int]:
     """The mallocs and frees to drive, the index where the measured part starts, and the
-    number of cuBLAS workspaces added."""
+    number of cuBLAS workspaces added.
+
+    The measured part is the last run of the step; a recording whose last run stands for
+    several steps (`StepRecording.repeats`, a warm-up reaching its steady state) has it driven
+    that many times, the last one measured."""
     out: list[Step] = []
     handles: dict[str, int] = {}
-    step_handles = [e for e in rec.events if e.kind == BLAS and e.phase == "step"]
+    events = rec.events
+    step_handles = [e for e in events if e.kind == BLAS and e.phase == "step"]
+    first = rec.run_starts[0] if rec.run_starts else len(events)
+    last = rec.run_starts[-1] if rec.run_starts else len(events)
     start = -1
 
     def add_workspace(handle: str, frame: str, phase: str) -> None:
@@ -66,11 +74,11 @@ def plan(rec: StepRecording, *, workspace: int, warm: bool) -> tuple[list[Step],
         handles[handle] = key = -1 - len(handles)
         out.append(Step(False, key, workspace, WORKSPACE_OP, frame, phase))
 
-    for e in rec.events:
-        if e.phase == "step" and start < 0:
-            if warm:  # a recording after warm-up: the step's workspaces already exist
-                for b in step_handles:
-                    add_workspace(b.blas, b.frame, "setup")
+    for i, e in enumerate(events):
+        if i == first and warm:  # a recording after warm-up: the step's workspaces exist
+            for b in step_handles:
+                add_workspace(b.blas, b.frame, "setup")
+        if i == last:
             start = len(out)
         if e.size == 0 and e.kind != BLAS:  # torch hands out nullptr and records nothing
             continue
@@ -82,7 +90,37 @@ def plan(rec: StepRecording, *, workspace: int, warm: bool) -> tuple[list[Step],
             add_workspace(e.blas, e.frame, e.phase)
     if start < 0:
         start = len(out)
+    if rec.repeats > 1 and len(rec.run_starts) >= 2:
+        start = _repeat(out, events, rec.run_starts[-2], last, rec.repeats - 1)
     return out, start, len(handles)
+
+
+_REPLAY = 1 << 40  # keys of a replayed run: its number times this, plus the allocation's index
+
+
+def _repeat(out: list[Step], events: list[Event], prev: int, last: int, times: int) -> int:
+    """Append the run `events[last:]` to `out` `times` more times; return where the last one
+    starts. A free in the run of a storage the previous run made (`events[prev:last]`, the same
+    allocations in the same order) frees the previous repetition's; a free of anything older
+    is already done."""
+    run = events[last:]
+    mine = {e.key: i for i, e in enumerate(x for x in run if x.kind == ALLOC)}
+    before = {e.key: i for i, e in enumerate(x for x in events[prev:last] if x.kind == ALLOC)}
+    keys = [e.key for e in run if e.kind == ALLOC]  # the recorded run's own keys, by index
+    start = len(out)
+    for j in range(1, times + 1):
+        start = len(out)
+        previous = keys if j == 1 else [(j - 1) * _REPLAY + i for i in range(len(keys))]
+        for e in run:
+            if e.size == 0 or e.kind == BLAS:
+                continue
+            if e.kind == ALLOC:
+                out.append(Step(False, j * _REPLAY + mine[e.key], e.size, e.op, e.frame, e.phase))
+            elif e.key in mine:
+                out.append(Step(True, j * _REPLAY + mine[e.key], e.size, "", "", e.phase))
+            elif e.key in before:
+                out.append(Step(True, previous[before[e.key]], e.size, "", "", e.phase))
+    return start
 
 
 def _frames(step: Step) -> list[dict[str, object]]:
@@ -111,13 +149,18 @@ def drive(
     a = CachingAllocator(capacity, config, record_trace=False)
     cur = a.stats.cur
     peak = peak_at = peak_reserved = 0
-    start_allocated = 0  # allocated before step `start` (nothing before the first)
+    start_allocated = start_reserved = start_segments = 0  # before step `start`
+    # after a warm-up, the peaks are the measured step's (torch.cuda.reset_peak_memory_stats)
+    reset = len(rec.run_starts) > 1 or rec.repeats > 1
     oom: EstimateOom | None = None
     i = -1
     try:
         for i in _applied(a, steps):  # a free never raises allocated or reserved
             if i + 1 == start:
-                start_allocated = cur[_AB]
+                start_allocated, start_reserved = cur[_AB], cur[_RB]
+                start_segments = cur[_SEG]
+                if reset:
+                    peak, peak_at, peak_reserved = cur[_AB], i + 1, cur[_RB]
             if cur[_AB] > peak:
                 peak, peak_at = cur[_AB], i + 1
             if cur[_RB] > peak_reserved:
@@ -131,6 +174,10 @@ def drive(
         peak_allocated=peak,
         peak_reserved=peak_reserved,
         start_allocated=start_allocated,
+        start_reserved=start_reserved,
+        start_segments=start_segments,
+        runs=max(1, len(rec.run_starts)),
+        repeats=rec.repeats,
         segments=len(snap.segments),
         fragmentation=report,
         oom=oom,
@@ -143,6 +190,7 @@ def drive(
         step_allocs=step_allocs,
         meta_seconds=rec.seconds,
         drive_seconds=time.perf_counter() - t0,
+        notes=tuple(rec.notes),
     )
 
 

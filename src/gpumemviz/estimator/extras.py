@@ -25,13 +25,24 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from gpumemviz.estimator.autocast import AutocastPolicy
 from gpumemviz.snapshot.escaping import short_repr
 
-__all__ = ["BLAS_OPS", "cuda_paths", "sdpa_backend", "workspace_size"]
+__all__ = [
+    "BLAS_OPS",
+    "compiled_regions",
+    "cuda_paths",
+    "parse_arch",
+    "patched",
+    "recording_here",
+    "sdpa_backend",
+    "workspace_size",
+]
 
 # the aten operators (overload packets) that call cuBLAS / cuBLASLt on CUDA
 BLAS_OPS = frozenset(
@@ -70,10 +81,26 @@ def workspace_size(arch: str | float | tuple[int, int] = "9.0", config: str | No
 
 
 def _major(arch: str | float | tuple[int, int]) -> int:
+    return parse_arch(arch)[0]
+
+
+def parse_arch(arch: str | float | tuple[int, int]) -> tuple[int, int]:
+    """A compute capability as (major, minor): "8.0", "sm_80", "90", 9.0, (8, 6), "hopper".
+
+    >>> parse_arch("sm_86"), parse_arch("9.0"), parse_arch("ampere")
+    ((8, 6), (9, 0), (8, 0))
+    """
     if isinstance(arch, tuple):
-        return int(arch[0])
+        return int(arch[0]), int(arch[1])
     text = str(arch).strip().lower().removeprefix("sm_").removeprefix("sm")
-    names = {"volta": 7, "turing": 7, "ampere": 8, "ada": 8, "hopper": 9, "blackwell": 10}
+    names = {
+        "volta": (7, 0),
+        "turing": (7, 5),
+        "ampere": (8, 0),
+        "ada": (8, 9),
+        "hopper": (9, 0),
+        "blackwell": (10, 0),
+    }
     if text in names:
         return names[text]
     m = re.fullmatch(r"([0-9]+)(?:\.([0-9]+))?", text)
@@ -83,26 +110,42 @@ def _major(arch: str | float | tuple[int, int]) -> int:
             f"got {short_repr(arch)}"
         )
     whole = m.group(1)
-    # "90" (sm_90) is 9.0; "9" or "9.0" too
-    return int(whole[:-1]) if m.group(2) is None and len(whole) >= 2 else int(whole)
+    if m.group(2) is not None:
+        return int(whole), int(m.group(2))
+    # "90" (sm_90) is 9.0; "9" is 9.0 too
+    return (int(whole[:-1]), int(whole[-1])) if len(whole) >= 2 else (int(whole), 0)
 
 
-@contextmanager
-def cuda_paths(on: bool = True) -> Iterator[None]:
-    """While inside, torch's foreach / fused device checks accept meta tensors (when `on`).
+# The patches are installed once for all the threads recording at a time and removed when
+# the last one finishes; each patched function behaves as torch's own outside a recording
+# thread, so other threads never see them.
+_LOCK = threading.Lock()
+_THREAD = threading.local()
+_installed: list[tuple[object, str, object]] = []  # (owner, attribute, torch's own value)
+_users = [0]
 
-    Every loaded module holding torch's own `_get_foreach_kernels_supported_devices` or
-    `_get_fused_kernels_supported_devices` (the optimizers, `clip_grad_norm_`) sees one that
-    adds "meta"; the originals are put back on exit.
-    """
-    if not on:
-        yield
-        return
+
+def recording_here() -> bool:
+    """This thread is recording a step (`torch.autocast("cuda")` is modelled)."""
+    return bool(getattr(_THREAD, "paths", None))
+
+
+def _paths_here() -> bool:
+    """This thread is recording a step with CUDA's foreach / fused paths."""
+    paths: list[bool] = getattr(_THREAD, "paths", [])
+    return bool(paths) and paths[-1]
+
+
+def _install() -> None:
+    """Put the thread-aware wrappers in place (called under `_LOCK`, by the first user)."""
+    import torch
+    from torch.amp import autocast_mode
     from torch.utils import _foreach_utils as fu
 
-    def with_meta(original: object) -> object:
+    def with_meta(original: Any) -> Any:  # Any: torch's device-list functions
         def devices() -> list[str]:
-            return [*original(), "meta"]  # type: ignore[operator]
+            found = list(original())
+            return [*found, "meta"] if _paths_here() else found
 
         return devices
 
@@ -110,19 +153,122 @@ def cuda_paths(on: bool = True) -> Iterator[None]:
         "_get_foreach_kernels_supported_devices": fu._get_foreach_kernels_supported_devices,
         "_get_fused_kernels_supported_devices": fu._get_fused_kernels_supported_devices,
     }
-    patched: list[tuple[object, str, object]] = []
+    wrappers = {name: with_meta(f) for name, f in originals.items()}
     for m in list(sys.modules.values()):
         for name, original in originals.items():
             # the module's own namespace: a module-level __getattr__ may import or warn
             if getattr(m, "__dict__", {}).get(name) is original:
-                patched.append((m, name, original))
-                setattr(m, name, with_meta(original))
+                _installed.append((m, name, original))
+                setattr(m, name, wrappers[name])
+
+    cls = autocast_mode.autocast
+    init = cls.__dict__["__init__"]
+
+    def autocast_init(
+        self: Any,
+        device_type: str,
+        dtype: Any = None,
+        enabled: bool = True,
+        cache_enabled: bool | None = None,
+    ) -> None:  # Any: torch.autocast and a dtype
+        if device_type != "cuda" or not recording_here():
+            init(self, device_type, dtype, enabled, cache_enabled)
+            return
+        # torch's own __init__ would warn "CUDA is not available ... Disabling autocast" and
+        # disable the region; on the meta device `AutocastPolicy` applies CUDA's casts
+        self.device = "cuda"
+        self.fast_dtype = torch.get_autocast_dtype("cuda") if dtype is None else dtype
+        self.custom_backend_name = torch._C._get_privateuse1_backend_name()
+        self._cache_enabled = (
+            torch.is_autocast_cache_enabled() if cache_enabled is None else cache_enabled
+        )
+        self._enabled = enabled
+
+    _installed.append((cls, "__init__", init))
+    cls.__init__ = autocast_init
+
+    # torch imports dynamo during meta runs anyway; imported here, its hook is in place before
+    # the step can enter a compiled region
+    import torch._dynamo.eval_frame as frames
+
+    # torch.compile's regions run eager, and are noted
+    set_frame = frames.__dict__["_maybe_set_eval_frame"]
+
+    def eager_in_recordings(callback: Any) -> Any:  # Any: dynamo's callback
+        if callback is None or not recording_here():
+            return set_frame(callback)
+        # a compiled function is entered by a recording thread: under the recording's
+        # dispatch mode torch.compile would skip the function for good (its code marked
+        # to run eager in every later call); run it eager without telling dynamo
+        wrapper = sys._getframe(1)
+        fn = wrapper.f_locals.get("fn")
+        code = getattr(fn, "__code__", None)
+        name = getattr(fn, "__qualname__", repr(fn))
+        where = f"{name} ({code.co_filename}:{code.co_firstlineno})" if code else name
+        regions: list[str] = getattr(_THREAD, "compiled", [])
+        if where not in regions:
+            regions.append(where)
+        _THREAD.compiled = regions
+        return set_frame(None)
+
+    _installed.append((frames, "_maybe_set_eval_frame", set_frame))
+    setattr(frames, "_maybe_set_eval_frame", eager_in_recordings)  # noqa: B010
+
+
+def _uninstall() -> None:
+    """Put torch's own functions back (called under `_LOCK`, by the last user)."""
+    while _installed:
+        owner, name, original = _installed.pop()
+        setattr(owner, name, original)
+
+
+def compiled_regions() -> list[str]:
+    """The torch.compile regions this thread ran eager while recording ("name (file:line)"),
+    taken (the list starts again empty)."""
+    regions: list[str] = getattr(_THREAD, "compiled", [])
+    _THREAD.compiled = []
+    return regions
+
+
+def patched() -> int:
+    """How many of torch's functions are replaced right now (0 outside any recording)."""
+    with _LOCK:
+        return len(_installed)
+
+
+@contextmanager
+def cuda_paths(on: bool = True) -> Iterator[AutocastPolicy]:
+    """While inside, this thread runs meta tensors as CUDA would: the foreach / fused device
+    checks accept meta (when `on`), `scaled_dot_product_attention` takes CUDA's fused kernel
+    (when `on`), and `torch.autocast("cuda", ...)` regions cast as on CUDA (always: the yielded
+    `AutocastPolicy`, whose `notes` say what could not be modelled).
+
+    Every loaded module holding torch's own `_get_foreach_kernels_supported_devices` or
+    `_get_fused_kernels_supported_devices` (the optimizers, `clip_grad_norm_`) and
+    `torch.autocast.__init__` get wrappers that behave as torch's own in any other thread;
+    they are installed by the first thread in and removed by the last one out.
+    """
+    with _LOCK:
+        if _users[0] == 0:
+            try:
+                _install()
+            except BaseException:
+                _uninstall()
+                raise
+        _users[0] += 1
+    if not hasattr(_THREAD, "paths"):
+        _THREAD.paths = []
+    _THREAD.paths.append(on)
     try:
-        with _fused_attention():
-            yield
+        policy = AutocastPolicy()
+        with _cuda_functions(policy, fused=on):
+            yield policy
     finally:
-        for mod, name, original in patched:
-            setattr(mod, name, original)
+        _THREAD.paths.pop()
+        with _LOCK:
+            _users[0] -= 1
+            if _users[0] == 0:
+                _uninstall()
 
 
 def sdpa_backend(
@@ -147,17 +293,24 @@ def sdpa_backend(
     return "math"
 
 
-@contextmanager
-def _fused_attention() -> Iterator[None]:
-    """While inside, `F.scaled_dot_product_attention` on meta tensors runs `sdpa_backend`'s
-    fused kernel (its autograd formula included) instead of the math path."""
+def _cuda_functions(policy: AutocastPolicy, *, fused: bool) -> Any:  # Any: a function mode
+    """The torch function mode of `cuda_paths`: CUDA autocast's casts (`policy`) and, when
+    `fused`, `F.scaled_dot_product_attention` on meta tensors through `sdpa_backend`'s fused
+    kernel (its autograd formula included) instead of the math path.
+
+    It is a `PreDispatchTorchFunctionMode` because that is the mode `torch.autocast` tells
+    when a region starts and ends (`_enter_autocast`, `_exit_autocast`)."""
     import torch
-    from torch.overrides import TorchFunctionMode
+    from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
+    from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
+
+    from gpumemviz.estimator.record import library_dirs, user_frame
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
     aten = torch.ops.aten
+    skip = library_dirs()
 
-    def fused(
+    def fused_sdpa(
         q: Any,
         k: Any,
         v: Any,
@@ -187,16 +340,27 @@ def _fused_attention() -> Iterator[None]:
             )[0]
         return None
 
-    class FusedAttention(TorchFunctionMode):  # type: ignore[misc]
+    class CudaFunctions(PreDispatchTorchFunctionMode):  # type: ignore[misc]
+        def __init__(self) -> None:  # no tracer: only the autocast notifications are wanted
+            torch.overrides.TorchFunctionMode.__init__(self)
+
         def __torch_function__(
             self, func: Any, types: Any, args: Any = (), kwargs: Any = None
         ) -> Any:  # Any: torch's function-mode arguments
             kwargs = kwargs or {}
-            if func is sdpa:
-                out = fused(*args, **kwargs)
+            if func is _enter_autocast:
+                policy.enter(str(args[0]), bool(args[2]), user_frame(skip))
+                return None
+            if func is _exit_autocast:
+                policy.exit(user_frame(skip))
+                return None
+            casting = policy.active()
+            if casting:
+                args, kwargs = policy.apply(func, args, kwargs)
+            if fused and func is sdpa:
+                out = fused_sdpa(*args, **kwargs)
                 if out is not None:
                     return out
             return func(*args, **kwargs)
 
-    with FusedAttention():
-        yield
+    return CudaFunctions()

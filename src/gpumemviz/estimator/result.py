@@ -71,6 +71,15 @@ class Estimate:
         The measured part's allocation sizes in order (requests, before rounding).
     meta_seconds, drive_seconds : float
         Time spent running the step on meta, and driving the allocator model.
+    start_reserved, start_segments : int
+        Reserved bytes and segments when the measured part starts: with `warmup`, the
+        warmed-up cache the step found.
+    runs, repeats : int
+        Meta runs of the step (with `warmup`, until two in a row allocated the same), and
+        how many steps the last run was driven for (the rest of the warm-up and the step).
+    notes : tuple of str
+        What the meta run could not model as CUDA runs it (an autocast region for another
+        device, a region compiled by torch.compile that ran eager): never silent.
     """
 
     peak_allocated: int
@@ -88,6 +97,11 @@ class Estimate:
     step_allocs: tuple[int, ...] = ()
     meta_seconds: float = 0.0
     drive_seconds: float = 0.0
+    notes: tuple[str, ...] = ()
+    start_reserved: int = 0
+    start_segments: int = 0
+    runs: int = 1
+    repeats: int = 1
 
     @property
     def fits(self) -> bool:
@@ -111,4 +125,5 @@ class Estimate:
             lines.append(
                 "  run through FakeTensorMode (no meta kernel): " + ", ".join(self.fake_ops)
             )
+        lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)

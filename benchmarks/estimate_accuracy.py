@@ -1,0 +1,143 @@
+"""How close is `gpumemviz.estimate` to real recordings of the program it estimates?
+
+The eight licensed recordings of one public program (Wedsonlin/assignment2-systems at commit
+8630bcfe, cs336_systems/nsys_profile.py run by scripts/run_profile_configs.sh; provenance in
+tests/data/real/PROVENANCE.md and ../shared/real-snapshots-PROVENANCE.md): GPT-2 medium
+(d_model 1024, d_ff 4096, 24 layers, 16 heads, vocabulary 10,000) at batch 4 and contexts 128,
+256, 512 and 1024, one inference and one training step each, recorded after five warm-up steps
+on a GPU with the pre-Hopper cuBLAS workspace (8 MiB + 128 KiB, visible in the files).
+
+The program is reproduced as written in tests/gpt_shaped.py (its model, its own loss and AdamW,
+its inputs kept as it keeps them) and estimated with what the program does: `warmup=5`, the
+recording GPU's `arch="8.0"`, and `torch.autocast("cuda", dtype=torch.bfloat16)` around the
+forward (and loss) where the original ran with autocast on (the traces say which: 512
+inference, 512 and 1024 training). No casts are written by hand.
+
+Per file: peak allocated and peak reserved (the recorded step's, as after
+`reset_peak_memory_stats`), segments at the allocated peak, the step's own delta (peak minus
+allocated at its start), the share of recorded allocation sizes the estimate has in the same
+order, the error's sign (P(estimate < real) over the files, as the xMem paper reports it) and
+the seconds per `estimate` call (median of 3 after a first call; --quick: one).
+
+Run: .venv/bin/python benchmarks/estimate_accuracy.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from _common import REPO, SHIPPED_DIR
+
+sys.path.insert(0, str(REPO / "tests"))
+
+import gpumemviz
+from gpt_shaped import MEDIUM, inference_step, make_setup, training_step
+from gpumemviz.estimator import Estimate, estimate
+from gpumemviz.io import load_snapshot
+
+LICENSED_DIR = REPO.parent / "shared" / "real-snapshots-licensed"
+NAME = "Wedsonlin__assignment2-systems__results-medium_{context}_{kind}_memory_snapshot.pickle"
+# (context, kind, autocast as the original ran it)
+FILES = (
+    (128, "inference", False),
+    (256, "inference", False),
+    (512, "inference", True),
+    (1024, "inference", False),
+    (128, "training", False),
+    (256, "training", False),
+    (512, "training", True),
+    (1024, "training", True),
+)
+
+
+def find(context: int, kind: str) -> Path | None:
+    """The recording: shipped in tests/data/real, else in ../shared's licensed folder."""
+    name = NAME.format(context=context, kind=kind)
+    for folder in (SHIPPED_DIR, LICENSED_DIR):
+        if (folder / name).exists():
+            return folder / name
+    return None
+
+
+def recorded(path: Path) -> dict[str, object]:
+    """What the recording says about its step: allocation sizes in order, allocated at its
+    start and at its peak, peak reserved and segments at the peak."""
+    d = load_snapshot(path).to_torch()
+    trace = d["device_traces"][0]
+    net = peak = 0
+    for e in trace:
+        if e["action"] == "alloc":
+            net += e["size"]
+        elif e["action"] == "free_completed":
+            net -= e["size"]
+        peak = max(peak, net)
+    start = sum(s["allocated_size"] for s in d["segments"]) - net
+    replay = gpumemviz.replay(path)
+    return {
+        "sizes": [e["size"] for e in trace if e["action"] == "alloc"],
+        "start": start,
+        "peak": start + peak,
+        "reserved": replay.recorded_peak_reserved(0),
+        "segments": replay.peak_segments(0, "recording"),
+    }
+
+
+def run(context: int, kind: str, autocast: bool) -> Estimate:
+    train = kind == "training"
+    setup = make_setup(MEDIUM, 4, context, train=train, autocast=autocast, program_optimizer=True)
+    step = training_step if train else inference_step
+    return estimate(step, setup=setup, capacity="80GiB", arch="8.0", warmup=5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one timed call per file")
+    reps = 1 if parser.parse_args().quick else 3
+    run(128, "inference", False)  # the first call in a process imports torch's meta kernels
+    head = (
+        f"{'file':<22} {'peak alloc':>10} {'reserved':>9} {'segments':>13} {'delta':>8} "
+        f"{'in order':>8} {'sign':>5} {'s/call':>7}"
+    )
+    print(head)
+    under = total = 0
+    for context, kind, autocast in FILES:
+        name = f"{kind} {context}" + (" bf16" if autocast else "")
+        path = find(context, kind)
+        if path is None:
+            print(f"{name:<22} skipped: {NAME.format(context=context, kind=kind)} not found")
+            continue
+        real = recorded(path)
+        seconds = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            est = run(context, kind, autocast)
+            seconds.append(time.perf_counter() - t0)
+        sizes = real["sizes"]
+        assert isinstance(sizes, list)
+        blocks = difflib.SequenceMatcher(None, sizes, list(est.step_allocs), autojunk=False)
+        in_order = sum(b.size for b in blocks.get_matching_blocks()) / len(sizes)
+        peak, start = int(real["peak"]), int(real["start"])  # type: ignore[call-overload]
+        reserved, segments = int(real["reserved"]), int(real["segments"])  # type: ignore[call-overload]
+        delta = (est.peak_allocated - est.start_allocated) / (peak - start) - 1
+        total += 1
+        under += est.peak_allocated < peak
+        print(
+            f"{name:<22} {est.peak_allocated / peak - 1:>+10.3%} "
+            f"{est.peak_reserved / reserved - 1:>+9.3%} "
+            f"{f'{est.segments} / {segments}':>13} {delta:>+8.3%} {in_order:>8.1%} "
+            f"{'<' if est.peak_allocated < peak else '>=':>5} "
+            f"{statistics.median(seconds):>7.2f}"
+        )
+        for note in est.notes:
+            print(f"{'':<22} note: {note}")
+    if total:
+        print(f"P(estimate < real) over {total} files: {under / total:.2f}")
+
+
+if __name__ == "__main__":
+    main()
