@@ -44,9 +44,34 @@ ALLOWED: tuple[tuple[str, str, str], ...] = (
         "torch's own memory-efficient attention op, called to record its memory",
     ),
     (
-        "estimator.record",
+        "estimator.callers",
         "sys._getframe",
         "CPython's frame access: the user's frame that made a tensor",
+    ),
+    (
+        "estimator.extras",
+        "sys._getframe",
+        "CPython's frame access: the compiled function dynamo is about to enter",
+    ),
+    (
+        "estimator.extras",
+        "torch._C._get_privateuse1_backend_name",
+        "what torch.autocast's own __init__ sets, replayed for the meta device's CUDA policy",
+    ),
+    (
+        "estimator.autocast",
+        "t._is_view",
+        "torch's autocast weight cache skips views (its own test, no public predicate)",
+    ),
+    (
+        "estimator.record",
+        "src._cdata",
+        "a torch storage's identity: an out-of-place result folded back into its input",
+    ),
+    (
+        "estimator.record",
+        "dst._cdata",
+        "a torch storage's identity: an out-of-place result folded back into its input",
     ),
     (
         "estimator.record",

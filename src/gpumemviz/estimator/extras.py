@@ -304,7 +304,7 @@ def _cuda_functions(policy: AutocastPolicy, *, fused: bool) -> Any:  # Any: a fu
     from torch.amp.autocast_mode import _enter_autocast, _exit_autocast
     from torch.fx.experimental.proxy_tensor import PreDispatchTorchFunctionMode
 
-    from gpumemviz.estimator.record import library_dirs, user_frame
+    from gpumemviz.estimator.callers import library_dirs, user_frame
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
     aten = torch.ops.aten

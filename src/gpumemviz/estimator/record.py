@@ -16,18 +16,18 @@ operator is named in `StepRecording.fake_ops`. torch is imported only inside the
 from __future__ import annotations
 
 import itertools
-import sys
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, is_dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from gpumemviz.estimator.callers import library_dirs, user_frame
 
 if TYPE_CHECKING:
     from gpumemviz.estimator.scratch import DeviceFacts
 
-__all__ = ["Event", "MetaError", "StepRecording", "library_dirs", "record", "user_frame"]
+__all__ = ["Event", "MetaError", "StepRecording", "record"]
 
 ALLOC, FREE, BLAS = 0, 1, 2
 
@@ -87,27 +87,6 @@ class StepRecording:
     def phase_events(self, phase: str) -> list[Event]:
         """The events of one phase ("setup" or "step")."""
         return [e for e in self.events if e.phase == phase]
-
-
-# frames in these folders are library code, never "the user's frame"
-_GPUMEMVIZ_DIR = str(Path(__file__).resolve().parents[1])
-
-
-def library_dirs() -> tuple[str, ...]:
-    import torch
-
-    return (str(Path(torch.__file__).resolve().parent), _GPUMEMVIZ_DIR)
-
-
-def user_frame(skip: tuple[str, ...]) -> str:
-    """The innermost Python frame outside torch and gpumemviz: "file:line in function"."""
-    f = sys._getframe(2)
-    while f is not None:
-        name = f.f_code.co_filename
-        if not name.startswith(skip) and not name.startswith("<frozen"):
-            return f"{name}:{f.f_lineno} in {f.f_code.co_name}"
-        f = f.f_back  # type: ignore[assignment]
-    return ""
 
 
 def _tensors(value: Any) -> Iterator[Any]:  # Any: whatever an operator or setup returns

@@ -152,7 +152,9 @@ def record_step(
     """The meta run alone (what `max_batch` reuses for every allocator setting)."""
     if warmup is not None:
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"warmup must be a number of steps (0 or more), got {warmup!r}")
+            raise ValueError(
+                f"warmup must be a number of steps (0 or more), got {short_repr(warmup)}"
+            )
         if setup is None:
             raise ValueError("warmup needs a setup: the steps carry its state from one to the next")
     if not callable(step):
