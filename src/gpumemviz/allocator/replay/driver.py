@@ -182,6 +182,7 @@ class Driver:
                 reservations=bases,
                 address_provider=self.provider,
                 trace_max_entries=1 << 16,  # one call never emits more
+                trace_blocks=False,  # segment entries are all the driver reads
             )
         except ValueError as err:
             raise ReplayError(f"device {self.tl.device}: {err}") from None
@@ -384,8 +385,8 @@ class Driver:
                     and not oomed
                     and action == "alloc"
                     and i != self.cut_at
-                    and self.model.trace_len() == mark + 1
-                ):  # the common case: only its alloc entry, no segment entry to score
+                    and self.model.trace_len() == mark
+                ):  # the common case: no segment entry to score
                     assert got is not None
                     self._placed(i, addr, got)
                     return
@@ -645,9 +646,8 @@ class Driver:
                 except OutOfMemory:
                     self._lone_rest(i, addr, mark, allocated_before, None, True)
                 else:
-                    if trace_len() == mark + 1 and (what_if or got == addr or not resync):
+                    if trace_len() == mark and (what_if or got == addr or not resync):
                         # the commonest: served from the cache (where it was recorded)
-                        provider.synced = mark + 1
                         allocs += 1
                         if what_if:
                             pass  # invented addresses: nothing to compare
@@ -753,7 +753,7 @@ class Driver:
         self, i: int, addr: int, mark: int, allocated_before: int, got: int | None, oomed: bool
     ) -> None:
         """`_lone_malloc` once the model has served it (from trace_len `mark` on)."""
-        if not oomed and self.model.trace_len() == mark + 1:
+        if not oomed and self.model.trace_len() == mark:
             assert got is not None  # not oomed: `_try` returned an address
             self._placed(i, addr, got)
         else:
