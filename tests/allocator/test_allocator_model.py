@@ -716,3 +716,33 @@ def test_max_non_split_rounding_widens_rule_2():
     a.free(a.malloc(100 * MIB))
     assert a.malloc(40 * MIB) == B  # 100 < 40 + 64: the cached block serves it, whole
     assert blocks(a)[0] == (B, 100 * MIB, "active_allocated")
+
+
+def test_trace_blocks_off_records_only_segment_entries_and_ooms():
+    """What replay's driver reads: the same segment entries as the full trace, nothing per
+    block, counted by trace_len; kept through set_recording and a deep copy."""
+
+    def work(a: CachingAllocator) -> None:
+        x, y = a.malloc(100), a.malloc(3 << 20)
+        a.free(x)
+        a.free(y)
+        a.empty_cache()
+        with pytest.raises(OutOfMemory):
+            a.malloc(2 << 30)
+
+    full, lean = CachingAllocator(1 << 30), CachingAllocator(1 << 30, trace_blocks=False)
+    work(full)
+    work(lean)
+    blocks = ("alloc", "free_requested", "free_completed")
+    want = [e[:4] for e in full.trace_since(0) if e[0] not in blocks]
+    got = [e[:4] for e in lean.trace_since(0)]
+    assert got == want
+    assert [e[0] for e in got] == ["segment_alloc", "segment_alloc", "segment_free",
+                                   "segment_free", "oom"]  # fmt: skip
+    assert lean.trace_len() == len(got)
+    lean.set_recording(False)
+    lean.set_recording(True)
+    twin = copy.deepcopy(lean)
+    for a in (lean, twin):
+        a.free(a.malloc(100))
+        assert [e[0] for e in a.trace_since(len(got))] == ["segment_alloc"]

@@ -185,6 +185,11 @@ class CachingAllocator:
         (`DescendingAddresses`: 2 MiB aligned, descending, never reused).
     record_trace : bool
         Keep the trace ring (`device_traces` of the snapshot).
+    trace_blocks : bool
+        With `record_trace`, also record each block's alloc, free_requested and free_completed
+        entries (True, torch's trace). False: the ring holds only segment entries and OOMs, and
+        `trace_len` counts only those; for a caller that reads nothing else (replay's driver:
+        the per-block entries cost about a fifth of a malloc/free pass).
     trace_max_entries : int, optional
         Ring size (torch's `max_entries`); unbounded by default, like torch.
     clock : callable, optional
@@ -209,6 +214,7 @@ class CachingAllocator:
         *,
         address_provider: AddressProvider | None = None,
         record_trace: bool = True,
+        trace_blocks: bool = True,
         trace_max_entries: int | None = None,
         clock: Callable[[], int] | None = None,
     ) -> None:
@@ -253,6 +259,7 @@ class CachingAllocator:
         self._gc = False
         self.stats = S.DeviceStats(cfg.to_settings()["max_split_size"])
         self._record = record_trace  # the trace ring's switch (its ring is set up below)
+        self._trace_blocks = trace_blocks  # block entries recorded too (not only segments)
         # private pools (the hot path only asks `if self._alloc_to:` when no pool is in use)
         self._pools: dict[PoolId, PrivatePool] = {}  # torch's graph_pools
         self._alloc_to: list[tuple[PoolId, StreamFilter]] = []  # captures_underway
@@ -267,7 +274,7 @@ class CachingAllocator:
             trace_max_entries = max(1, trace_max_entries)  # torch's setMaxEntries
         self._trace: deque[TraceEntry] = deque(maxlen=trace_max_entries)
         self._tappend: Callable[[TraceEntry], None] | None = (
-            self._trace.append if record_trace else None
+            self._trace.append if record_trace and trace_blocks else None
         )
         self._trace_count = 0
         self._default_clock = clock is None
@@ -542,7 +549,7 @@ class CachingAllocator:
         """Start or stop recording history, as ``torch.cuda.memory._record_memory_history``
         does: entries already in the ring stay; none are added while it is off."""
         self._record = bool(enabled)
-        self._tappend = self._trace.append if enabled else None
+        self._tappend = self._trace.append if enabled and self._trace_blocks else None
 
     def trace_len(self) -> int:
         """Trace entries emitted so far (a monotonic index for `trace_since`)."""
@@ -852,7 +859,7 @@ class CachingAllocator:
         then bind the trace's hot-path handles to this instance's own ring and clock."""
         for name, value in state.items():
             setattr(self, name, value)
-        self._tappend = self._trace.append if self._record else None
+        self._tappend = self._trace.append if self._record and self._trace_blocks else None
         self._tick = self._trace_clock()
 
     # ------------------------------------------------------------------ internals: allocation

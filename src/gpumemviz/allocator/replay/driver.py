@@ -124,10 +124,13 @@ class Driver:
         self.stopped = False  # a what-if ran out of memory on an alloc the program made
         n = len(self.steps)
         # the model's figures after each trace entry (C arrays: 8 bytes an entry as numpy's,
-        # but item assignment is faster)
-        self.reserved = array("q", bytes(8 * n))
+        # but item assignment is faster). Reserved bytes and the segment count change only
+        # where the general path runs: the inline paths leave them -1, and `_result` fills
+        # each from the entry before (`_carried`)
+        self.reserved = array("q", [-1]) * n
         self.allocated = array("q", bytes(8 * n))
-        self.nsegs = array("q", bytes(8 * n))
+        self.nsegs = array("q", [-1]) * n
+        self.before = (0, 0)  # reserved and the segment count when the pass began
         self.cut_at = -1  # the first malloc, when the cut hid the segment it made
         self.cut_grew: list[tuple[str, int, int]] = []
         self.plan = recording.pools
@@ -182,6 +185,7 @@ class Driver:
                 reservations=bases,
                 address_provider=self.provider,
                 trace_max_entries=1 << 16,  # one call never emits more
+                trace_blocks=False,  # segment entries are all the driver reads
             )
         except ValueError as err:
             raise ReplayError(f"device {self.tl.device}: {err}") from None
@@ -384,8 +388,8 @@ class Driver:
                     and not oomed
                     and action == "alloc"
                     and i != self.cut_at
-                    and self.model.trace_len() == mark + 1
-                ):  # the common case: only its alloc entry, no segment entry to score
+                    and self.model.trace_len() == mark
+                ):  # the common case: no segment entry to score
                     assert got is not None
                     self._placed(i, addr, got)
                     return
@@ -628,7 +632,10 @@ class Driver:
         m = self.model
         stats, where, deferred = m.stats.cur, self.where, self.deferred
         malloc, free, trace_len = m.malloc, m.free, m.trace_len
-        res, nseg = m.reserved, len(self.runs)
+        self.before = (m.reserved, len(self.runs))
+        # the model's trace_len() (segment entries only: frees emit none), read again after
+        # any entry the general path takes; the provider has read up to it
+        mark = trace_len()
         ab, around, end = _AB, _AROUND, _END  # (locals: read faster in the loop)
         for i in range(n):
             if i == skip:
@@ -638,16 +645,14 @@ class Driver:
                 # an alloc with no segment entry and no deferred free recorded before it
                 if not what_if:  # a what-if's provider invents every address: it reads none
                     provider.window, provider.pos, provider.small = (), i, None
-                provider.synced = mark = trace_len()
                 allocated_before = stats[ab]
                 try:
                     got = malloc(size, stream)
                 except OutOfMemory:
                     self._lone_rest(i, addr, mark, allocated_before, None, True)
                 else:
-                    if trace_len() == mark + 1 and (what_if or got == addr or not resync):
+                    if trace_len() == mark and (what_if or got == addr or not resync):
                         # the commonest: served from the cache (where it was recorded)
-                        provider.synced = mark + 1
                         allocs += 1
                         if what_if:
                             pass  # invented addresses: nothing to compare
@@ -658,7 +663,7 @@ class Driver:
                                 (i, "alloc", f"model chose {got:#x}, recorded {addr:#x}")
                             )
                         choices[i] = where[addr if ids is None else ids(addr)] = got
-                        reserved[i], allocated[i], nsegs[i] = res, stats[ab], nseg
+                        allocated[i] = stats[ab]
                         continue
                     self._lone_rest(i, addr, mark, allocated_before, got, False)
             elif fast and action == "free_requested" and not run:
@@ -676,12 +681,10 @@ class Driver:
                             skip = i + 1
                 else:  # it waits on other streams' work until its free_completed
                     self._defer(i, a, key)
-                # frees never release segments: nothing for the provider to read, so it is told
-                # where the model's trace is only before the next entry that may (below)
+                # frees never release segments: nothing for the provider to read
                 allocated[i] = now = stats[ab]
-                reserved[i], nsegs[i] = res, nseg
                 if skip == i + 1:
-                    reserved[skip], allocated[skip], nsegs[skip] = res, now, nseg
+                    allocated[skip] = now
                 continue
             else:
                 provider.synced = trace_len()  # past the inline frees' entries (no segment)
@@ -721,6 +724,7 @@ class Driver:
             malloc, free, trace_len = m.malloc, m.free, m.trace_len
             res, nseg = m.reserved, len(self.runs)
             reserved[i], allocated[i], nsegs[i] = res, stats[ab], nseg
+            mark = provider.synced = trace_len()
             if skip == i + 1:
                 reserved[skip], allocated[skip], nsegs[skip] = reserved[i], allocated[i], nsegs[i]
             if self.plan is not None:
@@ -753,7 +757,7 @@ class Driver:
         self, i: int, addr: int, mark: int, allocated_before: int, got: int | None, oomed: bool
     ) -> None:
         """`_lone_malloc` once the model has served it (from trace_len `mark` on)."""
-        if not oomed and self.model.trace_len() == mark + 1:
+        if not oomed and self.model.trace_len() == mark:
             assert got is not None  # not oomed: `_try` returned an address
             self._placed(i, addr, got)
         else:
@@ -769,9 +773,9 @@ class Driver:
     def _result(self, done: int) -> DeviceReplay:
         """The pass's figures up to entry `done`, its final layout, and how it scored."""
         out, n = self.out, len(self.steps)
-        out.reserved = np.frombuffer(self.reserved, np.int64)[:done]
+        out.reserved = _carried(self.reserved, self.before[0])[:done]
         out.allocated = np.frombuffer(self.allocated, np.int64)[:done]
-        out.segments = np.frombuffer(self.nsegs, np.int64)[:done]
+        out.segments = _carried(self.nsegs, self.before[1])[:done]
         start_reserved, start_allocated, _ = self.tl.start.totals()
         out.peak_reserved = max(int(out.reserved.max(initial=0)), start_reserved)
         out.peak_allocated = max(int(out.allocated.max(initial=0)), start_allocated)
@@ -788,6 +792,21 @@ class Driver:
         if not self.resync:
             out.allocs_matched_per_decision = out.allocs_matched
         return out
+
+
+def _carried(figures: array[int], first: int) -> np.ndarray:
+    """`figures` with each -1 (an entry the pass did not fill) replaced by the figure before
+    it, `first` before the first filled one.
+
+    Examples
+    --------
+    >>> _carried(array("q", [-1, 5, -1, -1, 7, -1]), 3).tolist()
+    [3, 5, 5, 5, 7, 7]
+    """
+    values = np.frombuffer(figures, np.int64)
+    filled = np.where(values >= 0, np.arange(len(values)), -1)
+    np.maximum.accumulate(filled, out=filled)
+    return np.where(filled >= 0, values[filled], first)
 
 
 def drive(

@@ -249,7 +249,8 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
     free_completed with it. Anything else, a step that does not fit included, goes to
     `_undo`, which does the same and raises the same errors."""
     bases, segs, owned = lay.bases, lay.segs, lay.owned
-    nsegs, alloc_delta = trail.nsegs, trail.alloc_delta
+    alloc_delta, seg_at, seg_count = trail.alloc_delta, trail.seg_at, trail.seg_count
+    exact = trail.exact  # a local copy, stored back wherever it is cleared
     rounded, round_, mss = rules.rounded, rules.round, rules.max_split_size
     next_at = trail.next_at
     skip = -1  # a free_requested undone with the free_completed after it
@@ -261,7 +262,6 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                 owned = lay.owned
             continue
         action, addr, size, _ = steps[i]
-        nsegs[i] = len(segs)
         if action in ALLOC_ACTIONS and (j := bisect_right(bases, addr) - 1) >= 0:
             seg = segs[bases[j]]
             blocks = seg.blocks
@@ -273,9 +273,9 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                 alloc_delta[i] = bsize
                 prev_free = k > 0 and blocks[k - 1][2] == INACTIVE
                 next_free = k + 1 < len(blocks) and blocks[k + 1][2] == INACTIVE
-                if trail.exact:  # `_check_alloc`, inlined
+                if exact:  # `_check_alloc`, inlined
                     if state != ALLOCATED or b[3] != size or prev_free:
-                        trail.exact = False
+                        exact = trail.exact = False
                     else:
                         room = bsize + blocks[k + 1][1] if next_free else bsize
                         r = rounded.get(size) or round_(size)
@@ -284,10 +284,10 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                         else:
                             split = r < mss and room - r > K_SMALL_SIZE
                         if (r if split else room) != bsize:
-                            trail.exact = False
-                if seg in owned:  # `Layout.release_at`, inlined
-                    seg.cached = None
-                else:
+                            exact = trail.exact = False
+                # `Layout.release_at`, inlined. An owned segment was copied by this walk
+                # (`Layout.own`), so no one has cached its dict: nothing to drop
+                if seg not in owned:
                     blocks = lay.own(seg).blocks
                 start, merged, req, lo, hi = addr, bsize, 0, k, k + 1
                 if next_free:
@@ -299,11 +299,9 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                 blocks[lo:hi] = [(start, merged, INACTIVE, req)]
             elif action == "free_requested" and b[0] == addr and state != INACTIVE:
                 if state != PENDING_FREE:
-                    trail.exact = False
+                    exact = trail.exact = False
                 alloc_delta[i] = -b[1]
-                if seg in owned:
-                    seg.cached = None
-                else:
+                if seg not in owned:
                     blocks = lay.own(seg).blocks
                 blocks[k] = (addr, b[1], ALLOCATED, b[3])
             elif action == "free_completed" and state == INACTIVE and addr < (end := b[0] + b[1]):
@@ -315,10 +313,8 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                     _undo(lay, steps, i, rules, trail, hints)  # not inside the block: it says so
                 else:
                     if _merges(blocks, k, b, addr, bsize):
-                        trail.exact = False
-                    if seg in owned:  # `Layout.carve_at`, inlined
-                        seg.cached = None
-                    else:
+                        exact = trail.exact = False
+                    if seg not in owned:  # `Layout.carve_at`, inlined
                         blocks = lay.own(seg).blocks
                     state = PENDING_FREE
                     if (
@@ -328,7 +324,6 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                     ):  # freed at once: undo its free_requested too, as `_undo` would
                         state = ALLOCATED
                         skip = i - 1
-                        nsegs[skip] = len(segs)
                         alloc_delta[skip] = -bsize
                     new = [(addr, bsize, state, size)]
                     if addr > b[0]:
@@ -338,13 +333,18 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                     blocks[k : k + 1] = new
             else:
                 _undo(lay, steps, i, rules, trail, hints)
+                exact = trail.exact
         else:
+            if action in SEGMENT_ACTIONS:  # the only entries that change the count
+                seg_at.append(i)
+                seg_count.append(len(segs))
             _undo(lay, steps, i, rules, trail, hints)
+            exact = trail.exact
         if i <= next_at or i == 0:
             trail.checkpoint(lay, i)
             next_at = trail.next_at
             owned = lay.owned  # the copy left every segment shared: a new set
-    trail.finish()
+    trail.finish(len(segs))
 
 
 def _check_alloc(trail: Trail, seg: Seg, k: int, size: int, rules: Rules) -> None:

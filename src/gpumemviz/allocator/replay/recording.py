@@ -103,7 +103,7 @@ class Recording:
         reserved, allocated, _ = self.start.totals()
         self.reserved = reserved + np.cumsum(np.frombuffer(trail.reserved_delta, np.int64))
         self.allocated = allocated + np.cumsum(np.frombuffer(trail.alloc_delta, np.int64))
-        self.segments = np.frombuffer(trail.nsegs, dtype=np.int64)
+        self.segments = trail.nsegs
         self._checkpoints = trail.checkpoints
         self._checkpoint_at = trail.checkpoint_at
         self.final = final

@@ -15,6 +15,8 @@ from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from gpumemviz.allocator.replay.forward import apply_step
 from gpumemviz.allocator.replay.layout import Layout, LayoutError, Seg
 
@@ -55,7 +57,9 @@ class Trail:
     """Per entry of an `n`-entry trace, what the backward walk saw after it.
 
     `alloc_delta[i]` is the change in allocated bytes entry i makes forwards, `reserved_delta[i]`
-    the change in reserved bytes, `nsegs[i]` the segment count after it; `checkpoints[k]` is
+    the change in reserved bytes, `nsegs[i]` the segment count after it (filled by `finish`
+    from the counts the walk noted at segment entries, `seg_at` / `seg_count`: no other entry
+    changes it); `checkpoints[k]` is
     the layout before entry `checkpoint_at[k]` (ascending, the first at entry 0). `exact`
     stays True while every entry applied forwards gives back the layout the walk undid it
     from; where it is False the figures are not the forward pass's and must not be used.
@@ -70,6 +74,8 @@ class Trail:
         "next_at",
         "nsegs",
         "reserved_delta",
+        "seg_at",
+        "seg_count",
     )
 
     def __init__(self, n: int, every: int):
@@ -78,7 +84,9 @@ class Trail:
         # C arrays while filling: 8 bytes an entry as numpy's, but item assignment is faster
         self.alloc_delta = array("q", bytes(8 * n))
         self.reserved_delta = array("q", bytes(8 * n))
-        self.nsegs = array("q", bytes(8 * n))
+        self.seg_at: list[int] = []  # each segment entry, from the last
+        self.seg_count: list[int] = []  # the segment count after it
+        self.nsegs = np.zeros(n, np.int64)
         self.checkpoints: list[Layout] = []
         self.checkpoint_at: list[int] = []
         self.next_at = n - every  # the next checkpoint: the layout before this entry
@@ -90,10 +98,16 @@ class Trail:
         self.checkpoint_at.append(i)
         self.next_at = i - spacing(lay, self.every)
 
-    def finish(self) -> None:
-        """Put the checkpoints in ascending order (the walk made them from the last)."""
+    def finish(self, start_count: int) -> None:
+        """Put the checkpoints in ascending order (the walk made them from the last), and fill
+        `nsegs`: after an entry, the count after the last segment entry up to it, or
+        `start_count` (the segments before the first entry) where there is none."""
         self.checkpoints.reverse()
         self.checkpoint_at.reverse()
+        at = np.array(self.seg_at[::-1], np.int64)
+        counts = np.array([start_count, *self.seg_count[::-1]], np.int64)
+        n = len(self.nsegs)
+        self.nsegs = counts[np.searchsorted(at, np.arange(n), side="right")]
 
     @staticmethod
     def window(lay: Layout, addr: int, size: int) -> _Window:
