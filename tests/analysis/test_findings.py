@@ -20,7 +20,9 @@ from gpumemviz.live.sources.simulated import SimulatedSource
 from gpumemviz.snapshot.sample import OomEvent
 
 GiB, MiB = 1 << 30, 1 << 20
-WEDSONLIN_128 = "Wedsonlin__assignment2-systems__results-medium_128_inference_memory_snapshot.pickle"
+WEDSONLIN_128 = (
+    "Wedsonlin__assignment2-systems__results-medium_128_inference_memory_snapshot.pickle"
+)
 YIYI_OOM = "Yiyi-philosophy__LLM-inference__oom_snapshot.pickle"
 SUN_OOM = "Constructor-Sun__code_location__memory_snapshot_expandable_oom.pickle"
 #: The real recordings taken at an OOM: (device, cause, where it was judged).
