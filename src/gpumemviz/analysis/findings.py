@@ -345,6 +345,7 @@ def analyze(
     device: int | None = None,
     check: bool = True,
     pools_in_use: bool = True,
+    shared: SharedReplay | None = None,
 ) -> Findings:
     """Analyse a snapshot or a live sample: figures, pools, holders, OOM, checked advice.
 
@@ -362,6 +363,9 @@ def analyze(
         advice stays unchecked and `unchecked` says why.
     pools_in_use : bool
         Take every private pool as still in use (a snapshot does not record it).
+    shared : SharedReplay, optional
+        The snapshot's reconstruction to replay on (default: one of its own); pass one made
+        on the same `Snapshot` to read its recordings afterwards (the HTML report's timeline).
 
     Returns
     -------
@@ -386,14 +390,16 @@ def analyze(
     if isinstance(source, Sample):
         return _analyze_sample(source, device, check)
     snap = as_snapshot(source)
-    return _analyze_snapshot(snap, device, check, pools_in_use)
+    if shared is not None and shared.snap is not snap:
+        raise ValueError("analyze: `shared` was made for another snapshot")
+    return _analyze_snapshot(snap, device, check, pools_in_use, shared or SharedReplay(snap))
 
 
 # ------------------------------------------------------------------------------- snapshot
 
 
 def _analyze_snapshot(
-    snap: Snapshot, only: int | None, check: bool, pools_in_use: bool
+    snap: Snapshot, only: int | None, check: bool, pools_in_use: bool, shared: SharedReplay
 ) -> Findings:
     report = fragmentation(snap, pools_in_use=pools_in_use)
     devices = list(report.devices)
@@ -402,7 +408,6 @@ def _analyze_snapshot(
         devices = [only]
     oom_free = oom_device_free(snap)
     found = advise_each_device(report, oom_free, devices)
-    shared = SharedReplay(snap)
     checked = (
         check_advice(snap, found, shared=shared)
         if check

@@ -151,9 +151,7 @@ def _device_lines(
         if oom.frame:
             lines.append(f"    allocated at {one_line(oom.frame)}")
         lines.append("    what to do, most direct first:")
-        lines += [
-            f"    {i}. {a.sentence} ({fs(a.effect)})" for i, a in enumerate(oom.actions, 1)
-        ]
+        lines += [f"    {i}. {a.sentence} ({fs(a.effect)})" for i, a in enumerate(oom.actions, 1)]
     if worst and f.worst_segments:
         lines.append("  worst segments (free that empty_cache cannot return):")
         lines += [f"    {_segment_line(s)}" for s in f.worst_segments]
