@@ -110,7 +110,7 @@ def _text(found: Findings, n_devices: int, snap: Snapshot, name: str) -> list[st
     if found.rejected:
         lines.append("checked and rejected (the replay of the recorded trace is worse with it):")
         lines += [f"  - [{a.kind}] {_on(a.device, many)}{a.message}" for a in found.rejected]
-    lines += [f"note: {n}" for n in found.notes]
+    lines += [f"note: {one_line(n)}" for n in found.notes]
     return lines
 
 
@@ -145,7 +145,7 @@ def _device_lines(
             else "    note: private pools taken as released"
         )
     if oom is not None:
-        lines.append(f"  {oom.sentence}")
+        lines.append(f"  {one_line(oom.sentence)}")
         where = f"at trace entry {oom.entry}" if oom.entry is not None else f"on the {oom.basis}"
         lines.append(f"    judged {where}")
         if oom.frame:
