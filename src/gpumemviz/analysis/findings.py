@@ -157,6 +157,8 @@ class OomFinding:
     outside: int
     frame: str | None
     actions: tuple[Action, ...]
+    alloc_size: int | None = None  # the segment size torch tried (a live capture's), or None
+    time: float | None = None  # seconds of the failure (the entry's time_us), None: unknown
 
     @property
     def sentence(self) -> str:
@@ -578,6 +580,8 @@ def _finding(
         outside=int(event.outside_bytes),
         frame=frame,
         actions=(),
+        alloc_size=int(event.alloc_size) if event.alloc_size else None,
+        time=float(event.time) if event.time > 0 else None,
     )
 
 
