@@ -138,9 +138,9 @@ def test_a_file_plays_from_its_columns_as_its_dict_plays(path, device, monkeypat
     """Opened from a file, the source reads the trace's numpy columns: no dict per entry while
     opening, seeking, sampling, or drawing the panel's timeline, entry times and recorded
     OOMs; and it shows exactly what the same recording opened as a torch dict shows."""
+    from gpumemviz.analysis.findings import analyze
     from gpumemviz.snapshot import Trace
     from gpumemviz.widget.panel_state import recorded_timeline, source_times
-    from gpumemviz.analysis.findings import analyze
 
     raw = read_real(path())
     of_dict = PlaybackSource(raw, device=device, loop=False)
