@@ -61,6 +61,11 @@ export function formatFigure(key, value, bytes) {
  */
 export function oomText(oom) {
   if (!oom || !oom.cause) return "";
+  if (typeof oom.sentence === "string") {  // gpumemviz.analyze's verdict, with ranked actions
+    const actions = Array.isArray(oom.actions) ? oom.actions : [];
+    const todo = actions.map((a, i) => `${i + 1}. ${a.sentence} (${formatSize(Number(a.effect))})`);
+    return todo.length ? `${oom.sentence}. What to do: ${todo.join("; ")}` : oom.sentence;
+  }
   const size = typeof oom.alloc_size === "number" ? ` of ${formatSize(oom.alloc_size)}` : "";
   const where = typeof oom.device === "number" ? ` on cuda:${oom.device}` : "";
   return `OOM${where}${size} (${oom.cause}): ${oom.explanation || ""}`.trim();

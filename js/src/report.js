@@ -18,7 +18,11 @@ const MAX_ZOOM = 1e6;
 
 /**
  * The page's embedded data (report_html.py `report_data`).
- * @typedef {{kind: string, message: string, device: number | null}} AdviceRow
+ * @typedef {{kind: string, message: string, device: number | null, setting?: string | null,
+ *   checked?: boolean, unchecked?: string | null, reason?: string | null}} AdviceRow
+ * @typedef {{kind: string, sentence: string, effect: number}} OomAction
+ * @typedef {{device: number, cause: string, explanation: string, sentence: string,
+ *   actions: OomAction[]}} Oom
  * @typedef {{label: string, bytes: number, count: number}} Site
  * @typedef {{device: number, address: number, total_size: number, allocated: number,
  *   free: number, largest_free: number, stuck_free: number, pool: string, stream: number,
@@ -29,7 +33,7 @@ const MAX_ZOOM = 1e6;
  * @typedef {{title: string, header: Record<string, unknown>,
  *   devices: Record<string, Record<string, unknown>>, total: Record<string, unknown>,
  *   worst: Worst[], advice: AdviceRow[], advice_rejected?: AdviceRow[],
- *   oom: Record<string, number>, settings?: Record<string, unknown> | null,
+ *   oom: Oom | null, ooms?: Record<string, Oom>, notes?: string[], settings?: Record<string, unknown> | null,
  *   sites: {live: Site[], trace: Site[], trace_device: number | null}, violations: string[],
  *   timeline: Record<string, DeviceTimeline>, map: {layout: import("./heatmap.js").Layout,
  *   content: import("./decode.js").FrameContent, buffers: string[]},
@@ -158,6 +162,8 @@ function analysis(data, host) {
       ul.append(li);
     }
     a.append(ul);
+  } else if (data.oom) {
+    a.append(el("p", "gmv-muted", "No setting to change: the out-of-memory error's actions below are what to do."));
   } else {
     a.append(el("p", "gmv-muted", "Nothing to suggest: no setting would clearly help this snapshot."));
   }
@@ -172,11 +178,19 @@ function analysis(data, host) {
     }
     a.append(ul);
   }
-  const oomDevs = Object.keys(data.oom);
-  if (oomDevs.length) {
-    a.append(el("p", "", "Recorded out-of-memory errors: " + oomDevs.map(
-      (d) => `cuda:${d} with ${formatSize(data.oom[d])} free on the device`).join("; ") + "."));
+  for (const o of Object.values(data.ooms || {})) {
+    const p = el("p", "gmv-oom-story", String(o.sentence));
+    p.dataset.cause = String(o.cause);
+    a.append(p);
+    const ol = el("ol", "gmv-oom-actions");
+    for (const x of o.actions) {
+      const li = el("li", "", `${String(x.sentence)} (${formatSize(x.effect)})`);
+      li.dataset.kind = String(x.kind);
+      ol.append(li);
+    }
+    a.append(ol);
   }
+  for (const n of data.notes || []) a.append(el("p", "gmv-muted gmv-note", String(n)));
   const st = section(host, "Top allocation sites");
   st.append(el("p", "gmv-muted",
     "Grouped by the first frame outside torch and the Python interpreter: the user's line."));
@@ -437,11 +451,9 @@ function main() {
   root.dataset.view = "report";
   host.append(root);
   const header = createHeader(root);
-  const oomDevs = Object.keys(data.oom);
   header.update({
     title: data.title, status: "offline report", demo: false, header: data.header,
-    advice: data.advice,
-    oom: oomDevs.length ? { cause: "recorded", explanation: `cuda:${oomDevs[0]} had ${formatSize(data.oom[oomDevs[0]])} free on the device when allocation failed` } : {},
+    advice: data.advice, oom: data.oom || {},
   });
   const mapBox = el("div", "gmv-mapbox");
   root.append(mapBox);

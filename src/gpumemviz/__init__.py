@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from gpumemviz.analysis.advice import Advice as Advice
     from gpumemviz.analysis.advice import advise as advise
     from gpumemviz.analysis.diff import diff as diff
+    from gpumemviz.analysis.findings import Findings as Findings
+    from gpumemviz.analysis.findings import analyze as analyze
     from gpumemviz.analysis.fragmentation import FragmentationReport as FragmentationReport
     from gpumemviz.analysis.fragmentation import fragmentation as fragmentation
     from gpumemviz.analysis.frames import redact_paths as redact_paths
@@ -54,6 +56,8 @@ _LAZY: dict[str, str] = {
     "FragmentationReport": "gpumemviz.analysis.fragmentation",
     "advise": "gpumemviz.analysis.advice",
     "Advice": "gpumemviz.analysis.advice",
+    "analyze": "gpumemviz.analysis.findings",
+    "Findings": "gpumemviz.analysis.findings",
     "export": "gpumemviz.reporting.export",
     "report": "gpumemviz.reporting.html_report",
     "diff": "gpumemviz.analysis.diff",

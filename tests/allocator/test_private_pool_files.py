@@ -458,11 +458,11 @@ def test_inspect_json_and_text(which, path, raw, capsys):
     sums = _device_sums(raw)
     assert set(out["devices"]) == {str(d) for d in sums}
     for d, want in sums.items():
-        figs = out["devices"][str(d)]
+        figs = out["devices"][str(d)]["memory"]
         for key, value in want.items():
             assert figs[key] == value, key
         assert figs["violations"] == []
-    t = out["total"]
+    t = out["memory"]
     assert t["allocated"] + t["free"] + t["pending_free"] == t["reserved"]
     assert isinstance(out["advice"], list)
     assert out["pools_in_use"] is True

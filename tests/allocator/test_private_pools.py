@@ -352,7 +352,7 @@ def test_inspect_prints_each_pool(tmp_path, capsys):
     assert [(p["label"], p["reserved"]) for p in pools] == [
         (v[0], v[2] * MIB) for v in IN_USE.values()
     ]
-    assert out["total"]["pools"] == pools
+    assert out["memory"]["pools"] == out["pools"] == pools
     for p in pools:
         assert p["allocated"] + p["pending_free"] + p["free"] == p["reserved"]
 

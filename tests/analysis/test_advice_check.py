@@ -20,6 +20,7 @@ from gpumemviz.analysis.advice_check import (
     check_advice,
     setting_of,
 )
+from gpumemviz.analysis.findings import NOT_CHECKED
 from gpumemviz.analysis.fragmentation import fragmentation
 from gpumemviz.cli import main
 from gpumemviz.reporting.html_report import report_data
@@ -203,14 +204,14 @@ def test_inspect_json_carries_the_replay_and_the_rejected(capsys):
     assert main(["inspect", str(_cranberrii()), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     (shown,) = out["advice"]
-    assert {"kind", "message", "evidence", "replay", "replay_skipped"} <= set(shown)
-    assert shown["kind"] == "expandable_segments" and shown["replay_skipped"] is None
-    assert shown["replay"]["verdict"] == "better" and shown["replay"]["device"] == 0
-    assert shown["replay"]["after"]["peak_segments"] == 65
-    (rejected,) = out["rejected_advice"]
-    assert rejected["kind"] == "max_split_size_mb" and rejected["replay"]["verdict"] == "worse"
-    after, before = rejected["replay"]["after"], rejected["replay"]["before"]
-    assert after["peak_reserved"] > before["peak_reserved"]
+    assert {"kind", "message", "evidence", "setting", "checked", "unchecked"} <= set(shown)
+    assert shown["kind"] == "expandable_segments" and shown["unchecked"] is None
+    assert shown["checked"] and shown["verdict"] == "better" and shown["device"] == 0
+    assert shown["setting"] == "expandable_segments:True" and shown["segments_after"] == 65
+    (rejected,) = out["rejected"]
+    assert rejected["kind"] == "max_split_size_mb" and rejected["verdict"] == "worse"
+    assert rejected["peak_reserved_after"] > rejected["peak_reserved_before"]
+    assert rejected["reason"].endswith("worse, so not suggested.")
 
 
 def test_inspect_text_lists_the_rejected_apart(capsys):
@@ -228,8 +229,8 @@ def test_no_replay_gives_todays_advice(capsys):
     out = json.loads(capsys.readouterr().out)
     today = [a.to_dict() for a in _inspect_advice(read_real(cranberrii))]
     assert [{k: a[k] for k in ("kind", "message", "evidence")} for a in out["advice"]] == today
-    assert all(a["replay"] is None and a["replay_skipped"] == "--no-replay" for a in out["advice"])
-    assert out["rejected_advice"] == []
+    assert all(not a["checked"] and a["unchecked"] == NOT_CHECKED for a in out["advice"])
+    assert out["rejected"] == []
     assert main(["inspect", str(cranberrii), "--no-replay"]) == 0
     text = capsys.readouterr().out
     assert "[max_split_size_mb]" in text and "Replay of" not in text
@@ -310,11 +311,10 @@ def test_inspect_json_and_text_on_the_streams_standin(capsys):
     assert main(["inspect", str(path), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["advice"] == []
-    (rejected,) = out["rejected_advice"]
-    assert rejected["kind"] == "expandable_segments" and rejected["replay"]["verdict"] == "worse"
-    assert rejected["replay"]["device"] == 0 and rejected["replay"]["after"]["peak_segments"] == 23
-    after, before = rejected["replay"]["after"], rejected["replay"]["before"]
-    assert after["peak_reserved"] > before["peak_reserved"]
+    (rejected,) = out["rejected"]
+    assert rejected["kind"] == "expandable_segments" and rejected["verdict"] == "worse"
+    assert rejected["device"] == 0 and rejected["segments_after"] == 23
+    assert rejected["peak_reserved_after"] > rejected["peak_reserved_before"]
     assert main(["inspect", str(path)]) == 0
     text = capsys.readouterr().out
     head, _, rest = text.partition("checked and rejected")
@@ -329,8 +329,8 @@ def test_no_replay_gives_todays_advice_on_the_streams_standin(capsys):
     today = [a.to_dict() for a in _inspect_advice(read_real(path))]
     assert [a["kind"] for a in today] == ["expandable_segments"]
     assert [{k: a[k] for k in ("kind", "message", "evidence")} for a in out["advice"]] == today
-    assert all(a["replay"] is None and a["replay_skipped"] == "--no-replay" for a in out["advice"])
-    assert out["rejected_advice"] == []
+    assert all(not a["checked"] and a["unchecked"] == NOT_CHECKED for a in out["advice"])
+    assert out["rejected"] == []
     assert main(["inspect", str(path), "--no-replay"]) == 0
     text = capsys.readouterr().out
     assert "[expandable_segments]" in text and "Replay of" not in text

@@ -39,7 +39,7 @@ def test_json_has_the_issue_structure_on_real_files(recorded_path, capsys):
     d = read_real(recorded_path)
     report = fragmentation(d)
     assert set(out["devices"]) == {str(k) for k in report.devices}
-    for figs in [out["total"], *out["devices"].values()]:
+    for figs in [out["memory"], *(v["memory"] for v in out["devices"].values())]:
         for key in INT_KEYS:
             assert type(figs[key]) is int, key
         for key in FLOAT_KEYS:
@@ -47,7 +47,7 @@ def test_json_has_the_issue_structure_on_real_files(recorded_path, capsys):
     # the definitions of the issue, from the raw dict
     blocks = [b for s in d["segments"] for b in s["blocks"]]
     free = [b["size"] for b in blocks if b["state"] == "inactive"]
-    t = out["total"]
+    t = out["memory"]
     assert t["reserved"] == sum(s["total_size"] for s in d["segments"])
     assert t["allocated"] == sum(b["size"] for b in blocks if b["state"] == "active_allocated")
     assert t["free"] == sum(free)
@@ -94,8 +94,8 @@ def test_device_option(recorded_path, capsys):
     d = max(report.devices)
     assert main(["inspect", str(recorded_path), "--device", str(d), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert list(out["devices"]) == [str(d)]
-    assert out["total"]["reserved"] == report.devices[d].reserved
+    assert out["device"] == d and out["devices"] == {}
+    assert out["memory"]["reserved"] == out["figures"]["reserved"] == report.devices[d].reserved
 
 
 @pytest.mark.parametrize(
@@ -162,7 +162,7 @@ def test_installed_console_script():
         timeout=120,
     )
     assert ok.returncode == 0, ok.stderr
-    assert json.loads(ok.stdout)["total"]["reserved"] == fragmentation(recorded_path).reserved
+    assert json.loads(ok.stdout)["memory"]["reserved"] == fragmentation(recorded_path).reserved
     bad = subprocess.run(
         [str(script), "inspect", str(recorded_path.with_suffix(".nope"))],
         capture_output=True,

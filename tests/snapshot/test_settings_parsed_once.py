@@ -10,9 +10,10 @@ import pytest
 
 from conftest import read_real, real_file
 from gpumemviz.allocator.replay import replay
+from gpumemviz.analysis import findings
 from gpumemviz.analysis.advice import Advice
 from gpumemviz.analysis.fragmentation import fragmentation
-from gpumemviz.cli import cmd_inspect, main
+from gpumemviz.cli import main
 from gpumemviz.io import load_snapshot
 from gpumemviz.snapshot import Snapshot
 from gpumemviz.snapshot.settings import AllocatorConfig, ConfigError
@@ -38,7 +39,7 @@ def _parses(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 
 def _replayed(out: dict[str, list[dict[str, object]]]) -> list[dict[str, object]]:
     """The advice of an `inspect --json` whose replay ran."""
-    return [a for a in out["advice"] + out["rejected_advice"] if a["replay"] is not None]
+    return [a for a in out["advice"] + out["rejected"] if a["checked"]]
 
 
 def test_inspect_parses_the_recorded_settings_once_through_its_replay(monkeypatch, capsys):
@@ -47,7 +48,7 @@ def test_inspect_parses_the_recorded_settings_once_through_its_replay(monkeypatc
     assert recorded  # a real settings dict, not None
     # the shipped files draw no setting advice: inspect is handed one, so its check replays
     monkeypatch.setattr(
-        cmd_inspect,
+        findings,
         "advise_each_device",
         lambda *_: [Advice("expandable_segments", "Try it.", {"device": 0})],
     )

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import read_real as _read
+from gpumemviz.analysis.findings import LIVE_UNCHECKED
 from gpumemviz.render.rows import build_rows, encode_cells
 from gpumemviz.render.wire import FIRST_FRAME_LIMIT
 from gpumemviz.render.wire_frame import decode_frame
@@ -17,6 +18,11 @@ from gpumemviz.snapshot.sample import MemoryStats, Sample
 from gpumemviz.widget import MemoryPanel
 
 MiB = 1 << 20
+
+
+def _advice(panel):
+    """The panel's advice rows, without its notes (kind "note")."""
+    return [a for a in panel.advice if a["kind"] != "note"]
 
 
 def _snap(n_alloc: int) -> Snapshot:
@@ -229,7 +235,10 @@ def test_a_sample_shows_its_own_device(panel):
     assert [g["device"] for g in panel.map_layout["groups"]] == [1]
 
 
-def test_stats_only_samples_refresh_figures_and_keep_the_map(panel):
+def test_stats_only_samples_keep_the_figures_of_the_segments_shown(panel):
+    """Issue 29: the header shows one moment. A stats-only tick does not mix its totals into
+    the figures of the segments shown (they would no longer add up); it rides along with its
+    time."""
     stats = MemoryStats.from_torch(
         {"allocated_bytes.all.current": 6 * MiB, "reserved_bytes.all.current": 20 * MiB}
     )
@@ -240,7 +249,10 @@ def test_stats_only_samples_refresh_figures_and_keep_the_map(panel):
     )
     panel.push_sample(Sample(time=1.0, device=0, stats=later, segments_note="not due"))
     assert panel.flush()
-    assert panel.header["allocated"] == 8 * MiB
+    h = panel.header
+    assert h["allocated"] == 6 * MiB and h["segments_time"] == 0.0  # the segments shown
+    assert h["allocated"] + h["pending_free"] + h["free"] == h["reserved"]
+    assert (h["stats_allocated"], h["stats_reserved"], h["stats_time"]) == (8 * MiB, 20 * MiB, 1.0)
     assert panel.map_layout["n_rows"] == 1 and panel.status == "x"
 
 
@@ -293,7 +305,9 @@ def test_monitor_follows_its_sampler_and_stops_it_on_close():
             device=0,
         )
         assert expected  # this state is fragmented: the header has lines to show
-        assert [a["message"] for a in panel.advice] == [a.message for a in expected]
+        assert [a["message"] for a in _advice(panel)] == [a.message for a in expected]
+        # live, no trace: the panel says its advice is unchecked
+        assert [a["message"] for a in panel.advice if a["kind"] == "note"] == [LIVE_UNCHECKED]
         assert panel.oom == {}
     finally:
         panel.close()
@@ -328,12 +342,12 @@ def test_advice_follows_the_last_state_when_samples_stop_within_the_throttle(pan
     assert expected(first) != expected(second)
     panel.push_sample(first)
     assert panel.flush()
-    assert [a["message"] for a in panel.advice] == expected(first)
+    assert [a["message"] for a in _advice(panel)] == expected(first)
     panel.push_sample(second)  # inside the interval: throttled
     assert panel.flush()
     assert panel.header["allocated"] == second.stats.allocated
     want = expected(second)
-    assert _until(lambda: [a["message"] for a in panel.advice] == want, 5 * panel.ADVICE_EVERY_S)
+    assert _until(lambda: [a["message"] for a in _advice(panel)] == want, 5 * panel.ADVICE_EVERY_S)
 
 
 def test_an_oom_sample_shows_its_verdict(panel):

@@ -6,29 +6,24 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpumemviz.analysis.advice import advise_each_device, oom_device_free
 from gpumemviz.analysis.fragmentation import (
     ASSUMED_IN_USE,
-    FragmentationReport,
     MemoryFigures,
     PoolFigures,
     SegmentSummary,
-    fragmentation,
 )
 from gpumemviz.cli.common import NOT_RECORDED, UsageError, input_name, snapshot_input
 from gpumemviz.cli.output import quoted, say, say_json
+from gpumemviz.snapshot.escaping import one_line
 from gpumemviz.snapshot.pools import pool_label
 from gpumemviz.snapshot.units import format_size
 
 if TYPE_CHECKING:
-    from gpumemviz.analysis.advice_check import CheckedAdvice
+    from gpumemviz.analysis.findings import Findings, OomFinding
     from gpumemviz.cli.common import Subparsers
-    from gpumemviz.snapshot.schema import JsonDict
+    from gpumemviz.snapshot import Snapshot
 
-__all__ = ["NO_REPLAY", "add_inspect", "run_inspect"]
-
-#: Why `inspect --no-replay` advice carries no replay (its `replay_skipped` in --json).
-NO_REPLAY = "--no-replay"
+__all__ = ["add_inspect", "run_inspect"]
 
 
 def add_inspect(sub: Subparsers) -> None:
@@ -63,100 +58,68 @@ def add_inspect(sub: Subparsers) -> None:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    """The figures, worst segments and advice of FILE (one device with --device).
+    """The figures, worst segments, OOM and advice of FILE (one device with --device).
 
-    Advice goes through `advice_check.check_advice` unless ``--no-replay``; the text lists the
-    refuted advice after "checked and rejected", the JSON shape is `_json`'s.
+    Everything shown is `gpumemviz.analyze`'s `Findings` (``--no-replay``: ``check=False``);
+    ``--json`` prints its ``to_dict()``, the text renders it: refuted advice after "checked and
+    rejected", an OOM's ranked actions under its device.
     """
-    from gpumemviz.analysis.advice_check import (  # loads the replay
-        Checked,
-        CheckedAdvice,
-        check_advice,
-    )
+    from gpumemviz.analysis.findings import analyze  # loads the replay
     from gpumemviz.io import load_snapshot  # the loader is only needed once a file is named
 
     snap = load_snapshot(snapshot_input(args.file))
-    report = fragmentation(snap, pools_in_use=not args.pools_released)
-    devices = list(report.devices)
-    if args.device is not None:
-        if args.device not in report.devices:
-            have = ", ".join(map(str, devices)) or "none"
-            raise UsageError(
-                f"no device {args.device} in {input_name(args.file)} (devices: {have})"
-            )
-        devices = [args.device]
-    oom_free = oom_device_free(snap)
-    advice = advise_each_device(report, oom_free, devices)
-    if args.no_replay:
-        checked = CheckedAdvice([Checked(a, unchecked=NO_REPLAY) for a in advice], [])
-    else:
-        checked = check_advice(snap, advice)
+    if args.device is not None and args.device not in snap.devices:
+        have = ", ".join(map(str, snap.devices)) or "none"
+        raise UsageError(f"no device {args.device} in {input_name(args.file)} (devices: {have})")
+    found = analyze(
+        snap, device=args.device, check=not args.no_replay, pools_in_use=not args.pools_released
+    )
     if args.json:
-        say_json(_json(report, devices, checked, oom_free, args.device))
+        say_json(found.to_dict())
     else:
-        say("\n".join(_text(report, devices, checked, oom_free, input_name(args.file))))
+        say("\n".join(_text(found, len(snap.devices), snap, input_name(args.file))))
     return 0
 
 
-def _json(
-    report: FragmentationReport,
-    devices: list[int],
-    checked: CheckedAdvice,
-    oom_free: dict[int, int],
-    only: int | None,
-) -> JsonDict:
-    """`{"total": {...}, "devices": {"0": {...}}}` (with --device: total = that device); each
-    figures dict lists its `pools`, and `pools_in_use` says what was assumed of private pools.
-
-    Each advice is `{kind, message, evidence, replay, replay_skipped}`; `rejected_advice` holds
-    the setting advice the replay refuted, in the same shape."""
-    full = report.to_dict()
-    out: JsonDict = {
-        "total": full["devices"][str(only)] if only is not None else full["total"],
-        "devices": {str(d): full["devices"][str(d)] for d in devices},
-        "settings": full["settings"],
-        "pools_in_use": full["pools_in_use"],
-        "advice": [c.to_dict() for c in checked.shown],
-        "rejected_advice": [c.to_dict() for c in checked.rejected],
-    }
-    out["oom_device_free"] = {str(d): v for d, v in oom_free.items() if d in devices}
-    return out
-
-
-def _text(
-    report: FragmentationReport,
-    devices: list[int],
-    checked: CheckedAdvice,
-    oom_free: dict[int, int],
-    name: str,
-) -> list[str]:
-    t = report.total
-    conf = (report.allocator_settings or {}).get("PYTORCH_CUDA_ALLOC_CONF")
-    settings = quoted(conf) if conf else "defaults"
-    if report.allocator_settings is None:
+def _text(found: Findings, n_devices: int, snap: Snapshot, name: str) -> list[str]:
+    t = found.memory
+    if found.settings is None:
         settings = NOT_RECORDED
+    else:
+        settings = quoted(found.settings) if found.settings else "defaults"
     lines = [
-        f"{name}: {len(report.devices)} device(s), {t.segments} segments, {t.blocks} blocks; "
+        f"{name}: {n_devices} device(s), {snap.n_segments} segments, {snap.n_blocks} blocks; "
         f"allocator settings: {settings}"
     ]
-    for d in devices:
-        lines += _device_lines(f"device {d}", report.devices[d], oom_free.get(d))
-    if len(devices) > 1:
+    each = [found] if found.device is not None else list(found.devices.values())
+    for f in each:
+        lines += _device_lines(f"device {f.device}", f.memory, f.oom)
+    if found.device is None and len(each) > 1:
         lines += _device_lines("all devices", t, None, worst=False)
     if t.violations:
         lines.append(f"! {len(t.violations)} segment(s) break allocated + free + pending == size:")
         lines += [f"    {v.message}" for v in t.violations[:5]]
-    advice = checked.advice
-    lines.append("advice:" if advice else "advice: none (nothing worth changing)")
-    lines += [f"  - [{a.kind}] {a.message}" for a in advice]
-    if checked.rejected:
+    many = found.device is None and len(each) > 1
+    if found.advice:
+        lines.append("advice:")
+    elif found.oom is not None:
+        lines.append("advice: no setting to change; the OOM's actions above are what to do")
+    else:
+        lines.append("advice: none (nothing worth changing)")
+    lines += [f"  - [{a.kind}] {_on(a.device, many)}{a.message}" for a in found.advice]
+    if found.rejected:
         lines.append("checked and rejected (the replay of the recorded trace is worse with it):")
-        lines += [f"  - [{c.advice.kind}] {c.advice.message}" for c in checked.rejected]
+        lines += [f"  - [{a.kind}] {_on(a.device, many)}{a.message}" for a in found.rejected]
+    lines += [f"note: {one_line(n)}" for n in found.notes]
     return lines
 
 
+def _on(device: int | None, many: bool) -> str:
+    return f"cuda:{device}: " if many and device is not None else ""
+
+
 def _device_lines(
-    title: str, f: MemoryFigures, oom_free: int | None, worst: bool = True
+    title: str, f: MemoryFigures, oom: OomFinding | None, worst: bool = True
 ) -> list[str]:
     fs = format_size
     lines = [
@@ -181,8 +144,14 @@ def _device_lines(
             if assumed
             else "    note: private pools taken as released"
         )
-    if oom_free is not None:
-        lines.append(f"  last OOM: the driver had {fs(oom_free)} free")
+    if oom is not None:
+        lines.append(f"  {one_line(oom.sentence)}")
+        where = f"at trace entry {oom.entry}" if oom.entry is not None else f"on the {oom.basis}"
+        lines.append(f"    judged {where}")
+        if oom.frame:
+            lines.append(f"    allocated at {one_line(oom.frame)}")
+        lines.append("    what to do, most direct first:")
+        lines += [f"    {i}. {a.sentence} ({fs(a.effect)})" for i, a in enumerate(oom.actions, 1)]
     if worst and f.worst_segments:
         lines.append("  worst segments (free that empty_cache cannot return):")
         lines += [f"    {_segment_line(s)}" for s in f.worst_segments]

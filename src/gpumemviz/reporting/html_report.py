@@ -24,9 +24,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from gpumemviz.analysis import advice as _advice
 from gpumemviz.analysis import holders as _sites
-from gpumemviz.analysis.advice_check import Checked, CheckedAdvice, SharedReplay, check_advice
+from gpumemviz.analysis.advice_check import SharedReplay
+from gpumemviz.analysis.findings import AdviceItem, OomFinding, analyze
 from gpumemviz.analysis.fragmentation import (
     ASSUMED_IN_USE,
     FIGURE_NAMES,
@@ -201,18 +201,12 @@ def _data(snap: Snapshot, *, title: str, budget: int | None, replay_advice: bool
     rows = build_rows(snap)
     report_ = fragmentation(snap)
     header = header_numbers(rows)
-    ooms = _advice.oom_device_free(snap)
-    found = _advice.advise_each_device(report_, ooms)  # as `gpumemviz inspect` advises
-    # setting advice the recorded trace's replay refutes goes to its own list, as in inspect
-    # the advice checks' reconstruction, when they make one, also gives the timeline's figures
+    # the advice, its replay check and the OOM verdict are `analyze`'s, as every front end's;
+    # its reconstruction, when it makes one, also gives the timeline's figures
     shared = SharedReplay(snap)
-    checked = (
-        check_advice(snap, found, shared=shared)
-        if replay_advice
-        else CheckedAdvice([Checked(a) for a in found], [])
-    )
-    advice = [_advice_row(c.advice) for c in checked.shown]
-    rejected = [_advice_row(c.advice) for c in checked.rejected]
+    found = analyze(snap, check=replay_advice, shared=shared)
+    advice = [_advice_row(a) for a in found.advice]
+    rejected = [_advice_row(a) for a in found.rejected]
     devices = {str(d): _device_figures(f) for d, f in report_.devices.items()}
     totals = _device_figures(report_.total)
     live = [s.to_dict() for s in _sites.live_holders(snap)]
@@ -231,7 +225,10 @@ def _data(snap: Snapshot, *, title: str, budget: int | None, replay_advice: bool
         "worst": [_worst(w) for w in report_.total.worst_segments],
         "advice": advice,
         "advice_rejected": rejected,
-        "oom": {str(d): v for d, v in ooms.items()},
+        # the failing device's verdict, and each device's (several devices may have failed)
+        "oom": None if found.oom is None else _oom(found.oom),
+        "ooms": {str(d): _oom(f.oom) for d, f in found.devices.items() if f.oom is not None},
+        "notes": list(found.notes),
         # None: the file records no settings (older torch): shown as such, not as defaults
         "settings": (
             None if report_.allocator_settings is None else _plain(report_.allocator_settings)
@@ -251,9 +248,19 @@ def _data(snap: Snapshot, *, title: str, budget: int | None, replay_advice: bool
     return out
 
 
-def _advice_row(a: _advice.Advice) -> JsonDict:
-    """What the page shows of an advice (every per-device rule's evidence names its device)."""
-    return {"kind": a.kind, "message": a.message, "device": a.evidence.get("device")}
+def _advice_row(a: AdviceItem) -> JsonDict:
+    """What the page shows of an advice: `Findings`' item without its evidence."""
+    keys = ("kind", "message", "device", "setting", "checked", "verdict", "unchecked", "reason")
+    return {k: getattr(a, k) for k in keys}
+
+
+def _oom(o: OomFinding) -> JsonDict:
+    """What the page shows of an OOM: its sentence, cause and ranked actions."""
+    keys = ("device", "entry", "request", "rounded", "cause", "explanation", "basis", "frame")
+    out: JsonDict = {k: getattr(o, k) for k in keys}
+    out["sentence"] = o.sentence
+    out["actions"] = [a.to_dict() for a in o.actions]
+    return out
 
 
 def estimate_pickle_size(snap: Snapshot) -> int:

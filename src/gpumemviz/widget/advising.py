@@ -1,34 +1,62 @@
-"""The panel's advice lines, throttled: `gpumemviz.analysis.advice.advise` re-reads the whole
-snapshot, so
-a panel advises at most once per interval, and a state the throttle skipped is advised once the
-interval has passed (the lines never stay on an older state when the samples stop)."""
+"""The panel's findings, throttled and checked off the kernel's thread.
+
+`gpumemviz.analyze` re-reads the whole state, so a live panel analyses at most once per
+interval (`FindingsThrottle`), and a state the throttle skipped is analysed once the interval
+has passed (the lines never stay on an older state when the samples stop). Checking advice
+replays a recorded trace, which takes seconds on a long one: `BackgroundCheck` runs it on a
+thread of its own, and the panel shows "checking..." until it is done.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gpumemviz.analysis.fragmentation import FragmentationReport
-    from gpumemviz.snapshot.sample import MemoryStats
+    from gpumemviz.analysis.findings import Findings
 
-__all__ = ["AdviceThrottle"]
+__all__ = ["CHECKING", "BackgroundCheck", "FindingsThrottle", "advice_rows"]
 
-
-class _Args(TypedDict):
-    """`AdviceThrottle.advise`'s arguments, kept for the throttle's trailing edge."""
-
-    settings: str | None
-    stats: MemoryStats | None
-    total: int | None
-    device: int | None
+#: The advice line while the recorded trace's replay checks the advice.
+CHECKING = "checking advice against the recorded trace..."
 
 
-class AdviceThrottle:
-    """Advice for one panel: `advise` publishes ``[{kind, message, device}]`` (device: the one
-    advised on, None for all), at most once per ``every()`` seconds.
+def advice_rows(found: Findings | None, *, checking: bool = False) -> list[dict[str, object]]:
+    """The panel's ``advice`` trait: a row per advice, then each note (kind "note").
+
+    Examples
+    --------
+    >>> from gpumemviz.analysis.findings import analyze
+    >>> advice_rows(analyze([])), advice_rows(None, checking=True)[0]["message"]
+    ([], 'checking advice against the recorded trace...')
+    """
+    if found is None:
+        rows: list[dict[str, object]] = []
+        notes: tuple[str, ...] = ()
+    else:
+        rows = [
+            {
+                "kind": a.kind,
+                "message": a.message,
+                "device": a.device,
+                "setting": a.setting,
+                "checked": a.checked,
+            }
+            for a in found.advice
+        ]
+        notes = found.notes
+    device = None if found is None else found.device
+    if checking:
+        rows.append({"kind": "note", "message": CHECKING, "device": device})
+    rows += [{"kind": "note", "message": n, "device": device} for n in notes]
+    return rows
+
+
+class FindingsThrottle:
+    """Runs a panel's analysis at most once per ``every()`` seconds; `analyze` takes the
+    function that computes the findings of the newest state and publishes its result.
 
     Parameters
     ----------
@@ -37,45 +65,35 @@ class AdviceThrottle:
     submit : callable
         Runs a function on the panel's writer thread (the trailing edge goes there).
     publish : callable
-        Takes the advice lines (sets the panel's ``advice`` trait).
+        Takes the findings (the panel sets its traits from them).
 
     Examples
     --------
-    >>> from gpumemviz.analysis.fragmentation import fragmentation
+    >>> from gpumemviz.analysis.findings import analyze
     >>> out = []
-    >>> t = AdviceThrottle(lambda: 1.0, lambda fn: fn(), out.append)
-    >>> t.advise(fragmentation([]), settings=None, stats=None, total=None, device=0)
-    >>> out
-    [[]]
+    >>> t = FindingsThrottle(lambda: 1.0, lambda fn: fn(), out.append)
+    >>> t.analyze(lambda: analyze([]))
+    >>> out[0].advice
+    ()
     """
 
     def __init__(
         self,
         every: Callable[[], float],
         submit: Callable[[Callable[[], None]], object],
-        publish: Callable[[list[dict[str, str | int | None]]], None],
+        publish: Callable[[Findings], None],
     ) -> None:
         self._every, self._submit, self._publish = every, submit, publish
         self._at = -float("inf")
-        self._due: tuple[FragmentationReport, _Args] | None = None
+        self._due: Callable[[], Findings] | None = None
         self._timer: threading.Timer | None = None
 
-    def advise(
-        self,
-        report: FragmentationReport,
-        *,
-        settings: str | None,
-        stats: MemoryStats | None,
-        total: int | None,
-        device: int | None,
-        force: bool = False,
-    ) -> None:
-        """Refresh the advice lines now, or once the interval has passed (``force``: now)."""
+    def analyze(self, compute: Callable[[], Findings], *, force: bool = False) -> None:
+        """Publish ``compute()`` now, or once the interval has passed (``force``: now)."""
         now = time.monotonic()
         wait = self._at + self._every() - now
         if not force and wait > 0:
-            args: _Args = {"settings": settings, "stats": stats, "total": total, "device": device}
-            self._due = (report, args)
+            self._due = compute
             if self._timer is None:
                 self._timer = threading.Timer(wait, self._submit, (self._trailing,))
                 self._timer.daemon = True
@@ -83,23 +101,80 @@ class AdviceThrottle:
             return
         self._at = now
         self._due = None
-        from gpumemviz.analysis.advice import advise
-
-        if device is not None and device not in report.devices:
-            self._publish([])
-            return
-        found = advise(report, settings, stats, device_total=total, device=device)
-        self._publish([{"kind": a.kind, "message": a.message, "device": device} for a in found])
+        self._publish(compute())
 
     def _trailing(self) -> None:
-        """The throttle's trailing edge: advise the newest state it skipped, if any."""
+        """The throttle's trailing edge: analyse the newest state it skipped, if any."""
         self._timer = None
         due, self._due = self._due, None
         if due is not None:
-            self.advise(due[0], **due[1], force=True)
+            self.analyze(due, force=True)
 
     def cancel(self) -> None:
         """Drop a pending trailing edge (the panel closes)."""
         timer = self._timer
         if timer is not None:
             timer.cancel()
+
+
+class BackgroundCheck:
+    """One advice check at a time, on a thread of its own: `start` runs ``compute`` there and
+    hands its result to ``done`` through ``submit`` (the panel's writer thread), unless a newer
+    `start` or `cancel` came first.
+
+    Examples
+    --------
+    >>> from gpumemviz.analysis.findings import analyze
+    >>> got = []
+    >>> bg = BackgroundCheck(lambda fn: fn())
+    >>> bg.start(lambda: analyze([]), got.append); bg.wait(5.0)
+    True
+    >>> len(got), bg.running
+    (1, False)
+    """
+
+    def __init__(self, submit: Callable[[Callable[[], None]], object]) -> None:
+        self._submit = submit
+        self._generation = 0
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.errors: list[str] = []
+
+    @property
+    def running(self) -> bool:
+        """Whether a check is under way."""
+        t = self._thread
+        return t is not None and t.is_alive()
+
+    def start(self, compute: Callable[[], Findings], done: Callable[[Findings], None]) -> None:
+        """Check in the background; a check already running is left to finish unheard."""
+        with self._lock:
+            self._generation += 1
+            mine = self._generation
+
+        def run() -> None:
+            try:
+                found = compute()
+            except Exception as exc:  # a failed check must not kill the panel
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+                return
+            with self._lock:
+                if mine != self._generation:
+                    return
+            self._submit(lambda: done(found))
+
+        t = threading.Thread(target=run, name="gpumemviz-advice-check", daemon=True)
+        self._thread = t
+        t.start()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait for the running check (tests); False when it is still running."""
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+        return not self.running
+
+    def cancel(self) -> None:
+        """Forget the running check: its result is dropped."""
+        with self._lock:
+            self._generation += 1

@@ -17,14 +17,17 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
+from gpumemviz.analysis.findings import analyze
 from gpumemviz.render.rows import build_rows
 from gpumemviz.render.strips import Summary, device_summary, strip_set
 from gpumemviz.render.timeline import entry_at_time
 from gpumemviz.widget.panel_state import source_times
 
 if TYPE_CHECKING:
+    from gpumemviz.analysis.findings import Findings
     from gpumemviz.live.sampler import Sampler
     from gpumemviz.live.sources.base import TimeTravelSource
+    from gpumemviz.snapshot import Snapshot
     from gpumemviz.snapshot.sample import Sample
 
 __all__ = ["BY_SHARE", "BY_TIME", "DeviceSet", "recorded_ooms"]
@@ -67,6 +70,10 @@ class DeviceSet:
         self.samplers = dict(sorted(samplers.items()))
         self.owned = owned
         self.summaries: dict[int, Summary] = {}
+        #: each strip's segment state, the one moment its figures are read from
+        self.shown: dict[int, Snapshot] = {}
+        #: each device's `gpumemviz.analyze` findings of that state (live: unchecked)
+        self.findings: dict[int, Findings] = {}
         self._newest: dict[int, Sample] = {}
         self._lock = threading.Lock()
         self._listeners: dict[int, Callable[[Sample], None]] = {}
@@ -122,10 +129,13 @@ class DeviceSet:
             if sample.segments is not None:
                 rows = build_rows(sample.segments, device=d)
                 new: Summary = device_summary(rows, device=d, ooms=ooms)
+                self.shown[d] = sample.segments
+                if not self.replay:  # a replay's findings are the file's (the panel's)
+                    self.findings[d] = analyze(sample, device=d, check=False)
             elif old is not None:
+                # a stats-only tick: the strip's figures stay those of its segments (one
+                # moment); only the OOM count moves
                 new = {**old, "ooms": ooms}
-                if stats is not None:
-                    new = {**new, "reserved": stats.reserved, "allocated": stats.allocated}
             else:
                 continue
             if new != old:

@@ -30,6 +30,7 @@ from gpumemviz.snapshot.units import format_size
 if TYPE_CHECKING:
     from IPython.core.interactiveshell import InteractiveShell
 
+    from gpumemviz.analysis.findings import Findings
     from gpumemviz.live.sampler import Sampler
     from gpumemviz.snapshot import Snapshot
     from gpumemviz.snapshot.sample import Sample
@@ -288,7 +289,7 @@ class GpumemvizMagics(Magics):
             feed.sampler.set_interval(args.interval)
         if not self._has_widgets():
             sample = feed.sampler.sample_once(segments=True)
-            print(summary(sample))
+            print(summary(sample, _file_findings(feed.sampler, device)))
             return None
         if feed.panel is not None:  # re-run: the old cell output is gone; its panel goes too
             feed.panel.close()
@@ -313,7 +314,9 @@ class GpumemvizMagics(Magics):
             for s in samplers.values():
                 s.set_interval(args.interval)
         if not self._has_widgets():
-            print(summary_all({d: s.sample_once(segments=True) for d, s in samplers.items()}))
+            samples = {d: s.sample_once(segments=True) for d, s in samplers.items()}
+            found = {d: _file_findings(s, d) for d, s in samplers.items()}
+            print(summary_all(samples, {d: f for d, f in found.items() if f is not None}))
             return None
         if self.multi is not None and self.multi.panel is not None:
             self.multi.panel.close()
@@ -380,23 +383,22 @@ class GpumemvizMagics(Magics):
 
     def _show_file(self, snap: Snapshot, path: Path) -> MemoryPanel | None:
         """A snapshot without recorded history: its one state, no sampler."""
+        from gpumemviz.analysis.findings import analyze
         from gpumemviz.snapshot.sample import Sample
         from gpumemviz.widget import MemoryPanel
 
         if not self._has_widgets():
             devices = sorted({int(d) for d in snap.segments.device}) or [0]
             for d in devices:
-                print(
-                    summary(
-                        Sample(
-                            time=0.0,
-                            device=d,
-                            stats=None,
-                            segments=snap,
-                            source_label=f"{path.name} (no recorded history)",
-                        )
-                    )
+                shown = Sample(
+                    time=0.0,
+                    device=d,
+                    stats=None,
+                    segments=snap,
+                    source_label=f"{path.name} (no recorded history)",
                 )
+                # the file's findings (a full final state reads as an OOM), as inspect's
+                print(summary(shown, analyze(snap, device=d) if d in snap.devices else None))
             return None
         panel = MemoryPanel(title=path.name)
         panel.show_snapshot(snap)
@@ -634,20 +636,30 @@ def _replay_sampler(
     return Sampler(source, interval=interval or 0.5)
 
 
-def summary(sample: Sample) -> str:
+def _file_findings(sampler: Sampler, device: int) -> Findings | None:
+    """A replayed file's findings for the device (advice checked on its trace), None live."""
+    snap = getattr(sampler.source, "snapshot", None)
+    if "time_travel" not in getattr(sampler.source, "capabilities", ()) or snap is None:
+        return None
+    from gpumemviz.analysis.findings import analyze
+
+    return analyze(snap, device=device) if device in snap.devices else None
+
+
+def summary(sample: Sample, findings: Findings | None = None) -> str:
     """A few lines of text for one `Sample`: what the panel's header shows.
 
     Parameters
     ----------
     sample : Sample
+    findings : Findings, optional
+        What to say of it (a replayed file's, checked on its trace); default:
+        `gpumemviz.analyze` of the sample.
 
     Returns
     -------
     str
     """
-    from gpumemviz.render.rows import build_rows
-    from gpumemviz.render.wire import header_numbers
-
     info = sample.device_info
     name = info.name if info is not None and info.name else sample.source_label or "GPU"
     head = f"gpumemviz · cuda:{sample.device} · {name}" + (" · demo data" if sample.demo else "")
@@ -657,13 +669,17 @@ def summary(sample: Sample) -> str:
         return f"{head}\n{sample.state}: {'; '.join(sample.errors) or 'no data'}"
     lines = [head]
     stats = sample.stats
-    if sample.segments is not None:
-        f = header_numbers(build_rows(sample.segments, device=sample.device))
+    if sample.segments is not None and findings is None:
+        from gpumemviz.analysis.findings import analyze
+
+        findings = analyze(sample, check=False)
+    if sample.segments is not None and findings is not None:
+        f = findings.figures
         lines.append(
-            f"reserved {format_size(f['reserved'])} · allocated {format_size(f['allocated'])}"
-            f" · free in reserved {format_size(f['free'])} · largest free block "
-            f"{format_size(f['largest_free'])} · fragmentation {f['fragmentation']:.3f}"
-            f" · {f['segments']} segments"
+            f"reserved {format_size(f.reserved)} · allocated {format_size(f.allocated)}"
+            f" · free in reserved {format_size(f.free_in_reserved)} · largest free block "
+            f"{format_size(f.largest_free)} · fragmentation {f.fragmentation:.3f}"
+            f" · {findings.memory.segments} segments"
         )
     elif stats is not None:
         lines.append(
@@ -677,34 +693,33 @@ def summary(sample: Sample) -> str:
         extra.append(f"alloc retries {stats.num_alloc_retries} · OOMs {stats.num_ooms}")
     if extra:
         lines.append(" · ".join(extra))
-    if sample.oom is not None:
-        lines.append(f"OOM ({sample.oom.cause}): {sample.oom.explanation}")
-    if sample.segments is not None:
-        from gpumemviz.analysis.advice import advise
+    if findings is None:
+        if sample.oom is not None:  # no segment state to judge it on: the source's verdict
+            lines.append(f"OOM ({sample.oom.cause}): {sample.oom.explanation}")
+        return "\n".join(lines)
+    from gpumemviz.snapshot.escaping import one_line
 
-        settings = info.allocator_settings if info is not None else None
-        total = info.total_memory if info is not None else None
-        try:
-            found = advise(
-                sample.segments,
-                settings or None,
-                stats,
-                device_total=total or None,
-                device=sample.device,
-            )
-        except ValueError:  # the device has no segments in this snapshot
-            found = []
-        lines += [f"advice: {a.message}" for a in found]
+    if findings.oom is not None:
+        lines.append(one_line(findings.oom.sentence))
+        lines += [
+            f"  {i}. {one_line(a.sentence)} ({format_size(a.effect)})"
+            for i, a in enumerate(findings.oom.actions, 1)
+        ]
+    lines += [f"advice: {a.message}" for a in findings.advice]
+    lines += [f"rejected: {a.message}" for a in findings.rejected]
+    lines += [f"note: {one_line(n)}" for n in findings.notes]
     return "\n".join(lines)
 
 
-def summary_all(samples: dict[int, Sample]) -> str:
+def summary_all(samples: dict[int, Sample], findings: dict[int, Findings] | None = None) -> str:
     """`summary` of every device, after one line naming the devices and where the OOMs are.
 
     Parameters
     ----------
     samples : dict of int to Sample
         One per device.
+    findings : dict of int to Findings, optional
+        Each device's findings where known (a replayed file's); the others are analysed.
 
     Returns
     -------
@@ -715,7 +730,8 @@ def summary_all(samples: dict[int, Sample]) -> str:
     }
     where = ", ".join(f"cuda:{d} ({n})" for d, n in ooms.items()) or "none"
     head = f"gpumemviz: {len(samples)} devices ({', '.join(map(str, samples))}) · OOMs: {where}"
-    return "\n\n".join([head, *(summary(s) for s in samples.values())])
+    known = findings or {}
+    return "\n\n".join([head, *(summary(s, known.get(d)) for d, s in samples.items())])
 
 
 _MAGICS: dict[int, GpumemvizMagics] = {}

@@ -11,7 +11,9 @@ whose methods all read and write the same traits, wire and writer queue, its bro
 included (docs/internals.md, the wire: Browser -> Python); the pieces it uses without reaching
 into it live in their own modules: writer thread, kernel subshells, trait values
 (panel_state.py), the advice throttle (advising.py), the devices of a several-device panel
-(devices.py) and a replay's recorded OOM verdict (replay_oom.py).
+(devices.py). What the header's advice and OOM lines say is `gpumemviz.analyze`'s: the panel
+composes no analysis of its own (widget/advising.py throttles it and checks advice off the
+kernel's thread).
 """
 
 from __future__ import annotations
@@ -38,22 +40,22 @@ from gpumemviz.render.timeline import (
 from gpumemviz.render.wire import Wire, header_numbers
 from gpumemviz.reporting.bundles import bundle_path
 from gpumemviz.snapshot import Snapshot
-from gpumemviz.widget.advising import AdviceThrottle
+from gpumemviz.widget.advising import BackgroundCheck, FindingsThrottle, advice_rows
 from gpumemviz.widget.cells import name_notebook_cells
 from gpumemviz.widget.devices import DeviceSet, recorded_ooms
 from gpumemviz.widget.panel_state import (
     controls_state,
-    oom_dict,
+    oom_trait,
     plain,
     recorded_timeline,
     report_numbers,
     source_times,
 )
-from gpumemviz.widget.replay_oom import ReplayedOoms
 from gpumemviz.widget.subshell import delete_subshell, route_to_main, route_to_subshell
 from gpumemviz.widget.writer import Writer
 
 if TYPE_CHECKING:
+    from gpumemviz.analysis.findings import Findings
     from gpumemviz.analysis.fragmentation import FragmentationReport
     from gpumemviz.io import SnapshotLike
     from gpumemviz.live.sampler import Sampler
@@ -123,11 +125,12 @@ class MemoryPanel(anywidget.AnyWidget):
     """Device name or file name."""
     demo = traitlets.Bool(False).tag(sync=True)
     """True when the data comes from a simulated source (shows the "demo data" badge)."""
-    advice: traitlets.List[dict[str, str | int | None]] = traitlets.List().tag(sync=True)
-    """gpumemviz.analysis.advice for what is shown: [{kind, message, device}], most at stake
-    first."""
+    advice: traitlets.List[dict[str, object]] = traitlets.List().tag(sync=True)
+    """`gpumemviz.analyze`'s advice for what is shown: [{kind, message, device, setting,
+    checked}], most at stake first, then its notes (kind "note": "checking...", unchecked)."""
     oom = traitlets.Dict().tag(sync=True)
-    """The last captured OOM: {cause, explanation, alloc_size, device_free, time, device}."""
+    """`gpumemviz.analyze`'s OOM (`OomFinding.to_dict()`: cause, explanation, sentence,
+    actions, ...) plus alloc_size, device_free and time; {} when there is none."""
     controls = traitlets.Dict().tag(sync=True)
     """What the buttons can do now: {live, capabilities, paused, interval, routing, replay}."""
     strips = traitlets.Dict().tag(sync=True)
@@ -161,11 +164,15 @@ class MemoryPanel(anywidget.AnyWidget):
         self._times_of: tuple[Source, np.ndarray | None] | None = None  # (source, its times)
         self._last_point: Point | None = None
         self._owns_sampler = False
-        self._advice = AdviceThrottle(
-            lambda: self.ADVICE_EVERY_S, self._writer.submit, self._set_advice
+        self._throttle = FindingsThrottle(
+            lambda: self.ADVICE_EVERY_S, self._writer.submit, self._publish
         )
+        self._check = BackgroundCheck(self._writer.submit)  # advice replayed off this thread
+        self._findings: Findings | None = None  # what the header shows, for the selected device
+        self._device_findings: dict[int, Findings] = {}
+        # a replay's findings (the file analysed once), by the source or device set they are of
+        self._replay: tuple[object, Findings | None] | None = None
         self._devset: DeviceSet | None = None  # every device's sampler (attach_devices)
-        self._replay_ooms: ReplayedOoms | None = None  # a replay's recorded OOMs, judged
         self.on_msg(lambda _w, content, _b: self._on_browser_msg(content))
         # the kernel subshell that handles this panel's browser messages (None: the main shell)
         self.subshell: str | None = route_to_subshell(self.comm) if subshell else None
@@ -283,6 +290,99 @@ class MemoryPanel(anywidget.AnyWidget):
         points, marks = recorded_timeline(cast("TimeTravelSource", source))
         self.timeline.reset(points, marks)
         self.send({"kind": "timeline", "first": 0, "points": points, "reset": True, "marks": marks})
+        self._analyze_replay(cast("TimeTravelSource", source))
+
+    def _analyze_replay(self, played: TimeTravelSource) -> None:
+        """A replayed file is analysed once (every device of a panel of strips), its advice
+        checked on the recorded trace off this thread; "checking..." until that is done."""
+        from gpumemviz.analysis.findings import analyze
+
+        key: object = self._devset if self._devset is not None else played
+        if self._replay is not None and self._replay[0] is key:
+            self._show_replay(played)
+            return
+        self._replay = (key, None)
+        self.advice = advice_rows(None, checking=True)
+        one = None if self._devset is not None else int(played.device)
+        raw = getattr(played, "snapshot", None)  # a PlaybackSource's file, trace as columns
+        if not isinstance(raw, Snapshot):
+            raw = played.raw
+
+        def done(found: Findings) -> None:
+            if self._replay is not None and self._replay[0] is key:
+                self._replay = (key, found)
+                source = getattr(self.sampler, "source", None)
+                if source is not None and "time_travel" in getattr(source, "capabilities", ()):
+                    self._show_replay(cast("TimeTravelSource", source))
+
+        self._check.start(lambda: analyze(raw, device=one, check=True), done)
+
+    def _show_replay(self, played: TimeTravelSource) -> None:
+        """The replay's findings for the device shown; its OOM once the entry shown reaches it."""
+        found = self._replay[1] if self._replay is not None else None
+        if found is None:
+            return
+        device = int(played.device)
+        self._device_findings = dict(found.devices) if found.devices else {device: found}
+        mine = self._device_findings.get(device, found)
+        self._findings = mine
+        self.advice = advice_rows(mine)
+        oom = mine.oom
+        reached = oom is not None and (oom.entry is None or int(played.position) >= oom.entry)
+        self.oom = oom_trait(oom) if reached and oom is not None else {}
+
+    @property
+    def findings(self) -> Findings | None:
+        """`gpumemviz.analyze`'s findings for the device shown (the selected one of a panel of
+        strips): what the header, the advice lines and the OOM line show; None before any.
+
+        Examples
+        --------
+        >>> panel = MemoryPanel.from_snapshot([]); _ = panel.flush()
+        >>> panel.findings.advice, panel.findings.oom
+        ((), None)
+        >>> panel.close()
+        """
+        return self._findings
+
+    @property
+    def device_findings(self) -> dict[int, Findings]:
+        """Each device's findings (``--device all``, a file of several devices; one entry
+        for one device).
+
+        Examples
+        --------
+        >>> seg = {"address": 0, "total_size": 512, "stream": 0,
+        ...        "blocks": [{"size": 512, "state": "inactive"}]}
+        >>> panel = MemoryPanel.from_snapshot([{**seg, "device": 0}, {**seg, "device": 1}])
+        >>> _ = panel.flush(); sorted(panel.device_findings)
+        [0, 1]
+        >>> panel.close()
+        """
+        return dict(self._device_findings)
+
+    def wait_checked(self, timeout: float = 60.0) -> bool:
+        """Wait until the advice check running off the kernel's thread is done and shown
+        (tests; the panel itself never waits).
+
+        Parameters
+        ----------
+        timeout : float
+            Seconds to wait at most.
+
+        Returns
+        -------
+        bool
+            False when the check or the drawing did not finish in time.
+
+        Examples
+        --------
+        >>> panel = MemoryPanel.from_snapshot([])
+        >>> panel.wait_checked(5.0)
+        True
+        >>> panel.close()
+        """
+        return self._check.wait(timeout) and self.flush(timeout)
 
     @property
     def owns_sampler(self) -> bool:
@@ -509,9 +609,12 @@ class MemoryPanel(anywidget.AnyWidget):
             self.detach_devices()
         if getattr(self, "sampler", None) is not None:
             self.detach()
-        throttle = getattr(self, "_advice", None)
+        throttle = getattr(self, "_throttle", None)
         if throttle is not None:
             throttle.cancel()
+        check = getattr(self, "_check", None)
+        if check is not None:
+            check.cancel()
         writer = getattr(self, "_writer", None)  # absent when __init__ failed half-way
         if writer is not None:
             writer.stop()
@@ -541,20 +644,42 @@ class MemoryPanel(anywidget.AnyWidget):
         if item is None:
             return
         if item[0] == "snapshot":
-            report = self._show(item[1], {}, status="snapshot")
-            self.strips = snapshot_strip_set(item[1], self._device)  # {} for one device
-            self._advice.advise(
-                report, settings=None, stats=None, total=None, device=self._device, force=True
-            )
+            snap = item[1]
+            self._show(snap, {}, status="snapshot")
+            self.strips = snapshot_strip_set(snap, self._device)  # {} for one device
+            self._analyze_snapshot(snap)
         else:
             self._apply_sample(item[1])
             self._add_point(item[1])  # after the header: the point carries its fragmentation
 
-    def _replayed_oom(self, source: TimeTravelSource) -> JsonDict:
-        if self._replay_ooms is None or self._replay_ooms.played is not source:
-            self._replay_ooms = ReplayedOoms(source)
-        event = self._replay_ooms.at_position()
-        return oom_dict(event) if event is not None else {}
+    def _analyze_snapshot(self, snap: Snapshot) -> None:
+        """A fixed snapshot: its findings now, unchecked; with a recorded trace, checked off
+        this thread ("checking..." until then)."""
+        from gpumemviz.analysis.findings import analyze
+
+        device = self._device
+        if device is not None and device not in snap.devices:
+            self._findings, self._device_findings = None, {}
+            self.advice, self.oom = [], {}
+            return
+        traced = any(len(t) for t in snap.traces.values())
+        self._throttle.analyze(lambda: analyze(snap, device=device, check=False), force=True)
+        if traced:
+            self.advice = advice_rows(self._findings, checking=True)
+            self._check.start(lambda: analyze(snap, device=device, check=True), self._publish)
+
+    def _publish(self, found: Findings) -> None:
+        """Show findings: the advice lines, the OOM (a live one stays until the next)."""
+        self._findings = found
+        if self._devset is not None and not found.devices and found.device is not None:
+            self._device_findings = {**self._devset.findings, found.device: found}
+        elif found.devices:
+            self._device_findings = dict(found.devices)
+        elif found.device is not None:
+            self._device_findings = {found.device: found}
+        self.advice = advice_rows(found)
+        if found.oom is not None:
+            self.oom = oom_trait(found.oom)
 
     def _apply_sample(self, sample: Sample) -> None:
         extra: JsonDict = {}
@@ -574,10 +699,10 @@ class MemoryPanel(anywidget.AnyWidget):
         self.demo = bool(getattr(sample, "demo", False))
         oom = getattr(sample, "oom", None)
         source = getattr(self.sampler, "source", None)
-        if "time_travel" in getattr(source, "capabilities", ()):  # the recorded OOM shown
-            self.oom = self._replayed_oom(cast("TimeTravelSource", source))
+        replay = "time_travel" in getattr(source, "capabilities", ())
+        if replay:  # the file's findings; its OOM once the entry shown reaches it
+            self._show_replay(cast("TimeTravelSource", source))
         if oom is not None:
-            self.oom = oom_dict(oom)
             m = self.timeline.add_mark(oom.time, f"OOM ({oom.cause})", "oom")
             self.send({"kind": "marks", "marks": [m]})
         state = getattr(sample, "state", "ok")
@@ -587,25 +712,27 @@ class MemoryPanel(anywidget.AnyWidget):
         errors = tuple(getattr(sample, "errors", ()))
         label = getattr(sample, "status_label", "") or "live"  # with the peaks' note
         if sample.segments is None:
-            # a stats-only tick (segment state is read less often): fresh totals, same map
+            # a stats-only tick (segment state is read less often): the figures stay those of
+            # the segments shown, one moment; the newer stats ride along with their time
             if stats is not None:
-                extra |= {"allocated": stats.allocated, "reserved": stats.reserved}
+                extra |= {
+                    "stats_allocated": stats.allocated,
+                    "stats_reserved": stats.reserved,
+                    "stats_time": sample.time,
+                }
             self.header = {**self.header, **extra}
             if errors or self._wire.rows is None:
                 self.status = errors[0] if errors else (sample.segments_note or label)
             return
         device = self._device if self._device is not None else sample.device
-        report = self._show(
-            sample.segments, extra, status=errors[0] if errors else label, device=device
-        )
-        self._advice.advise(
-            report,
-            settings=(info.allocator_settings or None) if info is not None else None,
-            stats=stats,
-            total=(info.total_memory or None) if info is not None else None,
-            device=device,
-            force=oom is not None,
-        )
+        extra["segments_time"] = sample.time
+        self._show(sample.segments, extra, status=errors[0] if errors else label, device=device)
+        if not replay:
+            from gpumemviz.analysis.findings import analyze
+
+            self._throttle.analyze(
+                lambda: analyze(sample, device=device, check=False), force=oom is not None
+            )
 
     def _add_point(self, sample: Sample) -> None:
         """Extend the timeline when a figure moved (equal samples add nothing, send nothing)."""
@@ -642,9 +769,6 @@ class MemoryPanel(anywidget.AnyWidget):
         """
         m = self.timeline.add_mark(time.time() if t is None else t, label, kind)
         self._writer.submit(lambda: self.send({"kind": "marks", "marks": [m]}))
-
-    def _set_advice(self, lines: list[dict[str, str | int | None]]) -> None:
-        self.advice = lines
 
     def _show(
         self, snap: Snapshot, extra: JsonDict, status: str, device: int | None = None

@@ -13,16 +13,16 @@ if TYPE_CHECKING:
 
     import numpy as np
 
+    from gpumemviz.analysis.findings import OomFinding
     from gpumemviz.analysis.fragmentation import FragmentationReport
     from gpumemviz.live.sampler import Sampler
     from gpumemviz.live.sources.base import TimeTravelSource
     from gpumemviz.render.timeline import Mark, Point
-    from gpumemviz.snapshot.sample import OomEvent
     from gpumemviz.snapshot.schema import JsonDict
 
 __all__ = [
     "controls_state",
-    "oom_dict",
+    "oom_trait",
     "plain",
     "recorded_timeline",
     "report_numbers",
@@ -101,17 +101,15 @@ def report_numbers(report: FragmentationReport, device: int | None) -> dict[str,
     return {"free_stuck": figs.free_stuck, "free_releasable": figs.releasable}
 
 
-def oom_dict(event: OomEvent) -> JsonDict:
-    """The OOM verdict the header shows: plain values only (they travel as JSON); ``device``
-    names the device that ran out."""
-    return {
-        "cause": str(event.cause),
-        "explanation": str(event.explanation),
-        "alloc_size": int(event.alloc_size),
-        "device_free": int(event.device_free),
-        "time": float(event.time),
-        "device": int(event.device),
-    }
+def oom_trait(oom: OomFinding) -> JsonDict:
+    """The ``oom`` trait: `gpumemviz.analyze`'s verdict as plain values (they travel as
+    JSON), with ``alloc_size`` (the size the header names: the segment torch tried, else the
+    rounded request) and ``device_free`` as numbers (0 when unknown)."""
+    out = oom.to_dict()
+    out["alloc_size"] = int(oom.alloc_size or oom.rounded or 0)
+    out["device_free"] = int(oom.device_free or 0)
+    out["time"] = float(oom.time or 0.0)
+    return out
 
 
 def recorded_timeline(played: TimeTravelSource) -> tuple[list[Point], list[Mark]]:

@@ -187,6 +187,17 @@ class PlaybackSource:
         return self._snapshot.to_torch()
 
     @property
+    def snapshot(self) -> Snapshot:
+        """The recorded file as a `Snapshot`: the one opened, else read from the torch dict
+        given (what `gpumemviz.analyze` reads of a replay; its trace stays columns)."""
+        if self._snapshot is not None:
+            return self._snapshot
+        from gpumemviz.io import as_snapshot
+
+        assert self._raw is not None  # one of the two is set by `_build`
+        return as_snapshot(self._raw)
+
+    @property
     def allocator_settings(self) -> TorchMapping | None:
         """The recorded ``allocator_settings`` (None where the file has none)."""
         got = self._settings
