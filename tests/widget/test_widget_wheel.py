@@ -136,7 +136,7 @@ def test_its_console_script_inspects_a_real_file(venv):
         env=_env(),
     )
     assert as_json.returncode == 0, as_json.stderr[-3000:]
-    total = json.loads(as_json.stdout)["total"]
+    total = json.loads(as_json.stdout)["memory"]
     here = fragmentation(RECORDED).total  # the checkout's package, in this process
     assert (total["reserved"], total["allocated"], total["largest_free"], total["blocks"]) == (
         here.reserved,
