@@ -145,7 +145,10 @@ def test_real_snapshot_pixels_match_its_blocks(page, notebook, artifacts):
     tip.wait_for(state="visible", timeout=5000)
     text = tip.text_content()
     want_block = seg["blocks"][wide]
-    assert f"{format_size(want_block['size'])} {want_block['state']}" in text, text
+    words = {"inactive": "free", "active_allocated": "allocated"}  # the legend's words
+    state = want_block["state"]
+    assert f"{format_size(want_block['size'])} {words.get(state, state)} (" in text, text
+    assert f"torch: {state})" in text, text
     assert f"block 0x{seg['address'] + start:x} +{format_size(start)}:" in text, text
     page.mouse.move(0, 0)
 
