@@ -12,6 +12,7 @@ rank) runs on a thread of its own, never on the kernel's, over a store connectio
 
 from __future__ import annotations
 
+import shlex
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -166,7 +167,8 @@ class JobPanel(MemoryPanel):
             self._set_snapshot({"rank": rank, "state": "error", "text": text})
             fut.set_exception(exc)
             return
-        hint = f"gpumemviz inspect {path}  or  %gpumemviz --replay {path}"
+        quoted = shlex.quote(str(path))  # a path from another process: quoted for a shell
+        hint = f"gpumemviz inspect {quoted}  or  %gpumemviz --replay {quoted}"
         done = {"rank": rank, "state": "done", "text": f"rank {rank} wrote {path}"}
         self._set_snapshot({**done, "path": str(path), "hint": hint})
         fut.set_result(path)
