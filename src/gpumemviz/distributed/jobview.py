@@ -111,7 +111,10 @@ def read_grid(
         if value is None:
             continue  # listed, not yet set
         summary = decode(value, limit=MAX_SUMMARY_BYTES)
-        checked, why = check_summary(summary) if summary is not None else (None, None)
+        try:
+            checked, why = check_summary(summary) if summary is not None else (None, None)
+        except Exception as exc:  # a check of ours that failed: the row is suspect, not the read
+            checked, why = None, f"unreadable ({type(exc).__name__})"
         if checked is None:
             why = why or f"not a summary ({len(value)} bytes that are not a JSON object)"
             out.append(

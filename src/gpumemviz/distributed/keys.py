@@ -181,7 +181,11 @@ def _count(v: object) -> bool:
 
 
 def _finite(v: object) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return -_COUNT_LIMIT < v < _COUNT_LIMIT  # a 4000-digit int is no time
+    return isinstance(v, float) and math.isfinite(v)
 
 
 def _fraction(v: object) -> bool:

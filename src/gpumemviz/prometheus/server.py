@@ -83,6 +83,7 @@ class _BoundedServer(socketserver.ThreadingMixIn, WSGIServer):
         finally:
             self.slots.release()
 
+
 INSTALL_HINT = "gpumemviz.prometheus needs prometheus_client: pip install 'gpumemviz[prometheus]'"
 
 
