@@ -406,12 +406,11 @@ def test_public_api():
 
 
 def test_csv_cells_that_a_spreadsheet_would_run_get_a_leading_quote(tmp_path):
+    from gpumemviz.reporting.export import csv_safe
     from gpumemviz.snapshot.sample import Sample
 
-    from gpumemviz.reporting.export import csv_safe
-
     assert csv_safe("\rx") == "'\rx"  # csv's own writer leaves a CR unquoted: checked here
-    hostile = ["=HYPERLINK(\"http://x\")", "+1+1", "-2+3", "@SUM(A1)", "\tx"]
+    hostile = ['=HYPERLINK("http://x")', "+1+1", "-2+3", "@SUM(A1)", "\tx"]
     samples = [Sample(time=float(i), device=0, stats=None, state=s) for i, s in enumerate(hostile)]
     samples.append(Sample(time=9.0, device=0, stats=None, state="-12.5"))  # a number stays
     out = export(samples, tmp_path / "s.csv")

@@ -259,7 +259,7 @@ def _start(
     try:
         family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         server_class = type("_Server", (_BoundedServer,), {"address_family": family[0][0]})
-        server = make_server(
+        server: WSGIServer = make_server(
             addr, port, make_wsgi_app(registry), server_class, handler_class=_QuietHandler
         )
         thread = threading.Thread(

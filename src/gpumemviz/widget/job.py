@@ -158,10 +158,13 @@ class JobPanel(MemoryPanel):
 
     def _ask(self, rank: int, fut: Future[Path]) -> None:
         try:
-            # a connection of its own: the feed's thread keeps reading over the panel's
-            path = JobView(self.view.host, self.view.port).request_snapshot(
-                rank, timeout=SNAPSHOT_TIMEOUT_S
-            )
+            # a connection of its own (closed after): the feed's thread keeps reading over the
+            # panel's
+            view = JobView(self.view.host, self.view.port)
+            try:
+                path = view.request_snapshot(rank, timeout=SNAPSHOT_TIMEOUT_S)
+            finally:
+                view.close()
         except Exception as exc:  # JobError, TimeoutError, a store gone: one line
             text = str(exc) if str(exc) and "\n" not in str(exc) else short_error(exc)
             self._set_snapshot({"rank": rank, "state": "error", "text": text})
