@@ -238,8 +238,7 @@ class Answers:
                 continue
             if not self._member(at) or self._may_export() > 0:
                 self.skipped += 1
-                done = oom_done_key(k)
-                run(self.store, lambda s: s.add(done, 1))  # the failing rank stops waiting
+                self._done(k)  # not written: the failing rank stops waiting all the same
                 continue
             self._write_peer(k, at)
 
@@ -273,7 +272,12 @@ class Answers:
                 short_error(exc),
             )
         finally:  # written or not: the failing rank stops waiting
-            run(self.store, lambda s: s.add(oom_done_key(k), 1))
+            self._done(k)
+
+    def _done(self, k: int) -> None:
+        """Count this rank as done with OOM `k`."""
+        key = oom_done_key(k)
+        run(self.store, lambda s: s.add(key, 1))
 
 
 def _is_nonce(text: str) -> bool:
