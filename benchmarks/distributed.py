@@ -7,7 +7,9 @@ connection, as under torchrun. Figures (wall clock, best of several rounds):
 - publish cost per tick per rank: `Publisher.tick()` when the segment map is new (a new segment
   read: rows, bins, JSON) and when it is not (the cached map: only the rank fields and the set),
   against the named baseline, one store round trip (``add(key, 0)``; a TCPStore ``set`` does
-  not wait for the server, so it is timed too, for scale);
+  not wait for the server, so it is timed too, for scale). Every store call of a rank goes
+  through its `Connection` (a worker thread, so a hung store cannot block the rank: issue 34);
+  the same round trip through it is timed too, so the handoff's cost is in the table;
 - store bytes per rank per second at the default interval (1 s): the summary set (key + value)
   plus the two counters polled every 0.25 s (key + 8 bytes each; framing not counted);
 - the grid's refresh at 64 ranks: `JobView.ranks()` + `grid_rows` + `grid_text`, against the
@@ -92,17 +94,18 @@ def main() -> None:
         one.tick()
         t_new = min(t_new, time.perf_counter() - t0)
     t_cached = best(one.tick, reps)
-    conn = one.store
+    conn = own_connection(master)  # a bare client, as a rank's own connection is under it
     t_set = best(lambda: conn.set(key, raw), reps)
     t_trip = best(lambda: conn.add(OOM_COUNT, 0), reps)
-    t_poll = best(lambda: (conn.add(request_key(1), 0), conn.add(OOM_COUNT, 0)), reps)
+    t_guarded = best(lambda: one.store.call(lambda s: s.add(OOM_COUNT, 0)), reps)
+    t_poll = best(one.answers.poll, reps)
 
     polled = 2 * (len(request_key(RANKS - 1)) + 8) / POLL_S
     per_second = len(key) + len(raw) + polled
 
     view = JobView("127.0.0.1", master.port)
     keys = [summary_key(r, 0) for r in range(RANKS)]
-    t_multi = best(lambda: view.store.multi_get(keys), reps)
+    t_multi = best(lambda: conn.multi_get(keys), reps)
 
     def refresh() -> str:
         return grid_text(view.ranks())
@@ -116,6 +119,7 @@ def main() -> None:
         ("publish tick, new segment map (ms)", t_new * 1e3, t_trip * 1e3),
         ("publish tick, cached map (ms)", t_cached * 1e3, t_trip * 1e3),
         ("bare store.set of the summary (ms)", t_set * 1e3, t_trip * 1e3),
+        ("round trip through the rank's Connection (ms)", t_guarded * 1e3, t_trip * 1e3),
         ("request + OOM poll (ms, every 0.25 s)", t_poll * 1e3, t_trip * 1e3),
         ("grid refresh at 64 ranks (ms)", t_grid * 1e3, t_multi * 1e3),
     ]

@@ -88,7 +88,7 @@ def main() -> None:
     rows = [("empty registry (baseline)", floor, floor_cpu, 0)]
     for count in (1, 8):
         devices = list(range(count))
-        exporter = serve(0, devices=devices)
+        exporter = serve(0, devices=devices, demo=True)  # no GPU here: the simulated devices
         held_still(devices)
         size = get(exporter.url)
         wall, cpu = timed(exporter.url, n)

@@ -121,7 +121,7 @@ def test_grid_stale_rank_and_snapshot_request(tmp_path, capsys):
         assert "reserved" in capsys.readouterr().out.lower()
         assert main(["job", f"127.0.0.1:{port}", "--once"]) == 0
         assert "stale" in capsys.readouterr().out
-        view.store.set("test/done", b"1")
+        view.store.call(lambda s: s.set("test/done", b"1"))
         assert job.wait(60) == 0
     finally:
         taken.close()

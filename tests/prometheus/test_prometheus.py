@@ -66,7 +66,7 @@ def wait_for(cond, timeout: float = 10.0) -> bool:
 def exporter():
     """serve() on device 0's shared sampler (the simulated demo without CUDA), held still once
     it has a segment state, so a scrape and the sampler's newest sample can be compared."""
-    exp = serve(0, devices=[0], rank=3, local_rank=1)
+    exp = serve(0, devices=[0], rank=3, local_rank=1, demo=True)
     sampler = shared(0)
     assert wait_for(lambda: sampler.history.latest_segments() is not None)
     sampler.pause()
@@ -140,7 +140,7 @@ def test_two_endpoints_and_the_users_metrics_do_not_clash(exporter):
     exp, _ = exporter
     mine = Counter("user_steps", "the user's own metric")  # in prometheus_client's global one
     try:
-        with serve(0, devices=[0], rank=4, local_rank=2) as other:
+        with serve(0, devices=[0], rank=4, local_rank=2, demo=True) as other:
             assert other.port != exp.port
             a, b = scrape(exp.url), scrape(other.url)
             assert a["gpumemviz_reserved_bytes"][0][0]["rank"] == "3"
@@ -161,7 +161,7 @@ def test_a_port_in_use_is_one_clear_line_and_stop_frees_it(exporter):
     port = exp.port
     exp.stop()
     exp.stop()  # twice: nothing more
-    with serve(port, devices=[0]) as again:
+    with serve(port, devices=[0], demo=True) as again:
         assert again.port == port and scrape(again.url)["gpumemviz_device_info"]
 
 
@@ -252,12 +252,15 @@ def test_driver_figures_and_the_uuid_label_when_nvml_answers():
     assert "gpumemviz_largest_free_block_bytes" not in got
 
 
-def test_a_device_without_stats_exports_only_its_info():
+def test_a_device_without_stats_exports_only_its_info_and_up_0_with_the_reason():
     registry = CollectorRegistry()
     sampler = Sampler(UnavailableSource(0, "no GPU here"))
     sampler.sample_once()
     registry.register(SamplerCollector({0: sampler}, LABEL_VALUES))
-    assert sorted(parse(registry)) == ["gpumemviz_device_info"]
+    got = parse(registry)
+    assert sorted(got) == ["gpumemviz_device_info", "gpumemviz_up"]
+    [(labels, value)] = got["gpumemviz_up"]
+    assert value == 0 and "no GPU here" in labels["reason"] and labels["device"] == "0"
 
 
 def test_metric_names_follow_prometheus_conventions():
@@ -337,8 +340,8 @@ def _free_port_pair() -> int:
 def test_ranks_of_one_host_serve_on_base_plus_local_rank():
     base = _free_port_pair()
     with (
-        serve_rank(base, rank=4, local_rank=0, devices=[0]) as r0,
-        serve_rank(base, rank=5, local_rank=1, devices=[0]) as r1,
+        serve_rank(base, rank=4, local_rank=0, devices=[0], demo=True) as r0,
+        serve_rank(base, rank=5, local_rank=1, devices=[0], demo=True) as r1,
     ):
         assert (r0.port, r1.port) == (base, base + 1)
         assert scrape(r1.url)["gpumemviz_device_info"][0][0]["rank"] == "5"
@@ -359,3 +362,68 @@ def test_without_prometheus_client_serve_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # as if not installed
     with pytest.raises(ImportError, match=r"^gpumemviz.prometheus needs prometheus_client: pip"):
         serve(0, devices=[0])
+
+
+def test_without_a_gpu_no_device_series_unless_the_demo_is_asked_for():
+    """Issue 35 item 14: a node without CUDA serves no plausible memory series by default."""
+    from gpumemviz.live.sources.default import cuda_device_count
+
+    assert cuda_device_count() == 0  # this test is about a machine without a GPU
+    with serve(0) as exp:  # devices="all"
+        assert exp.devices == ()
+        assert not any(n.startswith("gpumemviz_") for n in scrape(exp.url))
+    with serve(0, devices=[0]) as exp:  # named, but it is the simulated demo
+        assert wait_for(lambda: shared(0).history.latest() is not None)
+        got = scrape(exp.url)
+        assert sorted(n for n in got if n.startswith("gpumemviz_")) == ["gpumemviz_up"]
+        [(labels, value)] = got["gpumemviz_up"]
+        assert value == 0 and "simulated demo is not served" in labels["reason"]
+    with serve(0, demo=True) as exp:  # asked for: device 0, marked demo
+        assert exp.devices == (0,)
+        assert wait_for(lambda: "gpumemviz_reserved_bytes" in scrape(exp.url))
+        [(labels, _)] = scrape(exp.url)["gpumemviz_device_info"]
+        assert labels["demo"] == "true"
+    shared(0).stop()
+
+
+def test_a_broken_sampler_says_up_0_with_its_reason():
+    class Broken(UnavailableSource):
+        def sample(self, *, segments: bool = False) -> Sample:  # type: ignore[override]
+            raise RuntimeError("driver went away")
+
+    registry = CollectorRegistry()
+    sampler = Sampler(Broken(0, "x"))
+    sampler.sample_once()
+    registry.register(SamplerCollector({0: sampler}, LABEL_VALUES))
+    [(labels, value)] = parse(registry)["gpumemviz_up"]
+    assert value == 0 and labels["reason"]
+
+
+def test_name_filter_returns_only_the_names_asked_for(exporter):
+    exp, _ = exporter
+    url = exp.url + "?name[]=gpumemviz_reserved_bytes&name[]=gpumemviz_up"
+    got = scrape(url)
+    assert set(got) == {"gpumemviz_reserved_bytes", "gpumemviz_up"}
+
+
+def test_idle_connections_are_bounded_and_time_out(monkeypatch):
+    import threading
+
+    from gpumemviz.prometheus import server
+
+    monkeypatch.setattr(server, "REQUEST_TIMEOUT_S", 0.5)
+    with serve(0, devices=[0], demo=True) as exp:
+        before = threading.active_count()
+        idle = []
+        for _ in range(60):  # half-sent requests, never finished
+            s = socket.create_connection(("127.0.0.1", exp.port))
+            s.sendall(b"GET /metrics HTTP/1.1\r\n")
+            idle.append(s)
+        time.sleep(0.3)
+        assert threading.active_count() - before <= server.MAX_CONNECTIONS
+        # they time out: the threads end, and a scrape is answered again
+        assert wait_for(lambda: threading.active_count() - before <= 0, timeout=5)
+        assert "gpumemviz_up" in scrape(exp.url)
+        for s in idle:
+            s.close()
+    shared(0).stop()

@@ -403,3 +403,17 @@ def test_bad_input(tmp_path):
 def test_public_api():
     assert gpumemviz.export is not None and callable(gpumemviz.export)
     assert callable(gpumemviz.diff) and callable(gpumemviz.redact_paths)
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_get_a_leading_quote(tmp_path):
+    from gpumemviz.reporting.export import csv_safe
+    from gpumemviz.snapshot.sample import Sample
+
+    assert csv_safe("\rx") == "'\rx"  # csv's own writer leaves a CR unquoted: checked here
+    hostile = ['=HYPERLINK("http://x")', "+1+1", "-2+3", "@SUM(A1)", "\tx"]
+    samples = [Sample(time=float(i), device=0, stats=None, state=s) for i, s in enumerate(hostile)]
+    samples.append(Sample(time=9.0, device=0, stats=None, state="-12.5"))  # a number stays
+    out = export(samples, tmp_path / "s.csv")
+    header, rows = _read_csv(out)
+    states = [r[header.index("state")] for r in rows]
+    assert states == ["'" + s for s in hostile] + ["-12.5"]

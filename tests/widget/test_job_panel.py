@@ -195,3 +195,31 @@ def test_a_store_that_goes_away_stops_the_reads_and_keeps_the_last_grid():
     finally:
         panel.close()
         pub.stop()
+
+
+def test_a_store_that_stops_answering_is_said_and_the_panel_recovers(master, monkeypatch):
+    """Issue 34: a hung store is "not answering" in the panel (never "reading ... every"), the
+    last strips stay, and the next answered read clears it."""
+    from gpumemviz.distributed.store import StoreHung
+
+    pub = rank(master, 0, sim())
+    panel = JobPanel(JobView("127.0.0.1", master.port), interval=TICK, subshell=False)
+    try:
+        wait_until(lambda: panel.flush() and panel.grid)
+        hung = threading.Event()
+        real = panel.view.ranks
+
+        def ranks():
+            if hung.is_set():
+                raise StoreHung("the job store is not answering (no reply in 1 s)")
+            return real()
+
+        monkeypatch.setattr(panel.view, "ranks", ranks)
+        hung.set()
+        wait_until(lambda: panel.flush() and "not answering" in panel.status)
+        assert panel.grid and panel.feed.running
+        hung.clear()
+        wait_until(lambda: panel.flush() and panel.status.startswith("reading the job's store"))
+    finally:
+        panel.close()
+        pub.stop()

@@ -3,7 +3,9 @@
 Reads the job's own store (torchrun's MASTER_ADDR:MASTER_PORT), where each rank runs
 `gpumemviz.distributed.publish`, and prints one line per (rank, device), the rank closest to
 OOM first, refreshed every ``--interval`` seconds until Ctrl-C (``--once``: one print, for
-scripts and tests). ``--snapshot RANK`` asks that rank for its full snapshot and prints the path
+scripts and tests). Every store call waits at most ``--timeout`` seconds: a store that does not
+answer is said (and, refreshing, tried again). Values that are not a rank's summary show as
+``suspect`` rows. ``--snapshot RANK`` asks that rank for its full snapshot and prints the path
 it wrote. Everything printed from the store goes through `say` (other processes wrote it).
 """
 
@@ -68,6 +70,7 @@ def parse_address(text: str) -> tuple[str, int]:
 
 def run_job(args: argparse.Namespace) -> int:
     from gpumemviz.distributed import JobError, JobView
+    from gpumemviz.distributed.store import StoreHung
     from gpumemviz.distributed.terminal import grid_text
 
     host, port = parse_address(args.address)
@@ -90,7 +93,13 @@ def run_job(args: argparse.Namespace) -> int:
     live = not args.once and sys.stdout.isatty()
     try:
         while True:
-            text = grid_text(view.ranks(), title=f"{title}  {time.strftime('%H:%M:%S')}")
+            head = f"{title}  {time.strftime('%H:%M:%S')}"
+            try:
+                text = grid_text(view.ranks(), title=head, dropped=view.dropped)
+            except StoreHung as exc:
+                if args.once:
+                    raise
+                text = f"{head}\nthe store is not answering ({exc}): trying again"
             if live:
                 sys.stdout.write(_CLEAR)
             say(text, flush=True)

@@ -3,8 +3,10 @@
 The panel's job view (and anything else that shows the grid live) needs what the terminal loop
 of `gpumemviz job` does, off the user's thread: read `JobView.ranks()` every interval, order it
 with `grid_rows`, and hand the strips to listeners. Like the sampler, it never raises into its
-owner: a listener's error is counted; a store that goes away stops the thread and says why in
-``stopped`` (the listeners get one last empty grid with that reason).
+owner: a listener's error is counted; a store that stops answering is said to the listeners
+(the last grid with the reason, ``hung`` set) and read again next interval; a store that goes
+away stops the thread and says why in ``stopped`` (the listeners get one last empty grid with
+that reason). Hostile values never stop it: the view turns them into ``suspect`` rows.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ from typing import Any
 
 from gpumemviz.distributed.grid import grid_rows
 from gpumemviz.distributed.jobview import JobView
+from gpumemviz.distributed.store import StoreHung
 from gpumemviz.live.sources.base import short_error
 from gpumemviz.snapshot.sample import check_interval
 
 __all__ = ["GridListener", "JobFeed"]
 
 GridListener = Callable[[list[dict[str, Any]], str | None], object]
-"""Called with the grid's strips (`grid_rows`) and None, or [] and why the feed stopped."""
+"""Called with the grid's strips (`grid_rows`) and None; the last strips and why the store is not
+answering; or [] and why the feed stopped."""
 
 
 class JobFeed:
@@ -48,6 +52,7 @@ class JobFeed:
         self.interval = check_interval(interval)
         self.latest: list[dict[str, Any]] = []
         self.stopped: str | None = None
+        self.hung: str | None = None  # why the last read got no answer (None: it did)
         self.listener_errors = 0
         self._listeners: tuple[GridListener, ...] = ()
         self._stop = threading.Event()
@@ -69,6 +74,7 @@ class JobFeed:
     def poll_once(self) -> list[dict[str, Any]]:
         """Read and order the grid now, tell the listeners, return it (store errors raise)."""
         self.latest = grid_rows(self.view.ranks())
+        self.hung = None
         self._tell(self.latest, None)
         return self.latest
 
@@ -91,7 +97,10 @@ class JobFeed:
         while not self._stop.is_set():
             try:
                 self.poll_once()
-            except Exception as exc:  # the store went away (or answered garbage): stop
+            except StoreHung as exc:  # it may answer later: say so, keep the last grid
+                self.hung = f"the store is not answering ({short_error(exc)})"
+                self._tell(self.latest, self.hung)
+            except Exception as exc:  # the store went away: stop
                 self.stopped = f"the job store went away: {short_error(exc)}"
                 self._tell([], self.stopped)
                 return

@@ -31,7 +31,8 @@ def closeness(row: Json) -> tuple[float, int, int]:
 
 def grid_rows(ranks: list[Json]) -> list[dict[str, Any]]:  # Any: JSON values
     """`ranks` (what `JobView.ranks` returns) in grid order, each with ``title`` ("rank 3 ·
-    cuda:0 · host") and ``note`` ("stale: 12.0 s", the last OOM's cause, or "").
+    cuda:0 · host") and ``note`` ("suspect: why" for a value that is not a summary, "stale:
+    12.0 s", the last OOM's cause, or "").
 
     >>> rows = [{"rank": 0, "device": 0, "host": "a", "headroom": 8, "total": 10, "stale": False},
     ...         {"rank": 1, "device": 0, "host": "a", "headroom": 1, "total": 10, "stale": True,
@@ -50,6 +51,9 @@ def grid_rows(ranks: list[Json]) -> list[dict[str, Any]]:  # Any: JSON values
 
 
 def _note(row: Json) -> str:
+    suspect = row.get("suspect")
+    if suspect:
+        return short_text(f"suspect: {suspect}", 80)
     if row.get("stale"):
         age = row.get("age_s")
         return f"stale: {age:.1f} s" if isinstance(age, int | float) else "stale: never updated"

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpumemviz.distributed.answers import Export, write_snapshot
+from gpumemviz.distributed.answers import Export, OomRing, write_exclusive
 from gpumemviz.distributed.keys import OOM_COUNT, encode, oom_done_key, oom_file, oom_key
-from gpumemviz.distributed.store import Store, read_counter
+from gpumemviz.distributed.store import Connection, Store, read_counter, run
 from gpumemviz.live.sources.base import short_error
 from gpumemviz.snapshot.sample import OomEvent
 
@@ -33,8 +33,8 @@ class OomFanOut:
 
     Parameters
     ----------
-    store : Store
-        The rank's own connection to the job's store.
+    store : Connection or Store
+        The rank's own connection to the job's store (each call under its deadline).
     rank : int
         This rank.
     oom_dir : Path
@@ -45,17 +45,21 @@ class OomFanOut:
         How many other ranks will answer (fresh, with an ``oom_dir``): read at the failure.
     wait : float
         Seconds to wait for them at most.
+    ring : OomRing, optional
+        The rank's OOM files (shared with its answers to other ranks' OOMs): at most
+        `gpumemviz.distributed.answers.OOM_RING` kept.
     """
 
     def __init__(
         self,
-        store: Store,
+        store: Connection | Store,
         rank: int,
         oom_dir: Path,
         export: Export,
         peers: Callable[[], int],
         *,
         wait: float,
+        ring: OomRing | None = None,
     ) -> None:
         self.store = store
         self.rank = rank
@@ -63,6 +67,7 @@ class OomFanOut:
         self.export = export
         self.peers = peers
         self.wait = float(wait)
+        self.ring = ring if ring is not None else OomRing()
         self.written: Path | None = None
         self.answered: tuple[int, int] | None = None  # (ranks that answered, ranks asked)
         self.error: str | None = None
@@ -70,11 +75,12 @@ class OomFanOut:
     def __call__(self, event: OomEvent) -> None:
         try:
             snapshot = event.snapshot
-            path = write_snapshot(
+            path = write_exclusive(
                 (lambda: snapshot) if snapshot is not None else self.export,
                 self.oom_dir / oom_file(self.rank),
             )
             self.written = path
+            self.ring.add(path)
         except Exception as exc:
             self.error = f"could not write the OOM snapshot: {short_error(exc)}"
             _log.warning("gpumemviz: rank %d %s", self.rank, self.error)
@@ -95,8 +101,9 @@ class OomFanOut:
     def _ask(self) -> None:
         try:
             asked = self.peers()  # the store's clients are thread-safe: no lock of ours
-            n = int(self.store.add(OOM_COUNT, 1))
-            self.store.set(oom_key(n), encode({"rank": self.rank, "time": time.time()}))
+            n = int(run(self.store, lambda s: s.add(OOM_COUNT, 1)))
+            entry = encode({"rank": self.rank, "time": time.time()})
+            run(self.store, lambda s: s.set(oom_key(n), entry))
             deadline = time.monotonic() + self.wait
             done = 0
             while True:

@@ -6,7 +6,11 @@ one of its own for a source the user names), builds the (rank, device) summary
 two counters other processes bump: a job view's snapshot request and another rank's OOM
 (`gpumemviz.distributed.answers`). With ``oom_dir`` it also installs the rank's OOM handler
 (`gpumemviz.distributed.oom`) beside the sampler's. It never raises into training: a store that
-goes away stops the thread with one logged line; anything else is counted and logged once.
+goes away stops the thread with one logged line; one that stops answering is said once and
+tried again each tick (every store call has a deadline: `gpumemviz.distributed.store.Connection`);
+anything else is counted and logged once. `publish` makes no store call itself (it returns at
+once even while the store hangs), and at exit every publisher is stopped and joined before the
+interpreter finalises, never entering a store call once stopping.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +30,6 @@ from gpumemviz.distributed.answers import Answers
 from gpumemviz.distributed.jobview import read_ranks
 from gpumemviz.distributed.keys import (
     MEMBERS,
-    OOM_COUNT,
     Json,
     fit_summary,
     member_entry,
@@ -33,10 +37,12 @@ from gpumemviz.distributed.keys import (
 )
 from gpumemviz.distributed.oom import OomFanOut
 from gpumemviz.distributed.store import (
+    Connection,
     Store,
-    StoreGone,
+    StoreHung,
+    before_exit,
     default_store,
-    own_connection,
+    guarded_clone,
     rank_device,
     ranks_here,
 )
@@ -54,6 +60,17 @@ __all__ = ["Publisher", "publish"]
 
 _log = logging.getLogger("gpumemviz.distributed")
 _POLL_S = 0.25  # requests and other ranks' OOMs are looked at this often (or every interval)
+_CALL_S = 5.0  # a store call that takes longer: "not answering", said once, tried again later
+_running: weakref.WeakSet[Publisher] = weakref.WeakSet()
+
+
+def _stop_all() -> None:
+    """At exit (before the store connections close): stop and join every running publisher."""
+    for pub in list(_running):
+        pub.stop(timeout=2.0)
+
+
+before_exit(_stop_all)
 
 
 @dataclass
@@ -89,7 +106,8 @@ class Publisher:
         bins: int = STRIP_BINS,
     ) -> None:
         snapshot_dir, oom_dir = (None if d is None else Path(d) for d in (snapshot_dir, oom_dir))
-        self.store = store
+        self.store = Connection.around(store, deadline=_CALL_S)
+        store = self.store
         self.who = who
         self.interval = check_interval(interval)
         self.snapshot_dir = snapshot_dir
@@ -103,6 +121,7 @@ class Publisher:
         self.errors = 0
         self.ticks = 0
         self.registered = False
+        self.hung: str | None = None  # why the store is not answering (None while it does)
         self._said: set[str] = set()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -113,7 +132,15 @@ class Publisher:
         self.oom: OomFanOut | None = None
         self.exporter: Exporter | None = None  # the rank's Prometheus endpoint (prometheus_port)
         if oom_dir is not None:
-            self.oom = OomFanOut(store, who.rank, oom_dir, self._export, self._peers, wait=oom_wait)
+            self.oom = OomFanOut(
+                store,
+                who.rank,
+                oom_dir,
+                self._export,
+                self._peers,
+                wait=oom_wait,
+                ring=self.answers.ring,
+            )
         for src in self.sources:
             add = getattr(src, "add_oom_handler", None)
             if callable(add):
@@ -132,15 +159,19 @@ class Publisher:
                 target=self._run, name=f"gpumemviz-publish-{self.who.rank}", daemon=True
             )
             self._thread.start()
+            _running.add(self)
         return self
 
     def stop(self, timeout: float = 5.0) -> bool:
-        """Stop publishing (and the samplers it made); returns whether the thread ended."""
+        """Stop publishing (and the samplers it made); returns whether the thread ended. No store
+        call starts once stopping; one in flight is cut short (`Connection.close`)."""
         self._stop.set()
         self._wake.set()
+        self.store.close()
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout)
+        _running.discard(self)
         for src in self.sources:
             remove = getattr(src, "remove_oom_handler", None)
             if callable(remove):
@@ -152,14 +183,28 @@ class Publisher:
                 feed.sampler.stop()
         return not self.running
 
-    def serve_metrics(self, prometheus_port: int, rank: int, local_rank: int) -> Exporter | None:
-        """Serve the rank's Prometheus endpoint on ``prometheus_port + local_rank``, reading the
-        rank's own samplers; `publish` calls it. It becomes `exporter` (stopped with the
-        publisher); when it cannot be served, one logged line, None, and publishing goes on."""
+    def serve_metrics(
+        self,
+        prometheus_port: int,
+        rank: int,
+        local_rank: int,
+        *,
+        addr: str = "127.0.0.1",
+        demo: bool = True,
+    ) -> Exporter | None:
+        """Serve the rank's Prometheus endpoint on ``addr``, port ``prometheus_port +
+        local_rank``, reading the rank's own samplers; `publish` calls it. It becomes `exporter`
+        (stopped with the publisher); when it cannot be served, one logged line, None, and
+        publishing goes on. `demo`: serve a simulated device's series (the user named it)."""
         samplers = {f.sampler.source.device: f.sampler for f in self.feeds}
         try:
             self.exporter = serve_rank(
-                prometheus_port, rank=rank, local_rank=local_rank, samplers=samplers
+                prometheus_port,
+                rank=rank,
+                local_rank=local_rank,
+                samplers=samplers,
+                addr=addr,
+                demo=demo,
             )
         except (OSError, ValueError, ImportError) as exc:
             self._say_once("prometheus", f"Prometheus metrics not served: {short_error(exc)}")
@@ -199,10 +244,23 @@ class Publisher:
             try:
                 if time.monotonic() >= next_tick or self._wake.is_set():
                     self._wake.clear()
-                    self.tick()
                     next_tick = time.monotonic() + self.interval
+                    self.tick()
                 self._poll()
+                if self.hung is not None:
+                    _log.warning("gpumemviz: rank %d: the job store answers again", self.who.rank)
+                    self.hung = None
+            except _StoreHung as exc:
+                if self.hung is None:
+                    self.hung = str(exc)
+                    _log.warning(
+                        "gpumemviz: rank %d: %s: publishing goes on when it answers",
+                        self.who.rank,
+                        exc,
+                    )
             except _StoreError as exc:
+                if self._stop.is_set():
+                    return  # stopping cut the call short: nothing went away
                 self.stopped = f"the job store went away ({exc}): gpumemviz stopped publishing"
                 _log.warning("gpumemviz: rank %d: %s", self.who.rank, self.stopped)
                 return
@@ -216,24 +274,35 @@ class Publisher:
         self._history()
         now = time.time()
         out = []
+        writes: list[tuple[str, bytes]] = []
         for feed in self.feeds:
             summary = self._summary(feed, now)
             key = summary_key(self.who.rank, int(summary["device"]))
-            raw = fit_summary(key, summary)
-            try:
-                self.store.set(key, raw)
-            except Exception as exc:
-                raise _StoreError(short_error(exc)) from None
+            writes.append((key, fit_summary(key, summary)))
             out.append(summary)
-        if not self.registered:
-            try:
-                for s in out:
-                    self.store.append(MEMBERS, member_entry(self.who.rank, int(s["device"])))
-            except Exception as exc:
-                raise _StoreError(short_error(exc)) from None
-            self.registered = True
+        members = [] if self.registered else [member_entry(self.who.rank, s["device"]) for s in out]
+
+        def publish_all(store: Store) -> None:
+            for key, raw in writes:
+                store.set(key, raw)
+            for entry in members:
+                store.append(MEMBERS, entry)
+
+        self._store_call(publish_all)
+        self.registered = True
         self.ticks += 1
         return out
+
+    def _store_call(self, fn: Any) -> None:  # Any: a callable taking the store
+        """``fn(store)`` under the connection's deadline; never once stopping."""
+        if self._stop.is_set():
+            raise _StoreError("stopping")
+        try:
+            self.store.call(fn)
+        except StoreHung as exc:
+            raise _StoreHung(str(exc)) from None
+        except Exception as exc:
+            raise _StoreError(short_error(exc)) from None
 
     def _summary(self, feed: _Feed, now: float) -> Json:
         history = feed.sampler.history
@@ -298,8 +367,12 @@ class Publisher:
     def _poll(self) -> None:
         """Requests and other ranks' OOMs (`Answers.poll` catches its own write errors: what
         leaves it is the store failing)."""
+        if self._stop.is_set():
+            raise _StoreError("stopping")
         try:
             self.answers.poll()
+        except StoreHung as exc:
+            raise _StoreHung(str(exc)) from None
         except Exception as exc:
             raise _StoreError(short_error(exc)) from None
 
@@ -323,6 +396,10 @@ class Publisher:
 
 class _StoreError(Exception):
     """A store call failed: the thread stops."""
+
+
+class _StoreHung(_StoreError):
+    """A store call did not return in time: said once, tried again."""
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -349,6 +426,7 @@ def publish(
     snapshot_dir: str | os.PathLike[str] | None = None,
     oom_dir: str | os.PathLike[str] | None = None,
     prometheus_port: int | None = None,
+    prometheus_addr: str = "127.0.0.1",
     record_history: bool = False,
     oom_wait: float = 5.0,
 ) -> Publisher:
@@ -359,8 +437,10 @@ def publish(
     external fragmentation, alloc retries, OOMs, the last OOM's verdict, a 64-cell binned
     segment map; at most 4 KiB with its key) under ``gpumemviz/`` keys of the job's
     torch.distributed store, where `gpumemviz.distributed.JobView` (and ``gpumemviz job
-    HOST:PORT``) reads them. It never blocks training and never raises into it; a store that
-    goes away stops it with one logged line.
+    HOST:PORT``) reads them. It never blocks training and never raises into it: this call makes
+    no store call (it returns at once even while the store hangs), every later store call has a
+    deadline, a store that stops answering is said in one logged line and tried again, one that
+    goes away stops it with one logged line. It is stopped and joined at exit.
 
     Parameters
     ----------
@@ -381,6 +461,10 @@ def publish(
         Serve this rank's devices for Prometheus (`gpumemviz.prometheus`) on
         ``prometheus_port + local_rank``, so the ranks of one host never collide; a port in use
         is said in one logged line and publishing goes on.
+    prometheus_addr : str
+        The address it listens on (default 127.0.0.1: this host only). "0.0.0.0" lets a fleet's
+        Prometheus scrape the ranks, and anyone who reaches the port read the figures
+        (docs/prometheus.md).
     record_history : bool
         Turn on the allocator's history recording (once CUDA is initialised) so snapshots carry a
         timeline; without it the rank says once when history is off.
@@ -396,9 +480,6 @@ def publish(
     ------
     ValueError
         For a bad argument, or no store (no default process group and no `store`).
-    gpumemviz.distributed.StoreGone
-        A ConnectionError, when the store does not answer at the call (later failures only
-        stop the thread).
 
     Examples
     --------
@@ -424,12 +505,11 @@ def publish(
     ):
         raise ValueError(f"prometheus_port must be in 0..65535, got {short_repr(prometheus_port)}")
     dirs = [None if d is None else Path(os.fspath(d)) for d in (snapshot_dir, oom_dir)]
+    if not isinstance(prometheus_addr, str) or not prometheus_addr:
+        raise ValueError(f"prometheus_addr must be an address, got {short_repr(prometheus_addr)}")
     rank, local_rank = ranks_here()
-    store = own_connection(default_store() if store is None else store)
-    try:
-        store.add(OOM_COUNT, 0)
-    except Exception as exc:
-        raise StoreGone(f"the job store does not answer: {short_error(exc)}") from None
+    # the clone is made on the connection's worker: a hung store holds only that thread
+    conn = guarded_clone(default_store() if store is None else store, deadline=_CALL_S)
     feeds: list[tuple[Sampler, bool, bool]] = []
     if source is None:
         sampler = shared(rank_device(local_rank))
@@ -444,7 +524,7 @@ def publish(
             sampler = Sampler(src, interval=min(interval, 0.5))
             feeds.append((sampler, True, sampler.start()))
     handle = Publisher(
-        store,
+        conn,
         feeds,
         who=RankIdentity.here(rank, local_rank),
         interval=interval,
@@ -454,5 +534,7 @@ def publish(
         record_history=bool(record_history),
     )
     if prometheus_port is not None:
-        handle.serve_metrics(prometheus_port, rank, local_rank)
+        handle.serve_metrics(
+            prometheus_port, rank, local_rank, addr=prometheus_addr, demo=source is not None
+        )
     return handle.start()

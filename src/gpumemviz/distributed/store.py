@@ -7,20 +7,40 @@ go in that TCPStore, unprefixed, so an outside ``TCPStore(host, port, is_master=
 reads them. Ranks and the job view each talk to it over a connection of their own (a clone), so
 a slow gpumemviz call never holds the process group's connection. No call here waits for a key:
 counters are read with ``add(key, 0)`` and values only after ``check``.
+
+Anyone who reaches the store can stop answering (a stopped master, a half-open connection), and
+torch's client then blocks in C++ without its own timeout (tried on torch 2.13: ``add``,
+``clone`` and the constructor all wait forever). So every gpumemviz store call goes through a
+`Connection`: one worker thread that makes the calls, a caller that waits for each at most its
+deadline and then gets `StoreHung` (the worker is abandoned: later calls fail at once until the
+stuck one returns). At exit (`atexit`, before the interpreter finalises) each connection is
+closed: a call still stuck has its socket shut down, so it returns while Python can still take
+it back; a thread coming back from C++ into a finalising interpreter aborts the process.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime
 import os
-from typing import Any
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
 
 from gpumemviz.distributed.keys import short_text
 from gpumemviz.live.job_store import default_group_store
 from gpumemviz.snapshot.escaping import short_repr
 
 __all__ = [
+    "Connection",
     "StoreGone",
+    "StoreHung",
     "connect",
     "default_store",
     "own_connection",
@@ -35,8 +55,209 @@ __all__ = [
 Store = Any  # Any: a torch.distributed.Store, duck typed (torch is imported lazily)
 
 
+T = TypeVar("T")
+
+
 class StoreGone(ConnectionError):
     """The job's store cannot be reached (the job ended, or the address is wrong)."""
+
+
+class StoreHung(StoreGone):
+    """The job's store did not answer a call within its deadline (it may answer later)."""
+
+
+_CLOSE_WAIT_S = 0.5  # how long `Connection.close` lets a call in flight finish on its own
+_open: weakref.WeakSet[Connection] = weakref.WeakSet()
+_before_exit: list[Callable[[], object]] = []  # run first at exit: the publishers' stops
+
+
+def before_exit(fn: Callable[[], object]) -> None:
+    """Run `fn` at exit before the connections are closed (a publisher stops its thread)."""
+    _before_exit.append(fn)
+
+
+@atexit.register
+def _close_all() -> None:
+    """At exit, before finalisation: stop what publishes, then close every connection."""
+    for fn in list(_before_exit):
+        with contextlib.suppress(Exception):  # exit goes on
+            fn()
+    for conn in list(_open):
+        conn.close()
+
+
+def _sockets() -> dict[int, str]:
+    """This process's open socket descriptors (Linux' /proc; empty elsewhere)."""
+    out: dict[int, str] = {}
+    try:
+        entries = list(Path("/proc/self/fd").iterdir())
+    except OSError:
+        return out
+    for entry in entries:
+        try:
+            link = str(entry.readlink())
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            out[int(entry.name)] = link
+    return out
+
+
+def _peer_port(fd: int) -> int | None:
+    """The remote port of socket `fd` (None when it is not a connected TCP socket)."""
+    try:
+        with socket.socket(fileno=os.dup(fd)) as dup:
+            peer = dup.getpeername()
+    except OSError:
+        return None
+    return int(peer[1]) if isinstance(peer, tuple) and len(peer) >= 2 else None
+
+
+class Connection:
+    """A store connection whose every call has a deadline.
+
+    Parameters
+    ----------
+    make : callable
+        Returns the store to talk to (a new client, a clone, or a store given as is); run on
+        the worker, so a store that hangs while connecting holds only the worker.
+    deadline : float
+        Seconds a call may take before the caller gets `StoreHung`.
+    port : int, optional
+        The store's TCP port: lets `close` find and shut down the socket of a stuck call.
+    what : str
+        How errors name the store ("the job store at 127.0.0.1:29500").
+    """
+
+    def __init__(
+        self,
+        make: Callable[[], Store],
+        *,
+        deadline: float = 10.0,
+        port: int | None = None,
+        what: str = "the job store",
+    ) -> None:
+        self.deadline = float(deadline)
+        self.port = port
+        self.what = what
+        self.hung_since: float | None = None  # monotonic time of the call that did not return
+        self.closed = False
+        self._lock = threading.Lock()
+        self._jobs: list[tuple[Callable[[Store], Any], Future[Any]]] = []
+        self._ready = threading.Condition(self._lock)
+        self._busy = False
+        self._store: Store | None = None
+        self._make = make
+        self._before = set(_sockets()) if port is not None else set()
+        self._mine: set[int] = set()
+        self._thread = threading.Thread(target=self._work, name="gpumemviz-store", daemon=True)
+        self._thread.start()
+        _open.add(self)
+
+    @classmethod
+    def around(cls, store: Store, *, deadline: float = 10.0) -> Connection:
+        """A connection that makes its calls on `store` itself (already connected)."""
+        if isinstance(store, Connection):
+            return store
+        address = store_address(store)
+        return cls(lambda: store, deadline=deadline, port=address[1] if address else None)
+
+    def call(self, fn: Callable[[Store], T], deadline: float | None = None) -> T:
+        """``fn(store)`` on the worker; its result, or its error.
+
+        Raises
+        ------
+        StoreHung
+            When it did not return within the deadline, or an earlier call is still stuck.
+        StoreGone
+            When the connection is closed or could not be made.
+        """
+        wait = self.deadline if deadline is None else float(deadline)
+        fut: Future[Any] = Future()
+        with self._lock:
+            if self.closed:
+                raise StoreGone(f"{self.what}: the connection is closed")
+            if self.hung_since is not None:
+                ago = time.monotonic() - self.hung_since
+                raise StoreHung(f"{self.what} is not answering (for {ago:.1f} s)")
+            self._jobs.append((fn, fut))
+            self._ready.notify()
+        try:
+            result: T = fut.result(wait)
+        except TimeoutError:
+            with self._lock:
+                if self.hung_since is None and not fut.done():
+                    self.hung_since = time.monotonic() - wait
+            if fut.done():
+                return fut.result()  # type: ignore[no-any-return]
+            raise StoreHung(f"{self.what} is not answering (no reply in {wait:g} s)") from None
+        return result
+
+    def close(self, wait: float = _CLOSE_WAIT_S) -> None:
+        """No further calls; a call still stuck after `wait` seconds has its socket shut down
+        (so its thread comes back while the interpreter still runs); the worker is joined."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            pending, self._jobs = self._jobs, []
+            self._ready.notify()
+        for _, fut in pending:
+            fut.set_exception(StoreGone(f"{self.what}: the connection is closed"))
+        self._thread.join(wait)
+        if self._thread.is_alive():
+            self._shut_sockets()
+            self._thread.join(2.0)
+        _open.discard(self)
+
+    def _shut_sockets(self) -> None:
+        if self.port is None:
+            return
+        others: set[int] = set()
+        for conn in list(_open):
+            if conn is not self:
+                others |= conn.mine()
+        for fd in _sockets():
+            if fd in others or (fd in self._before and fd not in self._mine):
+                continue
+            if _peer_port(fd) != self.port:
+                continue
+            try:
+                with socket.socket(fileno=os.dup(fd)) as dup:
+                    dup.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def mine(self) -> set[int]:
+        """The socket descriptors this connection's store opened (known once it is made)."""
+        with self._lock:
+            return set(self._mine)
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._jobs and not self.closed:
+                    self._ready.wait()
+                if self.closed:
+                    return
+                fn, fut = self._jobs.pop(0)
+                self._busy = True
+            try:
+                if self._store is None:
+                    self._store = self._make()
+                    if self.port is not None:
+                        with self._lock:
+                            self._mine = set(_sockets()) - self._before
+                value = fn(self._store)
+            except BaseException as exc:  # handed to the caller, whatever it is
+                if not fut.done():
+                    fut.set_exception(exc)
+            else:
+                if not fut.done():
+                    fut.set_result(value)
+            with self._lock:
+                self._busy = False
+                self.hung_since = None  # it answered (or failed): calls go on
 
 
 def _dist() -> Any:  # Any: torch.distributed, duck typed
@@ -94,22 +315,40 @@ def own_connection(store: Store, timeout: float = 10.0) -> Store:
     return store
 
 
-def connect(host: str, port: int, timeout: float = 10.0) -> Store:
-    """A client of the job's TCPStore at `host`:`port`.
+def guarded_clone(store: Store, deadline: float = 10.0) -> Connection:
+    """A `Connection` over a connection of our own to `store` (`own_connection`), made on the
+    worker: a store that hangs while cloning holds only the worker, never the caller."""
+    if isinstance(store, Connection):
+        return store
+    under = bottom(store)
+    address = store_address(under)
+    return Connection(
+        lambda: own_connection(under, deadline),
+        deadline=deadline,
+        port=address[1] if address is not None else None,
+    )
+
+
+def connect(host: str, port: int, timeout: float = 10.0) -> Connection:
+    """A client of the job's TCPStore at `host`:`port`, each call bounded by `timeout` seconds.
 
     Raises
     ------
     ValueError
         For a bad host or port.
     StoreGone
-        When nothing answers there within `timeout` seconds.
+        When nothing answers there within `timeout` seconds (`StoreHung` when something
+        accepts the connection but does not answer).
     """
     if not isinstance(host, str) or not host:
         raise ValueError(f"host must be a non-empty string, got {short_repr(host)}")
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise ValueError(f"port must be in 1..65535, got {short_repr(port)}")
+    if not isinstance(timeout, int | float) or not 0 < timeout <= 86400:
+        raise ValueError(f"timeout must be 0 to 86400 seconds, got {short_repr(timeout)}")
     dist = _dist()
-    try:
+
+    def make() -> Store:
         return dist.TCPStore(
             host,
             port,
@@ -117,8 +356,22 @@ def connect(host: str, port: int, timeout: float = 10.0) -> Store:
             timeout=datetime.timedelta(seconds=timeout),
             wait_for_workers=False,
         )
+
+    where = f"{host}:{port}"
+    conn = Connection(make, deadline=timeout, port=port, what=f"the job store at {where}")
+    try:
+        # the constructor retries a refused connection for `timeout` itself: a little more here
+        conn.call(lambda s: None, deadline=timeout + 1.0)
+    except StoreHung:
+        conn.close()
+        raise StoreHung(
+            f"no job store answers at {where} (it accepts the connection but is not answering "
+            f"within {timeout:g} s)"
+        ) from None
     except Exception as exc:
-        raise StoreGone(f"no job store answers at {host}:{port} ({_first_line(exc)})") from None
+        conn.close()
+        raise StoreGone(f"no job store answers at {where} ({_first_line(exc)})") from None
+    return conn
 
 
 def _first_line(exc: BaseException) -> str:
@@ -126,22 +379,35 @@ def _first_line(exc: BaseException) -> str:
     return short_text(text[0], 160) if text else type(exc).__name__
 
 
-def read_counter(store: Store, key: str) -> int:
+def run(store: Store | Connection, fn: Callable[[Store], T]) -> T:
+    """``fn(store)``: on a `Connection`'s worker, under its deadline; else directly."""
+    if isinstance(store, Connection):
+        return store.call(fn)
+    return fn(store)
+
+
+def read_counter(store: Store | Connection, key: str) -> int:
     """The counter at `key` (0 when missing; never waits)."""
-    return int(store.add(key, 0))
+    return int(run(store, lambda s: s.add(key, 0)))
 
 
-def read_value(store: Store, key: str) -> bytes | None:
+def read_value(store: Store | Connection, key: str) -> bytes | None:
     """The value at `key`, None when missing (never waits)."""
-    if not store.check([key]):
-        return None
-    return bytes(store.get(key))
+
+    def get(s: Store) -> bytes | None:
+        return bytes(s.get(key)) if s.check([key]) else None
+
+    return run(store, get)
 
 
-def read_values(store: Store, keys: list[str]) -> list[bytes | None]:
+def read_values(store: Store | Connection, keys: list[str]) -> list[bytes | None]:
     """The values at `keys` in one round trip where the store can (missing ones None)."""
     if not keys:
         return []
+    return run(store, lambda s: _values(s, keys))
+
+
+def _values(store: Store, keys: list[str]) -> list[bytes | None]:
     present = [k for k in keys if store.check([k])] if len(keys) < 2 else _present(store, keys)
     if not present:
         return [None] * len(keys)

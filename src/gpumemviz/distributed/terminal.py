@@ -42,14 +42,24 @@ def _size(value: object) -> str:
     return format_size(value) if isinstance(value, int) else "?"
 
 
-def grid_text(ranks: list[Json], *, title: str = "") -> str:
-    """The grid of `ranks` (what `JobView.ranks` returns) as lines of text.
+def grid_text(ranks: list[Json], *, title: str = "", dropped: int = 0) -> str:
+    """The grid of `ranks` (what `JobView.ranks` returns) as lines of text; `dropped` (the
+    view's) says how many (rank, device) entries were not read.
 
     >>> print(grid_text([]))
     no rank has published yet
+    >>> print(grid_text([], dropped=3))
+    no rank has published yet
+    3 more (rank, device) entries in the store not read (over the cap, or not rank:device)
     """
+    tail = (
+        f"\n{dropped} more (rank, device) entries in the store not read (over the cap, or not "
+        "rank:device)"
+        if dropped
+        else ""
+    )
     if not ranks:
-        return (title + "\n" if title else "") + "no rank has published yet"
+        return (title + "\n" if title else "") + "no rank has published yet" + tail
     head = (
         f"{'rank':>4} {'dev':>3} {'host':<12} {'reserved':>10} {'allocated':>10} "
         f"{'largest free':>12} {'frag':>5} {'ooms':>4} {'headroom':>10}  "
@@ -67,4 +77,4 @@ def grid_text(ranks: list[Json], *, title: str = "") -> str:
             f"{row.get('ooms', '?'):>4} {_size(row.get('headroom')):>10}  "
             f"{map_text(row.get('bins'))}  {row['note']}"
         )
-    return "\n".join(lines)
+    return "\n".join(lines) + tail

@@ -7,6 +7,12 @@ come from each device's newest segment state, computed once per state and kept: 
 sampler's thread as the state arrives (`SamplerCollector.listen`, while an endpoint serves),
 else at the first scrape that finds it. A scrape then only formats figures already computed
 (benchmarks/prometheus.py: 8 devices cost a scrape under 5 ms only this way).
+
+Each device also has ``gpumemviz_up``: 1 while its sampler reads it, 0 with the reason while it
+does not. The simulated demo (what a machine without a GPU samples) is served only when asked
+for (``demo=True``): otherwise its figures are left out and its ``gpumemviz_up`` is 0 saying so,
+so a node that lost CUDA never feeds plausible series to Grafana. `describe` names the families
+so that prometheus_client's ``name[]`` filter finds them.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from gpumemviz.analysis.fragmentation import fragmentation
-from gpumemviz.prometheus.metrics import INFO_NAME, LABELS, METRICS, Reading
+from gpumemviz.prometheus.metrics import INFO_NAME, LABELS, METRICS, UP_NAME, Reading
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric as Family
@@ -26,7 +32,9 @@ if TYPE_CHECKING:
     from gpumemviz.live.sampler import Sampler
     from gpumemviz.snapshot.sample import Sample
 
-__all__ = ["SamplerCollector", "gpu_uuid"]
+__all__ = ["DEMO_NOT_SERVED", "SamplerCollector", "gpu_uuid"]
+
+DEMO_NOT_SERVED = "no GPU: the simulated demo is not served (serve(demo=True) serves it)"
 
 
 def gpu_uuid(sample: Sample | None) -> str:
@@ -57,14 +65,20 @@ class SamplerCollector:
     labels : {str: str}
         The labels every series carries besides ``device`` and ``gpu_uuid``: rank, local_rank,
         host and pid.
+    demo : bool
+        Serve a simulated device's figures (default True: the caller named the samplers);
+        False: only its ``gpumemviz_up`` 0, saying why.
     """
 
-    def __init__(self, samplers: Mapping[int, Sampler], labels: Mapping[str, str]) -> None:
+    def __init__(
+        self, samplers: Mapping[int, Sampler], labels: Mapping[str, str], *, demo: bool = True
+    ) -> None:
         missing = set(LABELS) - {"device", "gpu_uuid"} - set(labels)
         if missing:
             raise ValueError(f"labels missing: {sorted(missing)}")
         self.samplers = dict(samplers)
         self.labels = dict(labels)
+        self.demo = bool(demo)
         self._lock = threading.Lock()
         self._figures: dict[int, tuple[int, MemoryFigures | None]] = {}  # device -> (seq, ...)
         self._listeners: dict[int, Callable[[Sample], None]] = {}
@@ -87,12 +101,32 @@ class SamplerCollector:
         if sample.segments is not None:
             self._segment_figures(device, sample)
 
+    def up(self) -> list[tuple[list[str], str]]:
+        """(label values, reason) per device: reason "" while it is read, else why not."""
+        out = []
+        for device, sampler in sorted(self.samplers.items()):
+            latest = sampler.history.latest()
+            if latest is None:
+                reason = "no sample yet"
+            elif latest.demo and not self.demo:
+                reason = DEMO_NOT_SERVED
+            elif latest.stats is None or latest.state == "error":
+                reason = latest.errors[-1] if latest.errors else f"state {latest.state}"
+            else:
+                reason = ""
+            values = {**self.labels, "device": str(device), "gpu_uuid": gpu_uuid(latest)}
+            out.append(([values[k] for k in LABELS], reason[:200]))
+        return out
+
     def readings(self) -> list[tuple[list[str], Reading]]:
-        """(label values in `LABELS` order, reading) per device, from the newest samples."""
+        """(label values in `LABELS` order, reading) per device, from the newest samples (a
+        simulated device only when ``demo``)."""
         out = []
         for device, sampler in sorted(self.samplers.items()):
             sample = sampler.history.latest_stats()
             seg = sampler.history.latest_segments()
+            if not self.demo and any(s is not None and s.demo for s in (sample, seg)):
+                continue
             figures = self._segment_figures(device, seg)
             reading = Reading(sample, figures, seg.time if figures is not None and seg else None)
             values = {
@@ -120,6 +154,16 @@ class SamplerCollector:
             self._figures[device] = (seg.seq, figures)
         return figures
 
+    def describe(self) -> Iterator[Family]:
+        """The families by name and type, empty (the registry's ``name[]`` filter reads it)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        for metric in METRICS:
+            make = GaugeMetricFamily if metric.kind == "gauge" else CounterMetricFamily
+            yield make(metric.name, metric.help, labels=LABELS)
+        yield GaugeMetricFamily(INFO_NAME, "", labels=LABELS)
+        yield GaugeMetricFamily(UP_NAME, "", labels=LABELS)
+
     def collect(self) -> Iterator[Family]:
         """The metric families of this scrape (prometheus_client calls it)."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -145,4 +189,14 @@ class SamplerCollector:
             source = s.source_label if s is not None else ""
             demo = "true" if s is not None and s.demo else "false"
             info.add_metric([*values, name, source, demo], 1.0)
-        yield info
+        if rows:
+            yield info
+        up = GaugeMetricFamily(
+            UP_NAME,
+            "1 per device while its sampler reads it; 0 with the reason while it does not.",
+            labels=(*LABELS, "reason"),
+        )
+        for values, reason in self.up():
+            up.add_metric([*values, reason], 0.0 if reason else 1.0)
+        if up.samples:
+            yield up

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from gpumemviz.analysis.fragmentation import MemoryFigures
     from gpumemviz.snapshot.sample import NvmlInfo, Sample
 
-__all__ = ["INFO_NAME", "LABELS", "METRICS", "Metric", "Reading", "exported_names"]
+__all__ = ["INFO_NAME", "LABELS", "METRICS", "UP_NAME", "Metric", "Reading", "exported_names"]
 
 LABELS = ("rank", "local_rank", "host", "device", "gpu_uuid", "pid")
 """The labels of every series: DCGM's and nvitop's series join on ``gpu_uuid`` and ``pid``."""
@@ -221,6 +221,12 @@ INFO_NAME = "gpumemviz_device_info"
 """Always 1, per device; its labels add ``name`` (the device), ``source`` and ``demo``."""
 
 
+UP_NAME = "gpumemviz_up"
+"""Per device: 1 while its sampler reads it, 0 with the reason (label ``reason``) while it does
+not (a failed read, no sample yet, the simulated demo not asked for): a broken sampler never
+looks like an idle device."""
+
+
 def exported_names() -> list[str]:
     """Every series name a scrape can hold, as PromQL names it.
 
@@ -229,4 +235,4 @@ def exported_names() -> list[str]:
     >>> "gpumemviz_alloc_retries_total" in exported_names()
     True
     """
-    return sorted([m.sample_name for m in METRICS] + [INFO_NAME])
+    return sorted([m.sample_name for m in METRICS] + [INFO_NAME, UP_NAME])

@@ -1,8 +1,12 @@
 """`serve`: the HTTP endpoint Prometheus scrapes, on the shared samplers, and its handle.
 
 Each `serve` has a `CollectorRegistry` of its own (never prometheus_client's global one), so two
-endpoints in one process, or the user's own metrics, never clash; prometheus_client's
-``start_http_server`` serves it on a daemon thread. The samplers are
+endpoints in one process, or the user's own metrics, never clash; prometheus_client's WSGI app
+serves it (``name[]`` filtering included) from `_BoundedServer` on a daemon thread: at most
+`MAX_CONNECTIONS` requests at once (more are closed at once), each socket under a
+`REQUEST_TIMEOUT_S` timeout, so idle or half-sent connections cannot pile up threads. Without a
+GPU, ``devices="all"`` serves no device unless ``demo=True`` asks for the simulated demo. The
+samplers are
 `gpumemviz.live.shared.shared`'s,
 the ones the panels read: serving starts no second sampler on a device.
 """
@@ -12,9 +16,11 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import socketserver
 import threading
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from gpumemviz.live.shared import shared, shared_devices
 from gpumemviz.live.sources.default import cuda_device_count
@@ -24,11 +30,59 @@ from gpumemviz.snapshot.sample import check_device
 
 if TYPE_CHECKING:
     from types import TracebackType
-    from wsgiref.simple_server import WSGIServer
 
     from gpumemviz.live.sampler import Sampler
 
-__all__ = ["Exporter", "PortInUseError", "rank_port", "serve", "serve_rank"]
+__all__ = [
+    "MAX_CONNECTIONS",
+    "REQUEST_TIMEOUT_S",
+    "Exporter",
+    "PortInUseError",
+    "rank_port",
+    "serve",
+    "serve_rank",
+]
+
+MAX_CONNECTIONS = 16  # requests served at once; one more is closed unanswered
+REQUEST_TIMEOUT_S = 5.0  # a connection that sends or reads nothing for this long is closed
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """No access log on stderr (a scrape every 15 s is not news)."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # Any: the log's arguments
+        pass
+
+
+class _BoundedServer(socketserver.ThreadingMixIn, WSGIServer):
+    """A thread per request, at most `MAX_CONNECTIONS` at once, each socket under a timeout."""
+
+    daemon_threads = True
+    block_on_close = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # Any: WSGIServer's own
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.refused = 0
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:  # Any: a socket
+        if not self.slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            request.settimeout(REQUEST_TIMEOUT_S)
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
 
 INSTALL_HINT = "gpumemviz.prometheus needs prometheus_client: pip install 'gpumemviz[prometheus]'"
 
@@ -111,6 +165,7 @@ def serve(
     devices: str | Sequence[int] = "all",
     rank: int | None = None,
     local_rank: int | None = None,
+    demo: bool = False,
 ) -> Exporter:
     """Serve gpumemviz's allocator metrics for Prometheus on ``http://addr:port/metrics``.
 
@@ -126,13 +181,16 @@ def serve(
         TCP port, 0 to 65535 (0: one the system picks; the handle's ``port`` says which).
     addr : str
         Address to listen on (default 127.0.0.1: this host only; "0.0.0.0" for every
-        interface).
+        interface: anyone who reaches the port reads the figures, docs/prometheus.md).
     devices : "all" or sequence of int
-        "all": every CUDA device torch sees and every device with a shared sampler (device 0,
-        the simulated demo, on a machine without CUDA).
+        "all": every CUDA device torch sees (none on a machine without CUDA, unless `demo`).
     rank, local_rank : int, optional
         The labels; by default the ``RANK`` and ``LOCAL_RANK`` environment variables torchrun
         sets, else 0.
+    demo : bool
+        Serve the simulated demo where there is no GPU (device 0, marked ``demo="true"`` in
+        ``gpumemviz_device_info``). Without it a simulated device serves only its
+        ``gpumemviz_up`` 0, saying why.
 
     Returns
     -------
@@ -154,7 +212,7 @@ def serve(
     --------
     >>> import urllib.request
     >>> from gpumemviz.prometheus import serve
-    >>> exporter = serve(0, devices=[0], rank=0, local_rank=0)
+    >>> exporter = serve(0, devices=[0], rank=0, local_rank=0, demo=True)
     >>> exporter.labels["rank"], exporter.devices
     ('0', (0,))
     >>> text = urllib.request.urlopen(exporter.url).read().decode()
@@ -163,8 +221,9 @@ def serve(
     >>> exporter.stop()
     """
     port = _check_port(port)
-    devs = _devices(devices)
-    exporter = _start(port, addr, {d: shared(d) for d in devs}, _labels(rank, local_rank))
+    devs = _devices(devices, demo=bool(demo))
+    samplers = {d: shared(d) for d in devs}
+    exporter = _start(port, addr, samplers, _labels(rank, local_rank), demo=bool(demo))
     exporter.started = tuple(d for d in devs if not shared(d).running and shared(d).start())
     return exporter
 
@@ -179,21 +238,34 @@ def _labels(rank: int | None, local_rank: int | None) -> dict[str, str]:
 
 
 def _start(
-    port: int, addr: str, samplers: Mapping[int, Sampler], labels: dict[str, str]
+    port: int,
+    addr: str,
+    samplers: Mapping[int, Sampler],
+    labels: dict[str, str],
+    *,
+    demo: bool,
 ) -> Exporter:
     """Serve these samplers' series on addr:port (raises one line when it cannot)."""
     if not isinstance(addr, str) or not addr:
         raise ValueError(f"addr must be a host address string, got {short_repr(addr)}")
     try:
-        from prometheus_client import CollectorRegistry, start_http_server
+        from prometheus_client import CollectorRegistry, make_wsgi_app
     except ImportError:
         raise ImportError(INSTALL_HINT) from None
-    collector = SamplerCollector(samplers, labels)
+    collector = SamplerCollector(samplers, labels, demo=demo)
     collector.listen()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     try:
-        server, thread = start_http_server(port, addr, registry)
+        family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        server_class = type("_Server", (_BoundedServer,), {"address_family": family[0][0]})
+        server: WSGIServer = make_server(
+            addr, port, make_wsgi_app(registry), server_class, handler_class=_QuietHandler
+        )
+        thread = threading.Thread(
+            target=server.serve_forever, name="gpumemviz-prometheus", daemon=True
+        )
+        thread.start()
     except OSError as exc:
         where = f"{addr}:{port}"
         collector.close()
@@ -236,23 +308,24 @@ def serve_rank(
     devices: str | Sequence[int] = "all",
     addr: str = "127.0.0.1",
     samplers: Mapping[int, Sampler] | None = None,
+    demo: bool = False,
 ) -> Exporter:
     """`serve` for one rank of a job: on ``prometheus_port + local_rank`` (`rank_port`), with
     the rank's labels. What a rank's publisher calls, with its own `samplers` (device ->
-    sampler; then `devices` is not used and no sampler is started or stopped); raises as
-    `serve` does.
+    sampler; then `devices` is not used and no sampler is started or stopped); `demo` as for
+    `serve`; raises as `serve` does.
 
     Examples
     --------
-    >>> exporter = serve_rank(0, rank=1, local_rank=0, devices=[0])
+    >>> exporter = serve_rank(0, rank=1, local_rank=0, devices=[0], demo=True)
     >>> exporter.labels["rank"], exporter.labels["local_rank"]
     ('1', '0')
     >>> exporter.stop()
     """
     port = rank_port(prometheus_port, local_rank)
     if samplers is None:
-        return serve(port, addr, devices=devices, rank=rank, local_rank=local_rank)
-    return _start(port, addr, samplers, _labels(rank, local_rank))
+        return serve(port, addr, devices=devices, rank=rank, local_rank=local_rank, demo=demo)
+    return _start(port, addr, samplers, _labels(rank, local_rank), demo=demo)
 
 
 def _check_port(port: object, name: str = "port") -> int:
@@ -277,12 +350,14 @@ def _rank(value: object, name: str, env: str) -> int:
     return value
 
 
-def _devices(devices: object) -> list[int]:
+def _devices(devices: object, *, demo: bool) -> list[int]:
     if isinstance(devices, str):
         if devices != "all":
             raise ValueError(f'devices must be "all" or a list of ints, got {short_repr(devices)}')
-        found = set(range(cuda_device_count())) | set(shared_devices())
-        return sorted(found) or [0]
+        count = cuda_device_count()
+        if count:
+            return sorted(set(range(count)) | set(shared_devices()))
+        return sorted(set(shared_devices()) | {0}) if demo else []  # no GPU: the demo if asked
     if not isinstance(devices, Sequence) or not devices:
         raise ValueError(f'devices must be "all" or a list of ints, got {short_repr(devices)}')
     return sorted({check_device(d) for d in devices})

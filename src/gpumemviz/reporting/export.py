@@ -191,14 +191,35 @@ def export(
     return write_torch(snap.to_torch(), path, format=fmt, force=force)
 
 
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(cell: Cell) -> Cell:
+    """A text cell a spreadsheet would run as a formula (starting with = + - @ TAB or CR, and
+    not a number) with a leading quote; anything else as it is. Frame names, file names and
+    labels come from the profiled program: a CSV opened in a spreadsheet must not run them.
+
+    >>> csv_safe("=HYPERLINK(1)"), csv_safe("-12.5"), csv_safe("@x"), csv_safe(3), csv_safe("a")
+    ("'=HYPERLINK(1)", '-12.5', "'@x", 3, 'a')
+    """
+    if not isinstance(cell, str) or not cell.startswith(_FORMULA_STARTS):
+        return cell
+    try:
+        float(cell)
+    except ValueError:
+        return "'" + cell
+    return cell
+
+
 def _write_csv(
     path: Path, header: Sequence[str], columns: dict[str, list[Cell]], force: bool = False
 ) -> None:
     def write(f: BinaryIO) -> None:
         text = _io.TextIOWrapper(f, encoding="utf-8", newline="")
         w = csv.writer(text, lineterminator="\n")
-        w.writerow(header)
-        w.writerows(zip(*(columns[c] for c in header), strict=True))
+        w.writerow([csv_safe(h) for h in header])
+        rows = zip(*(columns[c] for c in header), strict=True)
+        w.writerows([csv_safe(c) for c in row] for row in rows)
         text.flush()
         text.detach()
 

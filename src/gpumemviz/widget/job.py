@@ -12,6 +12,7 @@ rank) runs on a thread of its own, never on the kernel's, over a store connectio
 
 from __future__ import annotations
 
+import shlex
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -157,16 +158,20 @@ class JobPanel(MemoryPanel):
 
     def _ask(self, rank: int, fut: Future[Path]) -> None:
         try:
-            # a connection of its own: the feed's thread keeps reading over the panel's
-            path = JobView(self.view.host, self.view.port).request_snapshot(
-                rank, timeout=SNAPSHOT_TIMEOUT_S
-            )
+            # a connection of its own (closed after): the feed's thread keeps reading over the
+            # panel's
+            view = JobView(self.view.host, self.view.port)
+            try:
+                path = view.request_snapshot(rank, timeout=SNAPSHOT_TIMEOUT_S)
+            finally:
+                view.close()
         except Exception as exc:  # JobError, TimeoutError, a store gone: one line
             text = str(exc) if str(exc) and "\n" not in str(exc) else short_error(exc)
             self._set_snapshot({"rank": rank, "state": "error", "text": text})
             fut.set_exception(exc)
             return
-        hint = f"gpumemviz inspect {path}  or  %gpumemviz --replay {path}"
+        quoted = shlex.quote(str(path))  # a path from another process: quoted for a shell
+        hint = f"gpumemviz inspect {quoted}  or  %gpumemviz --replay {quoted}"
         done = {"rank": rank, "state": "done", "text": f"rank {rank} wrote {path}"}
         self._set_snapshot({**done, "path": str(path), "hint": hint})
         fut.set_result(path)

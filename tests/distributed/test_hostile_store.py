@@ -1,0 +1,328 @@
+"""Issue 34: a job's store is an open door. Anyone who reaches it can write any key, hang it or
+kill it; these tests do each on a real TCPStore on 127.0.0.1 (in this process, or a child
+process that is stopped and killed) and check the promise of docs/distributed.md: a bounded
+number of files, never through a symlink, no rank aborted or blocked, no viewer crashed, and
+what is hostile shown as suspect."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+torch_dist = pytest.importorskip("torch.distributed")
+
+from gpumemviz.cli import main  # noqa: E402
+from gpumemviz.distributed import JobError, JobFeed, JobView, Publisher, StoreGone, publish  # noqa: E402
+from gpumemviz.distributed.answers import OOM_RING, Answers  # noqa: E402
+from gpumemviz.distributed.keys import (  # noqa: E402
+    MEMBERS,
+    OOM_COUNT,
+    answer_key,
+    encode,
+    oom_key,
+    request_key,
+    request_nonce_key,
+    summary_key,
+)
+from gpumemviz.distributed.store import own_connection  # noqa: E402
+from gpumemviz.distributed.summary import RankIdentity  # noqa: E402
+from gpumemviz.live.sampler import Sampler  # noqa: E402
+from gpumemviz.live.sources.simulated import SimulatedSource  # noqa: E402
+
+TICK = 0.05
+SRC = Path(__file__).resolve().parents[2] / "src"
+MASTER = (
+    "import sys, torch.distributed as d\n"
+    "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
+    "print(s.port, flush=True); sys.stdin.read()\n"
+)
+
+
+@pytest.fixture
+def master():
+    return torch_dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+
+def sim() -> SimulatedSource:
+    return SimulatedSource("training", autostart=False, loop=False)
+
+
+def rank(store, r, **kw) -> Publisher:
+    sampler = Sampler(sim(), interval=TICK)
+    sampler.sample_once(segments=True)
+    pub = Publisher(
+        own_connection(store),
+        [(sampler, True, False)],
+        who=RankIdentity(r, r, "host-a", os.getpid()),
+        **{"interval": TICK, **kw},
+    )
+    pub.tick()
+    return pub.start()
+
+
+def child_master() -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", MASTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+
+
+def wait_until(what, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = what()
+        if got:
+            return got
+        time.sleep(TICK)
+    raise AssertionError("timed out")
+
+
+# -- 1. clean exit ------------------------------------------------------------------------------
+
+RANK_THAT_EXITS = """
+import sys, time
+import torch.distributed as d
+from gpumemviz.distributed import publish
+from gpumemviz.live.sources.simulated import SimulatedSource
+c = d.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, wait_for_workers=False)
+pub = publish(0.01, store=c, source=SimulatedSource("training", autostart=False, loop=False))
+while pub.ticks < 2:
+    time.sleep(0.01)
+print("ready", flush=True)
+sys.stdin.readline()  # the store hangs now: the publisher's next call never returns
+time.sleep(0.1)
+"""
+
+
+def exit_round(src: Path) -> int:
+    """One rank exiting while its store hangs, then dies: the rank's exit status."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    store = child_master()
+    try:
+        port = int(store.stdout.readline())  # type: ignore[union-attr]
+        rank_ = subprocess.Popen(
+            [sys.executable, "-c", RANK_THAT_EXITS, str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        assert rank_.stdout is not None and rank_.stdout.readline().strip() == "ready"
+        os.kill(store.pid, signal.SIGSTOP)
+        rank_.stdin.write("go\n")  # type: ignore[union-attr]
+        rank_.stdin.flush()  # type: ignore[union-attr]
+        time.sleep(0.4)  # the rank exits with the publisher inside a store call
+        store.kill()
+        rank_.communicate(timeout=60)
+        return rank_.returncode
+    finally:
+        store.kill()
+        store.communicate()
+
+
+@pytest.mark.slow
+def test_twenty_rounds_of_the_exit_race_abort_zero_times():
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        codes = list(pool.map(lambda _: exit_round(SRC), range(20)))
+    assert codes.count(-signal.SIGABRT) == 0 and set(codes) == {0}, codes
+
+
+# -- 2. a hung store ----------------------------------------------------------------------------
+
+HANG_S = 5.0  # the issue hung the store 60 s; the bound checked per step is the same
+
+
+@pytest.mark.slow
+def test_a_hung_store_never_blocks_publish_training_or_viewers(caplog, capsys):
+    caplog.set_level(logging.WARNING, logger="gpumemviz.distributed")
+    store = child_master()
+    try:
+        port = int(store.stdout.readline())  # type: ignore[union-attr]
+        client = torch_dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
+        os.kill(store.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        pub = publish(0.01, store=client, source=sim())
+        assert time.monotonic() - t0 < 0.1
+        worst, end = 0.0, time.monotonic() + HANG_S
+        while time.monotonic() < end:  # a 10 ms training loop
+            a = time.monotonic()
+            time.sleep(0.01)
+            worst = max(worst, time.monotonic() - a - 0.01)
+        assert worst < 0.05, worst
+        assert pub.running and pub.hung is not None and "not answering" in pub.hung
+        said = [r for r in caplog.records if "not answering" in r.getMessage()]
+        assert len(said) == 1
+        t0 = time.monotonic()
+        with pytest.raises(StoreGone, match="not answering"):
+            JobView("127.0.0.1", port, timeout=1.0)
+        assert time.monotonic() - t0 < 3.0
+        t0 = time.monotonic()
+        assert main(["job", f"127.0.0.1:{port}", "--once", "--timeout", "1"]) == 2
+        assert time.monotonic() - t0 < 3.0
+        assert "not answering" in capsys.readouterr().err
+        t0 = time.monotonic()
+        assert pub.stop()
+        assert time.monotonic() - t0 < 3.0
+    finally:
+        store.kill()
+        store.communicate()
+
+
+# -- 3. hostile summaries -----------------------------------------------------------------------
+
+HOSTILE = {
+    1: b'{"time": 1' + b"0" * 4000 + b', "interval": 1}',
+    2: b'{"time": 1.0, "interval": 1' + b"0" * 4000 + b"}",
+    3: b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+    4: json.dumps({"time": time.time(), "interval": 1.0, "ooms": None}).encode(),
+    5: json.dumps({"time": time.time(), "interval": 1.0, "headroom": 10**30}).encode(),
+    6: b'{"time": NaN, "interval": 1.0}',
+    7: b'{"time": 1e999, "interval": 1.0}',
+    8: b"\xff\xfe not json",
+    9: b"[1, 2, 3]",
+    10: b'{"time": 1.0, "bins": "' + b"x" * 70000 + b'"}',
+    11: json.dumps({"time": time.time(), "interval": 1.0, "last_oom": {"cause": 3}}).encode(),
+}
+
+
+def test_every_hostile_summary_leaves_the_views_and_feeds_running(master, capsys):
+    pub = rank(master, 0)
+    for r, raw in HOSTILE.items():
+        master.set(summary_key(r, 0), raw)
+        master.append(MEMBERS, f"{r}:0;")
+    future = {"time": time.time() + 3600, "interval": 1.0, "reserved": 1}
+    master.set(summary_key(12, 0), encode(future))
+    master.append(MEMBERS, "12:0;")
+    master.add(OOM_COUNT, 1)  # a nested OOM announcement
+    master.set(oom_key(master.add(OOM_COUNT, 0)), b"[" * 5000 + b"]" * 5000)
+    try:
+        view = JobView("127.0.0.1", master.port)
+        rows = {r["rank"]: r for r in view.ranks()}
+        assert "suspect" not in rows[0] and not rows[0]["stale"]
+        assert {r for r, row in rows.items() if "suspect" in row} == set(HOSTILE)
+        assert rows[12]["stale"] and "suspect" not in rows[12]  # a stamp in the future
+        assert main(["job", f"127.0.0.1:{master.port}", "--once"]) == 0
+        out = capsys.readouterr().out
+        assert out.count("suspect:") == len(HOSTILE)
+        feed = JobFeed(view, interval=TICK)
+        got: list = []
+        feed.add_listener(lambda strips, why: got.append((strips, why)))
+        feed.start()
+        wait_until(lambda: len(got) >= 3)
+        assert feed.running and feed.stopped is None and got[-1][1] is None
+        feed.stop()
+        time.sleep(4 * TICK)
+        assert pub.running and pub.stopped is None and pub.errors == 0
+    finally:
+        pub.stop()
+
+
+def test_ranks_are_capped_and_what_was_dropped_is_said(master, capsys):
+    master.set(MEMBERS, "".join(f"{r}:0;" for r in range(5000)).encode())
+    view = JobView("127.0.0.1", master.port)
+    assert view.ranks() == [] and view.dropped == 5000 - 4096
+    small = JobView("127.0.0.1", master.port, world_size=8)
+    small.ranks()
+    assert small.dropped == 5000 - 8
+    assert main(["job", f"127.0.0.1:{master.port}", "--once"]) == 0
+    assert "904 more (rank, device) entries" in capsys.readouterr().out
+
+
+# -- 4. OOM and request channels ----------------------------------------------------------------
+
+
+def test_200_fake_ooms_leave_at_most_4_files_per_rank(master, tmp_path):
+    pubs = [rank(master, r, oom_dir=tmp_path) for r in range(2)]
+    for n in range(200):
+        k = master.add(OOM_COUNT, 1)
+        master.set(oom_key(k), encode({"rank": [0, 1, -1, 7, 10**9][n % 5]}))
+        time.sleep(0.002)
+    time.sleep(10 * TICK)
+    master.add(OOM_COUNT, 10**6)  # a jump: skipped, never replayed
+    time.sleep(10 * TICK)
+    for p in pubs:
+        assert p.running
+        assert p.answers.oom_seen == master.add(OOM_COUNT, 0)
+        p.stop()
+    for r in range(2):
+        mine = [p for p in tmp_path.iterdir() if p.name.startswith(f"rank{r}_")]
+        assert len(mine) <= OOM_RING, mine
+
+
+def test_the_oom_ring_keeps_4_files_when_exports_are_allowed(master, tmp_path):
+    for r in range(10):
+        master.append(MEMBERS, f"{r}:0;")
+    conn = own_connection(master)
+    answers = Answers(conn, 0, lambda: {"segments": []}, snapshot_dir=None, oom_dir=tmp_path)
+    answers.export_every = 0.0
+    answers.poll()
+    for at in range(1, 10):
+        k = master.add(OOM_COUNT, 1)
+        master.set(oom_key(k), encode({"rank": at}))
+        answers.poll()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"rank0_at_rank{at}_oom.pickle" for at in range(6, 10)
+    ]
+
+
+def test_a_planted_symlinks_target_is_untouched(master, tmp_path):
+    target = tmp_path / "bashrc"
+    target.write_text("precious\n")
+    shared_dir = tmp_path / "shared"
+    shared_dir.mkdir()
+    (shared_dir / "rank0.pickle").symlink_to(target)
+    (shared_dir / "rank0_at_rank1_oom.pickle").symlink_to(target)
+    master.append(MEMBERS, "1:0;")
+    pub = rank(master, 0, snapshot_dir=shared_dir, oom_dir=shared_dir)
+    try:
+        with pytest.raises(JobError, match="symlink"):
+            JobView("127.0.0.1", master.port).request_snapshot(0, timeout=10)
+        k = master.add(OOM_COUNT, 1)
+        master.set(oom_key(k), encode({"rank": 1}))
+        time.sleep(10 * TICK)
+    finally:
+        pub.stop()
+    assert target.read_text() == "precious\n"
+    assert (shared_dir / "rank0.pickle").is_symlink()
+
+
+def test_forged_answers_and_a_request_flood(master, tmp_path):
+    pub = rank(master, 0, snapshot_dir=tmp_path)
+    forging = threading.Event()
+
+    def forge() -> None:  # echoes whatever nonce it reads, with a path the rank never wrote
+        while not forging.is_set():
+            raw = master.get(request_nonce_key(0)) if master.check([request_nonce_key(0)]) else b""
+            forged = {"n": 10**9, "nonce": raw.decode(), "path": "/etc/passwd", "error": None}
+            master.set(answer_key(0), encode(forged))
+            time.sleep(0.001)
+
+    forger = threading.Thread(target=forge, daemon=True)
+    forger.start()
+    try:
+        view = JobView("127.0.0.1", master.port)
+        try:
+            path = view.request_snapshot(0, timeout=10)
+        except JobError as exc:
+            assert "does not write" in str(exc)
+        else:
+            assert path == tmp_path / "rank0.pickle"
+        forging.set()
+        forger.join()
+        for _ in range(100):  # a flood of requests: at most one export per 10 s
+            master.add(request_key(0), 1)
+        time.sleep(10 * TICK)
+        assert pub.running and len(pub.answers.written) <= 1
+    finally:
+        forging.set()
+        pub.stop()
