@@ -1,4 +1,5 @@
-# Every target sets itself up from nothing: a fresh clone needs only python3 (and root for apt).
+# Every target sets itself up from nothing: a fresh clone needs python3, node and npm (and root,
+# for Debian's chromium, which `make test`'s browser tests drive).
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
