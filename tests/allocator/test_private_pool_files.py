@@ -22,7 +22,6 @@ import pickle
 
 import numpy as np
 import pytest
-from test_report_html import decoded_map, page_data
 
 from conftest import has_private_pools, read_real, real_file
 from gpumemviz.allocator.replay import ReplayError, replay
@@ -42,6 +41,7 @@ from gpumemviz.snapshot import Snapshot
 from gpumemviz.snapshot.pools import pool_label
 from gpumemviz.snapshot.units import format_size
 from gpumemviz.widget import MemoryPanel
+from test_report_html import decoded_map, page_data
 
 SLIME = "THUDM__slime__init_model_mempool.pickle"
 VERL = "volcengine__verl__mem_mempools.pickle"

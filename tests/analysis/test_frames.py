@@ -8,7 +8,6 @@ import re
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_export import HOME_NAMES, _string_values
 from torch.cuda import _memory_viz as mv
 
 from conftest import REAL_FILES, read_real, real_file
@@ -30,6 +29,7 @@ from gpumemviz.analysis.frames import (
     user_frame_index,
 )
 from gpumemviz.io import load_snapshot
+from test_export import HOME_NAMES, _string_values
 
 #: The torch 2.0 files (blocks carry `history`): both ship. The user's line of every live
 #: block of the OOM one is the same allocation; the 1.3b one has the main one and a few more.

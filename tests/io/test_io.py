@@ -10,13 +10,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_snapshot import minimal, synthetic
 
 import gpumemviz
 from conftest import read_real, real_file
 from gpumemviz import io as gio
 from gpumemviz.io import as_snapshot, load_snapshot, loads_restricted, save_snapshot, snapshot_files
 from gpumemviz.snapshot import Snapshot, SnapshotError
+from test_snapshot import minimal, synthetic
 
 #: Whole torch 2.11 files (trace entries carry compile_context and user_metadata): MAGMA27's
 #: is CI-only, Wedsonlin's ships.

@@ -20,11 +20,11 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from test_snapshot import minimal
 
 from conftest import REAL_FILES, _ids, real_file
 from gpumemviz.io import load_snapshot, loads_restricted, scan_pickle
 from gpumemviz.snapshot import Snapshot, SnapshotError
+from test_snapshot import minimal
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20

@@ -17,13 +17,13 @@ import types
 from pathlib import Path
 
 import pytest
-from test_snapshot import minimal
 
 import gpumemviz
 from gpumemviz.cli import main
 from gpumemviz.io import atomic_write, load_snapshot, save_snapshot
 from gpumemviz.reporting.html_report import report
 from gpumemviz.widget import MemoryPanel, commands
+from test_snapshot import minimal
 
 
 def _bytes(f):

@@ -7,8 +7,6 @@ import base64
 import json
 import tracemalloc
 
-from test_report_html import EVIL, big_snapshot, evil_snapshot, page_data
-
 from gpumemviz.reporting.html_report import render_html, report, report_data
 from gpumemviz.reporting.page import (
     Blob,
@@ -19,6 +17,7 @@ from gpumemviz.reporting.page import (
     script_json,
     write_parts,
 )
+from test_report_html import EVIL, big_snapshot, evil_snapshot, page_data
 
 MIB = 1 << 20
 

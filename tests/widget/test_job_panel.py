@@ -13,7 +13,6 @@ torch_dist = pytest.importorskip("torch.distributed")
 
 from IPython.core.error import UsageError  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
-from test_distributed import TICK, rank, sim, store_that_goes_away, wait_until  # noqa: E402
 
 from gpumemviz.distributed import JobView  # noqa: E402
 from gpumemviz.distributed.grid import closeness  # noqa: E402
@@ -21,6 +20,7 @@ from gpumemviz.io import load_snapshot  # noqa: E402
 from gpumemviz.widget import MemoryPanel, monitor  # noqa: E402
 from gpumemviz.widget.job import SUMMARY_NOTE, JobPanel  # noqa: E402
 from gpumemviz.widget.magics import _MAGICS  # noqa: E402
+from test_distributed import TICK, rank, sim, store_that_goes_away, wait_until  # noqa: E402
 
 STALE_AFTER = 4 * TICK + 0.1  # a stopped rank's summary is stale after 3 intervals
 

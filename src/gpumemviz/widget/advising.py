@@ -24,7 +24,8 @@ CHECKING = "checking advice against the recorded trace..."
 
 
 def advice_rows(found: Findings | None, *, checking: bool = False) -> list[dict[str, object]]:
-    """The panel's ``advice`` trait: a row per advice, then each note (kind "note").
+    """The panel's ``advice`` trait: a row per advice, one per rejected advice (kind
+    "rejected", with the replay's reason), then each note (kind "note").
 
     Examples
     --------
@@ -47,6 +48,18 @@ def advice_rows(found: Findings | None, *, checking: bool = False) -> list[dict[
             for a in found.advice
         ]
         notes = found.notes
+    if found is not None:  # what the replay refused, and why: the panel says it as inspect does
+        rows += [
+            {
+                "kind": "rejected",
+                "message": f"checked and rejected: {a.message}"
+                + (f" ({a.reason})" if a.reason else ""),
+                "device": a.device,
+                "setting": a.setting,
+                "checked": True,
+            }
+            for a in found.rejected
+        ]
     device = None if found is None else found.device
     if checking:
         rows.append({"kind": "note", "message": CHECKING, "device": device})
