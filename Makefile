@@ -49,7 +49,7 @@ fmt: $(STAMP)
 test: lint system-deps js
 	@$(JS_TOOLS)
 	cd js && npm run --silent typecheck && node --test test/
-	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadgroup
+	$(PY) -m pytest -q -p no:cacheprovider -n auto --dist loadgroup --durations=15
 
 # JupyterLab on the quickstart notebook, bound to 127.0.0.1; it prints the URL (with its token) to
 # open. No browser is started where there is no display.

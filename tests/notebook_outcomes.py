@@ -375,7 +375,8 @@ FIT_PROBES = {
         "allocated": "{c: e.peak_allocated for c, e in fit.estimates.items()}",
     },
     "nb05-10": {  # the panel on the predicted peak
-        "panel_segments": "panel.header['segments']",
+        # the writer thread draws the panel: wait for it before reading what it shows
+        "panel_segments": "(panel.flush(), panel.header['segments'])[1]",
         "panel_reserved": "panel.header['reserved']",
         "panel_title": "panel.title",
         # the hover's stack of each block: its lines and which one is the user's

@@ -350,12 +350,12 @@ def test_hover_shows_a_real_blocks_stack_and_a_click_pins_it(page, notebook, art
     user = user_frame_index(kept)
     assert f"▶ {format_frame(kept[user])}" in text, text
     assert f"block 0x{int(snap.blocks.address[b]):x} " in text
-    # the legend's word first ("allocated"), torch's after it
     # the map's short "exp" label has its key in the legend
     legend = page.locator(".gmv-legend").first.text_content() or ""
     assert "exp: an expandable segment's mapped run" in legend, legend
     req = format_size(int(snap.blocks.requested_size[b]))
     size = format_size(int(snap.blocks.size[b]))
+    # the legend's word first ("allocated"), torch's after it
     assert f"{size} allocated (requested {req}; torch: active_allocated)" in text
 
     page.mouse.click(spot["x"], spot["y"])  # pin

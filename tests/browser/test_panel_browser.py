@@ -71,6 +71,10 @@ def _wait_drawn(page, row: int | None = None) -> None:
         """([view, row]) => {
             const v = eval(view)();
             if (!v || !v.root.dataset.seq) return false;
+            // the advice list settles first (a check off the kernel's thread may still add
+            // rows above the map, moving it under the pointer)
+            const items = [...v.root.querySelectorAll(".gmv-advice li")];
+            if (items.some((li) => li.textContent.startsWith("checking advice"))) return false;
             const c = v.map.canvas;
             if (!(Number(c.dataset.drawnRows) > 0)) return false;
             return row === null || v.map.cached(row) !== null;

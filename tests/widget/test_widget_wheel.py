@@ -229,12 +229,10 @@ def readme_venv(wheel, tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("npm") is None, reason="the package build needs npm")
-def test_the_readme_install_gives_a_working_magic_in_a_kernel(readme_venv, tmp_path):
+def test_the_readme_install_gives_a_working_magic_in_a_kernel(readme_venv, tmp_path, monkeypatch):
     """Issue 35's first item: plain `pip install .` left out anywidget; the README's install
     (with `[widget]`) gives a kernel where `%gpumemviz` shows the panel."""
     import nbformat
-    from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
     spec = tmp_path / "kernels" / "readme-venv"
@@ -248,9 +246,11 @@ def test_the_readme_install_gives_a_working_magic_in_a_kernel(readme_venv, tmp_p
     nb = nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_code_cell("%load_ext gpumemviz\n%gpumemviz --demo training")]
     )
-    ksm = KernelSpecManager(kernel_dirs=[str(spec.parent)])
-    km = KernelManager(kernel_name="readme-venv", kernel_spec_manager=ksm)
-    client = NotebookClient(nb, km=km, timeout=180, resources={"metadata": {"path": str(tmp_path)}})
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))  # finds kernels/readme-venv
+    # the client owns its kernel manager: it stops the kernel and closes every socket
+    client = NotebookClient(
+        nb, kernel_name="readme-venv", timeout=180, resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute(env=_env())
     outputs = nb.cells[0].outputs
     assert not [o for o in outputs if o.output_type == "error"], outputs
