@@ -205,3 +205,25 @@ def blk(size: Any, state: Any = "inactive", requested: Any = None) -> dict:
         "state": state,
         "frames": [],
     }
+
+
+#: Test files whose module-scoped fixtures are expensive (a notebook's kernel run, a wheel
+#: build, memory_viz subprocesses, replays of big real files): under pytest-xdist each file
+#: runs on one worker, so those fixtures are built once, not once per worker.
+_ONE_WORKER = {
+    "test_notebook.py",
+    "test_widget_wheel.py",
+    "test_export.py",
+    "test_advice_check.py",
+    "test_render_plots.py",
+    "test_frames.py",
+    "test_standins.py",
+    "test_allocator_config.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = Path(str(item.fspath)).name
+        if name in _ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(name.removesuffix(".py")))

@@ -379,6 +379,7 @@ FIT_PROBES = {
         "panel_segments": "(panel.flush(), panel.header['segments'])[1]",
         "panel_reserved": "panel.header['reserved']",
         "panel_title": "panel.title",
+        "fit_verdict": "panel.command('fit', value='1GiB')['verdict']",
         # the hover's stack of each block: its lines and which one is the user's
         "user_lines": "[(lambda ls, u: ls[u] if u is not None else None)(*__import__("
         "'gpumemviz.render.stacks', fromlist=['x']).stack_lines(list(f))) "
@@ -412,6 +413,7 @@ def _check_fit(v: Values, text: str, nb: NotebookNode) -> None:
     assert v["panel_title"].startswith("predicted state at peak allocated ("), v["panel_title"]
     assert v["panel_title"].endswith(f"peak reserved {gib:.2f} GiB"), v["panel_title"]
     assert v["errors"] == []
+    assert v["fit_verdict"] != "room_unknown"  # the panel knows the estimate's capacity
     # the user's lines are the notebook's cells, not ipykernel's temporary files
     users = [line for line in v["user_lines"] if line is not None]
     assert users and all(re.fullmatch(r"cell \[\d+\], line \d+: \S+", u) for u in users), users

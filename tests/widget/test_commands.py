@@ -260,3 +260,31 @@ def test_reset_peaks_on_torch_without_cuda_says_waiting_and_leaves_cuda_alone():
     with pytest.raises(SourceCommandError, match="cannot reset peaks: waiting for CUDA"):
         src.reset_peaks()
     assert not torch.cuda.is_initialized()
+
+
+def test_fit_echoes_what_was_typed_and_a_snapshot_panel_counts_its_devices_memory():
+    """ "512MB" is decimal: the answer says so ("512 MB = 488.28 MiB"); a panel that knows its
+    device's total (an estimate's capacity) answers whether new memory fits, never "unknown"
+    with an API hint the browser cannot follow."""
+    seg = {
+        "device": 0,
+        "address": 0,
+        "total_size": 20 << 20,
+        "stream": 0,
+        "blocks": [{"size": 20 << 20, "state": "active_allocated", "requested_size": 20 << 20}],
+    }
+    plain = MemoryPanel.from_snapshot([seg])
+    known = MemoryPanel.from_snapshot([seg], device_total="64MiB")
+    try:
+        assert plain.flush() and known.flush()
+        unknown = plain.command("fit", value="512MB")
+        assert unknown["text"].startswith("512 MB = 488.28 MiB: ")
+        assert unknown["verdict"] == "room_unknown" and "pass device_free" not in unknown["text"]
+        assert plain.command("fit", value="1GiB")["text"].startswith("1 GiB: ")
+        fits = known.command("fit", value="40MiB")  # 64 MiB total, 20 reserved: 44 free
+        assert fits["verdict"] == "new_segment", fits["text"]
+        too_big = known.command("fit", value="50MiB")
+        assert too_big["verdict"] not in ("room_unknown", "new_segment"), too_big["text"]
+    finally:
+        plain.close()
+        known.close()

@@ -6,7 +6,7 @@ import re
 
 from gpumemviz.snapshot.escaping import short_repr
 
-__all__ = ["format_size", "parse_size"]
+__all__ = ["echo_size", "format_size", "parse_size"]
 
 _UNITS = {
     "": 1,
@@ -104,3 +104,30 @@ def parse_size(text: str | int | float) -> int:
     if value != int(value):
         raise ValueError(f"not a whole number of bytes: {short_repr(text)}")
     return int(value)
+
+
+#: How a unit is written back to the user (what `parse_size` accepts, in one spelling).
+_SPELLING = {"": "bytes", "b": "bytes", "k": "kB", "kb": "kB", "kib": "KiB", "m": "MB"}
+_SPELLING |= {"mb": "MB", "mib": "MiB", "g": "GB", "gb": "GB", "gib": "GiB", "t": "TB"}
+_SPELLING |= {"tb": "TB", "tib": "TiB"}
+
+
+def echo_size(text: str | int) -> str:
+    """What the user typed, as typed, and what it is in the units gpumemviz shows: a decimal
+    unit (MB, GB) is not the binary one torch prints (MiB, GiB), so "512MB" is echoed as
+    "512 MB = 488.28 MiB", never silently as "488.28 MiB".
+
+    Examples
+    --------
+    >>> echo_size("512MB"), echo_size("1GiB"), echo_size(3 << 20), echo_size("100")
+    ('512 MB = 488.28 MiB', '1 GiB', '3145728 bytes = 3.00 MiB', '100 bytes')
+    """
+    n = parse_size(text)
+    match = _SIZE_RE.match(str(text))
+    if match is None:  # parse_size took it: an int
+        number, unit = str(n), ""
+    else:
+        number, unit = match.group(1), match.group(2).lower()
+    typed = f"{number} {_SPELLING[unit]}"
+    shown = format_size(n)
+    return typed if unit.endswith("ib") or shown == typed else f"{typed} = {shown}"

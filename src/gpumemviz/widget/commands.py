@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 from gpumemviz.io import claim_new_file
 from gpumemviz.render.timeline import entry_at_time
 from gpumemviz.snapshot.escaping import short_repr
-from gpumemviz.snapshot.units import format_size, parse_size
+from gpumemviz.snapshot.units import echo_size, format_size, parse_size
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -166,7 +166,7 @@ def _fit(panel: Panel, args: JsonDict) -> JsonDict:
     if report is None:
         raise CommandError("no segment state yet: wait for the map")
     answer = report.can_fit(nbytes, device=device, device_free=free)
-    return {"text": f"{format_size(nbytes)}: {answer}", "verdict": answer.verdict, "bytes": nbytes}
+    return {"text": f"{echo_size(text)}: {answer}", "verdict": answer.verdict, "bytes": nbytes}
 
 
 def _seek(panel: Panel, args: JsonDict) -> JsonDict:

@@ -40,6 +40,7 @@ from gpumemviz.render.timeline import (
 from gpumemviz.render.wire import Wire, header_numbers
 from gpumemviz.reporting.bundles import bundle_path
 from gpumemviz.snapshot import Snapshot
+from gpumemviz.snapshot.units import parse_size
 from gpumemviz.widget.advising import BackgroundCheck, FindingsThrottle, advice_rows
 from gpumemviz.widget.cells import name_notebook_cells
 from gpumemviz.widget.devices import DeviceSet, recorded_ooms
@@ -144,6 +145,7 @@ class MemoryPanel(anywidget.AnyWidget):
         device: int | None = None,
         title: str = "",
         subshell: bool = True,
+        device_total: int | None = None,
         **kwargs: Any,  # Any: anywidget's own trait values, passed on
     ) -> None:
         super().__init__(title=title, **kwargs)
@@ -158,6 +160,7 @@ class MemoryPanel(anywidget.AnyWidget):
         self._shown_report: FragmentationReport | None = None  # its analysis ("would N fit?")
         self._shown_device: int | None = None
         self._device_free: int | None = None
+        self._device_total = device_total  # from_snapshot(device_total=): what "fit" counts
         self.command_log: list[JsonDict] = []  # handled commands, newest last
         self.timeline = TimelineData()
         self._recorded = False  # the timeline holds a replayed run's own series (not samples)
@@ -183,7 +186,12 @@ class MemoryPanel(anywidget.AnyWidget):
 
     @classmethod
     def from_snapshot(
-        cls, snapshot: SnapshotLike, *, device: int | None = None, title: str = ""
+        cls,
+        snapshot: SnapshotLike,
+        *,
+        device: int | None = None,
+        title: str = "",
+        device_total: int | str | None = None,
     ) -> MemoryPanel:
         """A panel showing one snapshot (a Snapshot, a torch snapshot dict, or a file path).
 
@@ -194,6 +202,10 @@ class MemoryPanel(anywidget.AnyWidget):
             Show only this device's segments (default: all devices).
         title : str
             Shown in the header.
+        device_total : int or str, optional
+            The device's memory, where the caller knows it (an estimate's ``capacity``; bytes
+            or a size string): "would N fit?" then counts what the driver could still give
+            (device_total minus what the snapshot reserves) instead of saying it is unknown.
 
         Returns
         -------
@@ -206,7 +218,8 @@ class MemoryPanel(anywidget.AnyWidget):
         (True, 'empty', 0)
         >>> panel.close()
         """
-        panel = cls(device=device, title=title)
+        total = None if device_total is None else parse_size(device_total)
+        panel = cls(device=device, title=title, device_total=total)
         panel.show_snapshot(snapshot)
         return panel
 
@@ -849,7 +862,11 @@ class MemoryPanel(anywidget.AnyWidget):
                 np.unique(snap.segments.device) if snap is not None else []
             )
             device = int(devices[0]) if len(devices) else 0
-        return self._shown_report, self._device_free, device
+        free = self._device_free
+        if free is None and self._device_total is not None and snap is not None:
+            reserved = int(snap.segments.total_size[snap.segments.device == device].sum())
+            free = max(0, self._device_total - reserved)
+        return self._shown_report, free, device
 
     def command(self, name: str, **args: Any) -> JsonDict:  # Any: the browser's JSON values
         """Run a button's command now, on this thread (what a click does); returns the reply.

@@ -170,8 +170,9 @@ def can_fit(
             releasable=releasable,
             device_free=None,
             explanation=(
-                f"{head}, and the device's free memory is unknown (pass device_free; the "
-                f"allocator's own flush could add {format_size(releasable)})."
+                f"{head}, and the device's free memory is unknown here, so whether the "
+                f"driver can give it cannot be said (the allocator's own flush could add "
+                f"{format_size(releasable)})."
             ),
             **base,
         )
