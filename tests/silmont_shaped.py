@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-SMALL = {"d_model": 768, "d_ff": 3072, "layers": 12, "heads": 12, "vocab": 10_000}
+GPT2_SMALL = {"d_model": 768, "d_ff": 3072, "layers": 12, "heads": 12, "vocab": 10_000}
 THETA = 10_000.0  # cs336_basics' config["theta"]
 
 

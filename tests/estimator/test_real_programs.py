@@ -20,7 +20,7 @@ from conftest import REAL_DIR
 from gpt_shaped import MEDIUM, inference_step, make_setup, training_step
 from gpumemviz.estimator import estimate
 from gpumemviz.io import load_snapshot
-from silmont_shaped import SMALL, forward_step
+from silmont_shaped import GPT2_SMALL, forward_step
 from silmont_shaped import make_setup as silmont_setup
 
 LICENSED = Path(__file__).resolve().parents[3] / "shared" / "real-snapshots-licensed"
@@ -98,7 +98,7 @@ def test_a_second_program_as_written_is_within_the_bounds():
         top = max(top, net)
     start = sum(s["allocated_size"] for s in d["segments"]) - net
     sizes = [e["size"] for e in trace if e["action"] == "alloc"]
-    est = estimate(forward_step, setup=silmont_setup(SMALL, 4, 128), arch="8.0", warmup=6)
+    est = estimate(forward_step, setup=silmont_setup(GPT2_SMALL, 4, 128), arch="8.0", warmup=6)
     assert est.notes == ()
     recorded = gpumemviz.replay(SECOND)
     matcher = difflib.SequenceMatcher(None, sizes, list(est.step_allocs), autojunk=False)
