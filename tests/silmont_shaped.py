@@ -245,15 +245,21 @@ class State:
     optimizer: torch.optim.Optimizer
 
 
-def make_setup(shape: dict[str, int], batch: int, context: int):
-    """`setup(device)` as benchmark_model does it: the model built on the CPU and moved (its
-    parameters and RoPE tables reach the device in `Module.to`'s order, the tables' temporaries
-    never do), then the token ids moved, then the optimizer. The student's AdamW allocates
-    nothing before its first step, which a forward run never takes: torch's base `Optimizer`
-    stands for it (`zero_grad` is the same)."""
+def make_setup(shape: dict[str, int], batch: int, context: int, *, on_cpu: bool = False):
+    """`setup(device)` as benchmark_model does it: the model, then the token ids moved to the
+    device, then the optimizer. The student's AdamW allocates nothing before its first step,
+    which a forward run never takes: torch's base `Optimizer` stands for it (`zero_grad` is the
+    same).
+
+    The program builds the model on the CPU and moves it (`on_cpu`): its parameters and RoPE
+    tables reach the device in `Module.to`'s order and the tables' temporaries never do. Built
+    on the device instead (the default), the parameters are allocated in the same order (each
+    module makes its own in `Module.to`'s order) and the tables' temporaries (under 60 KiB a
+    layer, small pool) come and go in between: the estimate's figures are the same (measured),
+    in 1.6 s a call instead of 8 s (initialising 128 M parameters on the CPU)."""
 
     def setup(device: torch.device) -> State:
-        with torch.device("cpu"):
+        with torch.device("cpu" if on_cpu else device):
             model = TransformerLM(
                 shape["vocab"],
                 shape["d_model"],
