@@ -101,6 +101,7 @@ def test_a_second_program_as_written_is_within_the_bounds():
     assert est.notes == ()
     matcher = difflib.SequenceMatcher(None, sizes, list(est.step_allocs), autojunk=False)
     assert sum(b.size for b in matcher.get_matching_blocks()) / len(sizes) >= 0.98
+    assert list(est.step_allocs) == sizes  # all 681, in order: the reproduction is the program
     assert abs(est.peak_allocated / peak - 1) <= 0.01
     assert abs(est.peak_reserved / recorded.recorded_peak_reserved(0) - 1) <= 0.02
     assert abs(est.segments / recorded.peak_segments(0, "recording") - 1) <= 0.05
