@@ -13,6 +13,7 @@ from gpumemviz.analysis.fragmentation import (
     SegmentSummary,
 )
 from gpumemviz.cli.common import NOT_RECORDED, UsageError, input_name, snapshot_input
+from gpumemviz.cli.holders_text import HOLDER_CHOICES, findings_lines, holders_lines
 from gpumemviz.cli.output import quoted, say, say_json
 from gpumemviz.snapshot.escaping import one_line
 from gpumemviz.snapshot.pools import pool_label
@@ -41,6 +42,23 @@ def add_inspect(sub: Subparsers) -> None:
     )
     p.add_argument("--device", type=int, default=None, help="only this device index")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument(
+        "--holders",
+        metavar="KEY",
+        choices=HOLDER_CHOICES,
+        default=None,
+        help="list every holder of the allocated bytes grouped by KEY: "
+        + ", ".join(HOLDER_CHOICES)
+        + " (by default the top holders by frame are shown)",
+    )
+    p.add_argument(
+        "--device-memory",
+        metavar="BYTES",
+        type=int,
+        default=None,
+        help="the device's memory in bytes, for the forecast of the time to OOM (default: "
+        "what an oom entry of the trace shows; without either, no forecast)",
+    )
     p.add_argument(
         "--pools-released",
         action="store_true",
@@ -72,10 +90,16 @@ def run_inspect(args: argparse.Namespace) -> int:
         have = ", ".join(map(str, snap.devices)) or "none"
         raise UsageError(f"no device {args.device} in {input_name(args.file)} (devices: {have})")
     found = analyze(
-        snap, device=args.device, check=not args.no_replay, pools_in_use=not args.pools_released
+        snap,
+        device=args.device,
+        check=not args.no_replay,
+        pools_in_use=not args.pools_released,
+        device_total=args.device_memory,
     )
     if args.json:
         say_json(found.to_dict())
+    elif args.holders is not None:
+        say("\n".join(holders_lines(found, args.holders, top=None)))
     else:
         say("\n".join(_text(found, len(snap.devices), snap, input_name(args.file))))
     return 0
@@ -110,6 +134,7 @@ def _text(found: Findings, n_devices: int, snap: Snapshot, name: str) -> list[st
     if found.rejected:
         lines.append("checked and rejected (the replay of the recorded trace is worse with it):")
         lines += [f"  - [{a.kind}] {_on(a.device, many)}{a.message}" for a in found.rejected]
+    lines += findings_lines(found)
     lines += [f"note: {one_line(n)}" for n in found.notes]
     return lines
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from gpumemviz.analysis import holders as _sites
 from gpumemviz.analysis.advice_check import SharedReplay
-from gpumemviz.analysis.findings import AdviceItem, OomFinding, analyze
+from gpumemviz.analysis.findings import AdviceItem, Findings, OomFinding, analyze
 from gpumemviz.analysis.fragmentation import (
     ASSUMED_IN_USE,
     FIGURE_NAMES,
@@ -63,6 +63,7 @@ __all__ = [
     "SIZE_FACTOR",
     "TIMELINE_POINTS",
     "estimate_pickle_size",
+    "holders_data",
     "render_html",
     "renderer_size",
     "report",
@@ -233,7 +234,13 @@ def _data(snap: Snapshot, *, title: str, budget: int | None, replay_advice: bool
         "settings": (
             None if report_.allocator_settings is None else _plain(report_.allocator_settings)
         ),
+        # the page's table of top lines (js/src/report.js reads it); `holders` is the same
+        # question along every key, what the holders view draws
         "sites": {"live": live, "trace": traced, "trace_device": trace_dev},
+        "holders": holders_data(found),
+        "growth": [g.to_dict() for g in found.growth],
+        "forecast": None if found.forecast is None else found.forecast.to_dict(),
+        "recorded": dict(found.recorded),
         "violations": [v.message for v in report_.violations][:20],
         "pools": [p.to_dict() for p in _listed(list(report_.devices.values()))],
         "pools_note": ASSUMED_IN_USE if report_.pools_in_use is True else "",
@@ -245,6 +252,25 @@ def _data(snap: Snapshot, *, title: str, budget: int | None, replay_advice: bool
     if room is not None:
         room = max(0, room - json_len(out["timeline"]))
     out["map"] = _map(rows, room)
+    return out
+
+
+def holders_data(found: Findings, top: int = _sites.N_TOP) -> JsonDict:
+    """``{by: {"rows": [the top rows], "rest": {"rows", "bytes", "count"}}}`` for every
+    holder key: bounded whatever the file's size, and the rows' bytes plus the rest's still
+    sum to allocated."""
+    out: JsonDict = {}
+    for by in _sites.HOLDER_KEYS:
+        rows = found.holders(by)
+        rest = rows[top:]
+        out[by] = {
+            "rows": [r.to_dict() for r in rows[:top]],
+            "rest": {
+                "rows": len(rest),
+                "bytes": sum(r.bytes for r in rest),
+                "count": sum(r.count for r in rest),
+            },
+        }
     return out
 
 
