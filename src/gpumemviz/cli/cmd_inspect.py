@@ -38,7 +38,9 @@ def add_inspect(sub: Subparsers) -> None:
     p.add_argument(
         "file",
         type=Path,
-        help="snapshot file (.pickle, .pkl, .json or any name; - for standard input)",
+        help="snapshot file (.pickle, .pkl, .json or any name; - for standard input), or a "
+        "folder of per-rank snapshot files (not recursive): the ranks worst first and what "
+        "differs between them",
     )
     p.add_argument("--device", type=int, default=None, help="only this device index")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
@@ -85,6 +87,8 @@ def run_inspect(args: argparse.Namespace) -> int:
     from gpumemviz.analysis.findings import analyze  # loads the replay
     from gpumemviz.io import load_snapshot  # the loader is only needed once a file is named
 
+    if args.file.is_dir():
+        return _inspect_folder(args)
     snap = load_snapshot(snapshot_input(args.file))
     if args.device is not None and args.device not in snap.devices:
         have = ", ".join(map(str, snap.devices)) or "none"
@@ -102,6 +106,47 @@ def run_inspect(args: argparse.Namespace) -> int:
         say("\n".join(holders_lines(found, args.holders, top=None)))
     else:
         say("\n".join(_text(found, len(snap.devices), snap, input_name(args.file))))
+    return 0
+
+
+def _inspect_folder(args: argparse.Namespace) -> int:
+    """``inspect DIR``: every rank's file analysed, the grid worst first, what differs."""
+    from gpumemviz.analysis.ranks import analyze_ranks
+
+    if args.device is not None or args.holders is not None:
+        raise UsageError("--device and --holders name one file's devices, not a folder's")
+    try:
+        ranks = analyze_ranks(
+            args.file, check=not args.no_replay, device_total=args.device_memory
+        )
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
+    if args.json:
+        say_json(ranks.to_dict())
+        return 0
+    fs = format_size
+    lines = [f"{input_name(args.file)}: {len(ranks.ranks)} rank file(s), worst first:"]
+    for r in ranks.ranks:
+        f = r.findings
+        what = []
+        if f.oom is not None:
+            what.append(one_line(f.oom.sentence))
+        if f.growth:
+            what.append(f"{len(f.growth)} leak suspect(s): {one_line(f.growth[0].sentence)}")
+        if f.forecast is not None:
+            what.append(f.forecast.sentence)
+        lines.append(
+            f"  rank {r.rank} ({one_line(r.file)}): reserved {fs(f.figures.reserved)}, allocated "
+            f"{fs(f.figures.allocated)}, largest free {fs(f.figures.largest_free)}"
+            + ("".join(f"; {w}" for w in what))
+        )
+    if ranks.differences:
+        lines.append("what differs between the ranks:")
+        lines += [f"  - {d}" for d in ranks.differences]
+    else:
+        lines.append("what differs between the ranks: nothing that stands out")
+    lines.append("(gpumemviz inspect FILE shows one rank's findings in full)")
+    say("\n".join(lines))
     return 0
 
 

@@ -36,6 +36,7 @@ from gpumemviz.analysis.fragmentation import (
     fragmentation,
 )
 from gpumemviz.analysis.frames import Redactor
+from gpumemviz.analysis.ranks import Ranks
 from gpumemviz.io import SnapshotLike, as_snapshot, atomic_write
 from gpumemviz.render.rows import MAX_CELLS, RowTable, build_rows, encode_cells
 from gpumemviz.render.timeline import envelope
@@ -88,6 +89,7 @@ def report(
     redact_paths: bool = False,
     replay_advice: bool = True,
     force: bool = False,
+    ranks: Ranks | None = None,
 ) -> Path:
     """Write the offline HTML report of a snapshot.
 
@@ -111,6 +113,10 @@ def report(
         advice the replay refutes is listed apart as checked and rejected.
     force : bool
         Replace a read-only file (refused otherwise, with a PermissionError).
+    ranks : Ranks, optional
+        A folder's ranks (`gpumemviz.analysis.ranks.analyze_ranks`), `snapshot` being one of
+        them (the worst): the page's data gains ``ranks``, the rank grid worst first, what
+        differs and each rank's findings (`Ranks.to_dict`).
 
     Returns
     -------
@@ -133,7 +139,7 @@ def report(
     ...     report(a.snapshot(), os.path.join(d, "r.html")).read_text()[:15]
     '<!doctype html>'
     """
-    parts = _page(snapshot, title, input_size, redact_paths, replay_advice)
+    parts = _page(snapshot, title, input_size, redact_paths, replay_advice, ranks)
 
     def write(f: BinaryIO) -> None:
         write_parts(f, parts)  # never joined: the page's data is in memory once
@@ -162,6 +168,7 @@ def _page(
     input_size: int | None,
     redact_paths: bool,
     replay_advice: bool,
+    ranks: Ranks | None = None,
 ) -> list[Part]:
     """The page in parts (`report_page.page_parts`), everything computed: only writing is left."""
     name = _source_name(snapshot)
@@ -171,15 +178,17 @@ def _page(
     if input_size is None:
         input_size = estimate_pickle_size(snap)
     page_title = one_line(title or name or "memory snapshot")
-    if redact_paths:
-        redactor = Redactor()
+    redactor = Redactor() if redact_paths else None
+    if redactor is not None:
         snap = snap.map_objects(redactor.redact)
         page_title = redactor.text(page_title)
     # the data lives only until its JSON is made
-    return page_parts(
-        page_title,
-        _data(snap, title=page_title, budget=SIZE_FACTOR * input_size, replay_advice=replay_advice),
-    )
+    budget = SIZE_FACTOR * input_size
+    data = _data(snap, title=page_title, budget=budget, replay_advice=replay_advice)
+    if ranks is not None:  # the folder's grid, what differs and each rank's findings
+        many = ranks.to_dict()
+        data["ranks"] = many if redactor is None else redactor.redact(many)
+    return page_parts(page_title, data)
 
 
 def report_data(
