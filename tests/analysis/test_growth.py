@@ -152,7 +152,7 @@ def test_no_forecast_for_a_sawtooth_without_growth_or_a_flat_run():
     assert done == 60
     assert analyze(loop.snapshot(), device_total=capacity, check=False).forecast is None
     flat = Loop(capacity)
-    for i in range(60):
+    for _ in range(60):
         flat.now += 500_000
         flat.free(flat.malloc(64 * MiB, 7))
     assert analyze(flat.snapshot(), device_total=capacity, check=False).forecast is None

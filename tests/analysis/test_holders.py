@@ -7,8 +7,8 @@ import pytest
 from torch.cuda import _memory_viz as mv
 
 from conftest import read_real, real_file, standin_file
-from gpumemviz.analysis.frames import format_frame, user_frame
 from gpumemviz.analysis.findings import analyze
+from gpumemviz.analysis.frames import format_frame, user_frame
 from gpumemviz.analysis.holders import (
     HOLDER_KEYS,
     NO_STACK,

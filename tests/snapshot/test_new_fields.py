@@ -10,92 +10,13 @@ import pickle
 from pathlib import Path
 
 import pytest
+from torch_fields import SEG1, USER, MiB, torch_file
 
 from gpumemviz.analysis.findings import OVERFLOWED, analyze
 from gpumemviz.analysis.holders import HOLDER_KEYS
 from gpumemviz.cli import main
 from gpumemviz.io import load_snapshot
 from gpumemviz.reporting.export import export
-
-SEG1, SEG2 = 0x7F0000000000, 0x7F0001400000
-MiB = 1 << 20
-USER = {"filename": "/w/train.py", "line": 88, "name": "step"}
-TORCH = {"filename": "/x/site-packages/torch/nn/modules/linear.py", "line": 125, "name": "forward"}
-
-
-def _entry(action: str, addr: int, size: int, t: int, **more: object) -> dict:
-    e = {
-        "action": action,
-        "addr": addr,
-        "size": size,
-        "stream": 0,
-        "time_us": 1_700_000_000_000_000 + t,
-        "compile_context": "N/A",
-        "user_metadata": "",
-        "frames": [TORCH, USER],
-    }
-    e.update(more)
-    return e
-
-
-def torch_file(**change: object) -> dict:
-    """A torch 2.13-shaped snapshot: a 20 MiB segment holding A (4 MiB) and B (2 MiB), a
-    private pool's 2 MiB segment holding C (512 bytes), and the trace that made them.
-    `change` edits it: `entries={i: {key: value}}`, `extra_entries=[...]` (appended),
-    `settings={...}`, `frames=[...]` (every stack), `top`, `segment`, `block` (unknown keys)."""
-    frames = change.get("frames", [TORCH, USER])
-    blocks1 = [
-        {"address": SEG1, "size": 4 * MiB, "requested_size": 4 * MiB,
-         "state": "active_allocated", "frames": frames},
-        {"address": SEG1 + 4 * MiB, "size": 2 * MiB, "requested_size": 2 * MiB,
-         "state": "active_allocated", "frames": frames},
-        {"address": SEG1 + 6 * MiB, "size": 14 * MiB, "requested_size": 0,
-         "state": "inactive", "frames": []},
-    ]  # fmt: skip
-    blocks2 = [
-        {"address": SEG2, "size": 512, "requested_size": 512, "state": "active_allocated",
-         "frames": frames},
-        {"address": SEG2 + 512, "size": 2 * MiB - 512, "requested_size": 0,
-         "state": "inactive", "frames": []},
-    ]  # fmt: skip
-    segs = [
-        {"device": 0, "address": SEG1, "total_size": 20 * MiB, "allocated_size": 6 * MiB,
-         "active_size": 6 * MiB, "requested_size": 6 * MiB, "stream": 0,
-         "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False,
-         "frames": frames, "blocks": blocks1},
-        {"device": 0, "address": SEG2, "total_size": 2 * MiB, "allocated_size": 512,
-         "active_size": 512, "requested_size": 512, "stream": 0, "segment_type": "small",
-         "segment_pool_id": (1, 0), "is_expandable": False, "frames": frames,
-         "blocks": blocks2},
-    ]  # fmt: skip
-    trace = [
-        _entry("segment_alloc", SEG1, 20 * MiB, 0),
-        _entry("alloc", SEG1, 4 * MiB, 1),
-        _entry("alloc", SEG1 + 4 * MiB, 2 * MiB, 2),
-        _entry("alloc", SEG1 + 6 * MiB, 1 * MiB, 3),
-        _entry("free_requested", SEG1 + 6 * MiB, 1 * MiB, 4),
-        _entry("free_completed", SEG1 + 6 * MiB, 1 * MiB, 5),
-        _entry("segment_alloc", SEG2, 2 * MiB, 6),
-        _entry("alloc", SEG2, 512, 7),
-    ]
-    for i, more in change.get("entries", {}).items():  # type: ignore[attr-defined]
-        trace[i].update(more)
-    for e in trace:
-        e["frames"] = frames
-    trace += change.get("extra_entries", [])  # type: ignore[operator]
-    settings = {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1, "expandable_segments": False}
-    settings.update(change.get("settings", {}))  # type: ignore[arg-type]
-    out = {
-        "segments": segs,
-        "device_traces": [trace],
-        "allocator_settings": settings,
-        "external_annotations": [],
-    }
-    out.update(change.get("top", {}))  # type: ignore[arg-type]
-    segs[0].update(change.get("segment", {}))  # type: ignore[arg-type]
-    blocks1[0].update(change.get("block", {}))  # type: ignore[arg-type]
-    return out
-
 
 FX = {
     **USER,
@@ -128,23 +49,35 @@ CASES = {
         "internal_metadata",
     ),
     "annotate": (
-        {"extra_entries": [
-            {"action": "annotate", "addr": SEG1, "size": 0, "stream": 0,
-             "time_us": 1_700_000_000_000_009, "user_metadata": "weights"}]},
+        {
+            "extra_entries": [
+                {
+                    "action": "annotate",
+                    "addr": SEG1,
+                    "size": 0,
+                    "stream": 0,
+                    "time_us": 1_700_000_000_000_009,
+                    "user_metadata": "weights",
+                }
+            ]
+        },
         "1 annotate entries",
         "annotate",
-    ),  # fmt: skip
+    ),
     "pool_id": (
         {"entries": {i: {"pool_id": (1, 0) if i >= 6 else (0, 0)} for i in range(8)}},
         "8 entries with their pool_id",
         "pool_id",
     ),
     "forward_frames": (
-        {"entries": {2: {"forward_frames": [{"filename": "/w/model.py", "line": 40,
-                                             "name": "forward"}]}}},
+        {
+            "entries": {
+                2: {"forward_frames": [{"filename": "/w/model.py", "line": 40, "name": "forward"}]}
+            }
+        },
         "1 backward allocations with their forward stack (forward_frames)",
         "forward_frames",
-    ),  # fmt: skip
+    ),
     "fx fields": ({"frames": [FX]}, "8 entries with FX node fields", "fx"),
     "trace_alloc_overflowed": (
         {"settings": {"trace_alloc_overflowed": True, "trace_alloc_max_entries": 8}},
@@ -156,12 +89,20 @@ CASES = {
             "top": {"device_memory": {"0": 80 << 30}},
             "segment": {"registration_counter": 3},
             "block": {"tensor_id": 7},
-            "extra_entries": [{"action": "prefetch", "addr": SEG1, "size": 0, "stream": 0,
-                               "time_us": 1_700_000_000_000_010, "novel": [1, 2]}],
+            "extra_entries": [
+                {
+                    "action": "prefetch",
+                    "addr": SEG1,
+                    "size": 0,
+                    "stream": 0,
+                    "time_us": 1_700_000_000_000_010,
+                    "novel": [1, 2],
+                }
+            ],
         },
         "device 0: reserved 22.00 MiB",
         None,
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -209,7 +150,10 @@ def test_user_metadata_and_annotations_name_their_blocks():
     assert f.holders("user_metadata")[0].key == '{"layer": 3, "phase": "bwd"}'
     note = {"action": "annotate", "addr": SEG1, "size": 0, "stream": 0, "user_metadata": "w"}
     f = analyze(torch_file(extra_entries=[note]))
-    assert [(r.key, r.bytes) for r in f.holders("annotation")] == [("w", 4 * MiB), (None, 2 * MiB + 512)]
+    assert [(r.key, r.bytes) for r in f.holders("annotation")] == [
+        ("w", 4 * MiB),
+        (None, 2 * MiB + 512),
+    ]
 
 
 def test_pool_stream_frame_and_call_path_rows():

@@ -34,6 +34,7 @@ from gpumemviz.analysis.advice_check import (
     check_advice,
     setting_of,
 )
+from gpumemviz.analysis.forecast import Forecast, forecast, reserved_series
 from gpumemviz.analysis.fragmentation import (
     FragmentationReport,
     MemoryFigures,
@@ -42,7 +43,6 @@ from gpumemviz.analysis.fragmentation import (
 )
 from gpumemviz.analysis.fragmentation.oom import classify_event
 from gpumemviz.analysis.frames import format_frame, user_frame
-from gpumemviz.analysis.forecast import Forecast, forecast, reserved_series
 from gpumemviz.analysis.growth import Lifetime, Steps, Suspect, growth
 from gpumemviz.analysis.holders import (
     HOLDER_KEYS,

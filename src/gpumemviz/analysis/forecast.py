@@ -71,7 +71,7 @@ class Forecast:
 
     @property
     def sentence(self) -> str:
-        """"at this rate, OOM in about 40 s (32-55 s) / 120 steps"."""
+        """ "at this rate, OOM in about 40 s (32-55 s) / 120 steps"."""
         high = "?" if math.isinf(self.high) else _seconds(self.high)
         steps = f" / {self.steps:.0f} steps" if self.steps is not None else ""
         return (

@@ -71,7 +71,7 @@ class Suspect:
 
     @property
     def sentence(self) -> str:
-        """"+64.00 MiB per step at train.py:88:step, kept since step 3"."""
+        """ "+64.00 MiB per step at train.py:88:step, kept since step 3"."""
         return (
             f"+{format_size(self.bytes_per_step)} per step at {self.label}, kept since step "
             f"{self.since_step} ({format_size(self.kept)} held after {self.steps} steps)"

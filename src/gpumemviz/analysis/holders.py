@@ -31,14 +31,14 @@ from gpumemviz.analysis.frames import (
 )
 from gpumemviz.io import SnapshotLike, as_snapshot
 from gpumemviz.snapshot import ACTIONS, ALLOCATED, Snapshot
-from gpumemviz.snapshot.tables import Trace
 from gpumemviz.snapshot.schema import TorchDict
+from gpumemviz.snapshot.tables import Trace
 
 __all__ = [
     "HOLDER_KEYS",
+    "NOT_RECORDED",
     "NO_STACK",
     "NO_USER_FRAME",
-    "NOT_RECORDED",
     "N_TOP",
     "UNKNOWN_LINE",
     "Holder",
@@ -47,9 +47,9 @@ __all__ = [
     "call_path",
     "frame_key",
     "holder_rows",
+    "live_holders",
     "live_links",
     "metadata_text",
-    "live_holders",
     "trace_holders",
 ]
 
@@ -316,7 +316,9 @@ def live_links(trace: Trace, upto: int | None = None) -> tuple[dict[int, int], d
     alloc_at: dict[int, int] = {}
     notes: dict[int, object] = {}
     meta = trace.values("user_metadata") if note >= 0 else []
-    for i, (a, x) in enumerate(zip(trace.action[:n].tolist(), trace.addr[:n].tolist())):
+    for i, (a, x) in enumerate(
+        zip(trace.action[:n].tolist(), trace.addr[:n].tolist(), strict=True)
+    ):
         if a == alloc:
             alloc_at[x] = i
             notes.pop(x, None)
@@ -444,9 +446,7 @@ _UNSEEN = object()
 
 def _rows(by: str, keys: list[HolderKey], rows: np.ndarray, nbytes: np.ndarray) -> list[HolderRow]:
     index: dict[HolderKey, int] = {}
-    group = np.fromiter(
-        (index.setdefault(k, len(index)) for k in keys), np.int64, len(keys)
-    )
+    group = np.fromiter((index.setdefault(k, len(index)) for k in keys), np.int64, len(keys))
     names = list(index)
     totals = np.zeros(len(names), np.int64)
     np.add.at(totals, group, nbytes)  # exact int64 sums

@@ -116,9 +116,7 @@ def _inspect_folder(args: argparse.Namespace) -> int:
     if args.device is not None or args.holders is not None:
         raise UsageError("--device and --holders name one file's devices, not a folder's")
     try:
-        ranks = analyze_ranks(
-            args.file, check=not args.no_replay, device_total=args.device_memory
-        )
+        ranks = analyze_ranks(args.file, check=not args.no_replay, device_total=args.device_memory)
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
     if args.json:

@@ -57,9 +57,7 @@ def rank_files(folder: str | os.PathLike[str]) -> list[tuple[int, Path]]:
         p for p in root.iterdir() if p.suffix.lower() in SNAPSHOT_SUFFIXES and p.is_file()
     )
     if not files:
-        raise FileNotFoundError(
-            f"{root} holds no snapshot file ({', '.join(SNAPSHOT_SUFFIXES)})"
-        )
+        raise FileNotFoundError(f"{root} holds no snapshot file ({', '.join(SNAPSHOT_SUFFIXES)})")
     named = [_RANK.search(p.name) for p in files]
     ranks = [int(m.group(1)) if m else -1 for m in named]
     if -1 in ranks or len(set(ranks)) != len(ranks):
