@@ -40,6 +40,8 @@ RISING_SHARE = 0.75
 #: The period found must repeat this share of the alloc sequence (the rest: data-dependent
 #: shapes, a first step that builds the optimizer state, the trace's cut ends).
 MATCH_SHARE = 0.6
+#: Most step boundaries growth is measured at (the newest ones): bounds the per-holder table.
+MAX_STEPS = 512
 
 
 @dataclass(frozen=True)
@@ -162,8 +164,9 @@ def _steps(at: np.ndarray, tok: np.ndarray) -> Steps | None:
     for t in np.flatnonzero(counts >= MIN_STEPS).tolist():
         where = order[bounds[t] : bounds[t + 1]]
         gaps = np.diff(where)
-        p = int(np.bincount(gaps).argmax())
-        if p < 1 or (gaps == p).mean() < RISING_SHARE:
+        values, counts_of = np.unique(gaps, return_counts=True)
+        p = int(values[counts_of.argmax()])  # the commonest gap (the smallest of a tie)
+        if p < 1 or counts_of.max() < RISING_SHARE * len(gaps):
             continue
         first = int(where[0])
         if p not in proposals or first < proposals[p][0]:
@@ -214,6 +217,8 @@ def growth(trace: Trace) -> tuple[tuple[Suspect, ...], tuple[Lifetime, ...], Ste
     if steps is None:
         return (), (), None
     starts = np.asarray(steps.starts, np.int64)
+    skipped = max(len(starts) - MAX_STEPS, 0)  # steps before the measured ones
+    measured = starts[skipped:].tolist()
     names = trace.action_names
     code = {n: c for c, n in enumerate(names)}
     alloc, frees = code["alloc"], {code["free_requested"], code["free_completed"]}
@@ -231,13 +236,13 @@ def growth(trace: Trace) -> tuple[tuple[Suspect, ...], tuple[Lifetime, ...], Ste
         group_of_alloc[i] = g
     n_groups = len(groups)
     live_bytes = np.zeros(n_groups, np.int64)
-    series = np.zeros((len(starts), n_groups), np.int64)  # live bytes before each step start
+    series = np.zeros((len(measured), n_groups), np.int64)  # live bytes before each step start
     within = np.zeros(n_groups, np.int64)
     across = np.zeros(n_groups, np.int64)
     live: dict[int, tuple[int, int, int]] = {}  # addr -> (group, bytes, step)
     b = 0
     for i, a in enumerate(act):
-        while b < len(starts) and i == starts[b]:
+        if b < len(measured) and i == measured[b]:
             series[b] = live_bytes
             b += 1
         if a == alloc:
@@ -269,7 +274,7 @@ def growth(trace: Trace) -> tuple[tuple[Suspect, ...], tuple[Lifetime, ...], Ste
                     frame=key_of[g],
                     label=label_of[g],
                     bytes_per_step=rate,
-                    since_step=since,
+                    since_step=since + skipped,
                     kept=int(series[-1, g]),
                     steps=len(starts) - 1,
                 )
@@ -297,15 +302,13 @@ def _suspect(v: np.ndarray) -> tuple[int, int] | None:
     the step boundaries rise in `RISING_SHARE` of the steps from some step on (at least
     `MIN_STEPS` - 1 of them), None otherwise. ``v[k]`` is the bytes before step k + 1 starts,
     so ``v[k] - v[k - 1]`` is what step k kept."""
-    d = np.diff(v)
-    n = len(d)
-    for s in range(n - (MIN_STEPS - 1) + 1):
-        if d[s] <= 0:
-            continue
-        tail = d[s:]
-        if (tail > 0).sum() < MIN_STEPS - 1 or (tail > 0).mean() < RISING_SHARE:
-            continue
-        if v[-1] <= v[s]:
+    rising = np.diff(v) > 0
+    n = len(rising)
+    if rising.sum() < MIN_STEPS - 1:  # most holders: nothing to look at
+        return None
+    after = np.cumsum(rising[::-1])[::-1]  # after[s]: rising steps from s on
+    for s in np.flatnonzero(rising).tolist():
+        if after[s] < MIN_STEPS - 1 or after[s] < RISING_SHARE * (n - s) or v[-1] <= v[s]:
             continue
         ys = v[s:].astype(np.float64)
         xs = np.arange(len(ys), dtype=np.float64)
