@@ -407,17 +407,17 @@ def _keys(
         out: list[HolderKey] = []
         for r in rows.tolist():
             fr = frames[r]
-            k = seen.get(id(fr), _UNSEEN)
-            if k is _UNSEEN:
-                if not fr:
-                    k = None
-                elif by == "frame":
-                    f = finder(fr)
-                    k = None if f is None else frame_key(f)
-                else:
-                    k = call_path(fr)
-                seen[id(fr)] = k
-            out.append(k)  # type: ignore[arg-type]  # _UNSEEN never stays
+            if id(fr) in seen:
+                out.append(seen[id(fr)])
+                continue
+            k: HolderKey = None
+            if fr and by == "frame":
+                f = finder(fr)
+                k = None if f is None else frame_key(f)
+            elif fr:
+                k = call_path(fr)
+            seen[id(fr)] = k
+            out.append(k)
         return out
     devices = snap.segments.device[seg].tolist()
     addrs = snap.blocks.address[rows].tolist()
@@ -439,9 +439,6 @@ def _keys(
             e = alloc_at.get(x)
             out.append(None if e is None else metadata_text(meta[e]))
     return out
-
-
-_UNSEEN = object()
 
 
 def _rows(by: str, keys: list[HolderKey], rows: np.ndarray, nbytes: np.ndarray) -> list[HolderRow]:
