@@ -178,3 +178,24 @@ def test_forecast_needs_enough_samples_and_a_capacity():
     t = np.arange(100, dtype=float)
     assert forecast(t, t * MiB, None) is None
     assert forecast(t, t * MiB, 50 * MiB) is None  # already past it
+
+
+def test_step_markers_set_the_steps_where_the_file_has_them():
+    loop = Loop(80 * GiB)
+    ends = []
+    for _ in range(6):  # each step ends with an Optimizer.step scope, as record_function marks it
+        a = loop.malloc(8 * MiB, 20)
+        loop.free(a)
+        loop.now += 1000
+        ends.append(loop.now)
+        loop.now += 1000
+    d = loop.snapshot()
+    d["external_annotations"] = [
+        {"name": "Optimizer.step#AdamW.step", "stage": stage, "device": 0, "time_us": t + dt}
+        for t in ends
+        for stage, dt in (("START", -500), ("END", 0))
+    ]
+    f = analyze(d, check=False)
+    assert f.steps is not None and f.steps.basis == "the ends of Optimizer.step"
+    assert len(f.steps.starts) == 5  # the last end has no entry after it
+    assert f.steps.period == 1

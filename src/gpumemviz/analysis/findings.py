@@ -552,7 +552,9 @@ def _analyze_snapshot(
         if oom is not None:  # what held the memory when it ran out
             held = tuple(live_holders(snap if at_oom is None else at_oom, device=d))
             oom = replace(oom, actions=_actions(oom, m, held, report))
-        suspects, lifetimes, steps = growth(trace) if trace is not None else ((), (), None)
+        suspects, lifetimes, steps = (
+            growth(trace, snap.external_annotations, d) if trace is not None else ((), (), None)
+        )
         capacity = device_total or _oom_capacity(oom)
         per[d] = Findings(
             device=d,
@@ -875,7 +877,9 @@ def _analyze_sample(
         held = tuple(live_holders(snap, device=device))
         oom = replace(oom, actions=_actions(oom, m, held, report))
     trace = snap.traces.get(device)
-    suspects, lifetimes, steps = growth(trace) if trace is not None else ((), (), None)
+    suspects, lifetimes, steps = (
+        growth(trace, snap.external_annotations, device) if trace is not None else ((), (), None)
+    )
     nvml_used = nvml.used if nvml is not None and nvml.available else None
     non_pytorch = nvml.non_pytorch if nvml is not None and nvml.available else None
     return Findings(

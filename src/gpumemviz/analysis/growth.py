@@ -2,7 +2,9 @@
 long each holder's allocations live.
 
 A training or inference loop repeats itself: every step asks for the same tensors at the same
-lines in the same order. The steps are found from that repetition in the trace's ``alloc``
+lines in the same order. The steps are the profiler's or the optimizer's markers where the file
+has them (``external_annotations``: each ``ProfilerStep#N`` start, else each end of an
+``Optimizer.step`` scope), else they are found from that repetition in the trace's ``alloc``
 entries (`find_steps`: the period of the sequence of (user frame, size) tokens, anchored on a
 token that comes back once per period). At each step boundary the live bytes of every holder
 (the innermost user frame, as `holders.frame_key` names it) are read off the trace; a holder
@@ -15,6 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import re
+from collections.abc import Sequence
+
 import numpy as np
 
 from gpumemviz.analysis.frames import UserFrames, format_frame
@@ -26,11 +31,13 @@ from gpumemviz.snapshot.units import format_size
 __all__ = [
     "MIN_STEPS",
     "RISING_SHARE",
+    "STEP_MARKERS",
     "Lifetime",
     "Steps",
     "Suspect",
     "find_steps",
     "growth",
+    "marker_steps",
 ]
 
 #: Fewest step boundaries a verdict is made on (three steps of growth to see a trend).
@@ -136,6 +143,52 @@ def _tokens(trace: Trace) -> tuple[np.ndarray, np.ndarray, list[str | None], lis
     return at, tok, keys, labels
 
 
+#: Markers that start (or end) one step each, tried in order: (pattern, stage, basis).
+STEP_MARKERS = (
+    (re.compile(r"ProfilerStep#\d+"), "START", "the ProfilerStep markers"),
+    (re.compile(r"Optimizer\.step\b.*"), "END", "the ends of Optimizer.step"),
+)
+
+
+def marker_steps(trace: Trace, annotations: Sequence[object] | None, device: int) -> Steps | None:
+    """The steps the file's ``external_annotations`` mark on this device's trace (see
+    `STEP_MARKERS`), or None: fewer than `MIN_STEPS` markers, or a trace without times.
+
+    Examples
+    --------
+    >>> t = Trace.from_entries([{"action": "alloc", "addr": i * 512, "size": 512, "stream": 0,
+    ...                          "time_us": 10 * i + 1} for i in range(10)])
+    >>> marks = [{"name": f"ProfilerStep#{k}", "stage": "START", "device": 0, "time_us": 20 * k}
+    ...          for k in range(5)]
+    >>> marker_steps(t, marks, 0)
+    Steps(starts=(0, 2, 4, 6, 8), period=2, basis='the ProfilerStep markers')
+    """
+    if not isinstance(annotations, list | tuple) or not len(trace) or (trace.time_us <= 0).any():
+        return None
+    for pattern, stage, basis in STEP_MARKERS:
+        times = sorted(
+            a["time_us"]
+            for a in annotations
+            if isinstance(a, dict)
+            and a.get("device", device) == device
+            and a.get("stage") == stage
+            and isinstance(a.get("name"), str)
+            and pattern.fullmatch(a["name"])
+            and type(a.get("time_us")) is int
+        )
+        if len(times) < MIN_STEPS:
+            continue
+        at = np.searchsorted(trace.time_us, np.asarray(times, np.int64), side="left")
+        starts = sorted({int(i) for i in at.tolist() if i < len(trace)})
+        if len(starts) < MIN_STEPS:
+            continue
+        allocs = trace.action == trace.action_names.index("alloc")
+        before = np.concatenate([[0], np.cumsum(allocs)])  # allocs before each entry
+        period = int(np.median(np.diff(before[starts])))  # allocs per step
+        return Steps(starts=tuple(starts), period=period, basis=basis)
+    return None
+
+
 def find_steps(trace: Trace) -> Steps | None:
     """The repeated steps of a trace, from the period of its alloc sequence; None when it does
     not repeat (fewer than `MIN_STEPS` periods, or no period matching `MATCH_SHARE` of it).
@@ -196,13 +249,19 @@ def _steps(at: np.ndarray, tok: np.ndarray) -> Steps | None:
     )
 
 
-def growth(trace: Trace) -> tuple[tuple[Suspect, ...], tuple[Lifetime, ...], Steps | None]:
+def growth(
+    trace: Trace, annotations: Sequence[object] | None = None, device: int = 0
+) -> tuple[tuple[Suspect, ...], tuple[Lifetime, ...], Steps | None]:
     """The leak suspects of a device's trace, each holder's lifetimes, and the steps found.
 
     Parameters
     ----------
     trace : Trace
         One device's recorded history.
+    annotations : list, optional
+        The file's ``external_annotations``: step markers, where it has them.
+    device : int
+        The trace's device (the markers of that device count).
 
     Returns
     -------
@@ -213,7 +272,7 @@ def growth(trace: Trace) -> tuple[tuple[Suspect, ...], tuple[Lifetime, ...], Ste
     if not len(trace):
         return (), (), None
     at, tok, keys, labels = _tokens(trace)
-    steps = _steps(at, tok)
+    steps = marker_steps(trace, annotations, device) or _steps(at, tok)
     if steps is None:
         return (), (), None
     starts = np.asarray(steps.starts, np.int64)
