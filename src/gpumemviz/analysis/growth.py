@@ -15,10 +15,9 @@ kept), not the allocator's rounded ones.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
