@@ -664,7 +664,6 @@ def part_new_fields(out: Path) -> dict[str, Any]:
     facts["allocator_settings"] = snap.get("allocator_settings")
     files = {"new_fields.pickle": _dump(snap, out / "new_fields.pickle")}
     files["new_fields.json"] = _json(facts, out / "new_fields.json")
-    del kept, y, x, model
     return {"files": files, **{k: v for k, v in facts.items() if k != "errors"}}
 
 
