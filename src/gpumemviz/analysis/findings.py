@@ -54,6 +54,7 @@ from gpumemviz.analysis.holders import (
 )
 from gpumemviz.io import SnapshotLike, as_snapshot
 from gpumemviz.snapshot import Snapshot
+from gpumemviz.snapshot.escaping import short_repr
 from gpumemviz.snapshot.sample import OomEvent, Sample
 from gpumemviz.snapshot.tables import Trace
 from gpumemviz.snapshot.units import format_size
@@ -352,7 +353,7 @@ class Findings:
         [(0, 2097152, 1)]
         """
         if by not in HOLDER_KEYS:
-            raise ValueError(f"holders by {by!r}: by is one of {', '.join(HOLDER_KEYS)}")
+            raise ValueError(f"holders by {short_repr(by)}: by is one of {', '.join(HOLDER_KEYS)}")
         if self.snapshot is None:
             return []
         if at is None:

@@ -31,6 +31,7 @@ from gpumemviz.analysis.frames import (
 )
 from gpumemviz.io import SnapshotLike, as_snapshot
 from gpumemviz.snapshot import ACTIONS, ALLOCATED, Snapshot
+from gpumemviz.snapshot.escaping import short_repr
 from gpumemviz.snapshot.schema import TorchDict
 from gpumemviz.snapshot.tables import Trace
 
@@ -380,7 +381,7 @@ def holder_rows(
     [('default pool', 1049088)]
     """
     if by not in HOLDER_KEYS:
-        raise ValueError(f"holders by {by!r}: by is one of {', '.join(HOLDER_KEYS)}")
+        raise ValueError(f"holders by {short_repr(by)}: by is one of {', '.join(HOLDER_KEYS)}")
     snap: Snapshot = as_snapshot(snapshot)
     b = snap.blocks
     mask = b.state == ALLOCATED
