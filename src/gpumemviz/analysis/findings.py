@@ -554,7 +554,9 @@ def _analyze_snapshot(
             held = tuple(live_holders(snap if at_oom is None else at_oom, device=d))
             oom = replace(oom, actions=_actions(oom, m, held, report))
         suspects, lifetimes, steps = (
-            growth(trace, snap.external_annotations, d) if trace is not None else ((), (), None)
+            growth(trace, snap.external_annotations, d, m.allocated)
+            if trace is not None
+            else ((), (), None)
         )
         capacity = device_total or _oom_capacity(oom)
         per[d] = Findings(
@@ -879,7 +881,9 @@ def _analyze_sample(
         oom = replace(oom, actions=_actions(oom, m, held, report))
     trace = snap.traces.get(device)
     suspects, lifetimes, steps = (
-        growth(trace, snap.external_annotations, device) if trace is not None else ((), (), None)
+        growth(trace, snap.external_annotations, device, m.allocated)
+        if trace is not None
+        else ((), (), None)
     )
     nvml_used = nvml.used if nvml is not None and nvml.available else None
     non_pytorch = nvml.non_pytorch if nvml is not None and nvml.available else None

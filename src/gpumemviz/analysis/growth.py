@@ -28,6 +28,8 @@ from gpumemviz.snapshot.tables import Trace
 from gpumemviz.snapshot.units import format_size
 
 __all__ = [
+    "FREED_SHARE",
+    "MIN_GROWTH_SHARE",
     "MIN_STEPS",
     "RISING_SHARE",
     "STEP_MARKERS",
@@ -48,6 +50,17 @@ RISING_SHARE = 0.75
 MATCH_SHARE = 0.6
 #: Most step boundaries growth is measured at (the newest ones): bounds the per-holder table.
 MAX_STEPS = 512
+#: A suspect's growth over the steps measured is at least this share of the most bytes live at
+#: a step boundary: a few KiB a layer keeps in a forward pass is not what runs a device out.
+MIN_GROWTH_SHARE = 0.01
+#: A repeated pattern is a loop's steps only when each step's net growth is at most this share
+#: of its swing (`_returns`).
+NET_SHARE = 0.5
+PERIODIC = "the periodic pattern of the alloc sequence"
+#: A repeated pattern is a loop's steps only when at least this share of its allocations is
+#: freed again: a step frees most of what it asks for (a loop that builds a model, or a
+#: forward pass that keeps every activation, repeats too, but keeps everything).
+FREED_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -201,12 +214,28 @@ def find_steps(trace: Trace) -> Steps | None:
     Steps(starts=(0, 3, 6, 9, 12), period=2, basis='the periodic pattern of the alloc sequence')
     """
     at, tok, _, _ = _tokens(trace)
-    return _steps(at, tok)
+    return _steps(at, tok, _freed_share(trace))
 
 
-def _steps(at: np.ndarray, tok: np.ndarray) -> Steps | None:
+def _freed_share(trace: Trace) -> float:
+    """The share of the trace's alloc entries whose block is freed again within the trace."""
+    code = {n: c for c, n in enumerate(trace.action_names)}
+    alloc, frees = code["alloc"], {code["free_requested"], code["free_completed"]}
+    live: set[int] = set()
+    made = freed = 0
+    for a, x in zip(trace.action.tolist(), trace.addr.tolist(), strict=True):
+        if a == alloc:
+            live.add(x)
+            made += 1
+        elif a in frees and x in live:
+            live.discard(x)
+            freed += 1
+    return freed / made if made else 0.0
+
+
+def _steps(at: np.ndarray, tok: np.ndarray, freed: float) -> Steps | None:
     m = len(tok)
-    if m < MIN_STEPS:
+    if m < MIN_STEPS or freed < FREED_SHARE:
         return None
     order = np.argsort(tok, kind="stable")
     counts = np.bincount(tok)
@@ -218,8 +247,8 @@ def _steps(at: np.ndarray, tok: np.ndarray) -> Steps | None:
         gaps = np.diff(where)
         values, counts_of = np.unique(gaps, return_counts=True)
         p = int(values[counts_of.argmax()])  # the commonest gap (the smallest of a tie)
-        if p < 1 or counts_of.max() < RISING_SHARE * len(gaps):
-            continue
+        if p < 2 or counts_of.max() < RISING_SHARE * len(gaps):
+            continue  # one allocation repeated is a loop over layers or tensors, not a step
         first = int(where[0])
         if p not in proposals or first < proposals[p][0]:
             proposals[p] = (first, t)
@@ -241,15 +270,14 @@ def _steps(at: np.ndarray, tok: np.ndarray) -> Steps | None:
             kept.append(a)
     if len(kept) < MIN_STEPS:
         return None
-    return Steps(
-        starts=tuple(int(at[a]) for a in kept),
-        period=p,
-        basis="the periodic pattern of the alloc sequence",
-    )
+    return Steps(starts=tuple(int(at[a]) for a in kept), period=p, basis=PERIODIC)
 
 
 def growth(
-    trace: Trace, annotations: Sequence[object] | None = None, device: int = 0
+    trace: Trace,
+    annotations: Sequence[object] | None = None,
+    device: int = 0,
+    live_total: int = 0,
 ) -> tuple[tuple[Suspect, ...], tuple[Lifetime, ...], Steps | None]:
     """The leak suspects of a device's trace, each holder's lifetimes, and the steps found.
 
@@ -261,6 +289,9 @@ def growth(
         The file's ``external_annotations``: step markers, where it has them.
     device : int
         The trace's device (the markers of that device count).
+    live_total : int
+        The device's allocated bytes (the trace may not show every live block): a suspect
+        grows by at least `MIN_GROWTH_SHARE` of the larger of this and the trace's peak.
 
     Returns
     -------
@@ -271,7 +302,7 @@ def growth(
     if not len(trace):
         return (), (), None
     at, tok, keys, labels = _tokens(trace)
-    steps = marker_steps(trace, annotations, device) or _steps(at, tok)
+    steps = marker_steps(trace, annotations, device) or _steps(at, tok, _freed_share(trace))
     if steps is None:
         return (), (), None
     starts = np.asarray(steps.starts, np.int64)
@@ -298,20 +329,28 @@ def growth(
     within = np.zeros(n_groups, np.int64)
     across = np.zeros(n_groups, np.int64)
     live: dict[int, tuple[int, int, int]] = {}  # addr -> (group, bytes, step)
+    total = 0  # live bytes of the trace's allocations now
+    level = [0] * len(measured)  # ... at each measured step's start
+    peak = [0] * len(measured)  # ... at most during the step
     b = 0
     for i, a in enumerate(act):
         if b < len(measured) and i == measured[b]:
             series[b] = live_bytes
+            level[b] = peak[b] = total
             b += 1
         if a == alloc:
             g = group_of_alloc[i]
             live[addr[i]] = (g, size[i], step_of[i])
             live_bytes[g] += size[i]
+            total += size[i]
+            if b:
+                peak[b - 1] = max(peak[b - 1], total)
         elif a in frees:
             got = live.pop(addr[i], None)
             if got is not None:
                 g, nbytes, made = got
                 live_bytes[g] -= nbytes
+                total -= nbytes
                 if made == step_of[i]:
                     within[g] += 1
                 else:
@@ -321,10 +360,13 @@ def growth(
     for g, nbytes, _ in live.values():
         forever[g] += 1
         forever_bytes[g] += nbytes
+    if steps.basis == PERIODIC and not _returns(level, peak):
+        return (), (), None  # a loop over layers that keeps what it makes, not a step
     key_of = {g: k for k, g in groups.items()}
     suspects = []
+    least = MIN_GROWTH_SHARE * max(int(series.sum(axis=1).max(initial=0)), live_total)
     for g in range(n_groups):
-        s = _suspect(series[:, g])
+        s = _suspect(series[:, g], least)
         if s is not None:
             rate, since = s
             suspects.append(
@@ -355,18 +397,30 @@ def growth(
     return tuple(suspects), tuple(lifetimes), steps
 
 
-def _suspect(v: np.ndarray) -> tuple[int, int] | None:
+def _returns(level: list[int], peak: list[int]) -> bool:
+    """Whether the steps give back most of what they ask for: a step's net growth (level to
+    next level) is at most `NET_SHARE` of its swing (peak above its starting level), taken as
+    the medians over the steps. A training step does; a forward pass over layers, each keeping
+    its activations for the backward, repeats too but does not."""
+    swing = np.median(np.subtract(peak[:-1], level[:-1]))
+    net = np.median(np.diff(level))
+    return bool(swing > 0 and net <= NET_SHARE * swing)
+
+
+def _suspect(v: np.ndarray, least: float) -> tuple[int, int] | None:
     """(bytes per step, the step it started growing in) of a holder whose live bytes `v` at
     the step boundaries rise in `RISING_SHARE` of the steps from some step on (at least
-    `MIN_STEPS` - 1 of them), None otherwise. ``v[k]`` is the bytes before step k + 1 starts,
-    so ``v[k] - v[k - 1]`` is what step k kept."""
+    `MIN_STEPS` - 1 of them) by `least` bytes in all, None otherwise. ``v[k]`` is the bytes
+    before step k + 1 starts, so ``v[k] - v[k - 1]`` is what step k kept."""
     rising = np.diff(v) > 0
     n = len(rising)
     if rising.sum() < MIN_STEPS - 1:  # most holders: nothing to look at
         return None
     after = np.cumsum(rising[::-1])[::-1]  # after[s]: rising steps from s on
     for s in np.flatnonzero(rising).tolist():
-        if after[s] < MIN_STEPS - 1 or after[s] < RISING_SHARE * (n - s) or v[-1] <= v[s]:
+        if after[s] < MIN_STEPS - 1 or after[s] < RISING_SHARE * (n - s):
+            continue
+        if v[-1] <= v[s] or v[-1] - v[s] < least:
             continue
         ys = v[s:].astype(np.float64)
         xs = np.arange(len(ys), dtype=np.float64)
