@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_report_html import EVIL, big_snapshot, evil_snapshot  # tests/ is on sys.path
 
 from gpumemviz.io import load_snapshot
 from gpumemviz.reporting.html_report import report
 from gpumemviz.snapshot.pools import pool_label
+from test_report_html import EVIL, big_snapshot, evil_snapshot  # tests/ is on sys.path
 
 # scroll the map from top to bottom; a row counts once it was drawn from data (not as empty)
 _DRAW_ALL = """() => {
