@@ -1,4 +1,5 @@
-"""sites.py: allocation sites by bytes, checked against the raw torch dicts of the real files."""
+"""holders.py: allocation sites (holders) by bytes, checked against the raw torch dicts of the
+real files; `Findings.holders` along every key sums exactly to allocated."""
 
 from __future__ import annotations
 
@@ -6,8 +7,16 @@ import pytest
 from torch.cuda import _memory_viz as mv
 
 from conftest import read_real, real_file, standin_file
+from gpumemviz.analysis.findings import analyze
 from gpumemviz.analysis.frames import format_frame, user_frame
-from gpumemviz.analysis.holders import NO_STACK, NO_USER_FRAME, live_holders, trace_holders
+from gpumemviz.analysis.holders import (
+    HOLDER_KEYS,
+    NO_STACK,
+    NO_USER_FRAME,
+    frame_key,
+    live_holders,
+    trace_holders,
+)
 from gpumemviz.io import load_snapshot
 
 
@@ -116,3 +125,64 @@ def test_known_sites_of_the_standins():
     longest = trace_holders(path, top=None)
     alloc = [sum(e["size"] for e in t if e["action"] == "alloc") for t in raw["device_traces"]]
     assert sum(s.bytes for s in longest) == alloc[1] != alloc[0]
+
+
+def test_holders_along_every_key_sum_to_allocated_on_real_files(recorded_path, recorded_dict):
+    """`Findings.holders(by)`: every allocated block in exactly one row, so each key's rows sum
+    exactly to the allocated bytes of the raw dict (all devices and each device); the frame
+    rows are the live holders merged by "file:line"."""
+    found = analyze(recorded_path, check=False)
+    blocks = _raw_blocks(recorded_dict)
+    allocated = sum(b["size"] for _, b in blocks if b["state"] == "active_allocated")
+    n_allocated = sum(1 for _, b in blocks if b["state"] == "active_allocated")
+    assert found.figures.allocated == allocated
+    for by in HOLDER_KEYS:
+        rows = found.holders(by)
+        assert sum(r.bytes for r in rows) == allocated, by
+        assert sum(r.count for r in rows) == n_allocated, by
+        assert [r.bytes for r in rows] == sorted((r.bytes for r in rows), reverse=True), by
+        assert len({r.key for r in rows}) == len(rows), by
+        for dev, f in found.devices.items():
+            per = sum(b["size"] for d, b in blocks if d == dev and b["state"] == "active_allocated")
+            assert sum(r.bytes for r in f.holders(by)) == per, (by, dev)
+    merged: dict[object, int] = {}
+    for h in live_holders(recorded_path, top=None):
+        k = None if h.frame is None else frame_key(h.frame)
+        merged[k] = merged.get(k, 0) + h.bytes
+    assert {r.key: r.bytes for r in found.holders("frame")} == merged
+    pools: dict[tuple, int] = {}
+    segs = recorded_dict["segments"] if isinstance(recorded_dict, dict) else recorded_dict
+    for s in segs:
+        pid = tuple(s.get("segment_pool_id") or (0, 0))
+        got = sum(b["size"] for b in s["blocks"] if b["state"] == "active_allocated")
+        if got:
+            pools[pid] = pools.get(pid, 0) + got
+    assert {r.key: r.bytes for r in found.holders("pool")} == pools
+
+
+def test_holders_at_an_entry_sum_to_the_replayed_allocated(recorded_path, recorded_dict):
+    """`holders(at=i)` groups the state the replay gives after entry i: its rows sum to that
+    state's allocated bytes."""
+    if not isinstance(recorded_dict, dict) or not any(recorded_dict["device_traces"]):
+        pytest.skip("no recorded history")
+    dev = max(range(len(recorded_dict["device_traces"])),
+              key=lambda d: len(recorded_dict["device_traces"][d]))  # fmt: skip
+    n = len(recorded_dict["device_traces"][dev])
+    if n > 20_000:
+        pytest.skip("a long trace: the replay to an entry is covered by the shorter files")
+    found = analyze(recorded_path, device=dev, check=False)
+    shared = found.shared
+    assert shared is not None
+    prepared = shared.get()
+    if isinstance(prepared, str):
+        with pytest.raises(ValueError, match="cannot be replayed"):
+            found.holders("frame", at=n // 2)
+        return
+    rec = prepared.timelines[dev]
+    for at in (0, n // 2, n - 1):
+        state = rec.snapshot_at(at)["segments"]
+        allocated = sum(
+            b["size"] for s in state for b in s["blocks"] if b["state"] == "active_allocated"
+        )
+        for by in ("frame", "user_metadata", "pool"):
+            assert sum(r.bytes for r in found.holders(by, at=at)) == allocated, (by, at)

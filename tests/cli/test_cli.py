@@ -611,3 +611,32 @@ def test_worst_segments_name_the_pending_bytes_they_count_as_stuck(capsys):
         said = f"{format_size(s.free)} free and {format_size(s.pending_free)} pending in"
         assert (said in line) == bool(s.pending_free), line
         assert f"{format_size(s.free)} free in" in line or s.pending_free
+
+
+def test_inspect_holders_key_lists_every_holder(tmp_path, capsys):
+    from torch_fields import MiB, torch_file
+
+    path = tmp_path / "meta.pickle"
+    d = torch_file(entries={1: {"user_metadata": "phase=fwd"}})
+    path.write_bytes(pickle.dumps(d, protocol=4))
+    assert main(["inspect", str(path), "--holders", "user_metadata"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        f"holders of the {format_size(6 * MiB + 512)} allocated, by user metadata:",
+        f"  {format_size(4 * MiB)} in 1 block: phase=fwd",
+        f"  {format_size(2 * MiB + 512)} in 2 blocks: (not recorded)",
+    ]
+    assert main(["inspect", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "holders of the 6.00 MiB allocated, by frame (allocation sites):" in text
+    assert main(["inspect", str(path), "--holders", "line"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_inspect_json_carries_holders_growth_and_forecast(recorded_path, capsys):
+    assert main(["inspect", str(recorded_path), "--json", "--no-replay"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"holders", "growth", "forecast", "lifetimes", "steps", "recorded"} <= set(out)
+    assert isinstance(out["growth"], list)
+    for by, rows in out["holders"].items():
+        assert sum(r["bytes"] for r in rows) == out["figures"]["allocated"], by

@@ -25,6 +25,11 @@ Parts:
                        pool deleted then emptied; MemPool.snapshot() and use_count() beside it
   cuda_graph           torch.cuda.graph capture with history: eager warm-up, capture into a
                        pool, replays, a second graph sharing the pool, graph 1 reset
+  new_fields           what newer torch records where it can: user_metadata
+                       (_set_memory_metadata) around the forward pass, an annotation
+                       (_annotate_tensor / _annotate_memory) on a live tensor, FX frame fields
+                       of a compiled function, _allocation_traceback of one live tensor; which
+                       of these this torch has is in new_fields.json
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ PARTS: dict[str, dict[str, Any]] = {
     "gpumemviz_live": {"timeout": 30, "env": {}},
     "mempool": {"timeout": 60, "env": {}},
     "cuda_graph": {"timeout": 60, "env": {}},
+    "new_fields": {"timeout": 90, "env": {}},
 }
 
 
@@ -602,6 +608,63 @@ def part_cuda_graph(out: Path) -> dict[str, Any]:
     files = {"cuda_graph.pickle": _dump(snap, out / "cuda_graph.pickle")}
     files["cuda_graph.json"] = _json(facts, out / "cuda_graph.json")
     return {"files": files, **facts}
+
+
+def part_new_fields(out: Path) -> dict[str, Any]:
+    import torch
+
+    mem = torch.cuda.memory
+    facts: dict[str, Any] = {"torch": torch.__version__, "errors": {}}
+
+    def attempt(name: str, fn: Any) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # an API this torch lacks or refuses: recorded, not fatal
+            facts["errors"][name] = repr(exc)[:300]
+            return None
+
+    record = mem._record_memory_history
+    kwargs: dict[str, Any] = {"max_entries": MAX_ENTRIES, "stacks": "python"}
+    if _accepts(record, "augment_with_fx_traces"):
+        kwargs["augment_with_fx_traces"] = True
+    facts["record_kwargs"] = dict(kwargs)
+    record(**kwargs)
+    set_meta = getattr(mem, "_set_memory_metadata", None)
+    facts["has_set_memory_metadata"] = set_meta is not None
+    model = torch.nn.Linear(1024, 1024).cuda()
+    x = torch.randn(256, 1024, device="cuda")
+    for step in range(6):
+        if set_meta is not None:
+            attempt("set_memory_metadata", lambda step=step: set_meta(f"forward step {step}"))
+        y = model(x).relu()
+        if set_meta is not None:
+            attempt("set_memory_metadata", lambda: set_meta(""))
+        y.sum().backward()
+    kept = torch.empty(4 << 20, dtype=torch.uint8, device="cuda")
+    for name in ("_annotate_tensor", "_annotate_memory"):
+        fn = getattr(mem, name, None)
+        facts[f"has{name}"] = fn is not None
+        if fn is not None:
+            attempt(name, lambda fn=fn: fn(kept, "kept buffer"))
+    compiled = attempt("compile", lambda: torch.compile(lambda t: (t * 2).sin() + 1))
+    if compiled is not None:
+        attempt("compiled_call", lambda: compiled(torch.randn(1 << 16, device="cuda")))
+    traceback_of = getattr(mem, "_allocation_traceback", None)
+    facts["has_allocation_traceback"] = traceback_of is not None
+    if traceback_of is not None:
+        got = attempt("allocation_traceback", lambda: traceback_of(kept.data_ptr()))
+        facts["allocation_traceback_type"] = type(got).__name__
+    torch.cuda.synchronize()
+    snap = mem._snapshot()
+    record(enabled=None)
+    entries = [e for t in snap.get("device_traces", []) for e in t]
+    facts["trace_keys"] = sorted({k for e in entries for k in e})
+    facts["actions"] = sorted({e["action"] for e in entries})
+    facts["frame_keys"] = sorted({k for e in entries for f in e.get("frames", []) for k in f})
+    facts["allocator_settings"] = snap.get("allocator_settings")
+    files = {"new_fields.pickle": _dump(snap, out / "new_fields.pickle")}
+    files["new_fields.json"] = _json(facts, out / "new_fields.json")
+    return {"files": files, **{k: v for k, v in facts.items() if k != "errors"}}
 
 
 def run_part(name: str, out: Path) -> dict[str, Any]:

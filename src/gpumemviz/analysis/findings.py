@@ -34,6 +34,7 @@ from gpumemviz.analysis.advice_check import (
     check_advice,
     setting_of,
 )
+from gpumemviz.analysis.forecast import Forecast, forecast, reserved_series
 from gpumemviz.analysis.fragmentation import (
     FragmentationReport,
     MemoryFigures,
@@ -42,10 +43,20 @@ from gpumemviz.analysis.fragmentation import (
 )
 from gpumemviz.analysis.fragmentation.oom import classify_event
 from gpumemviz.analysis.frames import format_frame, user_frame
-from gpumemviz.analysis.holders import Holder, live_holders
+from gpumemviz.analysis.growth import Lifetime, Steps, Suspect, growth
+from gpumemviz.analysis.holders import (
+    HOLDER_KEYS,
+    Holder,
+    HolderRow,
+    holder_rows,
+    live_holders,
+    metadata_text,
+)
 from gpumemviz.io import SnapshotLike, as_snapshot
 from gpumemviz.snapshot import Snapshot
+from gpumemviz.snapshot.escaping import short_repr
 from gpumemviz.snapshot.sample import OomEvent, Sample
+from gpumemviz.snapshot.tables import Trace
 from gpumemviz.snapshot.units import format_size
 
 if TYPE_CHECKING:
@@ -56,6 +67,7 @@ __all__ = [
     "FULL_FREE_SHARE",
     "LIVE_UNCHECKED",
     "NOT_CHECKED",
+    "OVERFLOWED",
     "Action",
     "AdviceItem",
     "Figures",
@@ -75,6 +87,11 @@ LIVE_UNCHECKED = (
 )
 #: Why setting advice was not checked when the caller turned the check off.
 NOT_CHECKED = "not checked (check=False)"
+#: The note of a file whose allocator_settings say the trace ring overflowed.
+OVERFLOWED = (
+    "the trace lost its oldest entries (trace_alloc_overflowed): what happened before its "
+    "first entry is not recorded"
+)
 
 
 @dataclass(frozen=True)
@@ -239,8 +256,6 @@ class Findings:
         Every figure of that state (requested, internal waste, worst segments, ...).
     pools : tuple of PoolFigures
         The default pool and each private pool holding a segment.
-    holders : tuple of Holder
-        What holds the live bytes, by the user's frame, most first.
     oom : OomFinding or None
         The OOM (of the failing device, for several devices), with ranked actions.
     advice : tuple of AdviceItem
@@ -255,6 +270,24 @@ class Findings:
         The assumption on private pools the figures follow.
     devices : {int: Findings}
         Each device's own findings (empty for one device's findings).
+    growth : tuple of Suspect
+        Leak suspects: holders whose live bytes rise step over step (`analysis.growth`),
+        fastest first; empty when nothing grows or the trace has no repeated steps.
+    lifetimes : tuple of Lifetime
+        How long each holder's allocations live (within a step, across steps, forever).
+    steps : Steps or None
+        The repeated steps `growth` was measured on (None: none found).
+    forecast : Forecast or None
+        The time to OOM at the present growth of reserved memory (`analysis.forecast`), where
+        the trace has times, the device's capacity is known and the trend is clear.
+    recorded : {str: int}
+        How many trace entries (or frames) hold each newer torch field: ``user_metadata``,
+        ``internal_metadata``, ``annotate``, ``pool_id``, ``forward_frames``, ``fx`` (frames
+        of compiled code with FX fields), ``compile_context``; only the fields present.
+    snapshot : Snapshot or None
+        The state analysed (what `holders` groups).
+    shared : SharedReplay or None
+        Its replay (what `holders(at=...)` reads the state at an entry from).
 
     Examples
     --------
@@ -271,7 +304,6 @@ class Findings:
     figures: Figures
     memory: MemoryFigures = field(repr=False)
     pools: tuple[PoolFigures, ...]
-    holders: tuple[Holder, ...] = field(repr=False)
     oom: OomFinding | None
     advice: tuple[AdviceItem, ...]
     rejected: tuple[AdviceItem, ...]
@@ -279,6 +311,70 @@ class Findings:
     settings: str | None
     pools_in_use: bool
     devices: Mapping[int, Findings] = field(default_factory=dict)
+    growth: tuple[Suspect, ...] = ()
+    lifetimes: tuple[Lifetime, ...] = field(default=(), repr=False)
+    steps: Steps | None = field(default=None, repr=False)
+    forecast: Forecast | None = None
+    recorded: Mapping[str, int] = field(default_factory=dict, repr=False)
+    snapshot: Snapshot | None = field(default=None, repr=False, compare=False)
+    shared: SharedReplay | None = field(default=None, repr=False, compare=False)
+
+    def holders(self, by: str = "frame", at: int | None = None) -> list[HolderRow]:
+        """Who holds the allocated bytes, grouped `by` one of `HOLDER_KEYS`, most first.
+
+        Parameters
+        ----------
+        by : str
+            ``"frame"`` (the innermost user frame, "file:line"), ``"call_path"`` (a tuple of
+            "file:line" from the outermost user frame in), ``"user_metadata"``,
+            ``"annotation"``, ``"stream"`` or ``"pool"``.
+        at : int, optional
+            An index into the device's trace: the state after that entry, replayed (one
+            device's findings, or findings of a one-device snapshot). Default: the state
+            analysed.
+
+        Returns
+        -------
+        list of HolderRow
+            ``key``, ``bytes``, ``count`` (and the blocks): every allocated block in exactly
+            one row (key None: not recorded), so the bytes sum exactly to allocated.
+
+        Raises
+        ------
+        ValueError
+            `by` unknown; `at` outside the trace, on several devices, or without a replay.
+
+        Examples
+        --------
+        >>> seg = {"device": 0, "address": 0, "total_size": 2 << 20, "stream": 0,
+        ...        "blocks": [{"size": 2 << 20, "requested_size": 2 << 20,
+        ...                    "state": "active_allocated", "frames": []}]}
+        >>> [(r.key, r.bytes, r.count) for r in analyze([seg]).holders("stream")]
+        [(0, 2097152, 1)]
+        """
+        if by not in HOLDER_KEYS:
+            raise ValueError(f"holders by {short_repr(by)}: by is one of {', '.join(HOLDER_KEYS)}")
+        if self.snapshot is None:
+            return []
+        if at is None:
+            return holder_rows(self.snapshot, by, device=self.device)
+        device = self.device
+        if device is None:
+            if len(self.devices) != 1:
+                raise ValueError("holders(at=...): name a device (these findings hold several)")
+            device = next(iter(self.devices))
+        trace = self.snapshot.traces.get(device)
+        n = 0 if trace is None else len(trace)
+        if not 0 <= at < n:
+            raise ValueError(f"holders(at={at}): cuda:{device}'s trace has entries 0 to {n - 1}")
+        shared = self.shared if self.shared is not None else SharedReplay(self.snapshot)
+        prepared = shared.get()
+        segments = _segments_at(prepared, device, at)
+        if segments is None:
+            why = prepared if isinstance(prepared, str) else "no recording of this device"
+            raise ValueError(f"holders(at={at}): the trace cannot be replayed ({why})")
+        state = Snapshot.from_torch({"segments": segments})
+        return holder_rows(state, by, device=device, traces=self.snapshot.traces, upto=at)
 
     def for_device(self, device: int) -> Findings:
         """One device's findings (these, when they are that device's).
@@ -316,9 +412,11 @@ class Findings:
         Returns
         -------
         dict
-            ``device``, ``figures``, ``memory``, ``pools``, ``holders``, ``oom``, ``advice``,
-            ``rejected``, ``notes``, ``settings``, ``pools_in_use`` and ``devices`` (each
-            device's own, keyed by its index as a string).
+            ``device``, ``figures``, ``memory``, ``pools``, ``holders`` (``{by: [row, ...]}``
+            for every `HOLDER_KEYS`), ``oom``, ``advice``, ``rejected``, ``notes``,
+            ``settings``, ``pools_in_use``, ``growth`` (the suspects), ``lifetimes``,
+            ``steps``, ``forecast``, ``recorded`` and ``devices`` (each device's own, keyed by
+            its index as a string).
 
         Examples
         --------
@@ -330,13 +428,18 @@ class Findings:
             "figures": self.figures.to_dict(),
             "memory": self.memory.to_dict(),
             "pools": [p.to_dict() for p in self.pools],
-            "holders": [h.to_dict() for h in self.holders],
+            "holders": {by: [r.to_dict() for r in self.holders(by)] for by in HOLDER_KEYS},
             "oom": None if self.oom is None else self.oom.to_dict(),
             "advice": [a.to_dict() for a in self.advice],
             "rejected": [a.to_dict() for a in self.rejected],
             "notes": list(self.notes),
             "settings": self.settings,
             "pools_in_use": self.pools_in_use,
+            "growth": [g.to_dict() for g in self.growth],
+            "lifetimes": [x.to_dict() for x in self.lifetimes],
+            "steps": None if self.steps is None else self.steps.to_dict(),
+            "forecast": None if self.forecast is None else self.forecast.to_dict(),
+            "recorded": dict(self.recorded),
             "devices": {str(d): f.to_dict() for d, f in self.devices.items()},
         }
 
@@ -348,6 +451,7 @@ def analyze(
     check: bool = True,
     pools_in_use: bool = True,
     shared: SharedReplay | None = None,
+    device_total: int | None = None,
 ) -> Findings:
     """Analyse a snapshot or a live sample: figures, pools, holders, OOM, checked advice.
 
@@ -368,6 +472,9 @@ def analyze(
     shared : SharedReplay, optional
         The snapshot's reconstruction to replay on (default: one of its own); pass one made
         on the same `Snapshot` to read its recordings afterwards (the HTML report's timeline).
+    device_total : int, optional
+        The device's memory in bytes, for the forecast (default: a live sample's, or what an
+        ``oom`` entry of the trace shows: reserved there plus the device's free bytes).
 
     Returns
     -------
@@ -390,18 +497,25 @@ def analyze(
     (True, 3145728)
     """
     if isinstance(source, Sample):
-        return _analyze_sample(source, device, check)
+        return _analyze_sample(source, device, check, device_total)
     snap = as_snapshot(source)
     if shared is not None and shared.snap is not snap:
         raise ValueError("analyze: `shared` was made for another snapshot")
-    return _analyze_snapshot(snap, device, check, pools_in_use, shared or SharedReplay(snap))
+    return _analyze_snapshot(
+        snap, device, check, pools_in_use, shared or SharedReplay(snap), device_total
+    )
 
 
 # ------------------------------------------------------------------------------- snapshot
 
 
 def _analyze_snapshot(
-    snap: Snapshot, only: int | None, check: bool, pools_in_use: bool, shared: SharedReplay
+    snap: Snapshot,
+    only: int | None,
+    check: bool,
+    pools_in_use: bool,
+    shared: SharedReplay,
+    device_total: int | None,
 ) -> Findings:
     report = fragmentation(snap, pools_in_use=pools_in_use)
     devices = list(report.devices)
@@ -418,6 +532,7 @@ def _analyze_snapshot(
         )
     )
     settings = _settings_text(report)
+    overflowed = bool((snap.allocator_settings or {}).get("trace_alloc_overflowed"))
     per: dict[int, Findings] = {}
     for d in devices:
         trace = snap.traces.get(d)
@@ -433,33 +548,50 @@ def _analyze_snapshot(
         if any(a.setting is not None and not a.checked for a in shown):
             why = {a.unchecked for a in shown if a.unchecked}
             notes += [f"setting advice unchecked: {w}" for w in sorted(why)]
-        holders = tuple(live_holders(snap, device=d))
+        if overflowed:
+            notes.append(OVERFLOWED)
         if oom is not None:  # what held the memory when it ran out
-            held = holders if at_oom is None else tuple(live_holders(at_oom, device=d))
+            held = tuple(live_holders(snap if at_oom is None else at_oom, device=d))
             oom = replace(oom, actions=_actions(oom, m, held, report))
+        suspects, lifetimes, steps = (
+            growth(trace, snap.external_annotations, d, m.allocated)
+            if trace is not None
+            else ((), (), None)
+        )
+        capacity = device_total or _oom_capacity(oom)
         per[d] = Findings(
             device=d,
-            figures=Figures.of(m, entry=entry, time=when),
+            figures=Figures.of(m, entry=entry, time=when, device_total=device_total),
             memory=m,
             pools=m.pools,
-            holders=holders,
             oom=oom,
             advice=shown,
             rejected=refused,
             notes=tuple(notes),
             settings=settings,
             pools_in_use=pools_in_use,
+            growth=suspects,
+            lifetimes=lifetimes,
+            steps=steps,
+            forecast=_trace_forecast(trace, m.reserved, capacity, steps),
+            recorded=_recorded(trace),
+            snapshot=snap,
+            shared=shared,
         )
     if only is not None:
         return per[only]
     failing = [f.oom for f in per.values() if f.oom is not None]
     notes_all = [f"cuda:{d}: {n}" for d, f in per.items() for n in f.notes]
+    forecasts = [f.forecast for f in per.values() if f.forecast is not None]
+    recorded: dict[str, int] = {}
+    for f in per.values():
+        for k, v in f.recorded.items():
+            recorded[k] = recorded.get(k, 0) + v
     return Findings(
         device=None,
         figures=Figures.of(report.total),
         memory=report.total,
         pools=tuple(p for f in per.values() for p in f.pools),
-        holders=tuple(live_holders(snap)),
         oom=failing[0] if failing else None,
         advice=tuple(a for f in per.values() for a in f.advice),
         rejected=tuple(a for f in per.values() for a in f.rejected),
@@ -467,6 +599,13 @@ def _analyze_snapshot(
         settings=settings,
         pools_in_use=pools_in_use,
         devices=per,
+        growth=tuple(g for f in per.values() for g in f.growth),
+        lifetimes=tuple(x for f in per.values() for x in f.lifetimes),
+        steps=per[devices[0]].steps if len(per) == 1 else None,
+        forecast=min(forecasts, key=lambda x: x.seconds) if forecasts else None,
+        recorded=recorded,
+        snapshot=snap,
+        shared=shared,
     )
 
 
@@ -700,7 +839,9 @@ def _actions(
 # --------------------------------------------------------------------------------- sample
 
 
-def _analyze_sample(sample: Sample, only: int | None, check: bool) -> Findings:
+def _analyze_sample(
+    sample: Sample, only: int | None, check: bool, device_total: int | None
+) -> Findings:
     """A live read: its one segment state, stats, NVML reading and captured OOM."""
     snap = sample.segments
     if snap is None:
@@ -715,6 +856,8 @@ def _analyze_sample(sample: Sample, only: int | None, check: bool) -> Findings:
     total = (info.total_memory or None) if info is not None else None
     if total is None and nvml is not None and nvml.available:
         total = nvml.total
+    if device_total:
+        total = device_total
     found = (
         advise(report, settings, stats, device_total=total, device=device)
         if device in report.devices
@@ -731,11 +874,17 @@ def _analyze_sample(sample: Sample, only: int | None, check: bool) -> Findings:
         )
         if not traced:
             notes.append(LIVE_UNCHECKED)
-    holders = tuple(live_holders(snap, device=device))
     oom = None
     if sample.oom is not None and sample.oom.device == device:
         oom = _finding(sample.oom, entry=None, basis="event", frames=None, settings=None)
-        oom = replace(oom, actions=_actions(oom, m, holders, report))
+        held = tuple(live_holders(snap, device=device))
+        oom = replace(oom, actions=_actions(oom, m, held, report))
+    trace = snap.traces.get(device)
+    suspects, lifetimes, steps = (
+        growth(trace, snap.external_annotations, device, m.allocated)
+        if trace is not None
+        else ((), (), None)
+    )
     nvml_used = nvml.used if nvml is not None and nvml.available else None
     non_pytorch = nvml.non_pytorch if nvml is not None and nvml.available else None
     return Findings(
@@ -745,11 +894,78 @@ def _analyze_sample(sample: Sample, only: int | None, check: bool) -> Findings:
         ),
         memory=m,
         pools=m.pools,
-        holders=holders,
         oom=oom,
         advice=tuple(AdviceItem.of(c) for c in checked.shown),
         rejected=tuple(AdviceItem.of(c) for c in checked.rejected),
         notes=tuple(notes),
         settings=settings if settings is not None else _settings_text(report),
         pools_in_use=True,
+        growth=suspects,
+        lifetimes=lifetimes,
+        steps=steps,
+        forecast=_trace_forecast(trace, m.reserved, total, steps),
+        recorded=_recorded(trace),
+        snapshot=snap,
+        shared=SharedReplay(snap),
     )
+
+
+# ------------------------------------------------------------------- forecast and fields
+
+
+def _oom_capacity(oom: OomFinding | None) -> int | None:
+    """The device's memory as an ``oom`` entry shows it: reserved there plus the free bytes
+    the device reported (None without one)."""
+    if oom is None or oom.basis != "trace" or oom.device_free is None:
+        return None
+    return oom.reserved + oom.device_free or None
+
+
+def _trace_forecast(
+    trace: Trace | None, reserved: int, capacity: int | None, steps: Steps | None
+) -> Forecast | None:
+    """The forecast from a timed trace's reserved bytes (None without times or capacity)."""
+    if trace is None or not capacity:
+        return None
+    series = reserved_series(trace, reserved)
+    if series is None:
+        return None
+    step_seconds = None
+    if steps is not None:
+        t = trace.time_us[np.asarray(steps.starts, np.int64)]
+        if (t > 0).all():
+            step_seconds = float(np.median(np.diff(t))) / 1e6 or None
+    return forecast(*series, capacity, step_seconds=step_seconds)
+
+
+def _recorded(trace: Trace | None) -> dict[str, int]:
+    """How many entries hold each newer torch field (only those present)."""
+    if trace is None or not len(trace):
+        return {}
+    out: dict[str, int] = {}
+    names = trace.action_names
+    if "annotate" in names:
+        out["annotate"] = int((trace.action == names.index("annotate")).sum())
+    for key in ("user_metadata", "internal_metadata"):
+        n = sum(1 for v in trace.values(key) if metadata_text(v) is not None)
+        if n:
+            out[key] = n
+    for key in ("pool_id", "forward_frames"):
+        n = sum(1 for v in trace.values(key) if v is not None and v != [] and v != ())
+        if n:
+            out[key] = n
+    n = sum(1 for v in trace.values("compile_context") if v not in (None, "", "N/A"))
+    if n:
+        out["compile_context"] = n
+    fx: dict[int, bool] = {}  # id(frames list) -> has an FX frame (lists are shared)
+    n = 0
+    for fr in trace.frames():
+        got = fx.get(id(fr))
+        if got is None:
+            got = fx[id(fr)] = any(
+                isinstance(f, dict) and any(str(k).startswith("fx_") for k in f) for f in fr
+            )
+        n += got
+    if n:
+        out["fx"] = n
+    return {k: out[k] for k in sorted(out)}

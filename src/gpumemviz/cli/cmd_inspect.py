@@ -13,6 +13,7 @@ from gpumemviz.analysis.fragmentation import (
     SegmentSummary,
 )
 from gpumemviz.cli.common import NOT_RECORDED, UsageError, input_name, snapshot_input
+from gpumemviz.cli.holders_text import HOLDER_CHOICES, findings_lines, holders_lines
 from gpumemviz.cli.output import quoted, say, say_json
 from gpumemviz.snapshot.escaping import one_line
 from gpumemviz.snapshot.pools import pool_label
@@ -37,10 +38,29 @@ def add_inspect(sub: Subparsers) -> None:
     p.add_argument(
         "file",
         type=Path,
-        help="snapshot file (.pickle, .pkl, .json or any name; - for standard input)",
+        help="snapshot file (.pickle, .pkl, .json or any name; - for standard input), or a "
+        "folder of per-rank snapshot files (not recursive): the ranks worst first and what "
+        "differs between them",
     )
     p.add_argument("--device", type=int, default=None, help="only this device index")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument(
+        "--holders",
+        metavar="KEY",
+        choices=HOLDER_CHOICES,
+        default=None,
+        help="list every holder of the allocated bytes grouped by KEY: "
+        + ", ".join(HOLDER_CHOICES)
+        + " (by default the top holders by frame are shown)",
+    )
+    p.add_argument(
+        "--device-memory",
+        metavar="BYTES",
+        type=int,
+        default=None,
+        help="the device's memory in bytes, for the forecast of the time to OOM (default: "
+        "what an oom entry of the trace shows; without either, no forecast)",
+    )
     p.add_argument(
         "--pools-released",
         action="store_true",
@@ -67,17 +87,64 @@ def run_inspect(args: argparse.Namespace) -> int:
     from gpumemviz.analysis.findings import analyze  # loads the replay
     from gpumemviz.io import load_snapshot  # the loader is only needed once a file is named
 
+    if args.file.is_dir():
+        return _inspect_folder(args)
     snap = load_snapshot(snapshot_input(args.file))
     if args.device is not None and args.device not in snap.devices:
         have = ", ".join(map(str, snap.devices)) or "none"
         raise UsageError(f"no device {args.device} in {input_name(args.file)} (devices: {have})")
     found = analyze(
-        snap, device=args.device, check=not args.no_replay, pools_in_use=not args.pools_released
+        snap,
+        device=args.device,
+        check=not args.no_replay,
+        pools_in_use=not args.pools_released,
+        device_total=args.device_memory,
     )
     if args.json:
         say_json(found.to_dict())
+    elif args.holders is not None:
+        say("\n".join(holders_lines(found, args.holders, top=None)))
     else:
         say("\n".join(_text(found, len(snap.devices), snap, input_name(args.file))))
+    return 0
+
+
+def _inspect_folder(args: argparse.Namespace) -> int:
+    """``inspect DIR``: every rank's file analysed, the grid worst first, what differs."""
+    from gpumemviz.analysis.ranks import analyze_ranks
+
+    if args.device is not None or args.holders is not None:
+        raise UsageError("--device and --holders name one file's devices, not a folder's")
+    try:
+        ranks = analyze_ranks(args.file, check=not args.no_replay, device_total=args.device_memory)
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
+    if args.json:
+        say_json(ranks.to_dict())
+        return 0
+    fs = format_size
+    lines = [f"{input_name(args.file)}: {len(ranks.ranks)} rank file(s), worst first:"]
+    for r in ranks.ranks:
+        f = r.findings
+        what = []
+        if f.oom is not None:
+            what.append(one_line(f.oom.sentence))
+        if f.growth:
+            what.append(f"{len(f.growth)} leak suspect(s): {one_line(f.growth[0].sentence)}")
+        if f.forecast is not None:
+            what.append(f.forecast.sentence)
+        lines.append(
+            f"  rank {r.rank} ({one_line(r.file)}): reserved {fs(f.figures.reserved)}, allocated "
+            f"{fs(f.figures.allocated)}, largest free {fs(f.figures.largest_free)}"
+            + ("".join(f"; {w}" for w in what))
+        )
+    if ranks.differences:
+        lines.append("what differs between the ranks:")
+        lines += [f"  - {d}" for d in ranks.differences]
+    else:
+        lines.append("what differs between the ranks: nothing that stands out")
+    lines.append("(gpumemviz inspect FILE shows one rank's findings in full)")
+    say("\n".join(lines))
     return 0
 
 
@@ -110,6 +177,7 @@ def _text(found: Findings, n_devices: int, snap: Snapshot, name: str) -> list[st
     if found.rejected:
         lines.append("checked and rejected (the replay of the recorded trace is worse with it):")
         lines += [f"  - [{a.kind}] {_on(a.device, many)}{a.message}" for a in found.rejected]
+    lines += findings_lines(found)
     lines += [f"note: {one_line(n)}" for n in found.notes]
     return lines
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from gpumemviz.cli.common import add_sharing_args, check_output, output_of, snapshot_input
+from gpumemviz.cli.common import (
+    UsageError,
+    add_sharing_args,
+    check_output,
+    output_of,
+    snapshot_input,
+)
 from gpumemviz.cli.output import say
 from gpumemviz.io import is_stdout
 from gpumemviz.snapshot.units import format_size
@@ -21,7 +27,9 @@ def add_report(sub: Subparsers) -> None:
         "report",
         help="write a self-contained HTML report that opens offline",
         description="Write one HTML file with everything inlined (segment map, timeline, "
-        "fragmentation, advice, top allocation sites); it opens with the network off.",
+        "fragmentation, advice, top allocation sites); it opens with the network off. FILE "
+        "may be a folder of per-rank snapshot files: the page is the worst rank's, with the "
+        "rank grid (worst first), what differs and each rank's findings in its data.",
     )
     add_sharing_args(p, "the HTML file to write (- for standard output)")
     p.add_argument(
@@ -37,13 +45,24 @@ def run_report(args: argparse.Namespace) -> int:
 
     args.output = output_of(args)
     check_output(args.output, args.force)
+    ranks = None
+    source = snapshot_input(args.file)
+    if args.file.is_dir():  # a folder of per-rank files: the worst rank's page, and the grid
+        from gpumemviz.analysis.ranks import analyze_ranks
+
+        try:
+            ranks = analyze_ranks(args.file, check=not args.no_replay)
+        except FileNotFoundError as e:
+            raise UsageError(str(e)) from None
+        source = args.file / ranks.ranks[0].file
     # the file itself: its name is the title and its size sets the page's budget
     path = report(
-        snapshot_input(args.file),
+        source,
         args.output,
         redact_paths=args.redact_paths,
         replay_advice=not args.no_replay,
         force=args.force,
+        ranks=ranks,
     )
     if is_stdout(path):  # the page went to standard output: nothing else goes there
         return 0

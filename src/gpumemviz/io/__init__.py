@@ -14,6 +14,7 @@ from __future__ import annotations
 from gpumemviz.io.atomic import STDOUT, atomic_write, check_target, claim_new_file, is_stdout
 from gpumemviz.io.limits import DEFAULT_MAX_BYTES, DEFAULT_MAX_DEPTH
 from gpumemviz.io.opscan import scan_pickle
+from gpumemviz.io.rank_folder import rank_files
 from gpumemviz.io.snapshot_files import (
     SnapshotLike,
     as_snapshot,
@@ -39,6 +40,7 @@ __all__ = [
     "is_stdout",
     "load_snapshot",
     "loads_restricted",
+    "rank_files",
     "read_input",
     "save_snapshot",
     "scan_pickle",

@@ -26,7 +26,7 @@ import numpy as np
 
 from gpumemviz.analysis import holders as _sites
 from gpumemviz.analysis.advice_check import SharedReplay
-from gpumemviz.analysis.findings import AdviceItem, OomFinding, analyze
+from gpumemviz.analysis.findings import AdviceItem, Findings, OomFinding, analyze
 from gpumemviz.analysis.fragmentation import (
     ASSUMED_IN_USE,
     FIGURE_NAMES,
@@ -36,6 +36,7 @@ from gpumemviz.analysis.fragmentation import (
     fragmentation,
 )
 from gpumemviz.analysis.frames import Redactor
+from gpumemviz.analysis.ranks import Ranks
 from gpumemviz.io import SnapshotLike, as_snapshot, atomic_write
 from gpumemviz.render.rows import MAX_CELLS, RowTable, build_rows, encode_cells
 from gpumemviz.render.timeline import envelope
@@ -63,6 +64,7 @@ __all__ = [
     "SIZE_FACTOR",
     "TIMELINE_POINTS",
     "estimate_pickle_size",
+    "holders_data",
     "render_html",
     "renderer_size",
     "report",
@@ -87,6 +89,7 @@ def report(
     redact_paths: bool = False,
     replay_advice: bool = True,
     force: bool = False,
+    ranks: Ranks | None = None,
 ) -> Path:
     """Write the offline HTML report of a snapshot.
 
@@ -110,6 +113,10 @@ def report(
         advice the replay refutes is listed apart as checked and rejected.
     force : bool
         Replace a read-only file (refused otherwise, with a PermissionError).
+    ranks : Ranks, optional
+        A folder's ranks (`gpumemviz.analysis.ranks.analyze_ranks`), `snapshot` being one of
+        them (the worst): the page's data gains ``ranks``, the rank grid worst first, what
+        differs and each rank's findings (`Ranks.to_dict`).
 
     Returns
     -------
@@ -132,7 +139,7 @@ def report(
     ...     report(a.snapshot(), os.path.join(d, "r.html")).read_text()[:15]
     '<!doctype html>'
     """
-    parts = _page(snapshot, title, input_size, redact_paths, replay_advice)
+    parts = _page(snapshot, title, input_size, redact_paths, replay_advice, ranks)
 
     def write(f: BinaryIO) -> None:
         write_parts(f, parts)  # never joined: the page's data is in memory once
@@ -161,6 +168,7 @@ def _page(
     input_size: int | None,
     redact_paths: bool,
     replay_advice: bool,
+    ranks: Ranks | None = None,
 ) -> list[Part]:
     """The page in parts (`report_page.page_parts`), everything computed: only writing is left."""
     name = _source_name(snapshot)
@@ -170,15 +178,17 @@ def _page(
     if input_size is None:
         input_size = estimate_pickle_size(snap)
     page_title = one_line(title or name or "memory snapshot")
-    if redact_paths:
-        redactor = Redactor()
+    redactor = Redactor() if redact_paths else None
+    if redactor is not None:
         snap = snap.map_objects(redactor.redact)
         page_title = redactor.text(page_title)
     # the data lives only until its JSON is made
-    return page_parts(
-        page_title,
-        _data(snap, title=page_title, budget=SIZE_FACTOR * input_size, replay_advice=replay_advice),
-    )
+    budget = SIZE_FACTOR * input_size
+    data = _data(snap, title=page_title, budget=budget, replay_advice=replay_advice)
+    if ranks is not None:  # the folder's grid, what differs and each rank's findings
+        many = ranks.to_dict()
+        data["ranks"] = many if redactor is None else redactor.redact(many)
+    return page_parts(page_title, data)
 
 
 def report_data(
@@ -233,7 +243,13 @@ def _data(snap: Snapshot, *, title: str, budget: int | None, replay_advice: bool
         "settings": (
             None if report_.allocator_settings is None else _plain(report_.allocator_settings)
         ),
+        # the page's table of top lines (js/src/report.js reads it); `holders` is the same
+        # question along every key, what the holders view draws
         "sites": {"live": live, "trace": traced, "trace_device": trace_dev},
+        "holders": holders_data(found),
+        "growth": [g.to_dict() for g in found.growth],
+        "forecast": None if found.forecast is None else found.forecast.to_dict(),
+        "recorded": dict(found.recorded),
         "violations": [v.message for v in report_.violations][:20],
         "pools": [p.to_dict() for p in _listed(list(report_.devices.values()))],
         "pools_note": ASSUMED_IN_USE if report_.pools_in_use is True else "",
@@ -245,6 +261,25 @@ def _data(snap: Snapshot, *, title: str, budget: int | None, replay_advice: bool
     if room is not None:
         room = max(0, room - json_len(out["timeline"]))
     out["map"] = _map(rows, room)
+    return out
+
+
+def holders_data(found: Findings, top: int = _sites.N_TOP) -> JsonDict:
+    """``{by: {"rows": [the top rows], "rest": {"rows", "bytes", "count"}}}`` for every
+    holder key: bounded whatever the file's size, and the rows' bytes plus the rest's still
+    sum to allocated."""
+    out: JsonDict = {}
+    for by in _sites.HOLDER_KEYS:
+        rows = found.holders(by)
+        rest = rows[top:]
+        out[by] = {
+            "rows": [r.to_dict() for r in rows[:top]],
+            "rest": {
+                "rows": len(rest),
+                "bytes": sum(r.bytes for r in rest),
+                "count": sum(r.count for r in rest),
+            },
+        }
     return out
 
 

@@ -357,6 +357,33 @@ class Trace:
             return [[]] * len(self)
         return [x if type(x) is list or type(x) is tuple else [] for x in f]
 
+    def values(self, key: str) -> list[Any]:  # Any: the file's values, as given
+        """Each entry's value of `key`, None where an entry lacks it: the int columns, the
+        object keys (frames, user_metadata, ...) and any key torch added that gpumemviz does
+        not know (``pool_id``, ``internal_metadata``, ``forward_frames``: carried as given).
+
+        Examples
+        --------
+        >>> t = Trace.from_entries([{"action": "alloc", "addr": 0, "size": 8, "stream": 0,
+        ...                          "pool_id": (1, 0)}, {"action": "free_requested",
+        ...                          "addr": 0, "size": 8, "stream": 0}])
+        >>> t.values("pool_id"), t.values("size"), t.values("user_metadata")
+        ([(1, 0), None], [8, 8], [None, None])
+        """
+        n = len(self)
+        if key == "action":
+            return [self.action_names[c] for c in self.action.tolist()]
+        if key in _INT_KEYS:
+            col: list[Any] = getattr(self, key).tolist()
+            return col
+        got = self._objects.get(key)
+        if got is not None:
+            return list(got)
+        extra = self._shape.extra
+        if not extra:
+            return [None] * n
+        return [extra[i].get(key) if i in extra else None for i in range(n)]
+
     def entries(self) -> list[TorchDict]:
         """The torch list of entry dicts (frames and strings shared, not copied)."""
         return self._shape.build(len(self), self._values())
