@@ -142,6 +142,16 @@ def test_twenty_rounds_of_the_exit_race_abort_zero_times():
 HANG_S = 5.0  # the issue hung the store 60 s; the bound checked per step is the same
 
 
+def _worst_gain(seconds: float) -> float:
+    """The most a 10 ms step of a training loop took beyond its 10 ms, over `seconds`."""
+    worst, end = 0.0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        a = time.monotonic()
+        time.sleep(0.01)
+        worst = max(worst, time.monotonic() - a - 0.01)
+    return worst
+
+
 @pytest.mark.slow
 def test_a_hung_store_never_blocks_publish_training_or_viewers(caplog, capsys):
     caplog.set_level(logging.WARNING, logger="gpumemviz.distributed")
@@ -149,16 +159,15 @@ def test_a_hung_store_never_blocks_publish_training_or_viewers(caplog, capsys):
     try:
         port = int(store.stdout.readline())  # type: ignore[union-attr]
         client = torch_dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False)
+        # what this machine's scheduler alone adds to a 10 ms step (a loaded CI machine adds a
+        # few ms), measured the same way before any store call
+        base = _worst_gain(1.0)
         os.kill(store.pid, signal.SIGSTOP)
         t0 = time.monotonic()
         pub = publish(0.01, store=client, source=sim())
         assert time.monotonic() - t0 < 0.1
-        worst, end = 0.0, time.monotonic() + HANG_S
-        while time.monotonic() < end:  # a 10 ms training loop
-            a = time.monotonic()
-            time.sleep(0.01)
-            worst = max(worst, time.monotonic() - a - 0.01)
-        assert worst < 0.05, worst
+        worst = _worst_gain(HANG_S)  # a 10 ms training loop while the store hangs
+        assert worst < 0.05 + base, (worst, base)
         # the publisher says so once its call's deadline passed (later on a loaded machine)
         said_by = time.monotonic() + 20
         while pub.hung is None and time.monotonic() < said_by:

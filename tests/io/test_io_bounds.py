@@ -154,9 +154,13 @@ def test_real_files_load_within_1_5x_of_a_plain_unpickle(path):
     def peak(fn):
         # a full collection empties the free lists of dicts, lists and tuples first, so both
         # sides pay for every object they build (else either may reuse what the other freed:
-        # a 5 KB file read 33 or 49 KB for the same pickle.loads)
-        gc.collect()
-        return _peak(fn)
+        # a 5 KB file read 33 or 49 KB for the same pickle.loads); the least of three reads,
+        # as a thread a test before this one left running may allocate during one of them
+        runs = []
+        for _ in range(3):
+            gc.collect()
+            runs.append(_peak(fn))
+        return min(runs, key=lambda r: r[1])
 
     _, plain = peak(lambda: pickle.loads(data))
     out, ours = peak(lambda: load_snapshot(data))

@@ -10,13 +10,13 @@ import pickle
 from pathlib import Path
 
 import pytest
-from torch_fields import SEG1, USER, MiB, torch_file
 
 from gpumemviz.analysis.findings import OVERFLOWED, analyze
 from gpumemviz.analysis.holders import HOLDER_KEYS
 from gpumemviz.cli import main
 from gpumemviz.io import load_snapshot
 from gpumemviz.reporting.export import export
+from torch_fields import SEG1, USER, MiB, torch_file
 
 FX = {
     **USER,
