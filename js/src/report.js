@@ -5,6 +5,7 @@ import { decodeFrame, KIND_NAMES, stateText } from "./decode.js";
 import { createHeatmap, ROW_H } from "./heatmap.js";
 import { createHeader } from "./controls.js";
 import { createTimeline } from "./timeline.js";
+import { coloursOf, installPalette } from "./palette.js";
 import { registerView, testHooks } from "./probe.js";
 import { blockAt, cellColor, formatSize, keepWindow, rowLabel } from "./rows.js";
 import {
@@ -384,32 +385,20 @@ function segmentZoom(host, palette) {
  * Reserved and allocated over the recorded history of one device: the panel's timeline
  * (timeline.js) fed once with every point, plus a hover naming the point under the cursor.
  * @param {HTMLElement} host @param {string} dev @param {DeviceTimeline} t
- * @param {() => Palette} palette
  */
-function timeline(host, dev, t, palette) {
+function timeline(host, dev, t) {
   const box = el("div", "gmv-report-timeline");
   box.dataset.device = dev;
   const head = el("div", "gmv-zoom-title",
-    `cuda:${dev}, over ${t.entries.toLocaleString("en-US")} trace entries: `);
-  const key = (/** @type {string} */ cls, /** @type {string} */ text) => {
-    const item = el("span", "gmv-key");
-    item.append(el("i", `gmv-swatch ${cls}`), document.createTextNode(text));
-    return item;
-  };
-  head.append(key("gmv-line-reserved", t.series[0]), key("gmv-k0", t.series[1]));
-  if (t.oom.length) head.append(key("gmv-line-mark", "out of memory"));
+    `cuda:${dev}, over ${t.entries.toLocaleString("en-US")} trace entries` +
+    (t.oom.length ? ` · ${t.oom.length} out of memory (OOM), marked` : ""));
   const tip = el("div", "gmv-tip");
   tip.hidden = true;
   box.append(head);
   host.append(box);
-  const rgb = (/** @type {number[]} */ c) => `rgb(${c[0]},${c[1]},${c[2]})`;
   const chart = createTimeline(box, {
     onSync() { /* every point is here from the start */ },
-    colours() {
-      const p = palette();
-      return { bg: p.bg, text: p.text, muted: p.muted, allocated: rgb(p.kinds[0]),
-        pending: rgb(p.kinds[1]), trapped: rgb(p.kinds[3]) };
-    },
+    colours() { return coloursOf(box); },
   });
   box.append(tip);
   const xs = b64ToFloat64(t.x), res = b64ToFloat64(t.reserved), alc = b64ToFloat64(t.allocated);
@@ -446,6 +435,7 @@ function main() {
   if (!node || !host) return;
   /** @type {ReportData} the page's own data, written by report_html.py */
   const data = JSON.parse(node.textContent || "{}");
+  installPalette(document);
   host.replaceChildren();
   const root = el("div", "gmv-root");
   root.dataset.view = "report";
@@ -469,7 +459,7 @@ function main() {
   const charts = [];
   if (tlDevs.length) {
     const s = section(root, "Timeline");
-    for (const d of tlDevs) charts.push(timeline(s, d, data.timeline[d], palette));
+    for (const d of tlDevs) charts.push(timeline(s, d, data.timeline[d]));
   }
   analysis(data, root);
   for (const c of charts) c.draw();

@@ -31,6 +31,7 @@ import anywidget
 import numpy as np
 import traitlets
 
+from gpumemviz.render.glance import glance_set
 from gpumemviz.render.rows import build_rows
 from gpumemviz.render.stacks import Stacks
 from gpumemviz.render.strips import snapshot_strip_set
@@ -133,6 +134,9 @@ class MemoryPanel(anywidget.AnyWidget):
     actions, ...) plus alloc_size, device_free and time; {} when there is none."""
     controls = traitlets.Dict().tag(sync=True)
     """What the buttons can do now: {live, capabilities, paused, interval, routing, replay}."""
+    glance = traitlets.Dict().tag(sync=True)
+    """Each device at a glance (`gpumemviz.render.glance.glance_set`): a bar per device whose
+    parts are its findings' figures, the largest free block and the last OOM's request."""
     strips = traitlets.Dict().tag(sync=True)
     """Every device shown as a strip (`gpumemviz.render.strips.strip_set`); {} for one device."""
 
@@ -163,6 +167,7 @@ class MemoryPanel(anywidget.AnyWidget):
         self._recorded = False  # the timeline holds a replayed run's own series (not samples)
         self._times_of: tuple[Source, np.ndarray | None] | None = None  # (source, its times)
         self._last_point: Point | None = None
+        self._timeline_of: Sampler | None = None  # the sampler whose points the timeline holds
         self._owns_sampler = False
         self._throttle = FindingsThrottle(
             lambda: self.ADVICE_EVERY_S, self._writer.submit, self._publish
@@ -267,12 +272,13 @@ class MemoryPanel(anywidget.AnyWidget):
         self.detach()
         self.sampler = sampler
         self._owns_sampler = owned
+        # the timeline first: another sampler's (device's) points must not reach its history
+        self._writer.submit(self._load_recorded)
         newest = sampler.history.latest_segments()
         if newest is not None:
             self.push_sample(newest)
         sampler.add_listener(self.push_sample)
         self._writer.submit(self._refresh_controls)
-        self._writer.submit(self._load_recorded)
 
     def _load_recorded(self) -> None:
         """A played-back recording's timeline is the recorded run itself (times from the trace,
@@ -281,8 +287,10 @@ class MemoryPanel(anywidget.AnyWidget):
         source = getattr(self.sampler, "source", None)
         replay = source is not None and "time_travel" in getattr(source, "capabilities", ())
         was, self._recorded = self._recorded, bool(replay)
+        other = self._timeline_of is not None and self._timeline_of is not self.sampler
+        self._timeline_of = self.sampler
         if not replay:
-            if was:  # back to sampling: start an empty timeline
+            if was or other:  # back to sampling, or another device's: start an empty timeline
                 self.timeline.reset([], [])
                 self._last_point = None
                 self.send({"kind": "timeline", "first": 0, "points": [], "reset": True})
@@ -330,6 +338,7 @@ class MemoryPanel(anywidget.AnyWidget):
         oom = mine.oom
         reached = oom is not None and (oom.entry is None or int(played.position) >= oom.entry)
         self.oom = oom_trait(oom) if reached and oom is not None else {}
+        self._draw_glance()
 
     @property
     def findings(self) -> Findings | None:
@@ -661,6 +670,7 @@ class MemoryPanel(anywidget.AnyWidget):
         if device is not None and device not in snap.devices:
             self._findings, self._device_findings = None, {}
             self.advice, self.oom = [], {}
+            self._draw_glance()
             return
         traced = any(len(t) for t in snap.traces.values())
         self._throttle.analyze(lambda: analyze(snap, device=device, check=False), force=True)
@@ -680,6 +690,14 @@ class MemoryPanel(anywidget.AnyWidget):
         self.advice = advice_rows(found)
         if found.oom is not None:
             self.oom = oom_trait(found.oom)
+        self._draw_glance()
+
+    def _draw_glance(self) -> None:
+        """The ``glance`` trait from the findings shown (a bar per device)."""
+        found = self._findings
+        shown = found.device if found is not None else None
+        per = self._device_findings or ({} if found is None or shown is None else {shown: found})
+        self.glance = glance_set(per, shown, self.oom)
 
     def _apply_sample(self, sample: Sample) -> None:
         extra: JsonDict = {}
@@ -736,8 +754,9 @@ class MemoryPanel(anywidget.AnyWidget):
 
     def _add_point(self, sample: Sample) -> None:
         """Extend the timeline when a figure moved (equal samples add nothing, send nothing)."""
-        if self._recorded:
-            return
+        device = getattr(sample, "device", None)
+        if self._recorded or None not in (device, self._device) and device != self._device:
+            return  # a replay's timeline is the recording; a sample of another device: not ours
         point = TimelineData.point(sample, self.header.get("fragmentation"))
         if point is None:
             return
