@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test lint fmt bench fuzz soak demo clean system-deps js
+.PHONY: test lint fmt bench fuzz soak demo clean system-deps js screenshots
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -34,6 +34,11 @@ system-deps:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing Debian's chromium (needs root)"; \
 	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
+
+# The docs' pictures (docs/panel.png, the README's, and every other tools/screenshots.py SHOTS),
+# taken from the real panel in JupyterLab and Debian's Chromium; the kernel imports this checkout.
+screenshots: $(STAMP) system-deps js
+	PYTHONPATH=$(CURDIR)/src $(PY) tools/screenshots.py
 
 # mypy: strict over src/gpumemviz ([tool.mypy] in pyproject.toml), cached in .mypy_cache
 lint: $(STAMP)

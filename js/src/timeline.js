@@ -214,6 +214,8 @@ export function createTimeline(host, opts) {
   let placed = [];
   /** @type {ReturnType<typeof timelineScale> | null} */
   let scale = null;
+  /** @type {number[]} x of each marker that has a label (drawn or thinned) */
+  let labelXs = [];
   canvas.addEventListener("mousemove", (ev) => {
     const r = canvas.getBoundingClientRect();
     const x = ((ev.clientX - r.left) * canvas.width) / Math.max(1, r.width);
@@ -257,7 +259,7 @@ export function createTimeline(host, opts) {
     canvas.dataset.points = String(points.length);
     canvas.dataset.marks = String(marks.length);
     wrap.hidden = !points.length;
-    if (!points.length) { scale = null; return; }
+    if (!points.length) { scale = null; labelXs = []; return; }
     const plot = { left: AXIS_L, top: PLOT_TOP, width: width - AXIS_L - AXIS_R,
       height: TL_H - PLOT_TOP - PLOT_BOTTOM };
     const s = timelineScale(points, plot);
@@ -341,6 +343,7 @@ export function createTimeline(host, opts) {
         kind: m.kind });
     }
     const lanes = labelLanes(labels);
+    labelXs = labels.map((l) => l.x);
     /** @type {[number, number, number, number, string, string][]} */
     const boxes = [];
     ctx.textBaseline = "alphabetic";
@@ -364,6 +367,9 @@ export function createTimeline(host, opts) {
       (marks.length ? ` · last marker: ${marks[marks.length - 1].label}` : "");
   }
   const schedule = () => { if (!raf) raf = requestAnimationFrame(draw); };
+  // the theme's colours are read at each draw: a theme change redraws
+  const theme = new MutationObserver(schedule);
+  theme.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-light", "data-jp-theme-name"] });
 
   return {
     /** @param {TimelineUpdate} msg */
@@ -399,6 +405,9 @@ export function createTimeline(host, opts) {
     get points() { return points; },
     get marks() { return marks; },
     get canvas() { return canvas; },
-    destroy() { if (raf) cancelAnimationFrame(raf); wrap.remove(); },
+    /** the labelled markers' x (drawn or thinned) and the drawn labels' boxes, in pixels */
+    get labelled() { return { xs: labelXs.slice(), boxes: JSON.parse(canvas.dataset.labelBoxes || "[]") }; },
+    drawNow: draw,
+    destroy() { if (raf) cancelAnimationFrame(raf); theme.disconnect(); wrap.remove(); },
   };
 }

@@ -18,6 +18,7 @@ from typing import cast
 
 import numpy as np
 
+from gpumemviz.render.palette import palette
 from gpumemviz.render.plot_inputs import (
     Floats,
     OutcomeLike,
@@ -27,7 +28,6 @@ from gpumemviz.render.plot_inputs import (
     Series,
     TimelineInput,
 )
-from gpumemviz.render.palette import palette
 from gpumemviz.snapshot.sample import Sample
 from gpumemviz.snapshot.units import format_size
 
@@ -385,7 +385,8 @@ def _crosses(go: Plotly, x: Floats, y: Floats, name: str, color: str, size: int 
 def _mark_ooms(
     go: Plotly, fig: Plotly, x: np.ndarray, reserved: np.ndarray, at: Floats, colour: str
 ) -> None:
-    """Crosses (in the OOM colour) at each OOM, at the reserved figure there (the last one before it)."""
+    """Crosses in the OOM colour at each OOM, at the reserved figure there (the last one
+    before it)."""
     if not len(at):
         return
     ys = []

@@ -755,7 +755,7 @@ class MemoryPanel(anywidget.AnyWidget):
     def _add_point(self, sample: Sample) -> None:
         """Extend the timeline when a figure moved (equal samples add nothing, send nothing)."""
         device = getattr(sample, "device", None)
-        if self._recorded or None not in (device, self._device) and device != self._device:
+        if self._recorded or (None not in (device, self._device) and device != self._device):
             return  # a replay's timeline is the recording; a sample of another device: not ours
         point = TimelineData.point(sample, self.header.get("fragmentation"))
         if point is None:
