@@ -4,7 +4,8 @@
 import { decodeFrame, KIND_NAMES, stateText } from "./decode.js";
 import { createHeatmap, ROW_H } from "./heatmap.js";
 import { createHeader } from "./controls.js";
-import { createTimeline } from "./timeline.js";
+import { createGlance } from "./glance.js";
+import { AXIS_L, AXIS_R, createTimeline } from "./timeline.js";
 import { coloursOf, installPalette } from "./palette.js";
 import { registerView, testHooks } from "./probe.js";
 import { blockAt, cellColor, formatSize, keepWindow, rowLabel } from "./rows.js";
@@ -38,7 +39,7 @@ const MAX_ZOOM = 1e6;
  *   sites: {live: Site[], trace: Site[], trace_device: number | null}, violations: string[],
  *   timeline: Record<string, DeviceTimeline>, map: {layout: import("./heatmap.js").Layout,
  *   content: import("./decode.js").FrameContent, buffers: string[]},
- *   pools?: PoolRow[], pools_note?: string}} ReportData
+ *   pools?: PoolRow[], pools_note?: string, glance?: import("./glance.js").GlanceSet}} ReportData
  * @typedef {{device: number, label: string, kind: string, in_use: boolean, reserved: number,
  *   allocated: number, pending_free: number, free: number, largest_free: number,
  *   releasable: number, releasable_after_release: number, note: string,
@@ -413,7 +414,9 @@ function timeline(host, dev, t) {
   const canvas = /** @type {HTMLCanvasElement} */ (box.querySelector("canvas"));
   canvas.addEventListener("mousemove", (ev) => {
     const rect = canvas.getBoundingClientRect();
-    const frac = (ev.clientX - rect.left) / Math.max(1, rect.width);
+    // the plot lies between the axes (timeline.js AXIS_L, AXIS_R), in CSS pixels
+    const frac = Math.min(1, Math.max(0,
+      (ev.clientX - rect.left - AXIS_L) / Math.max(1, rect.width - AXIS_L - AXIS_R)));
     const i = nearestIndex(ts, ts[0] + frac * (ts[ts.length - 1] - ts[0]));
     if (i < 0) return;
     tip.textContent = `entry ${xs[i].toLocaleString("en-US")}` +
@@ -445,6 +448,9 @@ function main() {
     title: data.title, status: "offline report", demo: false, header: data.header,
     advice: data.advice, oom: data.oom || {},
   });
+  const glance = createGlance(root);
+  header.top.after(glance.element);  // each device at a glance, as in the panel
+  glance.update(data.glance || {});
   const mapBox = el("div", "gmv-mapbox");
   root.append(mapBox);
   /** @type {ReturnType<typeof segmentZoom> | null} */
