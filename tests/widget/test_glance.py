@@ -78,7 +78,7 @@ def test_after_a_device_change_the_timeline_holds_only_that_devices_points():
     panel.attach_devices(samplers, owned=True, selected=0)
     try:
         for _ in range(3):
-            for d, s in samplers.items():
+            for s in samplers.values():
                 s.source.step(200)
                 s.sample_once(segments=True)
         assert panel.flush()
