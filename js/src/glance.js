@@ -86,6 +86,7 @@ export function createGlance(host) {
       m.dataset.bytes = String(bytes);
       const left = (100 * free0) / total;
       const width = Math.min((100 * bytes) / total, 100 - left);
+      m.style.top = `${19 * marks.childElementCount + 1}px`;  // one under the other
       m.style.left = `${left}%`;
       m.style.width = `${width}%`;
       m.dataset.over = String(free0 + bytes > total);
@@ -105,6 +106,7 @@ export function createGlance(host) {
       mark("gmv-glance-oom", bar.oom.request, `last OOM asked ${formatSize(bar.oom.request)}`,
         bar.oom.sentence || "the last out-of-memory request");
     }
+    marks.style.height = `${19 * marks.childElementCount}px`;  // a bracket and its words each
     const note = document.createElement("span");
     note.className = "gmv-glance-note";
     note.textContent = (bar.scale === "device"
