@@ -73,18 +73,23 @@ export function byteTicks(top, most = 4) {
 }
 
 /**
- * Where each point goes in the plot rectangle: x by time over the whole span, y by bytes (0 at
- * the bottom, the byte axis' top at the top) and, for fragmentation, 0..1 over the same height.
+ * Where each point goes in the plot rectangle: x by time over the whole span (or the zoomed
+ * `zoomed`), y by bytes (0 at the bottom, the byte axis' top, over the points in view, at the
+ * top) and, for fragmentation, 0..1 over the same height.
  * @param {(number | null)[][]} points
  * @param {{left: number, top: number, width: number, height: number}} plot
+ * @param {[number, number] | null} [zoomed] the time span shown (null: all of it)
  * @returns {{x: (t: number) => number, y: (bytes: number) => number, yf: (f: number) => number,
  *   t0: number, t1: number, top: number, ticks: number[]}}
  */
-export function timelineScale(points, plot) {
-  const t0 = points.length ? Number(points[0][0]) : 0;
-  const t1 = points.length ? Number(points[points.length - 1][0]) : 1;
+export function timelineScale(points, plot, zoomed = null) {
+  const t0 = zoomed ? zoomed[0] : points.length ? Number(points[0][0]) : 0;
+  const t1 = zoomed ? zoomed[1] : points.length ? Number(points[points.length - 1][0]) : 1;
   let most = 1;
-  for (const p of points) for (let i = 1; i <= 4; i++) if (p[i] !== null && Number(p[i]) > most) most = Number(p[i]);
+  for (const p of points) {
+    if (zoomed && (Number(p[0]) < t0 || Number(p[0]) > t1)) continue;
+    for (let i = 1; i <= 4; i++) if (p[i] !== null && Number(p[i]) > most) most = Number(p[i]);
+  }
   const axis = byteTicks(most);
   const span = t1 > t0 ? t1 - t0 : 1;
   const bottom = plot.top + plot.height;
@@ -185,6 +190,24 @@ export function pointText(p) {
 }
 
 /**
+ * The time span after a zoom by `factor` (< 1: in) around time `at`, kept inside the whole span
+ * [lo, hi]; null when it would show all of it.
+ * @param {[number, number] | null} zoomed the span shown (null: all)
+ * @param {number} lo @param {number} hi the whole span
+ * @param {number} at @param {number} factor
+ * @returns {[number, number] | null}
+ */
+export function zoomSpan(zoomed, lo, hi, at, factor) {
+  const [a, b] = zoomed || [lo, hi];
+  const span = Math.max((b - a) * factor, (hi - lo) / 10000);
+  if (span >= hi - lo) return null;
+  const frac = b > a ? (at - a) / (b - a) : 0.5;
+  let n0 = at - frac * span;
+  n0 = Math.min(Math.max(n0, lo), hi - span);
+  return [n0, n0 + span];
+}
+
+/**
  * @param {HTMLElement} host
  * @param {{onSync: (since: number) => void, colours: () => import("./palette.js").Colours}} opts
  */
@@ -216,6 +239,22 @@ export function createTimeline(host, opts) {
   let scale = null;
   /** @type {number[]} x of each marker that has a label (drawn or thinned) */
   let labelXs = [];
+  /** @type {[number, number] | null} the zoomed time span (null: everything) */
+  let zoomed = null;
+  // the wheel zooms the time axis around the pointer (labels are thinned anew at each zoom);
+  // a double click shows everything again
+  canvas.addEventListener("wheel", (ev) => {
+    if (!scale || points.length < 2) return;
+    ev.preventDefault();
+    const r = canvas.getBoundingClientRect();
+    const x = ((ev.clientX - r.left) * canvas.width) / Math.max(1, r.width);
+    const s = scale;
+    const at = s.t0 + ((x - AXIS_L) / Math.max(1, canvas.width - AXIS_L - AXIS_R)) * (s.t1 - s.t0);
+    zoomed = zoomSpan(zoomed, Number(points[0][0]), Number(points[points.length - 1][0]), at,
+      ev.deltaY < 0 ? 0.5 : 2);
+    schedule();
+  }, { passive: false });
+  canvas.addEventListener("dblclick", () => { zoomed = null; schedule(); });
   canvas.addEventListener("mousemove", (ev) => {
     const r = canvas.getBoundingClientRect();
     const x = ((ev.clientX - r.left) * canvas.width) / Math.max(1, r.width);
@@ -262,7 +301,8 @@ export function createTimeline(host, opts) {
     if (!points.length) { scale = null; labelXs = []; return; }
     const plot = { left: AXIS_L, top: PLOT_TOP, width: width - AXIS_L - AXIS_R,
       height: TL_H - PLOT_TOP - PLOT_BOTTOM };
-    const s = timelineScale(points, plot);
+    const s = timelineScale(points, plot, zoomed);
+    canvas.dataset.window = zoomed ? JSON.stringify(zoomed) : "";
     scale = s;
     const bottom = plot.top + plot.height;
     // the axes: byte ticks on the left (grid lines across), fragmentation 0..1 on the right
@@ -302,6 +342,10 @@ export function createTimeline(host, opts) {
     canvas.dataset.yTicks = JSON.stringify(yTicks);
     canvas.dataset.fragTicks = JSON.stringify(fTicks);
     ctx.lineWidth = 1.5;
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(plot.left, 0, plot.width, TL_H);
+    ctx.clip();
     for (const sr of SERIES) {
       if (!drawnKeys.includes(sr.key)) continue;
       ctx.strokeStyle = c[sr.key];
@@ -318,6 +362,7 @@ export function createTimeline(host, opts) {
       }
       ctx.stroke();
     }
+    ctx.restore();
     ctx.setLineDash([]);
     ctx.lineWidth = 1;
     canvas.dataset.series = drawnKeys.join(",");
@@ -328,7 +373,7 @@ export function createTimeline(host, opts) {
     const labels = [];
     let lo = Infinity, hi = -Infinity;
     for (const m of marks) {
-      if (m.t < s.t0 || m.t > s.t1 + 1) continue;
+      if (m.t < s.t0 || m.t > (zoomed ? s.t1 : s.t1 + 1)) continue;
       const x = Math.min(plot.left + plot.width - 1, Math.round(s.x(m.t)));
       const oom = m.kind === "oom";
       ctx.fillStyle = oom ? c.oom : m.kind === "cell" ? c.muted : c.text;
@@ -375,6 +420,7 @@ export function createTimeline(host, opts) {
     /** @param {TimelineUpdate} msg */
     apply(msg) {
       if (msg.reset) {
+        zoomed = null;
         points = msg.points.slice();
         marks = (msg.marks || []).slice();
         waiting = false;
@@ -396,6 +442,7 @@ export function createTimeline(host, opts) {
     addMarks(more) { if (!waiting) { marks.push(...more); schedule(); } },
     /** Forget what is held (another device was chosen) until the next reset arrives. */
     clear() {
+      zoomed = null;
       points = [];
       marks = [];
       next = 0;
@@ -405,6 +452,8 @@ export function createTimeline(host, opts) {
     get points() { return points; },
     get marks() { return marks; },
     get canvas() { return canvas; },
+    /** @param {[number, number] | null} span the time span to show (null: all of it) */
+    zoom(span) { zoomed = span; schedule(); },
     /** the labelled markers' x (drawn or thinned) and the drawn labels' boxes, in pixels */
     get labelled() { return { xs: labelXs.slice(), boxes: JSON.parse(canvas.dataset.labelBoxes || "[]") }; },
     drawNow: draw,

@@ -84,3 +84,13 @@ test("a long label is cut to the width with an ellipsis", async () => {
   const cut = fitLabel("Optimizer.zero_grad#AdamW.zero_grad", 60, measure);
   assert.ok(cut.endsWith("…") && measure(cut) <= 60, cut);
 });
+
+test("the wheel's zoom stays inside the run and gives everything back when wide enough", async () => {
+  const { zoomSpan } = await import("../src/timeline.js");
+  assert.deepEqual(zoomSpan(null, 0, 100, 50, 0.5), [25, 75]);
+  assert.deepEqual(zoomSpan(null, 0, 100, 0, 0.5), [0, 50]);  // at the start: from the start
+  assert.deepEqual(zoomSpan([90, 100], 0, 100, 100, 0.5), [95, 100]);
+  assert.equal(zoomSpan([25, 75], 0, 100, 50, 2), null);  // all of it again
+  const tiny = zoomSpan([0, 0.01], 0, 100, 0, 0.5);
+  assert.ok(tiny && tiny[1] - tiny[0] >= 0.01);  // no narrower than a ten-thousandth
+});
