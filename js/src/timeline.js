@@ -73,8 +73,8 @@ export function byteTicks(top, most = 4) {
 }
 
 /**
- * Where each point goes in the plot rectangle: x by time over the whole span (or the zoomed
- * `zoomed`), y by bytes (0 at the bottom, the byte axis' top, over the points in view, at the
+ * Where each point goes in the plot rectangle: x by time over the whole span (or the span
+ * `zoomed` in on), y by bytes (0 at the bottom, the byte axis' top, over the points in view, at the
  * top) and, for fragmentation, 0..1 over the same height.
  * @param {(number | null)[][]} points
  * @param {{left: number, top: number, width: number, height: number}} plot
