@@ -51,12 +51,12 @@ function render({ model, el }) {
   };
   const toolbar = createToolbar(root, send);
   const strips = createStrips(root, {
-    onSelect(_index, strip) {
+    onSelect(index, strip) {
       if (typeof strip.rank === "number") send("rank", { rank: strip.rank, device: strip.device });
       else {
         // the timeline held the device shown before: nothing is drawn until the chosen
-        // device's own timeline arrives (widget/panel.py `attach` resets it)
-        timeline.clear();
+        // device's own timeline arrives (widget/panel.py `_load_recorded` resets it)
+        if (strips.shown.selected !== index) timeline.clear();
         send("select", { value: strip.device });
       }
     },

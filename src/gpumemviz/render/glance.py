@@ -107,7 +107,8 @@ def glance_bar(found: Findings, oom: Mapping[str, object] | None = None) -> Json
             "alloc_size": found.oom.alloc_size or found.oom.rounded or 0,
             "sentence": found.oom.sentence,
         }
-    request = int(oom.get("alloc_size") or 0) if oom else 0  # type: ignore[call-overload]
+    size = oom.get("alloc_size") if oom else None
+    request = int(size) if isinstance(size, (int, float)) else 0
     note = (
         "to scale of the device's total"
         if scale == "device"
