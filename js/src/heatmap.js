@@ -14,8 +14,6 @@ export const MAX_H = 420;
 export const ZOOM_H = 36;
 /** "To scale": a row's pixels at least (a 2 MiB segment beside a 20 GiB one stays visible). */
 export const MIN_ROW_W = 4;
-/** The map's two scales: every row the map's width ("segment"), or by bytes ("bytes"). */
-export const SCALES = /** @type {const} */ (["segment", "bytes"]);
 
 /**
  * A row's width in pixels: the map's `cells` by segment; by bytes, in proportion to the largest
