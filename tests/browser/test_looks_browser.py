@@ -263,6 +263,18 @@ def _rgb(colour: str) -> tuple[int, int, int]:
     return (r, g, b)
 
 
+def _contrast(a: tuple[int, int, int], b: tuple[int, int, int]) -> float:
+    """WCAG 2 contrast ratio of two colours."""
+
+    def lum(c: tuple[int, int, int]) -> float:
+        ch = [v / 255 for v in c]
+        lin = [v / 12.92 if v <= 0.03928 else ((v + 0.055) / 1.055) ** 2.4 for v in ch]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted((lum(a), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
 def _set_theme(page, name: str) -> None:
     page.evaluate(
         "t => window.jupyterapp.commands.execute('apputils:change-theme', {theme: t})", name
@@ -312,6 +324,9 @@ def test_each_series_has_one_colour_per_theme_in_panel_report_and_plot(
         _set_theme(page, "JupyterLab Light")
     for series, colour in panel["keys"].items():
         assert _rgb(colour) == want[series], series
+    # the text stays legible on the panel's background, muted words too
+    assert _contrast(_rgb(panel["text"]), want["bg"]) >= 4.5
+    assert _contrast(want["muted"], want["bg"]) >= 4.5
     assert _rgb(panel["parts"]["allocated"]) == want["allocated"]
     assert _rgb(panel["parts"]["releasable"]) == want["releasable"]
     assert _rgb(panel["parts"]["stays"]) == want["trapped"]
