@@ -14,11 +14,11 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # The panel's and the report's front end: esbuild bundles js/ into src/gpumemviz/static/ (git-ignored)
-# when a js/ source is newer than the bundle. Nothing rebuilds it at import (gpumemviz.reporting.bundles only
+# when a js/ source (or the palette, src/gpumemviz/render/palette.json) is newer than the bundle. Nothing rebuilds it at import (gpumemviz.reporting.bundles only
 # warns); wheels get it from the package build. npm installs js/'s dev tools (esbuild, and tsc
 # for the type check `make test` runs) the first time, or when one is missing.
 BUNDLE := src/gpumemviz/static/widget.js
-JS_SOURCES := $(wildcard js/src/*.js) $(wildcard js/*.css) js/package.json
+JS_SOURCES := $(wildcard js/src/*.js) $(wildcard js/*.css) js/package.json src/gpumemviz/render/palette.json
 JS_TOOLS := test -x js/node_modules/.bin/esbuild && test -x js/node_modules/.bin/tsc \
   || npm --prefix js ci --no-audit --no-fund
 
