@@ -91,7 +91,8 @@ class Wire:
 
     def layout(self) -> JsonDict:
         """The synced layout trait: row count, groups and the largest segment's bytes (the
-        map's "to scale" mode sizes every row against it), versioned."""
+        map's "to scale" mode sizes every row against it), versioned (the version moves with
+        the rows' grouping only: `max_size` may change under one version)."""
         rows = self.rows
         return {
             "version": self.layout_version,
@@ -105,7 +106,7 @@ class Wire:
         the layout (row count or groups) changed."""
         self.rows = rows
         self.stacks = stacks
-        key = (rows.n_rows, rows.groups, _largest(rows))
+        key = (rows.n_rows, rows.groups)
         if key == self._layout_key:
             return False
         self._layout_key = key

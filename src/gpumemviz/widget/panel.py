@@ -800,8 +800,10 @@ class MemoryPanel(anywidget.AnyWidget):
         report = fragmentation(snap)
         self.shown, self._shown_device, self._shown_report = snap, device, report
         name_notebook_cells()  # frames in this kernel's cells read "cell [5], line 14"
-        if self._wire.set_rows(rows, Stacks(snap)):
-            self.map_layout = self._wire.layout()
+        regrouped = self._wire.set_rows(rows, Stacks(snap))
+        layout = self._wire.layout()
+        if regrouped or layout["max_size"] != self.map_layout.get("max_size"):
+            self.map_layout = layout  # "to scale" rows follow the largest segment's size
         painted = header_numbers(rows)
         del painted["free_trapped"]  # the painted slivers; the header says free_stuck instead
         self.header = {**painted, **report_numbers(report, device), **extra}
