@@ -1,10 +1,12 @@
 """The panel's ``glance`` trait (issue 30): a bar per device whose parts are the findings'
-figures; and the timeline after a device change holds only the chosen device's history
+figures (a replay's: the entry shown); and the timeline after a device change holds only the chosen device's history
 (issue 35, item 13)."""
 
 from __future__ import annotations
 
+from conftest import standin_file  # tests/ is on sys.path
 from gpumemviz.live.sampler import Sampler
+from gpumemviz.live.sources.playback import PlaybackSource
 from gpumemviz.live.sources.simulated import SimulatedSource
 from gpumemviz.render.glance import MEANINGS, glance_set
 from gpumemviz.widget import MemoryPanel
@@ -98,5 +100,28 @@ def test_after_a_device_change_the_timeline_holds_only_that_devices_points():
         want = samplers[1].history.latest_segments()
         assert after and after[-1][1] == want.stats.allocated
         assert all(p not in before for p in after)
+    finally:
+        panel.close()
+
+
+def test_a_replay_draws_the_entry_shown_not_the_files_final_state():
+    src = PlaybackSource(standin_file("training_10k"), device=0, loop=False)
+    src.seek(1065)
+    sampler = Sampler(src)
+    panel = MemoryPanel()
+    panel.attach(sampler, owned=True)
+    try:
+        sampler.sample_once(segments=True)
+        assert panel.flush() and panel.wait_checked(60) and panel.flush()
+        (bar,) = panel.glance["bars"]
+        parts = {p["key"]: p["bytes"] for p in bar["parts"]}
+        assert bar["reserved"] == panel.header["reserved"] == sum(parts.values())
+        assert parts["allocated"] == panel.header["allocated"]
+        found = panel.findings
+        assert found is not None and found.figures.reserved != bar["reserved"]  # the final state
+        src.seek(src.n - 1)
+        sampler.sample_once(segments=True)
+        assert panel.flush()
+        assert panel.glance["bars"][0]["reserved"] == found.figures.reserved
     finally:
         panel.close()

@@ -66,7 +66,9 @@ def _parts(f: Figures) -> tuple[list[tuple[str, int]], int, str]:
     return parts, total, "device"
 
 
-def glance_bar(found: Findings, oom: Mapping[str, object] | None = None) -> JsonDict:
+def glance_bar(
+    found: Findings, oom: Mapping[str, object] | None = None, *, figures: Figures | None = None
+) -> JsonDict:
     """One device's bar: its parts (bytes, label, colour key, meaning) in order, the scale's
     total and kind, the largest free block, and the last OOM's request where there is one.
 
@@ -77,6 +79,9 @@ def glance_bar(found: Findings, oom: Mapping[str, object] | None = None) -> Json
     oom : mapping, optional
         The OOM to draw (the panel's ``oom`` trait: ``alloc_size``, ``sentence``; {}: none);
         default: ``found.oom``.
+    figures : Figures, optional
+        The figures to draw instead of ``found.figures``: a replay's at the entry shown (its
+        findings judge the file as a whole, at its final state).
 
     Returns
     -------
@@ -99,7 +104,7 @@ def glance_bar(found: Findings, oom: Mapping[str, object] | None = None) -> Json
     >>> sum(p["bytes"] for p in bar["parts"]) == bar["total"]
     True
     """
-    f = found.figures
+    f = found.figures if figures is None else figures
     parts, total, scale = _parts(f)
     names = {key: (label, colour) for key, label, colour in PARTS}
     if oom is None and found.oom is not None:
@@ -138,10 +143,15 @@ def glance_bar(found: Findings, oom: Mapping[str, object] | None = None) -> Json
 
 
 def glance_set(
-    findings: Mapping[int, Findings], shown: int | None, shown_oom: Mapping[str, object]
+    findings: Mapping[int, Findings],
+    shown: int | None,
+    shown_oom: Mapping[str, object],
+    shown_figures: Figures | None = None,
 ) -> JsonDict:
     """The panel's ``glance`` trait: a bar per device in device order, the shown device's OOM
-    being the one the panel shows (``shown_oom``, its ``oom`` trait; {}: none yet).
+    being the one the panel shows (``shown_oom``, its ``oom`` trait; {}: none yet). With
+    ``shown_figures`` (a replay: the state at the entry shown), the shown device's bar alone,
+    of those figures.
 
     Examples
     --------
@@ -154,5 +164,8 @@ def glance_set(
             return None  # the device's own OOM, if any
         return shown_oom
 
-    bars = [glance_bar(findings[device], oom_of(device)) for device in sorted(findings)]
+    if shown_figures is not None and shown in findings:
+        bars = [glance_bar(findings[shown], oom_of(shown), figures=shown_figures)]
+    else:
+        bars = [glance_bar(findings[device], oom_of(device)) for device in sorted(findings)]
     return {"bars": bars, "shown": shown}

@@ -693,11 +693,18 @@ class MemoryPanel(anywidget.AnyWidget):
         self._draw_glance()
 
     def _draw_glance(self) -> None:
-        """The ``glance`` trait from the findings shown (a bar per device)."""
+        """The ``glance`` trait from the findings shown (a bar per device); a replay's, of the
+        entry shown (its findings are of the whole file)."""
+        from gpumemviz.analysis.findings import Figures
+
         found = self._findings
         shown = found.device if found is not None else None
         per = self._device_findings or ({} if found is None or shown is None else {shown: found})
-        self.glance = glance_set(per, shown, self.oom)
+        at = None
+        report = self._shown_report
+        if self._recorded and report is not None and shown in report.devices:
+            at = Figures.of(report.devices[shown])
+        self.glance = glance_set(per, shown, self.oom, at)
 
     def _apply_sample(self, sample: Sample) -> None:
         extra: JsonDict = {}
@@ -808,6 +815,8 @@ class MemoryPanel(anywidget.AnyWidget):
         del painted["free_trapped"]  # the painted slivers; the header says free_stuck instead
         self.header = {**painted, **report_numbers(report, device), **extra}
         self.status = status
+        if self._recorded:
+            self._draw_glance()  # a replay's bar is the entry shown
         self._send_frames(self._wire.update())
         return report
 
