@@ -1,6 +1,6 @@
 """The panel's ``glance`` trait (issue 30): a bar per device whose parts are the findings'
-figures (a replay's: the entry shown); and the timeline after a device change holds only the chosen device's history
-(issue 35, item 13)."""
+figures (a replay's: the entry shown); and the timeline after a device change holds only the
+chosen device's history (issue 35, item 13)."""
 
 from __future__ import annotations
 
