@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         sync_playwright() as pw,
     ):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1200, "height": 1000})
+        # tall enough for the whole panel: an element shot shows only what the window shows
+        context = browser.new_context(viewport={"width": 1200, "height": 2000})
         context.add_init_script(TEST_HOOKS)
         page = context.new_page()
         if want & {"docs/panel.png", "docs/panel-dark.png"}:

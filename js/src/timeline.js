@@ -372,6 +372,8 @@ export function createTimeline(host, opts) {
     /** @type {{x: number, width: number, text: string, first: boolean, kind: string}[]} */
     const labels = [];
     let lo = Infinity, hi = -Infinity;
+    /** @type {number[]} */
+    const marked = [];  // the x of each marker with a label
     for (const m of marks) {
       if (m.t < s.t0 || m.t > (zoomed ? s.t1 : s.t1 + 1)) continue;
       const x = Math.min(plot.left + plot.width - 1, Math.round(s.x(m.t)));
@@ -382,13 +384,16 @@ export function createTimeline(host, opts) {
       placed.push({ x, label: m.label });
       if ((m.kind === "cell" || !m.label) && !oom) continue;
       lo = Math.min(lo, x); hi = Math.max(hi, x);
+      marked.push(x);
       const text = fitLabel(oom ? m.label || "OOM" : m.label, LABEL_MAX_W,
         (t) => ctx.measureText(t).width);
-      labels.push({ x, width: Math.ceil(ctx.measureText(text).width), text, first: oom,
+      const w = Math.ceil(ctx.measureText(text).width);
+      // a label that would run past the canvas ends at its edge instead (left of its marker)
+      labels.push({ x: Math.max(0, Math.min(x, width - 1 - w)), width: w, text, first: oom,
         kind: m.kind });
     }
     const lanes = labelLanes(labels);
-    labelXs = labels.map((l) => l.x);
+    labelXs = marked;
     /** @type {[number, number, number, number, string, string][]} */
     const boxes = [];
     ctx.textBaseline = "alphabetic";
