@@ -164,7 +164,7 @@ def glance_set(
             return None  # the device's own OOM, if any
         return shown_oom
 
-    if shown_figures is not None and shown in findings:
+    if shown_figures is not None and shown is not None and shown in findings:
         bars = [glance_bar(findings[shown], oom_of(shown), figures=shown_figures)]
     else:
         bars = [glance_bar(findings[device], oom_of(device)) for device in sorted(findings)]

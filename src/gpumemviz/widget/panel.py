@@ -702,7 +702,7 @@ class MemoryPanel(anywidget.AnyWidget):
         per = self._device_findings or ({} if found is None or shown is None else {shown: found})
         at = None
         report = self._shown_report
-        if self._recorded and report is not None and shown in report.devices:
+        if self._recorded and report is not None and shown is not None and shown in report.devices:
             at = Figures.of(report.devices[shown])
         self.glance = glance_set(per, shown, self.oom, at)
 
