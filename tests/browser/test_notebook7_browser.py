@@ -5,11 +5,13 @@ line) where the `notebook` package is not installed."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections.abc import Iterator
 
 import pytest
 
 from .labtools import Lab, Notebook, running_lab
+from .test_looks_browser import LIVE, READ_BAR, SHOWN, _check_bar, _kernel_json
 from .test_panel_browser import VIEW, _wait_drawn
 
 pytestmark = [
@@ -61,5 +63,40 @@ def test_the_live_demo_updates_and_a_button_acts_in_notebook_7(page, notebook7, 
             timeout=20_000,
         )
         page.locator(".gmv-root").first.screenshot(path=str(artifacts / "notebook7.png"))
+    finally:
+        nb.shutdown()
+
+
+def test_the_device_bar_and_the_timeline_read_as_in_jupyterlab(page, notebook7, artifacts):
+    """test_looks_browser's checks of the bar (its parts are the findings' figures, to scale)
+    and of the timeline (byte axis with units, a legend naming every drawn series)."""
+    page.set_viewport_size({"width": 1300, "height": 1000})
+    nb = Notebook(page, notebook7, "looks7.ipynb", [LIVE, "src.step(400); panel.flush()", SHOWN])
+    try:
+        nb.run(0)
+        _wait_drawn(page)
+        nb.run(1)
+        page.wait_for_function(f"() => ({VIEW})().timeline.points.length > 1", timeout=30_000)
+        nb.run(2)
+        shown = _kernel_json(page, 2)
+        want = [p["bytes"] for p in shown["glance"]["bars"][0]["parts"]]
+        page.wait_for_function(
+            f"""want => {{ const b = ({READ_BAR})();
+                return b && JSON.stringify(b.parts.map((p) => p.bytes)) === JSON.stringify(want);
+            }}""",
+            arg=want,
+            timeout=20_000,
+        )
+        _check_bar(page.evaluate(READ_BAR), shown["glance"], shown["figures"])
+        got = page.evaluate(
+            f"""() => {{ const v = ({VIEW})(); v.timeline.drawNow();
+                const c = v.timeline.canvas.dataset;
+                return {{ ticks: JSON.parse(c.yTicks), series: c.series.split(','),
+                          keys: [...v.root.querySelectorAll('.gmv-tl-key')]
+                              .map((k) => k.dataset.series) }}; }}"""
+        )
+        assert got["ticks"][0] == "0" and len(got["ticks"]) >= 2
+        assert all(re.fullmatch(r"[\d.]+ (bytes|KiB|MiB|GiB|TiB)", t) for t in got["ticks"][1:])
+        assert sorted(got["keys"]) == sorted(got["series"]) and "allocated" in got["series"]
     finally:
         nb.shutdown()
