@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from .test_looks_browser import READ_BAR
 
 pytestmark = [
     pytest.mark.browser,
@@ -118,11 +121,30 @@ def test_the_live_demo_updates_and_a_button_acts_in_marimo(page, marimo_app, art
         f"seq => Number(({VIEW})().root.dataset.seq) > seq + 2", arg=first, timeout=30_000
     )
     page.wait_for_function(
-        f"() => ({VIEW})().root.querySelector('.gmv-glance-part') !== null", timeout=30_000
+        f"() => ({VIEW})().root.querySelector('.gmv-glance-part') !== null"
+        f" && ({VIEW})().timeline.points.length > 1",
+        timeout=30_000,
     )
     page.evaluate(f"() => ({VIEW})().root.querySelector('button[data-cmd=pause]').click()")
     page.wait_for_function(
         f"() => ({VIEW})().root.querySelector('button[data-cmd=pause]').textContent === 'resume'",
         timeout=20_000,
     )
+    # the bar to scale (its parts against the findings: test_looks_browser, in JupyterLab)
+    bar = page.evaluate(READ_BAR)
+    assert bar["scale"] == "device" and sum(p["bytes"] for p in bar["parts"]) == bar["total"]
+    assert abs(sum(p["width"] for p in bar["parts"]) - bar["width"]) <= len(bar["parts"])
+    for p in bar["parts"]:
+        assert abs(p["width"] - p["bytes"] / bar["total"] * bar["width"]) <= 1, p
+    # the timeline: a byte axis with units, a legend naming every drawn series
+    got = page.evaluate(
+        f"""() => {{ const v = ({VIEW})(); v.timeline.drawNow();
+            const c = v.timeline.canvas.dataset;
+            return {{ ticks: JSON.parse(c.yTicks), series: c.series.split(','),
+                      keys: [...v.root.querySelectorAll('.gmv-tl-key')]
+                          .map((k) => k.dataset.series) }}; }}"""
+    )
+    assert got["ticks"][0] == "0" and len(got["ticks"]) >= 2
+    assert all(re.fullmatch(r"[\d.]+ (bytes|KiB|MiB|GiB|TiB)", t) for t in got["ticks"][1:])
+    assert sorted(got["keys"]) == sorted(got["series"]) and "allocated" in got["series"]
     page.screenshot(path=str(artifacts / "marimo.png"), full_page=True)
