@@ -7,22 +7,24 @@
 import { formatSize } from "./rows.js";
 
 /**
- * @typedef {{key: string, label: string, colour: string, bytes: number, meaning: string}} Part
+ * @typedef {{key: string, label: string, colour: string, bytes: number}} Part
  * @typedef {{device: number | null, parts: Part[], total: number, scale: string, note: string,
  *   reserved: number, largest_free: number, oom: {request: number, sentence: string} | null}} Bar
- * @typedef {{bars?: Bar[], shown?: number | null}} GlanceSet the `glance` trait
+ * @typedef {{bars?: Bar[], shown?: number | null, meanings?: Record<string, string>}} GlanceSet
+ *   the `glance` trait (``meanings``: what each part means, by its key)
  */
 
 /**
  * A part's hover: its figure, its share of the bar's scale and what it means.
  * @param {Part} p
  * @param {Bar} bar
+ * @param {string} meaning
  * @returns {string}
  */
-export function partText(p, bar) {
+export function partText(p, bar, meaning) {
   const share = bar.total > 0 ? (100 * p.bytes) / bar.total : 0;
   const of = bar.scale === "device" ? "of the device" : "of reserved";
-  return `${p.label}: ${formatSize(p.bytes)} (${share.toFixed(1)}% ${of})\n${p.meaning}`;
+  return `${p.label}: ${formatSize(p.bytes)} (${share.toFixed(1)}% ${of})\n${meaning}`;
 }
 
 /**
@@ -51,8 +53,8 @@ export function createGlance(host) {
   wrap.hidden = true;
   host.append(wrap);
 
-  /** @param {Bar} bar @param {boolean} label */
-  function barElement(bar, label) {
+  /** @param {Bar} bar @param {boolean} label @param {Record<string, string>} meanings */
+  function barElement(bar, label, meanings) {
     const row = document.createElement("div");
     row.className = "gmv-glance-bar";
     row.dataset.device = String(bar.device ?? "");
@@ -72,7 +74,7 @@ export function createGlance(host) {
       part.style.left = `${spans[i][0]}%`;
       part.style.width = `${spans[i][1]}%`;
       part.style.background = colourVar(p.colour);
-      part.title = partText(p, bar);
+      part.title = partText(p, bar, meanings[p.key] || "");
       track.append(part);
     });
     const marks = document.createElement("div");
@@ -122,7 +124,9 @@ export function createGlance(host) {
       const bars = (set && set.bars) || [];
       wrap.hidden = bars.length === 0;
       wrap.dataset.bars = String(bars.length);
-      wrap.replaceChildren(...bars.map((b) => barElement(b, bars.length > 1 || b.device !== null)));
+      const meanings = (set && set.meanings) || {};
+      wrap.replaceChildren(...bars.map((b) => barElement(b, bars.length > 1 || b.device !== null,
+        meanings)));
     },
     get element() { return wrap; },
     destroy() { wrap.remove(); },

@@ -7,7 +7,7 @@ const GIB = 2 ** 30;
 const bar = (parts, scale = "device") => ({
   device: 0, total: parts.reduce((n, p) => n + p[1], 0), scale, note: "", reserved: 0,
   largest_free: 0, oom: null,
-  parts: parts.map(([key, bytes]) => ({ key, label: key, colour: key, bytes, meaning: `${key} means` })),
+  parts: parts.map(([key, bytes]) => ({ key, label: key, colour: key, bytes })),
 });
 
 test("the parts lie side by side and fill the bar", () => {
@@ -20,7 +20,7 @@ test("the parts lie side by side and fill the bar", () => {
 
 test("a part's hover gives its figure, its share of the scale and its meaning", () => {
   const b = bar([["allocated", 3 * GIB], ["stays", GIB]], "reserved");
-  assert.equal(partText(b.parts[0], b), "allocated: 3.00 GiB (75.0% of reserved)\nallocated means");
+  assert.equal(partText(b.parts[0], b, "allocated means"), "allocated: 3.00 GiB (75.0% of reserved)\nallocated means");
   b.scale = "device";
-  assert.match(partText(b.parts[1], b), /^stays: 1024\.00 MiB \(25\.0% of the device\)\n/);
+  assert.match(partText(b.parts[1], b, "stays means"), /^stays: 1024\.00 MiB \(25\.0% of the device\)\n/);
 });

@@ -38,7 +38,7 @@ def test_a_live_panel_draws_its_findings_to_scale_of_the_device():
         assert parts["outside"] + parts["headroom"] == f.device_total - f.reserved
         assert parts["outside"] == min(f.non_pytorch or 0, f.device_total - f.reserved)
         assert bar["largest_free"] == f.largest_free
-        assert all(p["meaning"] == MEANINGS[p["key"]] for p in bar["parts"])
+        assert panel.glance["meanings"] == MEANINGS  # each part's hover, sent once
     finally:
         panel.close()
 
@@ -84,6 +84,13 @@ def test_after_a_device_change_the_timeline_holds_only_that_devices_points():
                 s.source.step(200)
                 s.sample_once(segments=True)
         assert panel.flush()
+        # a bar per device, each of its own findings' figures
+        bars = panel.glance["bars"]
+        assert [b["device"] for b in bars] == [0, 1]
+        for b in bars:
+            f = panel.device_findings[b["device"]].figures
+            assert b["reserved"] == f.reserved and b["parts"][0]["bytes"] == f.allocated
+        assert bars[0]["reserved"] != bars[1]["reserved"]
         before = panel.timeline.since(0)[1]
         assert before
         panel.select_device(1)

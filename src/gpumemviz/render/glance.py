@@ -86,7 +86,7 @@ def glance_bar(
     Returns
     -------
     dict
-        ``device``, ``parts`` [{key, label, colour, bytes, meaning}], ``total``, ``scale``
+        ``device``, ``parts`` [{key, label, colour, bytes}], ``total``, ``scale``
         ("device": the device's total; "reserved": the total is unknown), ``note`` (what the
         scale is, in words), ``largest_free``, ``reserved``, ``oom`` ({request, sentence} or
         None). The parts' bytes add up to ``total`` exactly.
@@ -127,7 +127,6 @@ def glance_bar(
                 "label": names[key][0],
                 "colour": names[key][1],
                 "bytes": int(n),
-                "meaning": MEANINGS[key],
             }
             for key, n in parts
         ],
@@ -151,12 +150,12 @@ def glance_set(
     """The panel's ``glance`` trait: a bar per device in device order, the shown device's OOM
     being the one the panel shows (``shown_oom``, its ``oom`` trait; {}: none yet). With
     ``shown_figures`` (a replay: the state at the entry shown), the shown device's bar alone,
-    of those figures.
+    of those figures. ``meanings``: what each part means (`MEANINGS`), for the hovers.
 
     Examples
     --------
     >>> glance_set({}, None, {})
-    {'bars': [], 'shown': None}
+    {'bars': [], 'shown': None, 'meanings': {}}
     """
 
     def oom_of(device: int) -> Mapping[str, object] | None:
@@ -168,4 +167,5 @@ def glance_set(
         bars = [glance_bar(findings[shown], oom_of(shown), figures=shown_figures)]
     else:
         bars = [glance_bar(findings[device], oom_of(device)) for device in sorted(findings)]
-    return {"bars": bars, "shown": shown}
+    # what each part means travels once, not once per bar
+    return {"bars": bars, "shown": shown, "meanings": dict(MEANINGS) if bars else {}}

@@ -543,6 +543,11 @@ class MemoryPanel(anywidget.AnyWidget):
         if devset is not None:
             devset.update()
             self.strips = devset.payload(self._device)
+            if not devset.replay and devset.findings:  # every device's bar, live
+                mine = self._findings
+                own = {} if mine is None or mine.device is None else {mine.device: mine}
+                self._device_findings = {**devset.findings, **own}
+                self._draw_glance()
 
     def follow_device(self, device: int, sampler: Sampler) -> None:
         """Show another device: follow its (shared) sampler from now on (the "device"
