@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test lint fmt bench fuzz soak demo clean system-deps js
+.PHONY: test lint fmt bench fuzz soak demo clean system-deps js screenshots
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -15,11 +15,11 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # The panel's and the report's front end: esbuild bundles js/ into src/gpumemviz/static/ (git-ignored)
-# when a js/ source is newer than the bundle. Nothing rebuilds it at import (gpumemviz.reporting.bundles only
+# when a js/ source (or the palette, src/gpumemviz/render/palette.json) is newer than the bundle. Nothing rebuilds it at import (gpumemviz.reporting.bundles only
 # warns); wheels get it from the package build. npm installs js/'s dev tools (esbuild, and tsc
 # for the type check `make test` runs) the first time, or when one is missing.
 BUNDLE := src/gpumemviz/static/widget.js
-JS_SOURCES := $(wildcard js/src/*.js) $(wildcard js/*.css) js/package.json
+JS_SOURCES := $(wildcard js/src/*.js) $(wildcard js/*.css) js/package.json src/gpumemviz/render/palette.json
 JS_TOOLS := test -x js/node_modules/.bin/esbuild && test -x js/node_modules/.bin/tsc \
   || npm --prefix js ci --no-audit --no-fund
 
@@ -35,6 +35,11 @@ system-deps:
 	@command -v chromium >/dev/null 2>&1 || { \
 	  echo "installing Debian's chromium (needs root)"; \
 	  apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
+
+# The docs' pictures (docs/panel.png, the README's, and every other tools/screenshots.py SHOTS),
+# taken from the real panel in JupyterLab and Debian's Chromium; the kernel imports this checkout.
+screenshots: $(STAMP) system-deps js
+	PYTHONPATH=$(CURDIR)/src $(PY) tools/screenshots.py
 
 # mypy: strict over src/gpumemviz ([tool.mypy] in pyproject.toml), cached in .mypy_cache
 lint: $(STAMP)

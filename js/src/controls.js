@@ -156,6 +156,8 @@ export function createHeader(host) {
         return li;
       }));
     },
+    /** the header's line of title, badges and status (the glance bars go under it) */
+    get top() { return top; },
     destroy() { root.remove(); },
   };
 }

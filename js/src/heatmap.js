@@ -12,6 +12,22 @@ export const HEAD_H = 18;
 export const LABEL_W = 92;
 export const MAX_H = 420;
 export const ZOOM_H = 36;
+/** "To scale": a row's pixels at least (a 2 MiB segment beside a 20 GiB one stays visible). */
+export const MIN_ROW_W = 4;
+
+/**
+ * A row's width in pixels: the map's `cells` by segment; by bytes, in proportion to the largest
+ * segment's size, never under MIN_ROW_W.
+ * @param {"segment" | "bytes"} scale
+ * @param {number} size the row's segment bytes
+ * @param {number} maxSize the largest segment's bytes
+ * @param {number} cells
+ * @returns {number}
+ */
+export function rowWidth(scale, size, maxSize, cells) {
+  if (scale !== "bytes" || !(maxSize > 0)) return cells;
+  return Math.min(cells, Math.max(MIN_ROW_W, Math.round((cells * size) / maxSize)));
+}
 /** Most blocks Python sends for one zoomed row on request (EXACT_MAX_BLOCKS in render/wire.py). */
 export const EXACT_MAX_BLOCKS = 1 << 16;
 /** A window of a segment too big to send whole is asked for once the zoom rests this long. */
@@ -19,8 +35,8 @@ export const WINDOW_ASK_MS = 120;
 
 /** @typedef {import("./decode.js").Row} Row */
 /** @typedef {import("./rows.js").Group} Group */
-/** @typedef {{n_rows: number, groups: Group[], version?: number}} Layout the `map_layout` trait
- * (render/wire.py `layout`) */
+/** @typedef {{n_rows: number, groups: Group[], version?: number, max_size?: number}} Layout the
+ * `map_layout` trait (render/wire.py `layout`) */
 /** @typedef {ReturnType<typeof readPalette>} Palette */
 
 /**
@@ -62,7 +78,38 @@ export function createHeatmap(host, opts) {
   zoomCanvas.className = "gmv-seg-zoom-canvas";
   zoomCanvas.height = ZOOM_H;
   zoomBox.append(zoomHead, zoomCanvas);
-  host.append(zoomBox, scroller, tip);
+  const modeBar = document.createElement("div");
+  modeBar.className = "gmv-map-mode";
+  const modeText = document.createElement("span");
+  modeText.textContent = "rows:";
+  /** @param {"segment" | "bytes"} mode @param {string} label @param {string} title */
+  const modeButton = (mode, label, title) => {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.dataset.scale = mode;
+    b.textContent = label;
+    b.title = title;
+    b.onclick = () => setScale(mode);
+    return b;
+  };
+  const bySegment = modeButton("segment", "by segment", "each row its own segment, the map's full width");
+  const byBytes = modeButton("bytes", "to scale",
+    `row length by bytes: the largest segment the full width, none under ${MIN_ROW_W} px`);
+  modeBar.append(modeText, bySegment, byBytes);
+  host.append(modeBar, zoomBox, scroller, tip);
+  /** @type {"segment" | "bytes"} */
+  let scale = "segment";
+  let maxSize = 0;
+  /** @param {"segment" | "bytes"} mode */
+  function setScale(mode) {
+    scale = mode;
+    bySegment.setAttribute("aria-pressed", String(mode === "segment"));
+    byBytes.setAttribute("aria-pressed", String(mode === "bytes"));
+    canvas.dataset.scale = mode;
+    schedule();
+  }
+  /** @param {Row} row */
+  const widthOf = (row) => rowWidth(scale, row.meta.total_size, maxSize, cells);
   /** @type {{row: number, lo: number, hi: number} | null} */
   let zoom = null;
   const ctx = /** @type {CanvasRenderingContext2D} */ (canvas.getContext("2d", { alpha: false }));
@@ -135,15 +182,17 @@ export function createHeatmap(host, opts) {
         continue;
       }
       const d = img.data;
-      for (let c = 0; c < cells; c++) {
-        const [cr, cg, cb] = cellColor(row.cells[c], palette.kinds, palette.emptyRgb);
+      const rw = widthOf(row);  // to scale: each pixel shows the cell under its middle
+      for (let c = 0; c < rw; c++) {
+        const cell = rw === cells ? c : Math.min(cells - 1, Math.floor(((c + 0.5) * cells) / rw));
+        const [cr, cg, cb] = cellColor(row.cells[cell], palette.kinds, palette.emptyRgb);
         for (let yy = 0; yy < ROW_H; yy++) {
           const i = 4 * (yy * cells + c);
           d[i] = cr; d[i + 1] = cg; d[i + 2] = cb; d[i + 3] = 255;
         }
       }
-      ctx.putImageData(img, LABEL_W, y);
-      if (row.blocks) drawSeparators(ctx, row, cells, LABEL_W, y, palette.bg);
+      ctx.putImageData(img, LABEL_W, y, 0, 0, rw, ROW_H);
+      if (row.blocks) drawSeparators(ctx, row, rw, LABEL_W, y, palette.bg);
       ctx.fillStyle = palette.text;
       ctx.fillText(rowLabel(row.meta), 4, y + ROW_H / 2 + 1);
       if (row.meta.flags & 2) {
@@ -308,8 +357,9 @@ export function createHeatmap(host, opts) {
     const x = ev.clientX - rect.left - LABEL_W;
     const r = geo.hit(ev.clientY - rect.top + scroller.scrollTop);
     const row = r >= 0 ? cache.get(r) : undefined;
-    if (!row || x < 0 || x >= cells) { tip.hidden = true; return; }
-    tip.textContent = hoverText(row, Math.floor(x), cells);
+    const rw = row ? widthOf(row) : cells;
+    if (!row || x < 0 || x >= rw) { tip.hidden = true; return; }
+    tip.textContent = hoverText(row, Math.min(cells - 1, Math.floor((x * cells) / rw)), cells);
     tip.hidden = false;
     const hostRect = host.getBoundingClientRect();
     tip.style.left = `${ev.clientX - hostRect.left + 12}px`;
@@ -337,6 +387,7 @@ export function createHeatmap(host, opts) {
   canvas.addEventListener("click", onClick);
   const resize = new ResizeObserver(() => { reportView(); schedule(); });
   resize.observe(scroller);
+  setScale(scale);
   const theme = new MutationObserver(() => { palette = readPalette(host); schedule(); });
   theme.observe(document.body, { attributes: true, attributeFilter: ["data-jp-theme-light", "data-jp-theme-name"] });
 
@@ -344,6 +395,7 @@ export function createHeatmap(host, opts) {
     /** @param {Layout} layout */
     setLayout(layout) {
       groups = layout.groups || [];
+      maxSize = layout.max_size || 0;
       geo = geometry(groups, { rowH: ROW_H + ROW_GAP, headH: HEAD_H });
       scroller.style.height = `${Math.min(MAX_H, Math.max(HEAD_H + ROW_H, geo.total + 2))}px`;
       for (const r of cache.keys()) if (r >= geo.nRows) cache.delete(r);
@@ -368,6 +420,9 @@ export function createHeatmap(host, opts) {
       schedule();
     },
     drawNow: draw,
+    setScale,
+    get scale() { return scale; },
+    get maxSize() { return maxSize; },
     openZoom,
     zoomBy,
     get zoom() { return zoom ? { ...zoom } : null; },
@@ -375,7 +430,9 @@ export function createHeatmap(host, opts) {
     /** @param {number} row @returns {{x: number, y: number, w: number, h: number} | null} */
     rowRect(row) {
       if (row < 0 || row >= geo.nRows) return null;
-      return { x: LABEL_W, y: geo.rowTop(row) - scroller.scrollTop, w: cells, h: ROW_H };
+      const r = cache.get(row);
+      return { x: LABEL_W, y: geo.rowTop(row) - scroller.scrollTop, w: r ? widthOf(r) : cells,
+        h: ROW_H };
     },
     /** @param {number} row */
     scrollToRow(row) { scroller.scrollTop = Math.max(0, geo.rowTop(row) - HEAD_H); onScroll(); },
@@ -399,6 +456,7 @@ export function createHeatmap(host, opts) {
       zoomCanvas.removeEventListener("wheel", onWheel);
       zoomCanvas.removeEventListener("mousemove", onZoomMove);
       zoomBox.remove();
+      modeBar.remove();
       scroller.remove();
       tip.remove();
     },

@@ -4,7 +4,9 @@
 import { decodeFrame, KIND_NAMES, stateText } from "./decode.js";
 import { createHeatmap, ROW_H } from "./heatmap.js";
 import { createHeader } from "./controls.js";
-import { createTimeline } from "./timeline.js";
+import { createGlance } from "./glance.js";
+import { AXIS_L, AXIS_R, createTimeline } from "./timeline.js";
+import { coloursOf, installPalette } from "./palette.js";
 import { registerView, testHooks } from "./probe.js";
 import { blockAt, cellColor, formatSize, keepWindow, rowLabel } from "./rows.js";
 import {
@@ -37,7 +39,7 @@ const MAX_ZOOM = 1e6;
  *   sites: {live: Site[], trace: Site[], trace_device: number | null}, violations: string[],
  *   timeline: Record<string, DeviceTimeline>, map: {layout: import("./heatmap.js").Layout,
  *   content: import("./decode.js").FrameContent, buffers: string[]},
- *   pools?: PoolRow[], pools_note?: string}} ReportData
+ *   pools?: PoolRow[], pools_note?: string, glance?: import("./glance.js").GlanceSet}} ReportData
  * @typedef {{device: number, label: string, kind: string, in_use: boolean, reserved: number,
  *   allocated: number, pending_free: number, free: number, largest_free: number,
  *   releasable: number, releasable_after_release: number, note: string,
@@ -384,32 +386,20 @@ function segmentZoom(host, palette) {
  * Reserved and allocated over the recorded history of one device: the panel's timeline
  * (timeline.js) fed once with every point, plus a hover naming the point under the cursor.
  * @param {HTMLElement} host @param {string} dev @param {DeviceTimeline} t
- * @param {() => Palette} palette
  */
-function timeline(host, dev, t, palette) {
+function timeline(host, dev, t) {
   const box = el("div", "gmv-report-timeline");
   box.dataset.device = dev;
   const head = el("div", "gmv-zoom-title",
-    `cuda:${dev}, over ${t.entries.toLocaleString("en-US")} trace entries: `);
-  const key = (/** @type {string} */ cls, /** @type {string} */ text) => {
-    const item = el("span", "gmv-key");
-    item.append(el("i", `gmv-swatch ${cls}`), document.createTextNode(text));
-    return item;
-  };
-  head.append(key("gmv-line-reserved", t.series[0]), key("gmv-k0", t.series[1]));
-  if (t.oom.length) head.append(key("gmv-line-mark", "out of memory"));
+    `cuda:${dev}, over ${t.entries.toLocaleString("en-US")} trace entries` +
+    (t.oom.length ? ` · ${t.oom.length} out of memory (OOM), marked` : ""));
   const tip = el("div", "gmv-tip");
   tip.hidden = true;
   box.append(head);
   host.append(box);
-  const rgb = (/** @type {number[]} */ c) => `rgb(${c[0]},${c[1]},${c[2]})`;
   const chart = createTimeline(box, {
     onSync() { /* every point is here from the start */ },
-    colours() {
-      const p = palette();
-      return { bg: p.bg, text: p.text, muted: p.muted, allocated: rgb(p.kinds[0]),
-        pending: rgb(p.kinds[1]), trapped: rgb(p.kinds[3]) };
-    },
+    colours() { return coloursOf(box); },
   });
   box.append(tip);
   const xs = b64ToFloat64(t.x), res = b64ToFloat64(t.reserved), alc = b64ToFloat64(t.allocated);
@@ -424,7 +414,9 @@ function timeline(host, dev, t, palette) {
   const canvas = /** @type {HTMLCanvasElement} */ (box.querySelector("canvas"));
   canvas.addEventListener("mousemove", (ev) => {
     const rect = canvas.getBoundingClientRect();
-    const frac = (ev.clientX - rect.left) / Math.max(1, rect.width);
+    // the plot lies between the axes (timeline.js AXIS_L, AXIS_R), in CSS pixels
+    const frac = Math.min(1, Math.max(0,
+      (ev.clientX - rect.left - AXIS_L) / Math.max(1, rect.width - AXIS_L - AXIS_R)));
     const i = nearestIndex(ts, ts[0] + frac * (ts[ts.length - 1] - ts[0]));
     if (i < 0) return;
     tip.textContent = `entry ${xs[i].toLocaleString("en-US")}` +
@@ -446,6 +438,7 @@ function main() {
   if (!node || !host) return;
   /** @type {ReportData} the page's own data, written by report_html.py */
   const data = JSON.parse(node.textContent || "{}");
+  installPalette(document);
   host.replaceChildren();
   const root = el("div", "gmv-root");
   root.dataset.view = "report";
@@ -455,6 +448,9 @@ function main() {
     title: data.title, status: "offline report", demo: false, header: data.header,
     advice: data.advice, oom: data.oom || {},
   });
+  const glance = createGlance(root);
+  header.top.after(glance.element);  // each device at a glance, as in the panel
+  glance.update(data.glance || {});
   const mapBox = el("div", "gmv-mapbox");
   root.append(mapBox);
   /** @type {ReturnType<typeof segmentZoom> | null} */
@@ -469,7 +465,7 @@ function main() {
   const charts = [];
   if (tlDevs.length) {
     const s = section(root, "Timeline");
-    for (const d of tlDevs) charts.push(timeline(s, d, data.timeline[d], palette));
+    for (const d of tlDevs) charts.push(timeline(s, d, data.timeline[d]));
   }
   analysis(data, root);
   for (const c of charts) c.draw();

@@ -1,10 +1,12 @@
 // anywidget entry: wires the model (traits, frames) to the header and the segment map.
 import { decodeBlocks, decodeFrame } from "./decode.js";
+import { createGlance } from "./glance.js";
 import { createHeatmap } from "./heatmap.js";
 import { createHeader, createToolbar } from "./controls.js";
 import { createJobDetail } from "./jobdetail.js";
 import { createStrips } from "./strips.js";
 import { createTimeline } from "./timeline.js";
+import { coloursOf, installPalette } from "./palette.js";
 import { logEvent, registerView } from "./probe.js";
 
 let nextId = 0;
@@ -14,7 +16,8 @@ let nextId = 0;
  * @typedef {{title: string, status: string, demo: boolean, header: Record<string, unknown>,
  *   advice: {kind: string, message: string}[], oom: Record<string, unknown>,
  *   controls: import("./controls.js").Controls, map_layout: import("./heatmap.js").Layout,
- *   strips: import("./strips.js").StripSet, job?: import("./jobdetail.js").Job}} Traits
+ *   strips: import("./strips.js").StripSet, glance: import("./glance.js").GlanceSet,
+ *   job?: import("./jobdetail.js").Job}} Traits
  *   (``job``: a job's panel only, widget/job.py `JobPanel`)
  */
 /**
@@ -30,11 +33,14 @@ let nextId = 0;
 /** @param {{model: import("@anywidget/types").AnyModel<Traits>, el: HTMLElement}} ctx */
 function render({ model, el }) {
   const id = `v${Date.now().toString(36)}-${nextId++}`;
+  installPalette(document);
   const root = document.createElement("div");
   root.className = "gmv-root";
   root.dataset.view = id;
   el.append(root);
   const header = createHeader(root);
+  const glance = createGlance(root);
+  header.top.after(glance.element);  // the device at a glance, above the figures
   let nextCmd = 0;
   /** @param {string} name @param {Record<string, unknown>} args */
   const send = (name, args) => {
@@ -45,23 +51,21 @@ function render({ model, el }) {
   };
   const toolbar = createToolbar(root, send);
   const strips = createStrips(root, {
-    onSelect(_index, strip) {
+    onSelect(index, strip) {
       if (typeof strip.rank === "number") send("rank", { rank: strip.rank, device: strip.device });
-      else send("select", { value: strip.device });
+      else {
+        // the timeline held the device shown before: nothing is drawn until the chosen
+        // device's own timeline arrives (widget/panel.py `_load_recorded` resets it)
+        if (strips.shown.selected !== index) timeline.clear();
+        send("select", { value: strip.device });
+      }
     },
   });
   root.prepend(strips.element);  // every device first, then the selected one's header and map
   const job = createJobDetail(root, send);  // a job's panel: the selected rank's published map
   const timeline = createTimeline(root, {
     onSync(since) { model.send({ kind: "timeline_sync", view: id, since }); },
-    colours() {
-      const css = getComputedStyle(root);
-      /** @param {string} n @param {string} f */
-      const v = (n, f) => css.getPropertyValue(n).trim() || f;
-      return { bg: v("--gmv-bg", "#fff"), text: v("--gmv-text", "#222"),
-        muted: v("--gmv-muted", "#777"), allocated: v("--gmv-allocated", "#0072b2"),
-        pending: v("--gmv-pending", "#e69f00"), trapped: v("--gmv-trapped", "#d55e00") };
-    },
+    colours() { return coloursOf(root); },
   });
   const map = createHeatmap(root, {
     onView(v) { model.send({ kind: "view", view: id, ...v }); },
@@ -78,6 +82,10 @@ function render({ model, el }) {
   });
   const onControls = () => toolbar.update(model.get("controls") || {});
   const onStrips = () => strips.update(model.get("strips") || {});
+  const onGlance = () => {
+    glance.update(model.get("glance") || {});
+    logEvent({ event: "glance", view: id });
+  };
   const onJob = () => {
     const value = model.get("job") || {};
     root.dataset.mode = value.address ? "job" : "panel";  // a job hides the map, toolbar, timeline
@@ -92,6 +100,8 @@ function render({ model, el }) {
   /** @param {Msg | null} msg @param {DataView[]} buffers */
   const onMsg = (msg, buffers) => {
     if (msg && msg.kind === "reply") {
+      // a refused device choice: the timeline shown before comes back
+      if (msg.name === "select" && !msg.ok) model.send({ kind: "timeline_sync", view: id, since: 0 });
       toolbar.reply(msg);
       logEvent({ event: "reply", view: id, ...msg });
       return;
@@ -122,22 +132,25 @@ function render({ model, el }) {
     ["change:header", onHeader], ["change:title", onHeader], ["change:status", onHeader],
     ["change:demo", onHeader], ["change:advice", onHeader], ["change:oom", onHeader],
     ["change:map_layout", onLayout], ["change:controls", onControls], ["change:strips", onStrips],
+    ["change:glance", onGlance],
     ["change:job", onJob], ["msg:custom", onMsg],
   ];
   for (const [name, fn] of events) model.on(name, fn);
   onHeader();
   onControls();
   onStrips();
+  onGlance();
   onJob();
   model.send({ kind: "timeline_sync", view: id, since: 0 });
   onLayout();
-  registerView(id, { map, root, model, toolbar, timeline, strips, job });
+  registerView(id, { map, root, model, toolbar, timeline, strips, job, glance });
 
   return () => {
     for (const [name, fn] of events) model.off(name, fn);
     try { model.send({ kind: "close", view: id }); } catch { /* the model is gone already */ }
     map.destroy();
     header.destroy();
+    glance.destroy();
     toolbar.destroy();
     strips.destroy();
     job.destroy();

@@ -133,3 +133,13 @@ test("sizes round like Python's format_size, ties to even", async () => {
   assert.equal(fs(2.5 * 2 ** 10), "2.50 KiB");
   assert.equal(fs(0.75 * 2 ** 30 + 2 ** 30), "1.75 GiB");
 });
+
+test("to scale, a row's width follows its bytes, never under the minimum", async () => {
+  const { rowWidth, MIN_ROW_W } = await import("../src/heatmap.js");
+  const gib = 2 ** 30;
+  assert.equal(rowWidth("segment", 2 << 20, 20 * gib, 800), 800);
+  assert.equal(rowWidth("bytes", 20 * gib, 20 * gib, 800), 800);
+  assert.equal(rowWidth("bytes", 5 * gib, 20 * gib, 800), 200);
+  assert.equal(rowWidth("bytes", 2 << 20, 20 * gib, 800), MIN_ROW_W);
+  assert.equal(rowWidth("bytes", 5 * gib, 0, 800), 800);  // no layout yet: by segment
+});

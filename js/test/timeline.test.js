@@ -2,15 +2,29 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { timelineScale } from "../src/timeline.js";
 
-test("the timeline spans the points' time and the largest byte figure", () => {
+test("the timeline spans the points' time and a byte axis up to the largest figure", () => {
   const pts = [[100, 10, 40, null, null, 0.5], [110, 20, 80, 90, 10, 0.25]];
-  const s = timelineScale(pts, 101, 94);
-  assert.equal(s.x(100), 0);
-  assert.equal(s.x(110), 100);
-  assert.equal(s.top, 90);  // NVML used is the largest figure
-  assert.equal(s.y(90), 3);
-  assert.equal(s.y(0), 93);
-  assert.equal(s.yf(1), 3);
+  const s = timelineScale(pts, { left: 50, top: 10, width: 100, height: 64 });
+  assert.equal(s.x(100), 50);
+  assert.equal(s.x(110), 150);
+  assert.equal(s.top, 96);  // NVML used (90) is the largest figure; ticks of 32 bytes
+  assert.deepEqual(s.ticks, [0, 32, 64, 96]);
+  assert.equal(s.y(96), 10);
+  assert.equal(s.y(0), 74);
+  assert.equal(s.yf(1), 10);
+  assert.equal(s.yf(0), 74);
+});
+
+test("byte ticks: at most four steps of a power of two, labelled in units", async () => {
+  const { byteTicks, tickText } = await import("../src/timeline.js");
+  const gib = 2 ** 30;
+  const t = byteTicks(10354 * 2 ** 20);
+  assert.deepEqual(t.ticks.map(tickText), ["0", "4 GiB", "8 GiB", "12 GiB"]);
+  assert.equal(byteTicks(3 * gib).step, gib);
+  assert.ok(byteTicks(1.3 * gib).ticks.length <= 5);
+  assert.equal(tickText(1.5 * gib), "1.5 GiB");
+  assert.equal(tickText(512 * 2 ** 20), "512 MiB");
+  assert.equal(tickText(100), "100 bytes");
 });
 
 test("the legend shows clock times for Unix times and raw values for a counter clock", async () => {
@@ -29,10 +43,10 @@ test("the legend shows clock times for Unix times and raw values for a counter c
 
 test("marker labels close together take other lanes or are left out, never overprint", async () => {
   const { labelLanes, LABEL_LANES } = await import("../src/timeline.js");
-  // eight labels 100 px wide, 10 px apart: three lanes hold three, the rest are thinned
+  // eight labels 100 px wide, 10 px apart: the lanes hold one each, the rest are thinned
   const items = Array.from({ length: 8 }, (_, i) => ({ x: i * 10, width: 100 }));
   const lanes = labelLanes(items);
-  assert.deepEqual(lanes.slice(0, LABEL_LANES), [0, 1, 2]);
+  assert.deepEqual(lanes.slice(0, LABEL_LANES), Array.from({ length: LABEL_LANES }, (_, i) => i));
   const ends = new Map();
   items.forEach((it, i) => {
     if (lanes[i] < 0) return;
@@ -44,10 +58,39 @@ test("marker labels close together take other lanes or are left out, never overp
   assert.deepEqual(labelLanes([{ x: 300, width: 50 }, { x: 0, width: 50 }]), [0, 0]);
 });
 
+test("OOM labels are placed first; the others keep clear of them", async () => {
+  const { labelLanes } = await import("../src/timeline.js");
+  const items = [{ x: 0, width: 50 }, { x: 40, width: 30, first: true }, { x: 200, width: 50 }];
+  const lanes = labelLanes(items, 1);
+  assert.deepEqual(lanes, [-1, 0, 0]);  // one lane: the OOM keeps it, the label under it goes
+  assert.deepEqual(labelLanes(items, 2), [1, 0, 0]);
+});
+
+test("dense markers: a label at least every ~100 px, none overlapping", async () => {
+  const { labelLanes, LABEL_MAX_W, LABEL_GAP } = await import("../src/timeline.js");
+  const items = Array.from({ length: 400 }, (_, i) => ({ x: i * 3, width: LABEL_MAX_W }));
+  const lanes = labelLanes(items);
+  const starts = items.filter((_, i) => lanes[i] === 0).map((it) => it.x);
+  for (let i = 1; i < starts.length; i++) {
+    assert.ok(starts[i] - starts[i - 1] >= LABEL_MAX_W + LABEL_GAP);
+    assert.ok(starts[i] - starts[i - 1] <= 100, String(starts[i] - starts[i - 1]));
+  }
+});
+
 test("a long label is cut to the width with an ellipsis", async () => {
   const { fitLabel } = await import("../src/timeline.js");
   const measure = (/** @type {string} */ t) => t.length * 6;
   assert.equal(fitLabel("enumerate", 100, measure), "enumerate");
   const cut = fitLabel("Optimizer.zero_grad#AdamW.zero_grad", 60, measure);
   assert.ok(cut.endsWith("…") && measure(cut) <= 60, cut);
+});
+
+test("the wheel's zoom stays inside the run and gives everything back when wide enough", async () => {
+  const { zoomSpan } = await import("../src/timeline.js");
+  assert.deepEqual(zoomSpan(null, 0, 100, 50, 0.5), [25, 75]);
+  assert.deepEqual(zoomSpan(null, 0, 100, 0, 0.5), [0, 50]);  // at the start: from the start
+  assert.deepEqual(zoomSpan([90, 100], 0, 100, 100, 0.5), [95, 100]);
+  assert.equal(zoomSpan([25, 75], 0, 100, 50, 2), null);  // all of it again
+  const tiny = zoomSpan([0, 0.01], 0, 100, 0, 0.5);
+  assert.ok(tiny && tiny[1] - tiny[0] >= 0.01);  // no narrower than a ten-thousandth
 });

@@ -17,10 +17,14 @@ const TSC = join(JS, "node_modules", "typescript", "bin", "tsc");
 
 test("tsc fails on type errors planted in a copy of js/src", () => {
   assert.ok(existsSync(TSC), `no ${TSC}: run \`npm ci\` in js/ (make js does)`);
-  const dir = mkdtempSync(join(tmpdir(), "gmv-tsc-"));
+  const top = mkdtempSync(join(tmpdir(), "gmv-tsc-"));
+  // the checkout's layout, js/ beside src/: palette.js imports src/gpumemviz/render/palette.json
+  const dir = join(top, "js");
   try {
     cpSync(join(JS, "src"), join(dir, "src"), { recursive: true });
     cpSync(join(JS, "tsconfig.json"), join(dir, "tsconfig.json"));
+    const palette = join("src", "gpumemviz", "render", "palette.json");
+    cpSync(join(JS, "..", palette), join(top, palette));
     symlinkSync(realpathSync(join(JS, "node_modules")), join(dir, "node_modules"), "dir");
     // a string where the JSDoc says number
     appendFileSync(join(dir, "src", "rows.js"),
@@ -40,7 +44,7 @@ test("tsc fails on type errors planted in a copy of js/src", () => {
     assert.match(out, /src\/widget\.js\(\d+,\d+\): error TS2345: Argument of type '"no_such_trait"'/);
     assert.equal(out.match(/error TS/g)?.length, 2, `errors besides the planted ones:\n${out}`);
   } finally {
-    rmSync(dir, { recursive: true, force: true });
+    rmSync(top, { recursive: true, force: true });
   }
 });
 

@@ -39,8 +39,11 @@ class Lab:
     url: str
     token: str
     root: Path
+    app: str = "lab"  # "lab": JupyterLab 4; "notebook": Notebook 7
 
     def notebook_url(self, name: str) -> str:
+        if self.app == "notebook":
+            return f"{self.url}/notebooks/{name}?token={self.token}"
         return f"{self.url}/lab/tree/{name}?token={self.token}"
 
 
@@ -129,8 +132,9 @@ def _free_port() -> int:
 
 
 @contextmanager
-def running_lab(base: Path) -> Iterator[Lab]:
-    """JupyterLab on 127.0.0.1 with its config, data and notebooks under `base`; stopped on exit.
+def running_lab(base: Path, app: str = "lab") -> Iterator[Lab]:
+    """JupyterLab (``app="notebook"``: Notebook 7, built on the same parts) on 127.0.0.1 with its
+    config, data and notebooks under `base`; stopped on exit.
 
     Its flags: a token, --allow-root (CI runs as root), a read-only extension manager (the
     default one queries PyPI), no update checks, and `window.jupyterapp` exposed.
@@ -152,9 +156,10 @@ def running_lab(base: Path) -> Iterator[Lab]:
         "IPYTHONDIR": str(base / "ipython"),
     }
     jupyter = Path(sys.executable).with_name("jupyter")
+    cls = "JupyterNotebookApp" if app == "notebook" else "LabApp"
     cmd = [
         str(jupyter) if jupyter.exists() else shutil.which("jupyter") or "jupyter",
-        "lab",
+        app,
         "--no-browser",
         f"--port={port}",
         "--ServerApp.ip=127.0.0.1",
@@ -162,12 +167,15 @@ def running_lab(base: Path) -> Iterator[Lab]:
         f"--ServerApp.root_dir={root}",
         "--ServerApp.port_retries=0",
         "--allow-root",
-        "--LabApp.expose_app_in_browser=True",
-        "--LabApp.extension_manager=readonly",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-        f"--LabApp.user_settings_dir={settings}",
-        f"--LabApp.workspaces_dir={base / 'workspaces'}",
+        f"--{cls}.expose_app_in_browser=True",
+        f"--{cls}.user_settings_dir={settings}",
+        f"--{cls}.workspaces_dir={base / 'workspaces'}",
     ]
+    if app == "lab":
+        cmd += [
+            "--LabApp.extension_manager=readonly",
+            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        ]
     log = (base / "lab.log").open("wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -185,7 +193,7 @@ def running_lab(base: Path) -> Iterator[Lab]:
             if time.monotonic() > deadline:
                 raise RuntimeError("jupyter lab did not answer within 90 s")
             time.sleep(0.25)
-        yield Lab(url=url, token=token, root=root)
+        yield Lab(url=url, token=token, root=root, app=app)
     finally:
         proc.terminate()
         try:

@@ -318,6 +318,7 @@ def test_hover_shows_a_real_blocks_stack_and_a_click_pins_it(page, notebook, art
     nb = notebook("stack.ipynb", [_panel_cell(stacks, "stacks")])
     nb.run(0)
     _wait_drawn(page)
+    page.locator(".gmv-scroll").first.scroll_into_view_if_needed()  # below the bar and timeline
     # a block in view whose stack travelled with the frame, and the point in its middle
     spot = page.evaluate(
         f"""() => {{ const v = ({VIEW})(); const c = v.map.canvas.getBoundingClientRect();
@@ -365,7 +366,18 @@ def test_hover_shows_a_real_blocks_stack_and_a_click_pins_it(page, notebook, art
     assert tip.is_visible() and tip.text_content() == text  # pinned: the pointer moved on
     shot = artifacts / f"panel_hover_stack_{stacks.stem[:24]}.png"
     page.locator(".gmv-root").first.screenshot(path=str(shot))
-    page.mouse.click(spot["x"], spot["y"])  # unpin
+    # the screenshot scrolled the page (the panel is taller than the window): the block again
+    page.locator(".gmv-scroll").first.scroll_into_view_if_needed()
+    again = page.evaluate(
+        f"""([r, j]) => {{ const v = ({VIEW})(); const c = v.map.canvas.getBoundingClientRect();
+            const row = v.map.cached(r), rect = v.map.rowRect(r);
+            const cells = row.cells.length, total = row.meta.total_size;
+            const lo = row.blocks.offset[j] * cells / total;
+            const hi = (row.blocks.offset[j] + row.blocks.size[j]) * cells / total;
+            return {{ x: c.left + rect.x + (lo + hi) / 2, y: c.top + rect.y + rect.h / 2 }}; }}""",
+        [spot["row"], spot["j"]],
+    )
+    page.mouse.click(again["x"], again["y"])  # unpin
     assert tip.get_attribute("data-pinned") == "false"
 
 

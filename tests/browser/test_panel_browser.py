@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,7 +16,6 @@ from gpumemviz.snapshot import Snapshot
 
 pytestmark = pytest.mark.browser
 
-DOCS_PNG = Path(__file__).resolve().parents[2] / "docs" / "panel.png"
 # shipped (tests/data/real): 370 segments in 2 groups (201 large, 169 small), 3,019 blocks,
 # allocated and trapped free mixed in a segment
 PICTURE = real_file("ZijianDu__Attention__memory.7e5ba324.pickle")
@@ -481,6 +478,4 @@ def test_full_header_on_the_simulated_oom(page, notebook, artifacts):
     root = page.locator(".gmv-root").first
     root.scroll_into_view_if_needed()
     root.screenshot(path=str(artifacts / "panel_full.png"))
-    # the README picture: refreshed on request only (PNG bytes differ run to run)
-    if os.environ.get("GPUMEMVIZ_UPDATE_SCREENSHOTS") == "1" or not DOCS_PNG.exists():
-        shutil.copyfile(artifacts / "panel_full.png", DOCS_PNG)
+    # the README picture of this panel is `make screenshots`' (tools/screenshots.py)

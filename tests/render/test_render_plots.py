@@ -238,3 +238,23 @@ def test_the_old_name_figures_still_works_for_one_release():
     with pytest.warns(DeprecationWarning, match="gpumemviz.figures is now gpumemviz.plots"):
         old = gpumemviz.figures
     assert old is gpumemviz.plots
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_timeline_colours_are_the_palette_files(simulated_history, oom_outcome, theme):
+    """Each series has the colour render/palette.json gives it in the theme: the panel's and
+    the report's (js/src/palette.js reads the same file)."""
+    from gpumemviz.render.palette import palette
+
+    want = palette(theme)
+    fig = plots.timeline(simulated_history, theme=theme)
+    lines = {t.name: t.line.color for t in fig.data if t.mode == "lines"}
+    assert lines == {
+        plots.LABELS[k]: want[k] for k in ("allocated", "reserved", "nvml_used", "non_pytorch")
+    }
+    crosses = plots.timeline(oom_outcome, theme=theme)
+    assert by_name(crosses)["OOM"].marker.color == want["oom"]
+    assert (fig.layout.paper_bgcolor == want["bg"]) is (theme == "dark")
+    assert len(set(lines.values())) == len(lines)  # no two series alike
+    with pytest.raises(ValueError, match="theme must be one of light, dark"):
+        plots.timeline(simulated_history, theme="blue")

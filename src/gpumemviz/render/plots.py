@@ -18,6 +18,7 @@ from typing import cast
 
 import numpy as np
 
+from gpumemviz.render.palette import palette
 from gpumemviz.render.plot_inputs import (
     Floats,
     OutcomeLike,
@@ -41,16 +42,16 @@ __all__ = [
 
 MAX_POINTS = 4000  # per line: longer series keep each bucket's lowest and highest point
 GIB = float(1 << 30)
-# colour-blind-safe (Okabe-Ito), the same family as the panel's palette
-COLORS = {
-    "allocated": "#0072B2",
-    "reserved": "#E69F00",
-    "nvml_used": "#009E73",
-    "non_pytorch": "#CC79A7",
-    "recorded": "#999999",
-    "oom": "#D55E00",
-    "capacity": "#000000",
-}
+
+
+def _colours(theme: str) -> dict[str, str]:
+    """The figures' colours in ``theme``: the panel's and the report's (render/palette.json)."""
+    p = palette(theme)
+    named = ("allocated", "reserved", "nvml_used", "non_pytorch", "oom")
+    return {**{k: p[k] for k in named}, "recorded": p["muted"], "capacity": p["text"]}
+
+
+COLORS = _colours("light")  # what_if and workloads draw in the light theme
 LABELS = {
     "allocated": "allocated",
     "reserved": "reserved",
@@ -299,6 +300,7 @@ def timeline(
     device: int | None = None,
     title: str | None = None,
     max_points: int = MAX_POINTS,
+    theme: str = "light",
 ) -> Plotly:  # a plotly Figure
     """Allocated, reserved, NVML used and non-PyTorch memory over time (GiB), OOMs marked.
 
@@ -312,6 +314,9 @@ def timeline(
     title : str, optional
     max_points : int
         Longer series keep each bucket's lowest and highest point, so peaks stay visible.
+    theme : {"light", "dark"}
+        The colours: each series has the panel's and the report's colour in that theme
+        (`gpumemviz.render.palette.palette`); "dark" draws on the dark background.
 
     Returns
     -------
@@ -334,6 +339,7 @@ def timeline(
     ['allocated', 'reserved']
     """
     go, _ = _plotly()
+    colours = _colours(theme)
     s = timeline_series(data, device=device)
     fig = go.Figure()
     for key in ("allocated", "reserved", "nvml_used", "non_pytorch"):
@@ -347,14 +353,14 @@ def timeline(
                 y=_gib(y),
                 name=LABELS[key],
                 mode="lines",
-                line={"color": COLORS[key], "dash": "dot" if key == "non_pytorch" else None},
+                line={"color": colours[key], "dash": "dot" if key == "non_pytorch" else None},
             )
         )
-    _mark_ooms(go, fig, s["x"], s["reserved"], s["oom"])
+    _mark_ooms(go, fig, s["x"], s["reserved"], s["oom"], colours["oom"])
     if s["capacity"] is not None:
         fig.add_hline(
             y=s["capacity"] / GIB,
-            line={"color": COLORS["capacity"], "dash": "dash", "width": 1},
+            line={"color": colours["capacity"], "dash": "dash", "width": 1},
             annotation_text=f"capacity {format_size(int(s['capacity']))}",
         )
     fig.update_layout(
@@ -363,6 +369,9 @@ def timeline(
         yaxis_title="GiB",
         hovermode="x unified",
     )
+    if theme == "dark":
+        bg = palette("dark")["bg"]
+        fig.update_layout(template="plotly_dark", paper_bgcolor=bg, plot_bgcolor=bg)
     return fig
 
 
@@ -373,15 +382,18 @@ def _crosses(go: Plotly, x: Floats, y: Floats, name: str, color: str, size: int 
     )
 
 
-def _mark_ooms(go: Plotly, fig: Plotly, x: np.ndarray, reserved: np.ndarray, at: Floats) -> None:
-    """Red crosses at each OOM, at the reserved figure there (the last one before it)."""
+def _mark_ooms(
+    go: Plotly, fig: Plotly, x: np.ndarray, reserved: np.ndarray, at: Floats, colour: str
+) -> None:
+    """Crosses in the OOM colour at each OOM, at the reserved figure there (the last one
+    before it)."""
     if not len(at):
         return
     ys = []
     for a in at:
         i = int(np.searchsorted(x, a, side="right")) - 1
         ys.append(float(reserved[i]) / GIB if 0 <= i < len(reserved) else 0.0)
-    fig.add_trace(_crosses(go, np.asarray(at, np.float64), ys, "OOM", COLORS["oom"]))
+    fig.add_trace(_crosses(go, np.asarray(at, np.float64), ys, "OOM", colour))
 
 
 def what_if(

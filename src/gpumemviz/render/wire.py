@@ -90,12 +90,15 @@ class Wire:
         return tuple(self._views)
 
     def layout(self) -> JsonDict:
-        """The synced layout trait: row count and groups, versioned."""
+        """The synced layout trait: row count, groups and the largest segment's bytes (the
+        map's "to scale" mode sizes every row against it), versioned (the version moves with
+        the rows' grouping only: `max_size` may change under one version)."""
         rows = self.rows
         return {
             "version": self.layout_version,
             "n_rows": rows.n_rows if rows is not None else 0,
             "groups": [g.to_dict() for g in rows.groups] if rows is not None else [],
+            "max_size": _largest(rows),
         }
 
     def set_rows(self, rows: RowTable, stacks: Stacks | None = None) -> bool:
@@ -269,3 +272,8 @@ def header_numbers(rows: RowTable) -> dict[str, int | float]:
         "segments": rows.n_rows,
         "blocks": len(rows.block_size),
     }
+
+
+def _largest(rows: RowTable | None) -> int:
+    """The largest segment's bytes (0: no rows)."""
+    return int(rows.total_size.max()) if rows is not None and rows.n_rows else 0

@@ -35,8 +35,15 @@ class StaleBundleWarning(UserWarning):
 
 
 def sources(js: Path = JS) -> list[Path]:
-    """The files every bundle is built from: js/src/*.js, js/*.css and js/package.json."""
-    return [*sorted((js / "src").glob("*.js")), *sorted(js.glob("*.css")), js / "package.json"]
+    """The files every bundle is built from: js/src/*.js, js/*.css, js/package.json and the
+    palette the bundles import (src/gpumemviz/render/palette.json, beside js/)."""
+    palette = js.parent / "src" / "gpumemviz" / "render" / "palette.json"
+    return [
+        *sorted((js / "src").glob("*.js")),
+        *sorted(js.glob("*.css")),
+        js / "package.json",
+        palette,
+    ]
 
 
 def stale(target: Path, js: Path = JS) -> bool:

@@ -38,6 +38,7 @@ from gpumemviz.analysis.fragmentation import (
 from gpumemviz.analysis.frames import Redactor
 from gpumemviz.analysis.ranks import Ranks
 from gpumemviz.io import SnapshotLike, as_snapshot, atomic_write
+from gpumemviz.render.glance import glance_set
 from gpumemviz.render.rows import MAX_CELLS, RowTable, build_rows, encode_cells
 from gpumemviz.render.timeline import envelope
 from gpumemviz.render.wire import header_numbers
@@ -239,6 +240,10 @@ def _data(snap: Snapshot, *, title: str, budget: int | None, replay_advice: bool
         "oom": None if found.oom is None else _oom(found.oom),
         "ooms": {str(d): _oom(f.oom) for d, f in found.devices.items() if f.oom is not None},
         "notes": list(found.notes),
+        # each device at a glance, its parts the findings' figures (as the panel's)
+        "glance": glance_set(
+            found.devices or ({} if found.device is None else {found.device: found}), None, {}
+        ),
         # None: the file records no settings (older torch): shown as such, not as defaults
         "settings": (
             None if report_.allocator_settings is None else _plain(report_.allocator_settings)

@@ -202,7 +202,7 @@ script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:">
 {css}
 </style>
 </head>
-<body>
+<body class="gmv-page">
 <main id="gmv-report" class="gmv-report"><noscript>This report draws with JavaScript.</noscript>\
 </main>
 <script type="application/json" id="gmv-data">{data}</script>

@@ -31,6 +31,7 @@ import anywidget
 import numpy as np
 import traitlets
 
+from gpumemviz.render.glance import glance_set
 from gpumemviz.render.rows import build_rows
 from gpumemviz.render.stacks import Stacks
 from gpumemviz.render.strips import snapshot_strip_set
@@ -134,6 +135,9 @@ class MemoryPanel(anywidget.AnyWidget):
     actions, ...) plus alloc_size, device_free and time; {} when there is none."""
     controls = traitlets.Dict().tag(sync=True)
     """What the buttons can do now: {live, capabilities, paused, interval, routing, replay}."""
+    glance = traitlets.Dict().tag(sync=True)
+    """Each device at a glance (`gpumemviz.render.glance.glance_set`): a bar per device whose
+    parts are its findings' figures, the largest free block and the last OOM's request."""
     strips = traitlets.Dict().tag(sync=True)
     """Every device shown as a strip (`gpumemviz.render.strips.strip_set`); {} for one device."""
 
@@ -166,6 +170,7 @@ class MemoryPanel(anywidget.AnyWidget):
         self._recorded = False  # the timeline holds a replayed run's own series (not samples)
         self._times_of: tuple[Source, np.ndarray | None] | None = None  # (source, its times)
         self._last_point: Point | None = None
+        self._timeline_of: Sampler | None = None  # the sampler whose points the timeline holds
         self._owns_sampler = False
         self._throttle = FindingsThrottle(
             lambda: self.ADVICE_EVERY_S, self._writer.submit, self._publish
@@ -280,12 +285,13 @@ class MemoryPanel(anywidget.AnyWidget):
         self.detach()
         self.sampler = sampler
         self._owns_sampler = owned
+        # the timeline first: another sampler's (device's) points must not reach its history
+        self._writer.submit(self._load_recorded)
         newest = sampler.history.latest_segments()
         if newest is not None:
             self.push_sample(newest)
         sampler.add_listener(self.push_sample)
         self._writer.submit(self._refresh_controls)
-        self._writer.submit(self._load_recorded)
 
     def _load_recorded(self) -> None:
         """A played-back recording's timeline is the recorded run itself (times from the trace,
@@ -294,8 +300,10 @@ class MemoryPanel(anywidget.AnyWidget):
         source = getattr(self.sampler, "source", None)
         replay = source is not None and "time_travel" in getattr(source, "capabilities", ())
         was, self._recorded = self._recorded, bool(replay)
+        other = self._timeline_of is not None and self._timeline_of is not self.sampler
+        self._timeline_of = self.sampler
         if not replay:
-            if was:  # back to sampling: start an empty timeline
+            if was or other:  # back to sampling, or another device's: start an empty timeline
                 self.timeline.reset([], [])
                 self._last_point = None
                 self.send({"kind": "timeline", "first": 0, "points": [], "reset": True})
@@ -343,6 +351,7 @@ class MemoryPanel(anywidget.AnyWidget):
         oom = mine.oom
         reached = oom is not None and (oom.entry is None or int(played.position) >= oom.entry)
         self.oom = oom_trait(oom) if reached and oom is not None else {}
+        self._draw_glance()
 
     @property
     def findings(self) -> Findings | None:
@@ -547,6 +556,11 @@ class MemoryPanel(anywidget.AnyWidget):
         if devset is not None:
             devset.update()
             self.strips = devset.payload(self._device)
+            if not devset.replay and devset.findings:  # every device's bar, live
+                mine = self._findings
+                own = {} if mine is None or mine.device is None else {mine.device: mine}
+                self._device_findings = {**devset.findings, **own}
+                self._draw_glance()
 
     def follow_device(self, device: int, sampler: Sampler) -> None:
         """Show another device: follow its (shared) sampler from now on (the "device"
@@ -674,6 +688,7 @@ class MemoryPanel(anywidget.AnyWidget):
         if device is not None and device not in snap.devices:
             self._findings, self._device_findings = None, {}
             self.advice, self.oom = [], {}
+            self._draw_glance()
             return
         traced = any(len(t) for t in snap.traces.values())
         self._throttle.analyze(lambda: analyze(snap, device=device, check=False), force=True)
@@ -693,6 +708,21 @@ class MemoryPanel(anywidget.AnyWidget):
         self.advice = advice_rows(found)
         if found.oom is not None:
             self.oom = oom_trait(found.oom)
+        self._draw_glance()
+
+    def _draw_glance(self) -> None:
+        """The ``glance`` trait from the findings shown (a bar per device); a replay's, of the
+        entry shown (its findings are of the whole file)."""
+        from gpumemviz.analysis.findings import Figures
+
+        found = self._findings
+        shown = found.device if found is not None else None
+        per = self._device_findings or ({} if found is None or shown is None else {shown: found})
+        at = None
+        report = self._shown_report
+        if self._recorded and report is not None and shown is not None and shown in report.devices:
+            at = Figures.of(report.devices[shown])
+        self.glance = glance_set(per, shown, self.oom, at)
 
     def _apply_sample(self, sample: Sample) -> None:
         extra: JsonDict = {}
@@ -749,8 +779,9 @@ class MemoryPanel(anywidget.AnyWidget):
 
     def _add_point(self, sample: Sample) -> None:
         """Extend the timeline when a figure moved (equal samples add nothing, send nothing)."""
-        if self._recorded:
-            return
+        device = getattr(sample, "device", None)
+        if self._recorded or (None not in (device, self._device) and device != self._device):
+            return  # a replay's timeline is the recording; a sample of another device: not ours
         point = TimelineData.point(sample, self.header.get("fragmentation"))
         if point is None:
             return
@@ -794,12 +825,16 @@ class MemoryPanel(anywidget.AnyWidget):
         report = fragmentation(snap)
         self.shown, self._shown_device, self._shown_report = snap, device, report
         name_notebook_cells()  # frames in this kernel's cells read "cell [5], line 14"
-        if self._wire.set_rows(rows, Stacks(snap)):
-            self.map_layout = self._wire.layout()
+        regrouped = self._wire.set_rows(rows, Stacks(snap))
+        layout = self._wire.layout()
+        if regrouped or layout["max_size"] != self.map_layout.get("max_size"):
+            self.map_layout = layout  # "to scale" rows follow the largest segment's size
         painted = header_numbers(rows)
         del painted["free_trapped"]  # the painted slivers; the header says free_stuck instead
         self.header = {**painted, **report_numbers(report, device), **extra}
         self.status = status
+        if self._recorded:
+            self._draw_glance()  # a replay's bar is the entry shown
         self._send_frames(self._wire.update())
         return report
 
