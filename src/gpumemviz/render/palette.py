@@ -12,6 +12,8 @@ import json
 from functools import cache
 from importlib.resources import files
 
+from gpumemviz.snapshot.escaping import short_repr
+
 __all__ = ["THEMES", "palette"]
 
 THEMES = ("light", "dark")
@@ -48,5 +50,5 @@ def palette(theme: str = "light") -> dict[str, str]:
     ('#0072b2', '#56b4e9')
     """
     if theme not in THEMES:
-        raise ValueError(f"theme must be one of {', '.join(THEMES)}, not {theme!r}")
+        raise ValueError(f"theme must be one of {', '.join(THEMES)}, not {short_repr(theme)}")
     return dict(_load()[theme])
