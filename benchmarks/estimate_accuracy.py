@@ -41,58 +41,15 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from _common import REPO, SHIPPED_DIR
+from _common import REPO
 
 sys.path.insert(0, str(REPO / "tests"))
 
-import gpumemviz
 from gpt_shaped import MEDIUM, inference_step, make_setup, training_step
 from gpumemviz.estimator import Estimate, estimate
-from gpumemviz.io import load_snapshot
+from recordings import FILES, NAME, SECOND, find, recorded
 from silmont_shaped import GPT2_SMALL, forward_step
 from silmont_shaped import make_setup as silmont_setup
-
-LICENSED_DIR = REPO.parent / "shared" / "real-snapshots-licensed"
-NAME = "Wedsonlin__assignment2-systems__results-medium_{context}_{kind}_memory_snapshot.pickle"
-# (context, kind, autocast as the original ran it)
-FILES = (
-    (128, "inference", False),
-    (256, "inference", False),
-    (512, "inference", True),
-    (1024, "inference", False),
-    (128, "training", False),
-    (256, "training", False),
-    (512, "training", True),
-    (1024, "training", True),
-)
-SECOND = SHIPPED_DIR / "silmont2000__assignment2-systems__memory_forward_fp32_128.pickle"
-
-
-def find(context: int, kind: str) -> Path | None:
-    """The recording: shipped in tests/data/real, else in ../shared's licensed folder."""
-    name = NAME.format(context=context, kind=kind)
-    for folder in (SHIPPED_DIR, LICENSED_DIR):
-        if (folder / name).exists():
-            return folder / name
-    return None
-
-
-def recorded(path: Path) -> dict[str, object]:
-    """What the recording says about its step: allocation sizes in order (as requested, as the
-    estimate lists them), allocated at its start and at its peak, peak reserved and segments at
-    the peak. Allocated counts blocks, as `torch.cuda.memory_allocated` does (a 1.5 MiB tensor
-    in a 2 MiB block that is not split counts 2 MiB): it is read from the file's own history,
-    not summed from the trace's requested sizes."""
-    trace = load_snapshot(path).to_torch()["device_traces"][0]
-    replay = gpumemviz.replay(path)
-    start = replay.timelines[0].start.totals()[1]
-    return {
-        "sizes": [e["size"] for e in trace if e["action"] == "alloc"],
-        "start": start,
-        "peak": max(int(replay.figures(0)["recorded_allocated"].max(initial=0)), start),
-        "reserved": replay.recorded_peak_reserved(0),
-        "segments": replay.peak_segments(0, "recording"),
-    }
 
 
 def run(context: int, kind: str, autocast: bool) -> Estimate:
@@ -117,12 +74,10 @@ def row(name: str, path: Path, run_once: Callable[[], Estimate], reps: int) -> b
         t0 = time.perf_counter()
         est = run_once()
         seconds.append(time.perf_counter() - t0)
-    sizes = real["sizes"]
-    assert isinstance(sizes, list)
+    sizes = real.sizes
     blocks = difflib.SequenceMatcher(None, sizes, list(est.step_allocs), autojunk=False)
     in_order = sum(b.size for b in blocks.get_matching_blocks()) / len(sizes)
-    peak, start = int(real["peak"]), int(real["start"])  # type: ignore[call-overload]
-    reserved, segments = int(real["reserved"]), int(real["segments"])  # type: ignore[call-overload]
+    peak, start, reserved, segments = real.peak, real.start, real.reserved, real.segments
     delta = (est.peak_allocated - est.start_allocated) / (peak - start) - 1
     print(
         f"{name:<22} {est.peak_allocated / peak - 1:>+10.3%} "

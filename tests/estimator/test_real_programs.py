@@ -15,55 +15,27 @@ from pathlib import Path
 
 import pytest
 
-import gpumemviz
-from conftest import REAL_DIR
 from gpt_shaped import MEDIUM, inference_step, make_setup, training_step
-from gpumemviz.allocator.replay import ReplayResult
 from gpumemviz.estimator import estimate
-from gpumemviz.io import load_snapshot
+from recordings import FILES, NAME, SECOND, find, recorded
 from silmont_shaped import GPT2_SMALL, forward_step
 from silmont_shaped import make_setup as silmont_setup
 
-LICENSED = Path(__file__).resolve().parents[3] / "shared" / "real-snapshots-licensed"
-NAME = "Wedsonlin__assignment2-systems__results-medium_{}_{}_memory_snapshot.pickle"
 MiB = 1 << 20
-FILES = [  # (context, kind, autocast as the original ran it)
-    (128, "inference", False),
-    (256, "inference", False),
-    (512, "inference", True),
-    (1024, "inference", False),
-    (128, "training", False),
-    (256, "training", False),
-    (512, "training", True),
-    (1024, "training", True),
-]
 
 
 def _path(context: int, kind: str) -> Path:
-    name = NAME.format(context, kind)
-    for folder in (REAL_DIR, LICENSED):
-        if (folder / name).exists():
-            return folder / name
-    pytest.skip(f"{name} is neither in tests/data/real nor in ../shared")
-
-
-def _recorded(path: Path) -> tuple[list[int], int, int, ReplayResult]:
-    """The recorded step: its allocation sizes in order (as requested, as the estimate lists
-    them), allocated at its start and at its peak, and the file's replay. Allocated counts
-    blocks, as `torch.cuda.memory_allocated` does: a block can be larger than its request (a
-    1.5 MiB tensor in a 2 MiB block that is not split), so it is read from the file's own
-    history, not summed from the trace's requested sizes."""
-    trace = load_snapshot(path).to_torch()["device_traces"][0]
-    recorded = gpumemviz.replay(path)
-    start = recorded.timelines[0].start.totals()[1]
-    peak = max(int(recorded.figures(0)["recorded_allocated"].max(initial=0)), start)
-    return [e["size"] for e in trace if e["action"] == "alloc"], start, peak, recorded
+    path = find(context, kind)
+    if path is None:
+        name = NAME.format(context=context, kind=kind)
+        pytest.skip(f"{name} is neither in tests/data/real nor in ../shared")
+    return path
 
 
 @pytest.mark.parametrize(("context", "kind", "autocast"), FILES, ids=lambda v: str(v))
 def test_the_program_as_written_is_within_the_bounds(context, kind, autocast):
-    path = _path(context, kind)
-    sizes, start, peak, recorded = _recorded(path)
+    rec = recorded(_path(context, kind))
+    sizes, start, peak = rec.sizes, rec.start, rec.peak
     train = kind == "training"
     est = estimate(
         training_step if train else inference_step,
@@ -78,8 +50,8 @@ def test_the_program_as_written_is_within_the_bounds(context, kind, autocast):
     blocks = matcher.get_matching_blocks()
     assert sum(b.size for b in blocks) / len(sizes) >= 0.98
     assert abs(est.peak_allocated / peak - 1) <= 0.01
-    assert abs(est.peak_reserved / recorded.recorded_peak_reserved(0) - 1) <= 0.02
-    assert abs(est.segments / recorded.peak_segments(0, "recording") - 1) <= 0.05
+    assert abs(est.peak_reserved / rec.reserved - 1) <= 0.02
+    assert abs(est.segments / rec.segments - 1) <= 0.05
     assert abs((est.peak_allocated - est.start_allocated) / (peak - start) - 1) <= 0.03
     if (context, kind) == (1024, "training"):
         # the 32 MiB staging buffers of autograd's sum_to reductions, at their positions
@@ -88,13 +60,11 @@ def test_the_program_as_written_is_within_the_bounds(context, kind, autocast):
         assert len(staged) == 49 and all(i in matched for i in staged)
 
 
-SECOND = REAL_DIR / "silmont2000__assignment2-systems__memory_forward_fp32_128.pickle"
-
-
 def test_a_second_program_as_written_is_within_the_bounds():
     """silmont2000/assignment2-systems' GPT-2-small forward step, fp32 under `no_grad`, batch 4,
     context 128, recorded after six steps (five warm-up, one timed) on a pre-Hopper GPU."""
-    sizes, start, peak, recorded = _recorded(SECOND)
+    rec = recorded(SECOND)
+    sizes, start, peak = rec.sizes, rec.start, rec.peak
     # built on the device, not on the CPU as the program does: the same figures, 5 times faster
     setup = silmont_setup(GPT2_SMALL, 4, 128)
     est = estimate(forward_step, setup=setup, arch="8.0", warmup=6)
@@ -103,6 +73,6 @@ def test_a_second_program_as_written_is_within_the_bounds():
     assert sum(b.size for b in matcher.get_matching_blocks()) / len(sizes) >= 0.98
     assert list(est.step_allocs) == sizes  # all 681, in order: the reproduction is the program
     assert abs(est.peak_allocated / peak - 1) <= 0.01
-    assert abs(est.peak_reserved / recorded.recorded_peak_reserved(0) - 1) <= 0.02
-    assert abs(est.segments / recorded.peak_segments(0, "recording") - 1) <= 0.05
+    assert abs(est.peak_reserved / rec.reserved - 1) <= 0.02
+    assert abs(est.segments / rec.segments - 1) <= 0.05
     assert abs((est.peak_allocated - est.start_allocated) / (peak - start) - 1) <= 0.03
