@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -17,7 +18,7 @@ torch_dist = pytest.importorskip("torch.distributed")
 
 from gpumemviz.allocator.oom import OutOfMemory  # noqa: E402
 from gpumemviz.distributed import JobError, JobView, Publisher, StoreGone, grid_rows, publish  # noqa: E402
-from gpumemviz.distributed.keys import MAX_SUMMARY_BYTES, summary_key  # noqa: E402
+from gpumemviz.distributed.keys import MAX_SUMMARY_BYTES, request_key, summary_key  # noqa: E402
 from gpumemviz.distributed.store import own_connection  # noqa: E402
 from gpumemviz.distributed.summary import RankIdentity  # noqa: E402
 from gpumemviz.distributed.terminal import grid_text  # noqa: E402
@@ -111,6 +112,39 @@ def test_request_snapshot_writes_the_ranks_file_with_history(master, tmp_path):
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_request_made_as_soon_as_the_rank_is_listed_is_answered(master, tmp_path):
+    """A viewer may ask the moment the rank's first summary is in the store, before the rank's
+    thread has looked at the request counter: that request is new, not history."""
+    sampler = Sampler(sim(), interval=TICK)
+    sampler.sample_once(segments=True)
+    pub = Publisher(
+        own_connection(master),
+        [(sampler, True, True)],
+        who=RankIdentity(0, 0, "host-a", os.getpid()),
+        interval=TICK,
+        snapshot_dir=tmp_path,
+    )
+    pub.tick()  # listed: a viewer sees it from here on
+    view = JobView("127.0.0.1", master.port)
+    asked: list[object] = []
+    viewer = threading.Thread(target=lambda: asked.append(_asked(view)), daemon=True)
+    viewer.start()
+    wait_until(lambda: master.check([request_key(0)]))
+    pub.start()
+    try:
+        viewer.join(15)
+        assert asked == [tmp_path / "rank0.pickle"]
+    finally:
+        pub.stop()
+
+
+def _asked(view: JobView) -> object:
+    try:
+        return view.request_snapshot(0, timeout=10)
+    except Exception as exc:
+        return exc
 
 
 def test_a_rank_that_does_not_answer_times_out(master, tmp_path):

@@ -151,8 +151,8 @@ class Answers:
         self.oom_dir = oom_dir
         self.world_size = world_size
         self.export_every = float(export_every)
-        # requests and OOMs from before this rank started are not its to answer: read at the
-        # first poll, on the publisher's thread (never on the caller of `publish`)
+        # requests and OOMs from before this rank registered are not its to answer: read by
+        # `prime` before the rank's first summary goes out (never on the caller of `publish`)
         self.served: int | None = None
         self.oom_seen: int | None = None
         self.skipped = 0  # OOM announcements not answered: jumps, non-members, rate limit
@@ -163,9 +163,8 @@ class Answers:
 
     def poll(self) -> None:
         """Answer what is new: a snapshot request, then other ranks' OOMs (store errors raise)."""
-        if self.served is None or self.oom_seen is None:
-            self.served = read_counter(self.store, request_key(self.rank))
-            self.oom_seen = read_counter(self.store, OOM_COUNT)
+        self.prime()
+        assert self.served is not None
         asked = read_counter(self.store, request_key(self.rank))
         if asked > self.served:
             self.served = asked
@@ -179,6 +178,13 @@ class Answers:
         elif asked < self.served:
             self.served = asked  # the counter was reset (a new store): follow it
         self._peer_ooms()
+
+    def prime(self) -> None:
+        """Read where the counters stand, once: called before the rank is first listed, so a
+        request made as soon as a viewer sees the rank is counted as new (store errors raise)."""
+        if self.served is None or self.oom_seen is None:
+            self.served = read_counter(self.store, request_key(self.rank))
+            self.oom_seen = read_counter(self.store, OOM_COUNT)
 
     def _may_export(self) -> float:
         """Seconds until the next export is allowed (0: now)."""

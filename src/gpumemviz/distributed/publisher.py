@@ -288,6 +288,8 @@ class Publisher:
             for entry in members:
                 store.append(MEMBERS, entry)
 
+        if members:
+            self._prime()
         self._store_call(publish_all)
         self.registered = True
         self.ticks += 1
@@ -367,10 +369,17 @@ class Publisher:
     def _poll(self) -> None:
         """Requests and other ranks' OOMs (`Answers.poll` catches its own write errors: what
         leaves it is the store failing)."""
+        self._answers_call(self.answers.poll)
+
+    def _prime(self) -> None:
+        """Where the request and OOM counters stand, read before the rank is first listed."""
+        self._answers_call(self.answers.prime)
+
+    def _answers_call(self, fn: Any) -> None:  # Any: one of `Answers`' store-reading methods
         if self._stop.is_set():
             raise _StoreError("stopping")
         try:
-            self.answers.poll()
+            fn()
         except StoreHung as exc:
             raise _StoreHung(str(exc)) from None
         except Exception as exc:
