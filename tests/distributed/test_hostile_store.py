@@ -35,7 +35,7 @@ from gpumemviz.distributed.keys import (  # noqa: E402
     request_nonce_key,
     summary_key,
 )
-from gpumemviz.distributed.store import own_connection  # noqa: E402
+from gpumemviz.distributed.store import StoreHung, connect, own_connection  # noqa: E402
 from gpumemviz.distributed.summary import RankIdentity  # noqa: E402
 from gpumemviz.live.sampler import Sampler  # noqa: E402
 from gpumemviz.live.sources.simulated import SimulatedSource  # noqa: E402
@@ -157,12 +157,16 @@ def _steps(seconds: float) -> list[tuple[float, float]]:
 # step at the same moments (the monotonic clock is one for all processes of the machine)
 SIBLING = (
     "import sys, time\n"
-    "print('go', flush=True)\n"
     "end = time.monotonic() + float(sys.argv[1])\n"
+    "steps = []\n"
     "while time.monotonic() < end:\n"
     "    a = time.monotonic()\n"
     "    time.sleep(0.01)\n"
-    "    print(a, time.monotonic() - a - 0.01)\n"
+    "    steps.append((a, time.monotonic() - a - 0.01))\n"
+    "    if len(steps) == 1:\n"
+    "        print('go', flush=True)\n"  # its steps have begun: ours may begin
+    "for a, late in steps:\n"
+    "    print(a, late)\n"
 )
 
 
@@ -203,6 +207,49 @@ def test_a_thread_holding_the_gil_is_caught_as_ours():
     assert [round(late, 1) for _, late in unexplained_stalls(ours, sibling, 0.05)] == [0.3]
 
 
+def test_an_inline_call_that_hangs_is_said_once_and_cut_short_by_close():
+    """The publisher's own calls run inline (no hand-off per tick): the connection's worker says
+    when one is stuck past the deadline, other callers are refused at once, and `close` gets the
+    stuck thread back."""
+    store = child_master()
+    try:
+        port = int(store.stdout.readline())  # type: ignore[union-attr]
+        said: list[str] = []
+        conn = connect("127.0.0.1", port, timeout=0.5)
+        conn.on_hung = said.append
+        assert conn.call_inline(lambda s: s.add("k", 1)) == 1
+        os.kill(store.pid, signal.SIGSTOP)
+        outcome: list[BaseException | int] = []
+
+        def stuck() -> None:
+            try:
+                outcome.append(conn.call_inline(lambda s: s.add("k", 1)))
+            except BaseException as exc:  # what the inline caller sees once closed
+                outcome.append(exc)
+
+        caller = threading.Thread(target=stuck, daemon=True)
+        caller.start()
+        wait_until(lambda: said, timeout=5.0)
+        assert said == [f"the job store at 127.0.0.1:{port} is not answering (no reply in 0.5 s)"]
+        t0 = time.monotonic()
+        with pytest.raises(StoreHung, match="not answering"):
+            conn.call(lambda s: s.add("k", 0))
+        with pytest.raises(StoreHung, match="not answering"):
+            conn.call_inline(lambda s: s.add("k", 0))
+        assert time.monotonic() - t0 < 0.5  # refused at once: nothing waits behind the stuck call
+        assert caller.is_alive() and not outcome
+        time.sleep(1.0)
+        assert len(said) == 1  # said once, not at every look of the worker
+        t0 = time.monotonic()
+        conn.close()
+        caller.join(3.0)
+        assert not caller.is_alive() and time.monotonic() - t0 < 3.0
+        assert len(outcome) == 1 and isinstance(outcome[0], Exception)
+    finally:
+        store.kill()
+        store.communicate()
+
+
 @pytest.mark.slow
 def test_a_hung_store_never_blocks_publish_training_or_viewers(caplog, capsys):
     caplog.set_level(logging.WARNING, logger="gpumemviz.distributed")
@@ -226,7 +273,13 @@ def test_a_hung_store_never_blocks_publish_training_or_viewers(caplog, capsys):
             (float(a), float(b))
             for a, b in (ln.split() for ln in watch.communicate()[0].splitlines())
         ]
-        assert sibling and sibling[0][0] <= ours[0][0] and sibling[-1][0] >= ours[-1][0]
+        assert sibling and sibling[0][0] <= ours[0][0] and sibling[-1][0] >= ours[-1][0], (
+            sibling[:2],
+            sibling[-2:],
+            ours[:2],
+            ours[-2:],
+            max(late for _, late in ours),
+        )
         assert not unexplained_stalls(ours, sibling, 0.05), (
             unexplained_stalls(ours, sibling, 0.05),
             max(late for _, late in ours),

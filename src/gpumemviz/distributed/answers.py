@@ -39,7 +39,14 @@ from gpumemviz.distributed.keys import (
     request_nonce_key,
     snapshot_file,
 )
-from gpumemviz.distributed.store import Connection, Store, read_counter, read_value, run
+from gpumemviz.distributed.store import (
+    Connection,
+    InlineCalls,
+    Store,
+    read_counter,
+    read_value,
+    run,
+)
 from gpumemviz.live.sources.base import short_error
 from gpumemviz.snapshot.schema import TorchDict
 
@@ -119,7 +126,7 @@ class Answers:
 
     Parameters
     ----------
-    store : Connection or Store
+    store : Connection, InlineCalls or Store
         The rank's own connection to the job's store.
     rank : int
         This rank.
@@ -135,7 +142,7 @@ class Answers:
 
     def __init__(
         self,
-        store: Connection | Store,
+        store: Connection | InlineCalls | Store,
         rank: int,
         export: Export,
         *,

@@ -107,6 +107,7 @@ class Publisher:
     ) -> None:
         snapshot_dir, oom_dir = (None if d is None else Path(d) for d in (snapshot_dir, oom_dir))
         self.store = Connection.around(store, deadline=_CALL_S)
+        self.store.on_hung = self._on_hung  # our thread's calls are inline: the worker tells
         store = self.store
         self.who = who
         self.interval = check_interval(interval)
@@ -126,8 +127,9 @@ class Publisher:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._hung_lock = threading.Lock()  # `hung` is said by our thread or the store's worker
         self.answers = Answers(
-            store, who.rank, self._export, snapshot_dir=snapshot_dir, oom_dir=oom_dir
+            store.inline(), who.rank, self._export, snapshot_dir=snapshot_dir, oom_dir=oom_dir
         )
         self.oom: OomFanOut | None = None
         self.exporter: Exporter | None = None  # the rank's Prometheus endpoint (prometheus_port)
@@ -247,17 +249,9 @@ class Publisher:
                     next_tick = time.monotonic() + self.interval
                     self.tick()
                 self._poll()
-                if self.hung is not None:
-                    _log.warning("gpumemviz: rank %d: the job store answers again", self.who.rank)
-                    self.hung = None
+                self._answering()
             except _StoreHung as exc:
-                if self.hung is None:
-                    self.hung = str(exc)
-                    _log.warning(
-                        "gpumemviz: rank %d: %s: publishing goes on when it answers",
-                        self.who.rank,
-                        exc,
-                    )
+                self._on_hung(str(exc))
             except _StoreError as exc:
                 if self._stop.is_set():
                     return  # stopping cut the call short: nothing went away
@@ -295,12 +289,29 @@ class Publisher:
         self.ticks += 1
         return out
 
+    def _on_hung(self, why: str) -> None:
+        """The store stopped answering (seen by our thread, or by the store's worker while our
+        thread waits in a call): said once until it answers again."""
+        with self._hung_lock:
+            if self.hung is not None:
+                return
+            self.hung = why
+        _log.warning(
+            "gpumemviz: rank %d: %s: publishing goes on when it answers", self.who.rank, why
+        )
+
+    def _answering(self) -> None:
+        with self._hung_lock:
+            was, self.hung = self.hung, None
+        if was is not None:
+            _log.warning("gpumemviz: rank %d: the job store answers again", self.who.rank)
+
     def _store_call(self, fn: Any) -> None:  # Any: a callable taking the store
-        """``fn(store)`` under the connection's deadline; never once stopping."""
+        """``fn(store)`` in this thread, under the connection's deadline; never once stopping."""
         if self._stop.is_set():
             raise _StoreError("stopping")
         try:
-            self.store.call(fn)
+            self.store.call_inline(fn)
         except StoreHung as exc:
             raise _StoreHung(str(exc)) from None
         except Exception as exc:

@@ -13,9 +13,11 @@ torch's client then blocks in C++ without its own timeout (tried on torch 2.13: 
 ``clone`` and the constructor all wait forever). So every gpumemviz store call goes through a
 `Connection`: one worker thread that makes the calls, a caller that waits for each at most its
 deadline and then gets `StoreHung` (the worker is abandoned: later calls fail at once until the
-stuck one returns). At exit (`atexit`, before the interpreter finalises) each connection is
-closed: a call still stuck has its socket shut down, so it returns while Python can still take
-it back; a thread coming back from C++ into a finalising interpreter aborts the process.
+stuck one returns). A thread of our own that may block (the publisher's) calls inline instead
+(`Connection.inline`): no hand-off per call, the worker watching it for the deadline. At exit
+(`atexit`, before the interpreter finalises) each connection is closed: a call still stuck has
+its socket shut down, so it returns while Python can still take it back; a thread coming back
+from C++ into a finalising interpreter aborts the process.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from gpumemviz.snapshot.escaping import short_repr
 
 __all__ = [
     "Connection",
+    "InlineCalls",
     "StoreGone",
     "StoreHung",
     "connect",
@@ -127,6 +130,8 @@ class Connection:
         The store's TCP port: lets `close` find and shut down the socket of a stuck call.
     what : str
         How errors name the store ("the job store at 127.0.0.1:29500").
+    on_hung : callable, optional
+        Told (from the worker) when an inline call has not returned within the deadline.
     """
 
     def __init__(
@@ -136,13 +141,18 @@ class Connection:
         deadline: float = 10.0,
         port: int | None = None,
         what: str = "the job store",
+        on_hung: Callable[[str], object] | None = None,
     ) -> None:
         self.deadline = float(deadline)
         self.port = port
         self.what = what
+        self.on_hung = on_hung
         self.hung_since: float | None = None  # monotonic time of the call that did not return
         self.closed = False
         self._lock = threading.Lock()
+        self._use = threading.Lock()  # one call on the store at a time: the worker's or inline
+        self._inline_since: float | None = None  # when the inline call in flight began
+        self._watching = False  # the worker looks at inline calls (since the first one)
         self._jobs: list[tuple[Callable[[Store], Any], Future[Any]]] = []
         self._ready = threading.Condition(self._lock)
         self._busy = False
@@ -193,6 +203,62 @@ class Connection:
             raise StoreHung(f"{self.what} is not answering (no reply in {wait:g} s)") from None
         return result
 
+    def inline(self) -> InlineCalls:
+        """The same store, called in the caller's own thread (see `InlineCalls`)."""
+        return InlineCalls(self)
+
+    def call_inline(self, fn: Callable[[Store], T], deadline: float | None = None) -> T:
+        """``fn(store)`` in the calling thread, which it may block while the store hangs: for a
+        thread of our own. The worker says the call hung (`hung_since`, `on_hung`) once it
+        takes longer than the deadline; calls from elsewhere then get `StoreHung` at once.
+
+        Raises
+        ------
+        StoreHung
+            When an earlier call is stuck, or another call holds the store past the deadline.
+        StoreGone
+            When the connection is closed or could not be made.
+        """
+        wait = self.deadline if deadline is None else float(deadline)
+        if self._store is None:  # connecting may hang for the store's own timeout (a clone
+            self.call(lambda s: None, wait)  # retries): made on the worker, under the deadline
+        self._check_open()
+        if not self._use.acquire(timeout=wait):
+            raise StoreHung(f"{self.what} is not answering (no reply in {wait:g} s)")
+        try:
+            self._inline_since = time.monotonic()  # before closed is read: `close` sees it
+            if self.closed:
+                raise StoreGone(f"{self.what}: the connection is closed")
+            if not self._watching:  # once: from then on the worker looks every so often
+                with self._lock:
+                    self._watching = True
+                    self._ready.notify()
+            result = fn(self._made())
+        finally:
+            self._inline_since = None
+            self._use.release()
+        if self.hung_since is not None:
+            with self._lock:
+                self.hung_since = None  # it answered: calls go on
+        return result
+
+    def _check_open(self) -> None:
+        with self._lock:
+            if self.closed:
+                raise StoreGone(f"{self.what}: the connection is closed")
+            if self.hung_since is not None:
+                ago = time.monotonic() - self.hung_since
+                raise StoreHung(f"{self.what} is not answering (for {ago:.1f} s)")
+
+    def _made(self) -> Store:
+        """The store, made on first use (by whichever thread holds `_use`)."""
+        if self._store is None:
+            self._store = self._make()
+            if self.port is not None:
+                with self._lock:
+                    self._mine = set(_sockets()) - self._before
+        return self._store
+
     def close(self, wait: float = _CLOSE_WAIT_S) -> None:
         """No further calls; a call still stuck after `wait` seconds has its socket shut down
         (so its thread comes back while the interpreter still runs); the worker is joined."""
@@ -205,7 +271,10 @@ class Connection:
         for _, fut in pending:
             fut.set_exception(StoreGone(f"{self.what}: the connection is closed"))
         self._thread.join(wait)
-        if self._thread.is_alive():
+        # an inline call in flight: its thread is its own to join; given the same time to end
+        if self._inline_since is not None and self._use.acquire(timeout=wait):
+            self._use.release()
+        if self._thread.is_alive() or self._inline_since is not None:
             self._shut_sockets()
             self._thread.join(2.0)
         _open.discard(self)
@@ -234,30 +303,68 @@ class Connection:
             return set(self._mine)
 
     def _work(self) -> None:
+        """Make the calls handed over; between them, watch an inline call for its deadline."""
         while True:
             with self._lock:
                 while not self._jobs and not self.closed:
-                    self._ready.wait()
+                    hung = self._watch()
+                    if hung is not None:
+                        break
+                    self._ready.wait(self._watch_every() if self._watching else None)
+                else:
+                    hung = None
                 if self.closed:
                     return
-                fn, fut = self._jobs.pop(0)
-                self._busy = True
+                if hung is None:
+                    fn, fut = self._jobs.pop(0)
+                    self._busy = True
+            if hung is not None:
+                if self.on_hung is not None:
+                    with contextlib.suppress(Exception):  # the watcher goes on
+                        self.on_hung(hung)
+                continue
+            if not self._use.acquire(timeout=self.deadline):  # an inline call holds the store
+                fut.set_exception(StoreHung(f"{self.what} is not answering (a call is stuck)"))
+                with self._lock:
+                    self._busy = False
+                continue
             try:
-                if self._store is None:
-                    self._store = self._make()
-                    if self.port is not None:
-                        with self._lock:
-                            self._mine = set(_sockets()) - self._before
-                value = fn(self._store)
+                value = fn(self._made())
             except BaseException as exc:  # handed to the caller, whatever it is
                 if not fut.done():
                     fut.set_exception(exc)
             else:
                 if not fut.done():
                     fut.set_result(value)
+            finally:
+                self._use.release()
             with self._lock:
                 self._busy = False
                 self.hung_since = None  # it answered (or failed): calls go on
+
+    def _watch(self) -> str | None:
+        """Under `_lock`: the inline call in flight, newly past its deadline (then hung)."""
+        since = self._inline_since
+        if since is None or self.hung_since is not None:
+            return None
+        if time.monotonic() - since < self.deadline:
+            return None
+        self.hung_since = since
+        return f"{self.what} is not answering (no reply in {self.deadline:g} s)"
+
+    def _watch_every(self) -> float:
+        return max(0.01, min(1.0, self.deadline / 4))
+
+
+class InlineCalls:
+    """A `Connection` whose calls run in the caller's thread (`Connection.call_inline`): what
+    the publisher's thread hands its `Answers`, so polling costs no hand-off."""
+
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+
+    def call(self, fn: Callable[[Store], T], deadline: float | None = None) -> T:
+        return self.connection.call_inline(fn, deadline)
 
 
 def _dist() -> Any:  # Any: torch.distributed, duck typed
@@ -379,19 +486,20 @@ def _first_line(exc: BaseException) -> str:
     return short_text(text[0], 160) if text else type(exc).__name__
 
 
-def run(store: Store | Connection, fn: Callable[[Store], T]) -> T:
-    """``fn(store)``: on a `Connection`'s worker, under its deadline; else directly."""
-    if isinstance(store, Connection):
+def run(store: Store | Connection | InlineCalls, fn: Callable[[Store], T]) -> T:
+    """``fn(store)``: through a `Connection` (or its `InlineCalls`) under its deadline; a plain
+    store directly."""
+    if isinstance(store, Connection | InlineCalls):
         return store.call(fn)
     return fn(store)
 
 
-def read_counter(store: Store | Connection, key: str) -> int:
+def read_counter(store: Store | Connection | InlineCalls, key: str) -> int:
     """The counter at `key` (0 when missing; never waits)."""
     return int(run(store, lambda s: s.add(key, 0)))
 
 
-def read_value(store: Store | Connection, key: str) -> bytes | None:
+def read_value(store: Store | Connection | InlineCalls, key: str) -> bytes | None:
     """The value at `key`, None when missing (never waits)."""
 
     def get(s: Store) -> bytes | None:
@@ -400,7 +508,7 @@ def read_value(store: Store | Connection, key: str) -> bytes | None:
     return run(store, get)
 
 
-def read_values(store: Store | Connection, keys: list[str]) -> list[bytes | None]:
+def read_values(store: Store | Connection | InlineCalls, keys: list[str]) -> list[bytes | None]:
     """The values at `keys` in one round trip where the store can (missing ones None)."""
     if not keys:
         return []
