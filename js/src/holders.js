@@ -21,7 +21,8 @@ const KEY_NAMES = /** @type {Record<string, string>} */ ({
   frame: "frame", call_path: "call path", user_metadata: "user_metadata",
   annotation: "annotation", stream: "stream", pool: "pool",
 });
-const MAX_DEPTH = 24;  // icicle levels drawn: deeper frames stay in the row's hover
+/** Icicle levels at most: a longer path's inner frames share its last level. */
+export const MAX_DEPTH = 24;
 
 /**
  * A row's key as text (what the filter matches and the table shows).
@@ -47,7 +48,11 @@ export function icicleTree(data, keep = () => true) {
   const nodes = new Map();
   data.rows.forEach((r, i) => {
     if (!keep(r)) return;
-    const path = Array.isArray(r.key) ? r.key.map(String) : [NO_KEY.call_path];
+    let path = Array.isArray(r.key) ? r.key.map(String) : [NO_KEY.call_path];
+    if (path.length > MAX_DEPTH) {  // the inner frames as one node, named by the innermost
+      const inner = path.slice(MAX_DEPTH - 1);
+      path = [...path.slice(0, MAX_DEPTH - 1), `(${inner.length - 1} frames) > ${inner[inner.length - 1]}`];
+    }
     let at = root;
     at.bytes += r.bytes; at.count += r.count;
     let prefix = "";
@@ -154,8 +159,8 @@ export function createHolders(host, opts = {}) {
     icicleNote.textContent = data.allocated
       ? "Call paths, the outermost user frame on top; width by bytes held."
       : "No allocated blocks.";
-    /** @param {IcicleNode} n @param {number} depth @returns {HTMLElement} */
-    const node = (n, depth) => {
+    /** @param {IcicleNode} n @returns {HTMLElement} */
+    const node = (n) => {
       const e = el("div", "gmv-icicle-node");
       e.style.flexGrow = String(n.bytes);
       e.style.flexBasis = "0";
@@ -177,9 +182,9 @@ export function createHolders(host, opts = {}) {
         label.addEventListener("click", () => pick("call_path", n.row, row));
       }
       e.append(label);
-      if (n.children.length && depth < MAX_DEPTH) {
+      if (n.children.length) {
         const kids = el("div", "gmv-icicle-kids");
-        for (const c of n.children) kids.append(node(c, depth + 1));
+        for (const c of n.children) kids.append(node(c));
         const gap = n.bytes - n.children.reduce((s, c) => s + c.bytes, 0);
         if (gap > 0) {  // held by the frame itself: room left empty under it
           const g = el("div", "gmv-icicle-gap");
@@ -192,7 +197,7 @@ export function createHolders(host, opts = {}) {
       return e;
     };
     const top = el("div", "gmv-icicle-kids gmv-icicle-top");
-    for (const c of tree.children) top.append(node(c, 0));
+    for (const c of tree.children) top.append(node(c));
     icicle.append(top);
   }
 
