@@ -10,6 +10,7 @@ import gpumemviz
 from conftest import real_file  # tests/ is on sys.path
 from gpumemviz.analysis.holders import N_TOP, NO_STACK
 from gpumemviz.reporting.html_report import report
+
 from .test_panel_browser import VIEW, _wait_drawn
 from .test_report_browser import open_offline
 
@@ -90,7 +91,9 @@ def test_report_holders_view_shows_the_findings_numbers(page, tmp_path):
     row.hover()
     tip = page.locator(".gmv-holders-tip").inner_text()
     first = gpumemviz.analyze(FILE).holders("frame")[0]
-    assert first.label in tip and f"{first.bytes:,} bytes" in tip and f"{first.count:,} blocks" in tip
+    assert (
+        first.label in tip and f"{first.bytes:,} bytes" in tip and f"{first.count:,} blocks" in tip
+    )
     assert seen["errors"] == [] and seen["blocked"] == []
 
 
