@@ -124,6 +124,9 @@ export function createHeatmap(host, opts) {
   let raf = 0;
   let palette = readPalette(host);
   let lastDrawMs = 0;
+  /** blocks marked (a holder clicked in the holders view): row -> [offset, size] pairs
+   * @type {Map<number, [number, number][]>} */
+  let marks = new Map();
 
   function size() {
     const width = Math.max(200, scroller.clientWidth);
@@ -193,6 +196,17 @@ export function createHeatmap(host, opts) {
       }
       ctx.putImageData(img, LABEL_W, y, 0, 0, rw, ROW_H);
       if (row.blocks) drawSeparators(ctx, row, rw, LABEL_W, y, palette.bg);
+      const marked = marks.get(r);
+      if (marked) {  // a band over each marked block, in the text colour (either theme)
+        ctx.fillStyle = palette.text;
+        const total = row.meta.total_size || 1;
+        for (const [off, sz] of marked) {
+          const x0 = Math.floor((off / total) * rw);
+          const x1 = Math.ceil(((off + sz) / total) * rw);
+          ctx.fillRect(LABEL_W + x0, y, Math.max(1, x1 - x0), 3);
+          ctx.fillRect(LABEL_W + x0, y + ROW_H - 3, Math.max(1, x1 - x0), 3);
+        }
+      }
       ctx.fillStyle = palette.text;
       ctx.fillText(rowLabel(row.meta), 4, y + ROW_H / 2 + 1);
       if (row.meta.flags & 2) {
@@ -420,6 +434,31 @@ export function createHeatmap(host, opts) {
       schedule();
     },
     drawNow: draw,
+    /**
+     * Mark blocks (one holder's): rows, offsets and sizes as parallel lists; the map scrolls to
+     * the first; empty lists clear the marks.
+     * @param {{row: number[], offset: number[], size: number[]}} m
+     */
+    setMarks(m) {
+      marks = new Map();
+      let bytes = 0, n = 0;
+      for (let i = 0; i < m.row.length; i++) {
+        const r = m.row[i];
+        if (r < 0 || r >= geo.nRows) continue;
+        let list = marks.get(r);
+        if (!list) { list = []; marks.set(r, list); }
+        list.push([m.offset[i], m.size[i]]);
+        bytes += m.size[i]; n++;
+      }
+      canvas.dataset.markedBlocks = String(n);
+      canvas.dataset.markedBytes = String(bytes);
+      canvas.dataset.markedRows = String(marks.size);
+      if (n) {
+        const first = Math.min(...marks.keys());
+        if (first < view.first || first >= view.first + view.count) this.scrollToRow(first);
+      }
+      schedule();
+    },
     setScale,
     get scale() { return scale; },
     get maxSize() { return maxSize; },

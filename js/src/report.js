@@ -5,6 +5,7 @@ import { decodeFrame, KIND_NAMES, stateText } from "./decode.js";
 import { createHeatmap, ROW_H } from "./heatmap.js";
 import { createHeader } from "./controls.js";
 import { createGlance } from "./glance.js";
+import { createHolders } from "./holders.js";
 import { AXIS_L, AXIS_R, createTimeline } from "./timeline.js";
 import { coloursOf, installPalette } from "./palette.js";
 import { registerView, testHooks } from "./probe.js";
@@ -25,7 +26,6 @@ const MAX_ZOOM = 1e6;
  * @typedef {{kind: string, sentence: string, effect: number}} OomAction
  * @typedef {{device: number, cause: string, explanation: string, sentence: string,
  *   actions: OomAction[]}} Oom
- * @typedef {{label: string, bytes: number, count: number}} Site
  * @typedef {{device: number, address: number, total_size: number, allocated: number,
  *   free: number, largest_free: number, stuck_free: number, pool: string, stream: number,
  *   is_expandable: boolean, pool_label?: string}} Worst ``pool_label``: a private pool's name
@@ -36,7 +36,7 @@ const MAX_ZOOM = 1e6;
  *   devices: Record<string, Record<string, unknown>>, total: Record<string, unknown>,
  *   worst: Worst[], advice: AdviceRow[], advice_rejected?: AdviceRow[],
  *   oom: Oom | null, ooms?: Record<string, Oom>, notes?: string[], settings?: Record<string, unknown> | null,
- *   sites: {live: Site[], trace: Site[], trace_device: number | null}, violations: string[],
+ *   holders?: import("./holders.js").HoldersData, violations: string[],
  *   timeline: Record<string, DeviceTimeline>, map: {layout: import("./heatmap.js").Layout,
  *   content: import("./decode.js").FrameContent, buffers: string[]},
  *   pools?: PoolRow[], pools_note?: string, glance?: import("./glance.js").GlanceSet}} ReportData
@@ -193,19 +193,12 @@ function analysis(data, host) {
     a.append(ol);
   }
   for (const n of data.notes || []) a.append(el("p", "gmv-muted gmv-note", String(n)));
-  const st = section(host, "Top allocation sites");
-  st.append(el("p", "gmv-muted",
-    "Grouped by the first frame outside torch and the Python interpreter: the user's line."));
-  /** @param {Site[]} sites @param {string} name */
-  const siteTable = (sites, name) => table(["site", "bytes", "blocks"],
-    sites.map((x) => [String(x.label), formatSize(x.bytes), x.count.toLocaleString("en-US")]), name);
-  st.append(el("h3", "", "Live: allocated blocks in the snapshot"));
-  st.append(data.sites.live.length ? siteTable(data.sites.live, "sites-live")
-    : el("p", "gmv-muted", "No allocated blocks."));
-  if (data.sites.trace_device !== null) {
-    st.append(el("h3", "", `Over the recorded history (cuda:${data.sites.trace_device}): bytes requested`));
-    st.append(siteTable(data.sites.trace, "sites-trace"));
-  }
+  const hs = section(host, "Who holds the memory");
+  hs.append(el("p", "gmv-muted",
+    "The allocated bytes by holder: the user's frame (the first outside torch and the Python " +
+    "interpreter), the whole call path, the recorded user_metadata or annotation, the stream or " +
+    "the pool. Every key's rows sum to allocated."));
+  createHolders(hs).update(data.holders);
   const settings = data.settings;
   const keys = Object.keys(settings || {});
   const set = section(host, "Allocator settings");

@@ -2,6 +2,7 @@
 import { decodeBlocks, decodeFrame } from "./decode.js";
 import { createGlance } from "./glance.js";
 import { createHeatmap } from "./heatmap.js";
+import { createHolders } from "./holders.js";
 import { createHeader, createToolbar } from "./controls.js";
 import { createJobDetail } from "./jobdetail.js";
 import { createStrips } from "./strips.js";
@@ -17,6 +18,7 @@ let nextId = 0;
  *   advice: {kind: string, message: string}[], oom: Record<string, unknown>,
  *   controls: import("./controls.js").Controls, map_layout: import("./heatmap.js").Layout,
  *   strips: import("./strips.js").StripSet, glance: import("./glance.js").GlanceSet,
+ *   holders?: import("./holders.js").HoldersData,
  *   job?: import("./jobdetail.js").Job}} Traits
  *   (``job``: a job's panel only, widget/job.py `JobPanel`)
  */
@@ -27,7 +29,10 @@ let nextId = 0;
  * @typedef {import("./controls.js").Reply & {kind: "reply"}} ReplyMsg
  * @typedef {import("./timeline.js").TimelineUpdate & {kind: "timeline", view?: string}} TimelineMsg
  * @typedef {{kind: "marks", marks: import("./timeline.js").Mark[]}} MarksMsg
- * @typedef {FrameMsg | BlocksMsg | ReplyMsg | TimelineMsg | MarksMsg} Msg
+ * @typedef {{kind: "holder_blocks", view: string, by: string, index: number, layout?: number,
+ *   row: number[], offset: number[], size: number[], bytes: number, count: number}} HolderBlocksMsg
+ *   where one holder's blocks lie in the map (render/holders.py `holder_marks`)
+ * @typedef {FrameMsg | BlocksMsg | ReplyMsg | TimelineMsg | MarksMsg | HolderBlocksMsg} Msg
  */
 
 /** @param {{model: import("@anywidget/types").AnyModel<Traits>, el: HTMLElement}} ctx */
@@ -75,6 +80,15 @@ function render({ model, el }) {
     },
   });
 
+  // who holds the memory shown: a click asks Python where the holder's blocks lie
+  const holders = createHolders(root, {
+    onPick(by, index) {
+      model.send({ kind: "holder_blocks", view: id, by, index });
+      logEvent({ event: "holder_blocks", view: id, by, index });
+    },
+  });
+  const onHolders = () => holders.update(model.get("holders"));
+
   const onHeader = () => header.update({
     title: model.get("title"), status: model.get("status"), demo: model.get("demo"),
     header: model.get("header") || {}, advice: model.get("advice") || [],
@@ -111,6 +125,14 @@ function render({ model, el }) {
       return;
     }
     if (msg && msg.kind === "marks") { timeline.addMarks(msg.marks); return; }
+    if (msg && msg.kind === "holder_blocks") {
+      // placed by the rows of the layout shown now only (row numbers mean other segments else)
+      if (msg.view === id && (msg.layout === undefined || msg.layout === (model.get("map_layout") || {}).version)) {
+        map.setMarks(msg);
+        holders.element.dataset.marked = `${msg.by}:${msg.index}`;
+      }
+      return;
+    }
     if (msg && msg.kind === "blocks" && msg.view === id) {
       // answered from rows of the layout shown now only (row numbers mean other segments else)
       if (msg.layout === (model.get("map_layout") || {}).version) {
@@ -132,7 +154,7 @@ function render({ model, el }) {
     ["change:header", onHeader], ["change:title", onHeader], ["change:status", onHeader],
     ["change:demo", onHeader], ["change:advice", onHeader], ["change:oom", onHeader],
     ["change:map_layout", onLayout], ["change:controls", onControls], ["change:strips", onStrips],
-    ["change:glance", onGlance],
+    ["change:glance", onGlance], ["change:holders", onHolders],
     ["change:job", onJob], ["msg:custom", onMsg],
   ];
   for (const [name, fn] of events) model.on(name, fn);
@@ -140,10 +162,11 @@ function render({ model, el }) {
   onControls();
   onStrips();
   onGlance();
+  onHolders();
   onJob();
   model.send({ kind: "timeline_sync", view: id, since: 0 });
   onLayout();
-  registerView(id, { map, root, model, toolbar, timeline, strips, job, glance });
+  registerView(id, { map, root, model, toolbar, timeline, strips, job, glance, holders });
 
   return () => {
     for (const [name, fn] of events) model.off(name, fn);
@@ -151,6 +174,7 @@ function render({ model, el }) {
     map.destroy();
     header.destroy();
     glance.destroy();
+    holders.destroy();
     toolbar.destroy();
     strips.destroy();
     job.destroy();

@@ -438,7 +438,7 @@ def test_diff_of_the_two_files_and_of_each_with_itself(capsys):
         for dev in same.devices.values():
             assert dev.present == "both"
             assert all(f.delta == 0 for f in dev.figures)
-            assert dev.sites_grew == () == dev.sites_shrank
+            assert dev.holders_grew == () == dev.holders_shrank
             assert dev.segments.added == dev.segments.removed == dev.segments.resized == 0
     assert main(["diff", str(a), str(b), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

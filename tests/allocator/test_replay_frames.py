@@ -47,7 +47,7 @@ def test_the_last_entry_has_the_files_stacks_and_diff_sees_no_site_change(record
         mine = {"segments": last["segments"]}
         theirs = {"segments": [s for s in recorded_dict["segments"] if s.get("device", 0) == dev]}
         d = diff(mine, theirs, top=None).device(dev)
-        assert d.sites_grew == () and d.sites_shrank == ()
+        assert d.holders_grew == () and d.holders_shrank == ()
 
 
 @pytest.mark.parametrize(

@@ -61,7 +61,7 @@ def test_two_real_files(which):
         assert s.added + s.kept + s.resized == _count(rb, n)
         assert s.removed + s.kept + s.resized == _count(ra, n)
         # every live byte that moved is in some site's change
-        moved = sum(c.delta for c in dev.sites_grew) + sum(c.delta for c in dev.sites_shrank)
+        moved = sum(c.delta for c in dev.holders_grew) + sum(c.delta for c in dev.holders_shrank)
         assert moved == dev.figure("allocated").delta
     assert d.devices[1].figure("reserved").after == 0
     assert d.devices[1].segments.removed == _count(ra, 1)
@@ -73,7 +73,7 @@ def test_two_real_files(which):
     )
     text = d.text()
     assert text.startswith("total") and "device 1 (only in A)" in text
-    assert "allocation sites that grew most:" in text
+    assert "holders that grew most:" in text
     with pytest.raises(ValueError, match="no device 7"):
         d.device(7)
 
@@ -96,13 +96,13 @@ def test_sites_that_grew_and_shrank_on_an_edited_real_file(which):
                 b["frames"] = []
     load_snapshot(freed)  # still a consistent snapshot
     d = diff(raw, freed).device(0)
-    assert d.sites_grew == ()
-    assert (d.sites_shrank[0].key, d.sites_shrank[0].delta) == (top.key, -top.bytes)
-    assert d.sites_shrank[0].after == 0 and d.sites_shrank[0].count_before == top.count
+    assert d.holders_grew == ()
+    assert (d.holders_shrank[0].key, d.holders_shrank[0].delta) == (top.key, -top.bytes)
+    assert d.holders_shrank[0].after == 0 and d.holders_shrank[0].count_before == top.count
     assert d.figure("allocated").delta == -top.bytes
     assert d.figure("reserved").delta == 0 and d.segments.kept == _count(raw, 0)
     back = diff(freed, raw).device(0)
-    assert (back.sites_grew[0].key, back.sites_grew[0].delta) == (top.key, top.bytes)
+    assert (back.holders_grew[0].key, back.holders_grew[0].delta) == (top.key, top.bytes)
     assert top.label in back.text()
 
 
@@ -128,7 +128,7 @@ def test_model_before_and_after_empty_cache():
     assert dev.segments.added == 0 and dev.segments.resized == 0
     assert dev.segments.removed_bytes == released
     assert dev.segments.kept == len(after["segments"])
-    assert dev.sites_grew == () and dev.sites_shrank == ()
+    assert dev.holders_grew == () and dev.holders_shrank == ()
     assert "-" in dev.figure("reserved").text()
     # and the other way round: what a step that allocates again looks like
     grow = diff(after, before).device(0)
@@ -139,6 +139,6 @@ def test_identical_and_empty():
     path = real_file(SILMONT)
     same = diff(path, read_real(path)).device(0)
     assert all(f.delta == 0 for f in same.figures)
-    assert same.sites_grew == () == same.sites_shrank
+    assert same.holders_grew == () == same.holders_shrank
     assert diff([], []).devices == {}
     assert diff([], []).text() == "no devices in either snapshot"

@@ -106,7 +106,7 @@ def test_script_end_in_a_frame_name_stays_text(page, tmp_path):
     out = report(evil_snapshot(), tmp_path / "evil.html")
     seen = open_offline(page, out)
     assert page.evaluate("() => window.__pwned") is None
-    cell = page.locator("table[data-table=sites-live] tbody td").first
+    cell = page.locator("table[data-table=holders] tbody td").first
     assert EVIL in cell.inner_text()
     assert seen["errors"] == [] and seen["blocked"] == []
 

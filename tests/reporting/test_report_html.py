@@ -58,7 +58,7 @@ def evil_snapshot() -> dict:
     for size in (3 * MIB, 5 * MIB, 700):
         a.malloc(size)
     snap = a.snapshot()
-    frame = {"filename": "/home/someone/train.py", "line": 7, "name": EVIL}
+    frame = {"filename": f"/home/someone/train{EVIL}.py", "line": 7, "name": EVIL}
     for seg in snap["segments"]:
         for b in seg["blocks"]:
             if b["state"] == "active_allocated":
@@ -170,7 +170,7 @@ def test_script_end_in_frame_names_and_settings_stays_data(tmp_path):
     assert "window.__pwned" in text  # present, but only inside JSON strings
     assert "<!--" not in text.split('id="gmv-data">', 1)[1]
     data = page_data(text)
-    labels = [s["label"] for s in data["sites"]["live"]]
+    labels = [r["label"] for r in data["holders"]["by"]["call_path"]["rows"]]
     assert any(EVIL in label for label in labels)
     assert data["settings"]["PYTORCH_CUDA_ALLOC_CONF"] == EVIL
     titled = render_html(snap, title=EVIL)
@@ -227,7 +227,8 @@ def test_redact_paths_hides_user_names():
     assert "alice" not in text
     data = page_data(text)
     assert data["title"] == "~user1/run.pickle"
-    assert [s["label"] for s in data["sites"]["live"]] == ["model.py:3:user1"]
+    assert [r["key"] for r in data["holders"]["by"]["frame"]["rows"]] == ["~user1/proj/model.py:3"]
+    assert "sites" not in data  # the holders replace the table of top lines
 
 
 def test_a_long_trace_keeps_its_size_budget_and_its_true_peaks(tmp_path):

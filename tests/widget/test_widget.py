@@ -618,3 +618,29 @@ def test_header_releasable_and_stuck_add_up_to_free_plus_pending():
         assert h["free_releasable"] == painted + pending_in_empty
     finally:
         panel.close()
+
+
+def test_holders_trait_and_a_click_on_a_holder_answers_its_blocks(panel, sent):
+    """The ``holders`` trait is the findings' holders (top rows and a rest summing to
+    allocated); a ``holder_blocks`` message is answered, from the writer thread, with where the
+    holder's blocks lie in the map; an index past the rows gets empty marks."""
+    panel.show_snapshot(_snap(3))
+    assert panel.flush()
+    assert panel.holders["allocated"] == 6 * MiB
+    assert panel.holders["by"]["stream"]["rows"] == [
+        {"key": 0, "label": "stream 0", "bytes": 6 * MiB, "count": 3}
+    ]
+    for index in (0, 5):
+        msg = {"kind": "holder_blocks", "view": "v", "by": "stream", "index": index}
+        panel._handle_custom_msg(msg, [])
+    assert panel.flush()
+    got = [(c, t) for c, _b, t in sent if c.get("kind") == "holder_blocks"]
+    assert len(got) == 2 and all(t.startswith("gpumemviz-panel") for _c, t in got)
+    first, past = got[0][0], got[1][0]
+    assert (first["row"], first["offset"], first["size"]) == (
+        [0, 0, 0],
+        [0, 2 * MiB, 4 * MiB],
+        [2 * MiB] * 3,
+    )
+    assert (first["bytes"], first["count"], first["missing"]) == (6 * MiB, 3, 0)
+    assert (past["row"], past["bytes"]) == ([], 0)

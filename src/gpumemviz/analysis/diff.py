@@ -1,8 +1,8 @@
-"""What changed between two snapshots, per device: memory figures, segments, allocation sites.
+"""What changed between two snapshots, per device: memory figures, segments, holders.
 
 Answers "what did that step / empty_cache / config change do to my memory?" from two files.
-Figures come from `gpumemviz.fragmentation` and sites from `gpumemviz.analysis.holders`, so `diff`
-says nothing those modules would not; it lines the two sides up.
+Figures come from `gpumemviz.fragmentation` and holders from `gpumemviz.analysis.holders`, so
+`diff` says nothing those modules would not; it lines the two sides up.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ __all__ = [
     "FIGURES",
     "DeviceDiff",
     "FigureChange",
+    "HolderChange",
     "SegmentChanges",
-    "SiteChange",
     "SnapshotDiff",
     "diff",
 ]
@@ -83,8 +83,8 @@ class SegmentChanges:
 
 
 @dataclass(frozen=True)
-class SiteChange:
-    """An allocation site's live bytes before and after."""
+class HolderChange:
+    """A holder's (its frame's) live bytes before and after."""
 
     label: str
     key: tuple[str, int, str]
@@ -114,15 +114,15 @@ class SiteChange:
 @dataclass(frozen=True)
 class DeviceDiff:
     """One device: `present` is "both", "a" (only in A) or "b" (only in B); a missing side
-    reads as zeros. `figures` holds one `FigureChange` per name in `FIGURES`; the sites are
-    the live sites (`sites.live_holders`), at most `diff`'s `top` each."""
+    reads as zeros. `figures` holds one `FigureChange` per name in `FIGURES`; the holders are
+    the live holders by frame (`holders.live_holders`), at most `diff`'s `top` each."""
 
     device: int
     present: str
     figures: tuple[FigureChange, ...]
     segments: SegmentChanges
-    sites_grew: tuple[SiteChange, ...]  # most bytes gained first
-    sites_shrank: tuple[SiteChange, ...]  # most bytes lost first
+    holders_grew: tuple[HolderChange, ...]  # most bytes gained first
+    holders_shrank: tuple[HolderChange, ...]  # most bytes lost first
 
     def figure(self, name: str) -> FigureChange:
         """The change of one figure by name (one of `FIGURES`)."""
@@ -136,8 +136,8 @@ class DeviceDiff:
             "present": self.present,
             "figures": {f.name: f.to_dict() for f in self.figures},
             "segments": self.segments.to_dict(),
-            "sites_grew": [s.to_dict() for s in self.sites_grew],
-            "sites_shrank": [s.to_dict() for s in self.sites_shrank],
+            "holders_grew": [s.to_dict() for s in self.holders_grew],
+            "holders_shrank": [s.to_dict() for s in self.holders_shrank],
         }
 
     def text(self) -> str:
@@ -149,9 +149,9 @@ class DeviceDiff:
             f"  segments: {s.added} added ({format_size(s.added_bytes)}), {s.removed} released"
             f" ({format_size(s.removed_bytes)}), {s.resized} resized, {s.kept} unchanged"
         )
-        for title, rows in (("grew most", self.sites_grew), ("shrank most", self.sites_shrank)):
+        for title, rows in (("grew most", self.holders_grew), ("shrank most", self.holders_shrank)):
             if rows:
-                lines.append(f"  allocation sites that {title}:")
+                lines.append(f"  holders that {title}:")
                 for r in rows:
                     delta = ("+" if r.delta >= 0 else "") + format_size(r.delta)
                     lines.append(
@@ -227,16 +227,16 @@ def _segment_changes(a: Snapshot, b: Snapshot, device: int) -> SegmentChanges:
     )
 
 
-def _site_changes(
+def _holder_changes(
     a: Snapshot, b: Snapshot, device: int, top: int | None
-) -> tuple[tuple[SiteChange, ...], tuple[SiteChange, ...]]:
+) -> tuple[tuple[HolderChange, ...], tuple[HolderChange, ...]]:
     sa = {s.key: s for s in live_holders(a, device=device, top=None)}
     sb = {s.key: s for s in live_holders(b, device=device, top=None)}
     changes = []
     for key in sa.keys() | sb.keys():
         x, y = sa.get(key), sb.get(key)
         changes.append(
-            SiteChange(
+            HolderChange(
                 label=(y or x).label,  # type: ignore[union-attr]
                 key=key,
                 before=x.bytes if x else 0,
@@ -253,14 +253,14 @@ def _site_changes(
 
 
 def diff(a: SnapshotLike, b: SnapshotLike, *, top: int | None = N_TOP) -> SnapshotDiff:
-    """Compare two snapshots device by device: figures, segments and allocation sites.
+    """Compare two snapshots device by device: figures, segments and holders.
 
     Parameters
     ----------
     a, b : Snapshot, torch dict or list, path or bytes
         Before and after; anything `gpumemviz.io.as_snapshot` accepts.
     top : int or None
-        How many sites to list as grown and as shrunk per device (None: all that changed).
+        How many holders to list as grown and as shrunk per device (None: all that changed).
 
     Returns
     -------
@@ -285,14 +285,14 @@ def diff(a: SnapshotLike, b: SnapshotLike, *, top: int | None = N_TOP) -> Snapsh
     out: dict[int, DeviceDiff] = {}
     for d in devices:
         fa, fb = ra.devices.get(d), rb.devices.get(d)
-        grew, shrank = _site_changes(sa, sb, d, top)
+        grew, shrank = _holder_changes(sa, sb, d, top)
         out[d] = DeviceDiff(
             device=d,
             present="both" if fa is not None and fb is not None else ("a" if fb is None else "b"),
             figures=_figures(fa or zero, fb or zero),
             segments=_segment_changes(sa, sb, d),
-            sites_grew=grew,
-            sites_shrank=shrank,
+            holders_grew=grew,
+            holders_shrank=shrank,
         )
     return SnapshotDiff(total=_figures(ra.total, rb.total), devices=out)
 

@@ -1,4 +1,4 @@
-"""`gpumemviz diff`: two snapshots compared (figures, segments, allocation sites), and the two
+"""`gpumemviz diff`: two snapshots compared (figures, segments, holders), and the two
 sides' `gpumemviz.analyze` findings (advice, rejected advice, OOM) side by side."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ __all__ = ["add_diff", "run_diff"]
 def add_diff(sub: Subparsers) -> None:
     p = sub.add_parser(
         "diff",
-        help="compare two snapshots: figures, segments, allocation sites",
+        help="compare two snapshots: figures, segments, holders",
         description="Compare snapshot A (before) with B (after), per device: reserved, "
-        "allocated, fragmentation, segments added/removed, the allocation sites that grew.",
+        "allocated, fragmentation, segments added/removed, the holders that grew.",
     )
     p.add_argument("a", type=Path, help="the snapshot before (- for standard input)")
     p.add_argument("b", type=Path, help="the snapshot after (- for standard input)")

@@ -27,7 +27,7 @@ def add_report(sub: Subparsers) -> None:
         "report",
         help="write a self-contained HTML report that opens offline",
         description="Write one HTML file with everything inlined (segment map, timeline, "
-        "fragmentation, advice, top allocation sites); it opens with the network off. FILE "
+        "fragmentation, advice, who holds the memory); it opens with the network off. FILE "
         "may be a folder of per-rank snapshot files: the page is the worst rank's, with the "
         "rank grid (worst first), what differs and each rank's findings in its data.",
     )

@@ -24,7 +24,6 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from gpumemviz.analysis import holders as _sites
 from gpumemviz.analysis.advice_check import SharedReplay
 from gpumemviz.analysis.findings import AdviceItem, Findings, OomFinding, analyze
 from gpumemviz.analysis.fragmentation import (
@@ -36,9 +35,11 @@ from gpumemviz.analysis.fragmentation import (
     fragmentation,
 )
 from gpumemviz.analysis.frames import Redactor
+from gpumemviz.analysis.holders import N_TOP
 from gpumemviz.analysis.ranks import Ranks
 from gpumemviz.io import SnapshotLike, as_snapshot, atomic_write
 from gpumemviz.render.glance import glance_set
+from gpumemviz.render.holders import holders_view
 from gpumemviz.render.rows import MAX_CELLS, RowTable, build_rows, encode_cells
 from gpumemviz.render.timeline import envelope
 from gpumemviz.render.wire import header_numbers
@@ -54,7 +55,7 @@ from gpumemviz.reporting.page import (
     renderer_size,
     write_parts,
 )
-from gpumemviz.snapshot import ACTIONS, Snapshot
+from gpumemviz.snapshot import Snapshot
 from gpumemviz.snapshot.escaping import one_line, short_repr
 from gpumemviz.snapshot.pools import pool_label
 from gpumemviz.snapshot.schema import JsonDict
@@ -74,7 +75,7 @@ __all__ = [
 
 DATA_FORMAT = 1
 SIZE_FACTOR = 2  # data bytes per byte of the input pickle
-ANALYSIS_ALLOWANCE = 8 << 10  # figures, advice and sites: bounded, whatever the input's size
+ANALYSIS_ALLOWANCE = 8 << 10  # figures, advice and holders: bounded, whatever the input's size
 TIMELINE_POINTS = 1500  # per device, at most: each a bucket's peaks
 MAX_POOLS = 12  # pools the page lists (about 300 bytes each): within ANALYSIS_ALLOWANCE
 _CELL_STEPS = (1024, 512, 256, 128, 64, 32, 16)
@@ -220,13 +221,6 @@ def _data(snap: Snapshot, *, title: str, budget: int | None, replay_advice: bool
     rejected = [_advice_row(a) for a in found.rejected]
     devices = {str(d): _device_figures(f) for d, f in report_.devices.items()}
     totals = _device_figures(report_.total)
-    live = [s.to_dict() for s in _sites.live_holders(snap)]
-    trace_dev = _longest_trace(snap)
-    traced = (
-        []
-        if trace_dev is None
-        else [s.to_dict() for s in _sites.trace_holders(snap, device=trace_dev)]
-    )
     out: JsonDict = {
         "format": DATA_FORMAT,
         "title": title,
@@ -248,9 +242,7 @@ def _data(snap: Snapshot, *, title: str, budget: int | None, replay_advice: bool
         "settings": (
             None if report_.allocator_settings is None else _plain(report_.allocator_settings)
         ),
-        # the page's table of top lines (js/src/report.js reads it); `holders` is the same
-        # question along every key, what the holders view draws
-        "sites": {"live": live, "trace": traced, "trace_device": trace_dev},
+        # who holds the allocated bytes, along every key: js/src/holders.js draws it
         "holders": holders_data(found),
         "growth": [g.to_dict() for g in found.growth],
         "forecast": None if found.forecast is None else found.forecast.to_dict(),
@@ -269,23 +261,10 @@ def _data(snap: Snapshot, *, title: str, budget: int | None, replay_advice: bool
     return out
 
 
-def holders_data(found: Findings, top: int = _sites.N_TOP) -> JsonDict:
-    """``{by: {"rows": [the top rows], "rest": {"rows", "bytes", "count"}}}`` for every
-    holder key: bounded whatever the file's size, and the rows' bytes plus the rest's still
-    sum to allocated."""
-    out: JsonDict = {}
-    for by in _sites.HOLDER_KEYS:
-        rows = found.holders(by)
-        rest = rows[top:]
-        out[by] = {
-            "rows": [r.to_dict() for r in rows[:top]],
-            "rest": {
-                "rows": len(rest),
-                "bytes": sum(r.bytes for r in rest),
-                "count": sum(r.count for r in rest),
-            },
-        }
-    return out
+def holders_data(found: Findings, top: int = N_TOP) -> JsonDict:
+    """The holders view's data (`render.holders.holders_view`) of `found`: every holder key's
+    top rows and the rest, bounded whatever the file's size, summing exactly to allocated."""
+    return holders_view(found.holders, top)
 
 
 def _advice_row(a: AdviceItem) -> JsonDict:
@@ -417,16 +396,6 @@ def _worst(w: SegmentSummary) -> JsonDict:
     out["pool_label"] = "" if w.pool_id == (0, 0) else pool_label(w.pool_id)
     out["is_expandable"] = bool(w.is_expandable)
     return out
-
-
-def _longest_trace(snap: Snapshot) -> int | None:
-    best = None
-    for d, t in sorted(snap.traces.items()):
-        if len(t) and (best is None or len(t) > len(snap.traces[best])):
-            best = d
-    if best is None:
-        return None
-    return best if (snap.traces[best].action == ACTIONS.index("alloc")).any() else None
 
 
 def _plain(x: object, depth: int = 2) -> Any:  # Any: JSON data of whatever shape the settings have

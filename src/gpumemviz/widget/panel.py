@@ -32,6 +32,7 @@ import numpy as np
 import traitlets
 
 from gpumemviz.render.glance import glance_set
+from gpumemviz.render.holders import holder_marks, holders_view
 from gpumemviz.render.rows import build_rows
 from gpumemviz.render.stacks import Stacks
 from gpumemviz.render.strips import snapshot_strip_set
@@ -47,6 +48,7 @@ from gpumemviz.widget.cells import name_notebook_cells
 from gpumemviz.widget.devices import DeviceSet, recorded_ooms
 from gpumemviz.widget.panel_state import (
     controls_state,
+    holders_of,
     oom_trait,
     plain,
     recorded_timeline,
@@ -59,6 +61,7 @@ from gpumemviz.widget.writer import Writer
 if TYPE_CHECKING:
     from gpumemviz.analysis.findings import Findings
     from gpumemviz.analysis.fragmentation import FragmentationReport
+    from gpumemviz.analysis.holders import HolderRow
     from gpumemviz.io import SnapshotLike
     from gpumemviz.live.sampler import Sampler
     from gpumemviz.live.sources.base import Source, TimeTravelSource
@@ -140,6 +143,10 @@ class MemoryPanel(anywidget.AnyWidget):
     parts are its findings' figures, the largest free block and the last OOM's request."""
     strips = traitlets.Dict().tag(sync=True)
     """Every device shown as a strip (`gpumemviz.render.strips.strip_set`); {} for one device."""
+    holders = traitlets.Dict().tag(sync=True)
+    """Who holds the allocated bytes shown (`gpumemviz.render.holders.holders_view` of the
+    findings' holders): every key's top rows and the rest; {} before any findings. A click on
+    a row asks for its blocks (a ``holder_blocks`` message, answered with `holder_marks`)."""
 
     ADVICE_EVERY_S = 1.0  # advice re-reads the whole snapshot: at most once a second
 
@@ -181,6 +188,9 @@ class MemoryPanel(anywidget.AnyWidget):
         # a replay's findings (the file analysed once), by the source or device set they are of
         self._replay: tuple[object, Findings | None] | None = None
         self._devset: DeviceSet | None = None  # every device's sampler (attach_devices)
+        # the holders shown: the state their blocks index, their rows by key, what they are of
+        self._holding: tuple[Snapshot, dict[str, list[HolderRow]]] | None = None
+        self._holding_of: tuple[object, ...] = ()
         self.on_msg(lambda _w, content, _b: self._on_browser_msg(content))
         # the kernel subshell that handles this panel's browser messages (None: the main shell)
         self.subshell: str | None = route_to_subshell(self.comm) if subshell else None
@@ -352,6 +362,7 @@ class MemoryPanel(anywidget.AnyWidget):
         reached = oom is not None and (oom.entry is None or int(played.position) >= oom.entry)
         self.oom = oom_trait(oom) if reached and oom is not None else {}
         self._draw_glance()
+        self._replay_holders(played)
 
     @property
     def findings(self) -> Findings | None:
@@ -709,6 +720,8 @@ class MemoryPanel(anywidget.AnyWidget):
         if found.oom is not None:
             self.oom = oom_trait(found.oom)
         self._draw_glance()
+        if not self._recorded:
+            self._set_holders(found, None)
 
     def _draw_glance(self) -> None:
         """The ``glance`` trait from the findings shown (a bar per device); a replay's, of the
@@ -836,7 +849,40 @@ class MemoryPanel(anywidget.AnyWidget):
         if self._recorded:
             self._draw_glance()  # a replay's bar is the entry shown
         self._send_frames(self._wire.update())
+        if self._recorded:  # a replay's holders are of the entry shown
+            source = getattr(self.sampler, "source", None)
+            if source is not None and "time_travel" in getattr(source, "capabilities", ()):
+                self._replay_holders(cast("TimeTravelSource", source))
         return report
+
+    def _replay_holders(self, played: TimeTravelSource) -> None:
+        """The holders of the entry a replay shows, once its file's findings are there."""
+        found = self._findings if self._replay is not None and self._replay[1] else None
+        if found is not None:
+            self._set_holders(found, (int(played.position), int(played.n) - 1))
+
+    def _set_holders(self, found: Findings, at: tuple[int, int] | None) -> None:
+        """The ``holders`` trait from `found` (at a replay's (entry, last entry)); recomputed
+        only when the findings, the state shown or the entry changed."""
+        of = (id(found), id(self.shown), at)
+        if of == self._holding_of:
+            return
+        self._holding_of = of
+        held = holders_of(found, self.shown, *(at or (None, None)))
+        self._holding = held
+        self.holders = {} if held is None else holders_view(lambda by: held[1][by])
+
+    def _send_marks(self, view: str, by: str, index: int) -> None:
+        """Answer a click on a holder: where its blocks lie in the map (`holder_marks`)."""
+        held, rows = self._holding, self._wire.rows
+        chosen = held[1].get(by, []) if held is not None else []
+        msg: JsonDict = {"kind": "holder_blocks", "view": view, "by": by, "index": index}
+        if held is None or rows is None or not 0 <= index < len(chosen):
+            self.send({**msg, "row": [], "offset": [], "size": [], "bytes": 0, "count": 0})
+            return
+        marks = holder_marks(held[0], chosen[index], rows)
+        label = chosen[index].label
+        self.send({**msg, "label": label, "layout": self._wire.layout_version, **marks})
 
     def export(
         self, path: str | os.PathLike[str], *, redact_paths: bool = False, force: bool = False
@@ -974,6 +1020,10 @@ class MemoryPanel(anywidget.AnyWidget):
                 else (None, None)
             )
             self._writer.submit(lambda: self._send_frames(self._wire.exact_blocks(view, row, *win)))
+        elif kind == "holder_blocks":  # a click on a holder: mark its blocks in the map
+            view, by = str(content.get("view", "")), str(content.get("by", ""))
+            index = int(content.get("index", -1))
+            self._writer.submit(lambda: self._send_marks(view, by, index))
         elif kind == "timeline_sync":
             since = int(content.get("since", 0))
             self._writer.submit(lambda: self._sync_timeline(since))

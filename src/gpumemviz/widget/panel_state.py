@@ -13,15 +13,18 @@ if TYPE_CHECKING:
 
     import numpy as np
 
-    from gpumemviz.analysis.findings import OomFinding
+    from gpumemviz.analysis.findings import Findings, OomFinding
     from gpumemviz.analysis.fragmentation import FragmentationReport
+    from gpumemviz.analysis.holders import HolderRow
     from gpumemviz.live.sampler import Sampler
     from gpumemviz.live.sources.base import TimeTravelSource
     from gpumemviz.render.timeline import Mark, Point
+    from gpumemviz.snapshot import Snapshot
     from gpumemviz.snapshot.schema import JsonDict
 
 __all__ = [
     "controls_state",
+    "holders_of",
     "oom_trait",
     "plain",
     "recorded_timeline",
@@ -76,6 +79,31 @@ def controls_state(panel: _Panel, device: int | None) -> JsonDict:
         "devices": panel.devices() if switcher else [],
         "device": device,
     }
+
+
+def holders_of(
+    found: Findings, shown: Snapshot | None, entry: int | None = None, last: int | None = None
+) -> tuple[Snapshot, dict[str, list[HolderRow]]] | None:
+    """Who holds the memory shown, along every holder key, and the state the rows' blocks
+    index: the findings' own holders (`Findings.holders`) where the state shown is theirs; a
+    replay shown at `entry` before its `last` entry: `shown` grouped with the file's trace up
+    to that entry (what `Findings.holders(at=entry)` answers, without replaying it again).
+    None: nothing to group."""
+    from gpumemviz.analysis.holders import HOLDER_KEYS, holder_rows
+
+    snap = found.snapshot
+    if snap is None:
+        return None
+    if entry is None or entry == last:
+        return snap, {by: found.holders(by) for by in HOLDER_KEYS}
+    if shown is None:
+        return None
+    device = found.device
+    rows = {
+        by: holder_rows(shown, by, device=device, traces=snap.traces, upto=entry)
+        for by in HOLDER_KEYS
+    }
+    return shown, rows
 
 
 def plain(entry: JsonDict) -> JsonDict:
