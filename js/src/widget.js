@@ -17,6 +17,7 @@ let nextId = 0;
  *   advice: {kind: string, message: string}[], oom: Record<string, unknown>,
  *   controls: import("./controls.js").Controls, map_layout: import("./heatmap.js").Layout,
  *   strips: import("./strips.js").StripSet, glance: import("./glance.js").GlanceSet,
+ *   forecast: import("./timeline.js").Forecast | Record<string, never>,
  *   job?: import("./jobdetail.js").Job}} Traits
  *   (``job``: a job's panel only, widget/job.py `JobPanel`)
  */
@@ -82,6 +83,7 @@ function render({ model, el }) {
   });
   const onControls = () => toolbar.update(model.get("controls") || {});
   const onStrips = () => strips.update(model.get("strips") || {});
+  const onForecast = () => timeline.setForecast(model.get("forecast") || {});
   const onGlance = () => {
     glance.update(model.get("glance") || {});
     logEvent({ event: "glance", view: id });
@@ -132,7 +134,7 @@ function render({ model, el }) {
     ["change:header", onHeader], ["change:title", onHeader], ["change:status", onHeader],
     ["change:demo", onHeader], ["change:advice", onHeader], ["change:oom", onHeader],
     ["change:map_layout", onLayout], ["change:controls", onControls], ["change:strips", onStrips],
-    ["change:glance", onGlance],
+    ["change:glance", onGlance], ["change:forecast", onForecast],
     ["change:job", onJob], ["msg:custom", onMsg],
   ];
   for (const [name, fn] of events) model.on(name, fn);
@@ -140,6 +142,7 @@ function render({ model, el }) {
   onControls();
   onStrips();
   onGlance();
+  onForecast();
   onJob();
   model.send({ kind: "timeline_sync", view: id, since: 0 });
   onLayout();

@@ -31,6 +31,7 @@ import anywidget
 import numpy as np
 import traitlets
 
+from gpumemviz.live.forecast import Forecaster
 from gpumemviz.render.glance import glance_set
 from gpumemviz.render.rows import build_rows
 from gpumemviz.render.stacks import Stacks
@@ -140,6 +141,10 @@ class MemoryPanel(anywidget.AnyWidget):
     parts are its findings' figures, the largest free block and the last OOM's request."""
     strips = traitlets.Dict().tag(sync=True)
     """Every device shown as a strip (`gpumemviz.render.strips.strip_set`); {} for one device."""
+    forecast = traitlets.Dict().tag(sync=True)
+    """The live time to OOM (`gpumemviz.live.forecast.LiveForecast.to_dict`: the sentence, the
+    seconds with their interval, the level, the limit and ``t_last``); {} when the trend is not
+    clear, or for a replay or a fixed snapshot. The timeline draws it."""
 
     ADVICE_EVERY_S = 1.0  # advice re-reads the whole snapshot: at most once a second
 
@@ -171,6 +176,7 @@ class MemoryPanel(anywidget.AnyWidget):
         self._times_of: tuple[Source, np.ndarray | None] | None = None  # (source, its times)
         self._last_point: Point | None = None
         self._timeline_of: Sampler | None = None  # the sampler whose points the timeline holds
+        self._forecaster = Forecaster()  # the live forecast's headroom and pace
         self._owns_sampler = False
         self._throttle = FindingsThrottle(
             lambda: self.ADVICE_EVERY_S, self._writer.submit, self._publish
@@ -302,6 +308,8 @@ class MemoryPanel(anywidget.AnyWidget):
         was, self._recorded = self._recorded, bool(replay)
         other = self._timeline_of is not None and self._timeline_of is not self.sampler
         self._timeline_of = self.sampler
+        self._forecaster.reset()
+        self.forecast = {}
         if not replay:
             if was or other:  # back to sampling, or another device's: start an empty timeline
                 self.timeline.reset([], [])
@@ -678,6 +686,7 @@ class MemoryPanel(anywidget.AnyWidget):
         else:
             self._apply_sample(item[1])
             self._add_point(item[1])  # after the header: the point carries its fragmentation
+            self._forecast(item[1])
 
     def _analyze_snapshot(self, snap: Snapshot) -> None:
         """A fixed snapshot: its findings now, unchecked; with a recorded trace, checked off
@@ -792,6 +801,22 @@ class MemoryPanel(anywidget.AnyWidget):
         self.timeline.append(point)
         self._last_point = point
         self.send({"kind": "timeline", "first": self.timeline.count - 1, "points": [point]})
+
+    def _forecast(self, sample: Sample) -> None:
+        """The live forecast from the sampler's history (live/forecast.py), at most once a
+        second; a replay's timeline is the recording, and gets none."""
+        device = getattr(sample, "device", None)
+        if self._recorded or self.sampler is None:
+            return
+        if None not in (device, self._device) and device != self._device:
+            return
+        report = self._shown_report
+        if sample.segments is not None and sample.segments is self.shown and report is not None:
+            self._forecaster.note_segments(sample, report.largest_free)
+        if self._forecaster.due(float(sample.time)):
+            found = self._forecaster.forecast(self.sampler.history.samples())
+            if found != self.forecast:
+                self.forecast = found
 
     def add_marker(self, label: str, kind: str = "mark", t: float | None = None) -> None:
         """A marker on the timeline (``gpumemviz.mark`` puts one on every live panel).
