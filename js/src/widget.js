@@ -28,7 +28,10 @@ let nextId = 0;
  * @typedef {import("./controls.js").Reply & {kind: "reply"}} ReplyMsg
  * @typedef {import("./timeline.js").TimelineUpdate & {kind: "timeline", view?: string}} TimelineMsg
  * @typedef {{kind: "marks", marks: import("./timeline.js").Mark[]}} MarksMsg
- * @typedef {FrameMsg | BlocksMsg | ReplyMsg | TimelineMsg | MarksMsg} Msg
+ * @typedef {{kind: "stack", view: string, row: number, block: number, layout: number,
+ *   stack: import("./decode.js").Stack | null}} StackMsg one block's stack, asked on hover
+ *   (widget/panel.py `allocation_stack`)
+ * @typedef {FrameMsg | BlocksMsg | ReplyMsg | TimelineMsg | MarksMsg | StackMsg} Msg
  */
 
 /** @param {{model: import("@anywidget/types").AnyModel<Traits>, el: HTMLElement}} ctx */
@@ -74,6 +77,10 @@ function render({ model, el }) {
       model.send({ kind: "blocks", view: id, row, lo, hi });
       logEvent({ event: "blocks", view: id, row, lo, hi });
     },
+    onStack(row, block) {
+      model.send({ kind: "stack", view: id, row, block });
+      logEvent({ event: "stack", view: id, row, block });
+    },
   });
 
   const onHeader = () => header.update({
@@ -117,6 +124,12 @@ function render({ model, el }) {
       // answered from rows of the layout shown now only (row numbers mean other segments else)
       if (msg.layout === (model.get("map_layout") || {}).version) {
         map.applyBlocks(decodeBlocks(msg, buffers));
+      }
+      return;
+    }
+    if (msg && msg.kind === "stack" && msg.view === id) {
+      if (msg.layout === (model.get("map_layout") || {}).version) {
+        map.setStack(msg.row, msg.block, msg.stack);
       }
       return;
     }

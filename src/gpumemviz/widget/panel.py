@@ -999,12 +999,81 @@ class MemoryPanel(anywidget.AnyWidget):
                 else (None, None)
             )
             self._writer.submit(lambda: self._send_frames(self._wire.exact_blocks(view, row, *win)))
+        elif kind == "stack":  # the hover wants a live block's stack its frame did not carry
+            view, row, block = (
+                str(content.get("view", "")),
+                int(content.get("row", -1)),
+                int(content.get("block", -1)),
+            )
+            self._writer.submit(lambda: self._send_stack(view, row, block))
         elif kind == "timeline_sync":
             since = int(content.get("since", 0))
             self._writer.submit(lambda: self._sync_timeline(since))
         elif kind == "close":
             view = str(content.get("view", ""))
             self._writer.submit(lambda: self._wire.drop_view(view))
+
+    def allocation_stack(self, row: int, block: int) -> JsonDict | None:
+        """The hover's stack of exact block `block` of map row `row`, asked of the live source
+        for that one block (`TorchCudaSource.allocation_stack`: torch's record of one pointer,
+        no snapshot). The browser asks with a ``stack`` message when it hovers an allocated
+        block whose frame carried no stack.
+
+        Parameters
+        ----------
+        row : int
+            A row of the map shown (its layout now).
+        block : int
+            The block's index within the row.
+
+        Returns
+        -------
+        dict or None
+            ``{"lines", "user"}`` as `gpumemviz.render.stacks.stack_lines` gives them, or None:
+            a replay or a fixed snapshot, a free block, a source without it, no stack recorded.
+
+        Examples
+        --------
+        >>> seg = {"device": 0, "address": 0, "total_size": 2 << 20, "stream": 0,
+        ...        "segment_type": "large",
+        ...        "blocks": [{"size": 2 << 20, "state": "active_allocated"}]}
+        >>> panel = MemoryPanel.from_snapshot([seg])
+        >>> _ = panel.flush(); panel.allocation_stack(0, 0) is None  # a fixed snapshot: no source
+        True
+        >>> panel.close()
+        """
+        from gpumemviz.render.stacks import stack_lines
+        from gpumemviz.snapshot.schema import ALLOCATED
+
+        rows = self._wire.rows
+        source = getattr(self.sampler, "source", None)
+        lookup = getattr(source, "allocation_stack", None)
+        if rows is None or self._recorded or not callable(lookup):
+            return None
+        if not 0 <= row < rows.n_rows or not 0 <= block < int(rows.block_count[row]):
+            return None
+        b = rows.blocks(row)
+        if int(b["state"][block]) != ALLOCATED:
+            return None
+        frames = lookup(int(rows.address[row]) + int(b["offset"][block]))
+        if not frames:
+            return None
+        lines, user = stack_lines(frames)
+        return {"lines": lines, "user": user} if lines else None
+
+    def _send_stack(self, view: str, row: int, block: int) -> None:
+        stack = self.allocation_stack(row, block)
+        layout = self._wire.layout_version
+        self.send(
+            {
+                "kind": "stack",
+                "view": view,
+                "row": row,
+                "block": block,
+                "layout": layout,
+                "stack": stack,
+            }
+        )
 
     def _sync_timeline(self, since: int) -> None:
         """Send the timeline's points from ``since`` on, with every marker (a view opened, or
