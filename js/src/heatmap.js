@@ -42,8 +42,11 @@ export const WINDOW_ASK_MS = 120;
 /**
  * @param {HTMLElement} host
  * @param {{onView: (v: {first: number, count: number, cells: number}) => void,
- *   onBlocks?: (row: number, lo: number, hi: number) => void}} opts ``onBlocks`` asks Python for
- *   a row's exact blocks (those in bytes [lo, hi) where the row has too many to send whole)
+ *   onBlocks?: (row: number, lo: number, hi: number) => void,
+ *   onStack?: (row: number, block: number) => void}} opts ``onBlocks`` asks Python for
+ *   a row's exact blocks (those in bytes [lo, hi) where the row has too many to send whole);
+ *   ``onStack`` asks for the stack of an allocated block hovered whose frame carried none (a
+ *   live source asks torch for that one block), answered through `setStack`
  */
 export function createHeatmap(host, opts) {
   const scroller = document.createElement("div");
@@ -351,6 +354,8 @@ export function createHeatmap(host, opts) {
     if (i < 0) { tip.hidden = true; return; }
     tip.textContent = blockText({ ...r, blocks: exact }, i);
     tip.hidden = false;
+    shownBlock = null;
+    if (exact === r.blocks) askStack(r, i);
     const hostRect = host.getBoundingClientRect();
     tip.style.left = `${ev.clientX - hostRect.left + 12}px`;
     tip.style.top = `${ev.clientY - hostRect.top + 12}px`;
@@ -363,6 +368,22 @@ export function createHeatmap(host, opts) {
   zoomCanvas.addEventListener("mousemove", onZoomMove);
   zoomCanvas.addEventListener("mouseleave", () => { if (!pinned) tip.hidden = true; });
 
+  /** @type {WeakMap<Row, Set<number>>} the blocks whose stack was asked for, per row shown */
+  const askedStacks = new WeakMap();
+  /** @type {{row: number, i: number} | null} the exact block the tooltip shows */
+  let shownBlock = null;
+  /** Ask once for the stack of hovered block `i` of `row` when it is allocated and has none.
+   * @param {Row} row @param {number} i */
+  function askStack(row, i) {
+    shownBlock = { row: row.row, i };
+    const b = row.blocks;
+    if (!opts.onStack || !b || b.state[i] !== 1 || (b.stack && b.stack[i])) return;
+    let done = askedStacks.get(row);
+    if (!done) { done = new Set(); askedStacks.set(row, done); }
+    if (done.has(i)) return;
+    done.add(i);
+    opts.onStack(row.row, i);
+  }
   let pinned = false;
   /** @param {MouseEvent} ev */
   function onMove(ev) {
@@ -373,8 +394,15 @@ export function createHeatmap(host, opts) {
     const row = r >= 0 ? cache.get(r) : undefined;
     const rw = row ? widthOf(row) : cells;
     if (!row || x < 0 || x >= rw) { tip.hidden = true; return; }
-    tip.textContent = hoverText(row, Math.min(cells - 1, Math.floor((x * cells) / rw)), cells);
+    const c = Math.min(cells - 1, Math.floor((x * cells) / rw));
+    tip.textContent = hoverText(row, c, cells);
     tip.hidden = false;
+    shownBlock = null;
+    if (row.blocks) {
+      const [lo, hi] = cellRange(c, cells, row.meta.total_size);
+      const i = blockAt(row.blocks, (lo + hi) / 2);
+      if (i >= 0) askStack(row, i);
+    }
     const hostRect = host.getBoundingClientRect();
     tip.style.left = `${ev.clientX - hostRect.left + 12}px`;
     tip.style.top = `${ev.clientY - hostRect.top + 12}px`;
@@ -432,6 +460,21 @@ export function createHeatmap(host, opts) {
       if (!zoom || zoom.row !== msg.row || !src) return;
       part = { src, lo: msg.lo, hi: msg.hi, blocks: msg.blocks };
       schedule();
+    },
+    /**
+     * The stack of block `i` of `row`, asked for by `onStack` (null: none known): kept with the
+     * row's blocks, and shown at once when the tooltip still shows that block.
+     * @param {number} row @param {number} i @param {import("./decode.js").Stack | null} stack
+     */
+    setStack(row, i, stack) {
+      const r = cache.get(row);
+      const b = r && r.blocks;
+      if (!r || !b || !stack || i < 0 || i >= b.state.length) return;
+      if (!b.stack) b.stack = new Array(b.state.length).fill(null);
+      b.stack[i] = stack;
+      if (shownBlock && shownBlock.row === row && shownBlock.i === i && !tip.hidden) {
+        tip.textContent = blockText(r, i);
+      }
     },
     drawNow: draw,
     /**

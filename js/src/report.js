@@ -9,6 +9,7 @@ import { createHolders } from "./holders.js";
 import { AXIS_L, AXIS_R, createTimeline } from "./timeline.js";
 import { coloursOf, installPalette } from "./palette.js";
 import { registerView, testHooks } from "./probe.js";
+import { growthSection, ranksSection } from "./reportgrowth.js";
 import { blockAt, cellColor, formatSize, keepWindow, rowLabel } from "./rows.js";
 import {
   b64ToBytes, b64ToFloat64, blockPixels, nearestIndex, resampleCells, zoomAt,
@@ -39,7 +40,10 @@ const MAX_ZOOM = 1e6;
  *   holders?: import("./holders.js").HoldersData, violations: string[],
  *   timeline: Record<string, DeviceTimeline>, map: {layout: import("./heatmap.js").Layout,
  *   content: import("./decode.js").FrameContent, buffers: string[]},
- *   pools?: PoolRow[], pools_note?: string, glance?: import("./glance.js").GlanceSet}} ReportData
+ *   pools?: PoolRow[], pools_note?: string, glance?: import("./glance.js").GlanceSet,
+ *   growth?: import("./reportgrowth.js").Suspect[],
+ *   forecast?: import("./reportgrowth.js").Forecast | null,
+ *   ranks?: import("./reportgrowth.js").Ranks}} ReportData
  * @typedef {{device: number, label: string, kind: string, in_use: boolean, reserved: number,
  *   allocated: number, pending_free: number, free: number, largest_free: number,
  *   releasable: number, releasable_after_release: number, note: string,
@@ -444,6 +448,7 @@ function main() {
   const glance = createGlance(root);
   header.top.after(glance.element);  // each device at a glance, as in the panel
   glance.update(data.glance || {});
+  if (data.ranks) ranksSection(data.ranks, root);  // a folder's ranks first, worst first
   const mapBox = el("div", "gmv-mapbox");
   root.append(mapBox);
   /** @type {ReturnType<typeof segmentZoom> | null} */
@@ -461,6 +466,7 @@ function main() {
     for (const d of tlDevs) charts.push(timeline(s, d, data.timeline[d]));
   }
   analysis(data, root);
+  growthSection(data, root);
   for (const c of charts) c.draw();
   registerView("report", { map, root, model: null });
   const hooks = testHooks();

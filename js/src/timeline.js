@@ -11,6 +11,9 @@ import { formatSize } from "./rows.js";
 export const FIELDS = ["t", "allocated", "reserved", "nvml_used", "non_pytorch", "fragmentation"];
 
 /**
+ * @typedef {{seconds: number, low: number, high: number | null, rate: number, rate_low: number,
+ *   rate_high: number, level: number, capacity: number, t_last: number, sentence: string,
+ *   what: string}} Forecast the live time to OOM (live/forecast.py `LiveForecast.to_dict`)
  * @typedef {{t: number, label: string, kind: string}} Mark a step or cell marker
  *   (render/timeline.py)
  * @typedef {{first: number, points: (number | null)[][], reset?: boolean, marks?: Mark[]}}
@@ -79,13 +82,16 @@ export function byteTicks(top, most = 4) {
  * @param {(number | null)[][]} points
  * @param {{left: number, top: number, width: number, height: number}} plot
  * @param {[number, number] | null} [zoomed] the time span shown (null: all of it)
+ * @param {{t1: number, top: number} | null} [ahead] a forecast's reach: the time axis runs on to
+ *   `t1` and the byte axis up to `top` (unless zoomed)
  * @returns {{x: (t: number) => number, y: (bytes: number) => number, yf: (f: number) => number,
  *   t0: number, t1: number, top: number, ticks: number[]}}
  */
-export function timelineScale(points, plot, zoomed = null) {
+export function timelineScale(points, plot, zoomed = null, ahead = null) {
   const t0 = zoomed ? zoomed[0] : points.length ? Number(points[0][0]) : 0;
-  const t1 = zoomed ? zoomed[1] : points.length ? Number(points[points.length - 1][0]) : 1;
+  let t1 = zoomed ? zoomed[1] : points.length ? Number(points[points.length - 1][0]) : 1;
   let most = 1;
+  if (ahead && !zoomed) { t1 = Math.max(t1, ahead.t1); most = ahead.top; }
   for (const p of points) {
     if (zoomed && (Number(p[0]) < t0 || Number(p[0]) > t1)) continue;
     for (let i = 1; i <= 4; i++) if (p[i] !== null && Number(p[i]) > most) most = Number(p[i]);
@@ -190,6 +196,32 @@ export function pointText(p) {
 }
 
 /**
+ * Where a forecast's projection goes, in time and bytes: from the fitted level at the last
+ * reading, straight to the limit at the forecast time (`end`), and its band, the same at the
+ * slope's lower and upper bounds (`low`, `high`: when the lower bound reaches the limit beyond
+ * `until`, its edge stops at `until`, short of the limit). `until`: the time axis' end, the
+ * projection and the span it needs shown (the time to OOM and a tenth more, at most four times
+ * the span of `points` beyond it: the rest runs off the plot). Null without a forecast.
+ * @param {Forecast | null | undefined} f
+ * @param {number} tFirst the first point's time
+ * @returns {{start: [number, number], end: [number, number], low: [number, number],
+ *   high: [number, number], until: number} | null}
+ */
+export function projection(f, tFirst) {
+  if (!f || !(f.seconds > 0) || !(f.capacity > 0)) return null;
+  const t = Number(f.t_last);
+  const span = Math.max(1, t - tFirst);
+  const until = t + Math.min(f.seconds * 1.1, 4 * span);
+  const high = f.high === null || f.high === undefined ? Infinity : Number(f.high);
+  const at = (/** @type {number} */ s) => (s <= until - t ? [t + s, f.capacity]
+    : [until, f.level + Number(f.rate_low) * (until - t)]);
+  return {
+    start: [t, f.level], end: [t + f.seconds, f.capacity],
+    low: [t + f.low, f.capacity], high: /** @type {[number, number]} */ (at(high)), until,
+  };
+}
+
+/**
  * The time span after a zoom by `factor` (< 1: in) around time `at`, kept inside the whole span
  * [lo, hi]; null when it would show all of it.
  * @param {[number, number] | null} zoomed the span shown (null: all)
@@ -223,7 +255,10 @@ export function createTimeline(host, opts) {
   const span = document.createElement("span");
   span.className = "gmv-tl-span";
   legend.append(keys, span);
-  wrap.append(canvas, legend);
+  const said = document.createElement("div");  // the forecast's sentence, when there is one
+  said.className = "gmv-tl-forecast";
+  said.hidden = true;
+  wrap.append(canvas, legend, said);
   wrap.hidden = true;  // a fixed snapshot has no timeline: no empty band
   host.append(wrap);
   /** @type {(number | null)[][]} */
@@ -241,6 +276,8 @@ export function createTimeline(host, opts) {
   let labelXs = [];
   /** @type {[number, number] | null} the zoomed time span (null: everything) */
   let zoomed = null;
+  /** @type {Forecast | null} the live forecast (null: none, the trend is not clear) */
+  let forecast = null;
   // the wheel zooms the time axis around the pointer (labels are thinned anew at each zoom);
   // a double click shows everything again
   canvas.addEventListener("wheel", (ev) => {
@@ -301,7 +338,9 @@ export function createTimeline(host, opts) {
     if (!points.length) { scale = null; labelXs = []; return; }
     const plot = { left: AXIS_L, top: PLOT_TOP, width: width - AXIS_L - AXIS_R,
       height: TL_H - PLOT_TOP - PLOT_BOTTOM };
-    const s = timelineScale(points, plot, zoomed);
+    const ahead = projection(forecast, Number(points[0][0]));
+    const s = timelineScale(points, plot, zoomed,
+      ahead && forecast ? { t1: ahead.until, top: forecast.capacity } : null);
     canvas.dataset.window = zoomed ? JSON.stringify(zoomed) : "";
     scale = s;
     const bottom = plot.top + plot.height;
@@ -362,9 +401,35 @@ export function createTimeline(host, opts) {
       }
       ctx.stroke();
     }
+    // the forecast: its band, the dashed line on to the limit, the limit itself
+    canvas.dataset.forecast = "";
+    if (ahead && forecast) {
+      /** @param {[number, number]} p @returns {[number, number]} */
+      const px = (p) => [s.x(p[0]), s.y(p[1])];
+      const [x0, y0] = px(ahead.start), [x1, y1] = px(ahead.end);
+      ctx.fillStyle = c.oom;
+      ctx.globalAlpha = 0.15;
+      ctx.beginPath();
+      ctx.moveTo(x0, y0);
+      ctx.lineTo(...px(ahead.low));
+      ctx.lineTo(...px(ahead.high));
+      ctx.closePath();
+      ctx.fill();
+      ctx.globalAlpha = 1;
+      ctx.strokeStyle = c.oom;
+      ctx.setLineDash([6, 4]);
+      ctx.beginPath(); ctx.moveTo(x0, y0); ctx.lineTo(x1, y1); ctx.stroke();
+      ctx.lineWidth = 1;
+      ctx.setLineDash([2, 3]);
+      const yc = Math.round(s.y(forecast.capacity)) + 0.5;
+      ctx.beginPath(); ctx.moveTo(plot.left, yc); ctx.lineTo(plot.left + plot.width, yc); ctx.stroke();
+      canvas.dataset.forecast = JSON.stringify([x0, y0, x1, y1].map(Math.round));
+    }
     ctx.restore();
     ctx.setLineDash([]);
     ctx.lineWidth = 1;
+    said.hidden = !forecast;
+    said.textContent = forecast ? forecast.sentence : "";
     canvas.dataset.series = drawnKeys.join(",");
     drawLegend(drawnKeys, c);
     // markers: a tick each under the label lanes; OOMs a full-height line, always
@@ -413,7 +478,8 @@ export function createTimeline(host, opts) {
     canvas.dataset.labelsThinned = String(labels.length - boxes.length);
     canvas.dataset.labelBoxes = JSON.stringify(boxes);
     canvas.dataset.markSpan = JSON.stringify(labels.length ? [lo, hi] : []);
-    span.textContent = `${spanText(s.t0, s.t1)}` +
+    // the points' span (a forecast's reach runs the axis on past them)
+    span.textContent = `${spanText(s.t0, zoomed ? s.t1 : Number(points[points.length - 1][0]))}` +
       (marks.length ? ` · last marker: ${marks[marks.length - 1].label}` : "");
   }
   const schedule = () => { if (!raf) raf = requestAnimationFrame(draw); };
@@ -443,11 +509,18 @@ export function createTimeline(host, opts) {
       next = msg.first + msg.points.length;
       schedule();
     },
+    /** @param {Forecast | Record<string, never> | null} f the live forecast ({}: none) */
+    setForecast(f) {
+      forecast = f && "seconds" in f ? /** @type {Forecast} */ (f) : null;
+      schedule();
+    },
+    get forecast() { return forecast; },
     /** @param {Mark[]} more */
     addMarks(more) { if (!waiting) { marks.push(...more); schedule(); } },
     /** Forget what is held (another device was chosen) until the next reset arrives. */
     clear() {
       zoomed = null;
+      forecast = null;
       points = [];
       marks = [];
       next = 0;

@@ -19,6 +19,7 @@ let nextId = 0;
  *   controls: import("./controls.js").Controls, map_layout: import("./heatmap.js").Layout,
  *   strips: import("./strips.js").StripSet, glance: import("./glance.js").GlanceSet,
  *   holders?: import("./holders.js").HoldersData,
+ *   forecast: import("./timeline.js").Forecast | Record<string, never>,
  *   job?: import("./jobdetail.js").Job}} Traits
  *   (``job``: a job's panel only, widget/job.py `JobPanel`)
  */
@@ -32,7 +33,11 @@ let nextId = 0;
  * @typedef {{kind: "holder_blocks", view: string, by: string, index: number, layout?: number,
  *   row: number[], offset: number[], size: number[], bytes: number, count: number}} HolderBlocksMsg
  *   where one holder's blocks lie in the map (render/holders.py `holder_marks`)
- * @typedef {FrameMsg | BlocksMsg | ReplyMsg | TimelineMsg | MarksMsg | HolderBlocksMsg} Msg
+ * @typedef {{kind: "stack", view: string, row: number, block: number, layout: number,
+ *   stack: import("./decode.js").Stack | null}} StackMsg one block's stack, asked on hover
+ *   (widget/panel.py `allocation_stack`)
+ * @typedef {FrameMsg | BlocksMsg | ReplyMsg | TimelineMsg | MarksMsg | HolderBlocksMsg |
+ *   StackMsg} Msg
  */
 
 /** @param {{model: import("@anywidget/types").AnyModel<Traits>, el: HTMLElement}} ctx */
@@ -78,6 +83,10 @@ function render({ model, el }) {
       model.send({ kind: "blocks", view: id, row, lo, hi });
       logEvent({ event: "blocks", view: id, row, lo, hi });
     },
+    onStack(row, block) {
+      model.send({ kind: "stack", view: id, row, block });
+      logEvent({ event: "stack", view: id, row, block });
+    },
   });
 
   // who holds the memory shown: a click asks Python where the holder's blocks lie
@@ -96,6 +105,7 @@ function render({ model, el }) {
   });
   const onControls = () => toolbar.update(model.get("controls") || {});
   const onStrips = () => strips.update(model.get("strips") || {});
+  const onForecast = () => timeline.setForecast(model.get("forecast") || {});
   const onGlance = () => {
     glance.update(model.get("glance") || {});
     logEvent({ event: "glance", view: id });
@@ -140,6 +150,12 @@ function render({ model, el }) {
       }
       return;
     }
+    if (msg && msg.kind === "stack" && msg.view === id) {
+      if (msg.layout === (model.get("map_layout") || {}).version) {
+        map.setStack(msg.row, msg.block, msg.stack);
+      }
+      return;
+    }
     if (!msg || msg.kind !== "frame" || msg.view !== id) return;
     const t0 = performance.now();
     const frame = decodeFrame(msg, buffers);
@@ -154,7 +170,7 @@ function render({ model, el }) {
     ["change:header", onHeader], ["change:title", onHeader], ["change:status", onHeader],
     ["change:demo", onHeader], ["change:advice", onHeader], ["change:oom", onHeader],
     ["change:map_layout", onLayout], ["change:controls", onControls], ["change:strips", onStrips],
-    ["change:glance", onGlance], ["change:holders", onHolders],
+    ["change:glance", onGlance], ["change:holders", onHolders], ["change:forecast", onForecast],
     ["change:job", onJob], ["msg:custom", onMsg],
   ];
   for (const [name, fn] of events) model.on(name, fn);
@@ -163,6 +179,7 @@ function render({ model, el }) {
   onStrips();
   onGlance();
   onHolders();
+  onForecast();
   onJob();
   model.send({ kind: "timeline_sync", view: id, since: 0 });
   onLayout();

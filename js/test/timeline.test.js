@@ -94,3 +94,30 @@ test("the wheel's zoom stays inside the run and gives everything back when wide 
   const tiny = zoomSpan([0, 0.01], 0, 100, 0, 0.5);
   assert.ok(tiny && tiny[1] - tiny[0] >= 0.01);  // no narrower than a ten-thousandth
 });
+
+test("a forecast's projection runs from the level at the last reading to the limit", async () => {
+  const { projection } = await import("../src/timeline.js");
+  const f = { seconds: 40, low: 30, high: 60, rate: 10, rate_low: 5, rate_high: 15, level: 600,
+    capacity: 1000, t_last: 100, sentence: "at this rate, OOM in about 40 s", what: "reserved" };
+  const p = projection({ ...f, high: 42 }, 0);
+  assert.deepEqual(p, { start: [100, 600], end: [140, 1000], low: [130, 1000], high: [142, 1000],
+    until: 144 });
+  // the slope's lower bound reaches the limit beyond the axis' end: its edge stops there
+  assert.deepEqual(projection(f, 0)?.high, [144, 600 + 5 * 44]);
+  assert.deepEqual(projection({ ...f, high: null }, 0)?.high, [144, 600 + 5 * 44]);
+  // a short history: the axis runs at most four times its span past the last reading
+  assert.equal(projection(f, 95)?.until, 120);
+  assert.equal(projection(null, 0), null);
+  assert.equal(projection({ ...f, seconds: 0 }, 0), null);
+});
+
+test("with a forecast the axes reach the limit and the projection's end", () => {
+  const pts = [[100, 10, 40, null, null, null], [110, 20, 80, null, null, null]];
+  const plot = { left: 0, top: 0, width: 100, height: 100 };
+  const s = timelineScale(pts, plot, null, { t1: 130, top: 1000 });
+  assert.equal(s.t1, 130);
+  assert.ok(s.top >= 1000);
+  const zoomed = timelineScale(pts, plot, [100, 105], { t1: 130, top: 1000 });
+  assert.equal(zoomed.t1, 105);  // a zoom shows what it asks for
+  assert.equal(zoomed.top, 48);  // of the points in view
+});

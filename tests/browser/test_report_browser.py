@@ -6,6 +6,7 @@ recorded and, unless it is the report itself, aborted: a report that fetched any
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,103 @@ def test_without_the_test_hooks_a_page_keeps_no_registry_or_log(browser, recorde
         assert page.evaluate("() => typeof window.__gpumemviz") == "undefined"
     finally:
         plain.close()
+
+
+RANKS = Path(__file__).resolve().parents[1] / "data" / "ranks_oom"
+
+
+def test_a_folder_report_shows_the_ranks_worst_first_and_one_ranks_findings(page, tmp_path):
+    """`gpumemviz report DIR -o x.html` on 4 per-rank files, one with an OOM: the grid lists
+    the OOM rank first, says what differs, and a click on a rank opens its findings."""
+    from gpumemviz.analysis.ranks import analyze_ranks
+    from gpumemviz.cli import main
+
+    out = tmp_path / "x.html"
+    assert main(["report", str(RANKS), "-o", str(out)]) == 0
+    seen = open_offline(page, out)
+    assert seen["errors"] == [] and seen["blocked"] == []
+    want = [r.rank for r in analyze_ranks(RANKS).ranks]
+    rows = page.locator("table[data-table=ranks] tbody tr")
+    assert rows.count() == 4
+    got = [int(rows.nth(i).get_attribute("data-rank")) for i in range(4)]
+    assert got == want and got[0] == 1  # rank 1 ran out: it comes first
+    assert rows.nth(0).get_attribute("data-oom") == "1"
+    assert all(rows.nth(i).get_attribute("data-oom") is None for i in range(1, 4))
+    diffs = page.locator(".gmv-rank-differences li").all_inner_texts()
+    assert "only rank 1 ran out of memory" in diffs
+    # each rank's findings one click away: closed until its line is clicked
+    details = page.locator("details.gmv-rank[data-rank='1']")
+    assert details.get_attribute("open") is None
+    assert not page.locator("details.gmv-rank[data-rank='1'] .gmv-oom-story").is_visible()
+    rows.nth(0).click()
+    assert details.get_attribute("open") is not None
+    story = page.locator("details.gmv-rank[data-rank='1'] .gmv-oom-story")
+    assert story.is_visible() and "OOM on cuda:0" in story.inner_text()
+    figures = page.locator("table[data-table=rank-1-figures]").inner_text()
+    assert "reserved" in figures and "18.39 GiB" in figures
+    assert page.locator("details.gmv-rank[data-rank='0'] .gmv-oom-story").count() == 0
+    # the page's own growth section: the worst rank's (nothing grows there)
+    growth = page.locator("section[data-section=growth]")
+    assert growth.locator(".gmv-growth-none").is_visible()
+
+
+def _planted_leak() -> dict:
+    """A training loop on the allocator model whose line 88 keeps each step's 64 MiB output
+    from step 3 on (tests/analysis/test_growth.py plants the same leak), with its frames."""
+    from gpumemviz.allocator.model import CachingAllocator
+    from gpumemviz.allocator.oom import OutOfMemory
+
+    mib = 1 << 20
+    clock = [1_700_000_000_000_000]
+    model = CachingAllocator(8 << 30, clock=lambda: clock[0])
+    stacks: list[list[dict]] = []
+
+    def malloc(size: int, line: int) -> int:
+        clock[0] += 100
+        addr = model.malloc(size)
+        stacks.append([{"filename": "/w/train.py", "line": line, "name": "train_step"}])
+        return addr
+
+    def free(addr: int) -> None:
+        clock[0] += 100
+        model.free(addr)
+
+    grads: list[int] = []
+    with contextlib.suppress(OutOfMemory):  # a request too big: the trace's OOM entry says
+        malloc(64 << 30, 7)  # how much memory the device has, what the forecast runs toward
+    for step in range(1, 13):
+        for g in grads:
+            free(g)
+        acts = [malloc(48 * mib, 20 + i) for i in range(3)]
+        out = malloc(64 * mib, 88)
+        grads = [malloc(32 * mib, 95) for _ in range(4)]
+        if step < 3:
+            free(out)
+        for a in acts:
+            free(a)
+        clock[0] += 500_000
+    d = model.snapshot(record=False)
+    frames = iter(stacks)
+    for e in d["device_traces"][0]:
+        if e["action"] == "alloc":
+            e["frames"] = next(frames)
+    return d
+
+
+def test_the_report_draws_the_growth_suspects_and_the_forecast(page, tmp_path):
+    from gpumemviz.analysis.findings import analyze
+
+    snap = _planted_leak()
+    found = analyze(snap)
+    (suspect,) = found.growth
+    assert found.forecast is not None  # toward the device's memory the OOM entry gave
+    out = report(snap, tmp_path / "leak.html")
+    seen = open_offline(page, out)
+    assert seen["errors"] == []
+    lines = page.locator("section[data-section=growth] .gmv-growth li")
+    assert lines.all_inner_texts() == [suspect.sentence]
+    assert "per step at train.py:88:train_step, kept since step 3" in suspect.sentence
+    assert lines.first.get_attribute("data-frame") == "/w/train.py:88"
+    forecast = page.locator("section[data-section=growth] .gmv-forecast")
+    assert forecast.inner_text() == f"Forecast: {found.forecast.sentence}."
+    assert forecast.inner_text().startswith("Forecast: at this rate, OOM in about ")

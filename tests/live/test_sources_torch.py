@@ -760,3 +760,94 @@ def test_extra_oom_handlers_and_history_state_on_the_cuda_path(serve, oom_file, 
     obs._OOM["last"].clear()
     attached[0](device, size, total, free)
     assert len(mine) == 1
+
+
+# ------------------------------------------------------------------------------------------------
+def _with_traceback(fake, frames_of):
+    """Give the stand-in torch.cuda.memory torch 2.13's `_allocation_traceback(data_ptr)` (one
+    live pointer's frames, innermost first; None for an address it does not know); it records
+    each address asked."""
+    asked: list[int] = []
+
+    def _allocation_traceback(data_ptr):
+        asked.append(data_ptr)
+        return frames_of(data_ptr)
+
+    fake.memory._allocation_traceback = _allocation_traceback
+    return asked
+
+
+def test_allocation_stack_asks_torch_for_one_pointer_without_a_snapshot(serve):
+    state = read_real(STATE_FILE)
+    fake, _ = serve(state)
+    src = TorchCudaSource(0, nvml=False)
+    assert src.allocation_stack(0x1000) is None  # torch before 2.13: no such function
+    frames = [
+        {"filename": "/x/torch/nn/modules/linear.py", "line": 125, "name": "forward"},
+        {"filename": "/home/me/train.py", "line": 88, "name": "step"},
+    ]
+    asked = _with_traceback(fake, lambda p: frames if p == 0x1000 else None)
+    calls = len(fake.calls)
+    assert src.allocation_stack(0x1000) == frames
+    assert src.allocation_stack(0x2000) is None  # not a live allocation's start
+    assert asked == [0x1000, 0x2000]
+    assert "_snapshot" not in fake.calls[calls:] and not any(
+        c.startswith("memory_snapshot") for c in fake.calls[calls:]
+    )
+    fake.memory._allocation_traceback = lambda p: 1 / 0  # a failing torch: None, no raise
+    assert src.allocation_stack(0x1000) is None
+    fake.initialized = False  # before CUDA is initialised: never asked
+    asked.clear()
+    _with_traceback(fake, lambda p: frames)
+    assert src.allocation_stack(0x1000) is None
+
+
+def test_the_panels_hover_gets_a_live_blocks_stack_from_torch(serve, monkeypatch):
+    """A live panel on the torch source: an allocated block whose frame carried no stack is
+    asked for by its address, and answered as the hover shows stacks."""
+    from gpumemviz.live.sampler import Sampler
+    from gpumemviz.render.rows import build_rows
+    from gpumemviz.snapshot.schema import ALLOCATED
+    from gpumemviz.widget.panel import MemoryPanel
+
+    state = read_real(STATE_FILE)
+    for seg in state["segments"]:
+        for b in seg["blocks"]:
+            b.pop("frames", None)  # a segment read without stacks
+    fake, _ = serve(state)
+    user = {"filename": "/home/me/train.py", "line": 88, "name": "step"}
+    asked = _with_traceback(fake, lambda p: [user])
+    panel = MemoryPanel(device=0)
+    sampler = Sampler(TorchCudaSource(0, nvml=False))
+    try:
+        panel.attach(sampler, owned=True)
+        sampler.sample_once(segments=True)
+        assert panel.flush()
+        seg = next(
+            s
+            for s in state["segments"]
+            if s["device"] == 0 and any(b["state"] == "active_allocated" for b in s["blocks"])
+        )
+        rows = build_rows(panel.shown, device=0)  # the rows the panel's map shows
+        row = next(r for r, a in enumerate(rows.address) if a == seg["address"])
+        blocks = rows.blocks(row)
+        k = next(i for i, st in enumerate(blocks["state"]) if st == ALLOCATED)
+        stack = panel.allocation_stack(row, k)
+        assert stack == {"lines": ["train.py:88:step"], "user": 0}
+        assert asked == [seg["address"] + int(blocks["offset"][k])]
+        free = [i for i, st in enumerate(blocks["state"]) if st != ALLOCATED]
+        if free:
+            assert panel.allocation_stack(row, free[0]) is None  # a free block: not asked
+        assert len(asked) == 1
+        # the browser's hover asks by message; the answer comes back on the writer thread
+        sent: list[dict] = []
+        real = panel.send
+        monkeypatch.setattr(panel, "send", lambda c, b=None: (sent.append(c), real(c, b)))
+        panel._handle_custom_msg({"kind": "stack", "view": "v", "row": row, "block": k}, [])
+        assert panel.flush()
+        (reply,) = [c for c in sent if c.get("kind") == "stack"]
+        assert reply["view"] == "v" and reply["row"] == row and reply["block"] == k
+        assert reply["stack"] == {"lines": ["train.py:88:step"], "user": 0}
+        assert reply["layout"] == panel.map_layout["version"]
+    finally:
+        panel.close()

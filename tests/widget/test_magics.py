@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
@@ -231,7 +233,13 @@ def test_the_magics_own_help_shows_every_option_and_the_workloads(shell, capsys)
 
     shell.run_line_magic("pinfo", "%gpumemviz")
     doc = re.sub(r"\s+", " ", capsys.readouterr().out)
-    for option in ("--device N|all", "--devices N", "--job HOST:PORT", "--demo WORKLOAD"):
+    for option in (
+        "--device N|all",
+        "--devices N",
+        "--job HOST:PORT",
+        "--demo WORKLOAD",
+        "--replay FILE|DIR",
+    ):
         assert option in doc, doc
     shell.run_line_magic("gpumemviz", "--help")
     out = re.sub(r"\s+", " ", capsys.readouterr().out)
@@ -294,3 +302,47 @@ def test_without_the_widget_extra_the_error_says_how_to_install_it(call):
         "ERROR gpumemviz's panel needs anywidget, which is not installed: "
         "pip install 'gpumemviz[widget]'" in out.stdout
     ), out.stdout + out.stderr[-2000:]
+
+
+RANKS = Path(__file__).resolve().parents[1] / "data" / "ranks_oom"
+
+
+def test_replay_of_a_folder_prints_the_ranks_and_shows_a_panel_per_rank_worst_first(shell, capsys):
+    """`%gpumemviz --replay DIR` on 4 per-rank files, rank 1 with an OOM: the summary worst
+    first (in a terminal), then with widgets a panel per rank in that order, the OOM's first."""
+    from gpumemviz.analysis.ranks import analyze_ranks
+
+    want = [r.rank for r in analyze_ranks(RANKS, check=False).ranks]
+    assert want[0] == 1
+    assert shell.run_line_magic("gpumemviz", f"--replay {RANKS}") is None
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "ranks_oom: 4 rank file(s), worst first:"
+    assert [line.split()[1] for line in out[1:5]] == [str(r) for r in want]
+    assert "OOM on cuda:0" in out[1] and "only rank 1 ran out of memory" in "\n".join(out)
+    assert _magics(shell).rank_panels == []  # a terminal: the summary only
+    _magics(shell).widgets = True
+    shell.run_line_magic("gpumemviz", f"--replay {RANKS}")
+    panels = _magics(shell).rank_panels
+    assert [p.title.split(" · ")[0] for p in panels] == [f"rank {r}" for r in want]
+    assert panels[0].title == "rank 1 · rank1_oom.pickle · ran out of memory"
+    for panel, rank in zip(panels, want, strict=True):
+        assert panel.flush() and panel.wait_checked()
+        snap = load_snapshot(RANKS / panel.title.split(" · ")[1])
+        assert panel.shown is not None and panel.shown.n_segments == snap.n_segments
+        assert bool(panel.oom) == (rank == 1)
+    shell.run_line_magic("gpumemviz", f"--replay {RANKS}")  # a re-run replaces the panels
+    assert all(p.comm is None for p in panels)  # closed
+    again = _magics(shell).rank_panels
+    assert len(again) == 4 and not set(map(id, again)) & set(map(id, panels))
+
+
+@pytest.mark.parametrize("files", [(), ("notes.txt", "readme.md")], ids=["empty", "no snapshot"])
+def test_replay_of_a_folder_without_snapshot_files_says_so_in_one_line(shell, tmp_path, files):
+    for name in files:
+        (tmp_path / name).write_text("not a snapshot")
+    with pytest.raises(UsageError) as err:
+        shell.run_line_magic("gpumemviz", f"--replay {tmp_path}")
+    message = str(err.value)
+    assert message.startswith(f"%gpumemviz --replay: {tmp_path} holds no snapshot file (")
+    assert "\n" not in message
+    assert _magics(shell).rank_panels == []

@@ -158,13 +158,17 @@ def _training_program(
     seq_lens: tuple[int, ...],
     checkpointing: bool,
     keep_grads: bool = False,
+    leak_bytes: int = 0,
 ) -> Iterator[Op]:
     """An eager training loop: AdamW, all tensors in one dtype.
 
     Per layer the forward saves ln1, qkv, softmax probabilities, context, residual, ln2, fc1 and
     gelu (the scores are a temporary); backward allocates the gradient temporaries, frees the
     layer's saved tensors, and (first step, or every step with grads set to None) the weight
-    gradients. AdamW's two states per parameter appear at the first optimizer step.
+    gradients. AdamW's two states per parameter appear at the first optimizer step. With
+    ``leak_bytes`` each step's forward keeps one more tensor of that size alive for good (a list
+    that keeps an activation per step, as a logging bug would): a slow net growth under the
+    sawtooth, until the device runs out.
     """
     d = shape.dtype_bytes
     new = Ids()
@@ -196,6 +200,8 @@ def _training_program(
             yield from _frees(scores)
             layer += yield from _mallocs(new, (tok, tok, tok, mlp, mlp))  # ctx, res, ln2, fc1, gelu
             saved.append(layer)
+        if leak_bytes:  # kept by the program, never freed
+            yield from _mallocs(new, (leak_bytes,))
         head = yield from _mallocs(new, (logits, 2 * logits))  # logits, fp32 log-softmax
         yield ("mark", f"backward {it}")
         dlogits = yield from _mallocs(new, (logits,))
@@ -234,6 +240,7 @@ def training_loop(
     max_seq: int = 1024,
     checkpointing: bool = False,
     keep_grads: bool = False,
+    leak_bytes: int = 0,
     config: str = "",
     capacity: int = 37 * GIB // 2,
     seed: int = 5,
@@ -254,6 +261,8 @@ def training_loop(
     keep_grads
         ``zero_grad(set_to_none=False)``: gradients stay allocated from the first backward on
         (default: set to None after each step, reallocated in the next backward).
+    leak_bytes
+        Bytes each step keeps alive for good (default 0: none): a slow leak under the sawtooth.
     config, capacity
         Allocator settings and the bytes the process can get.
     seed
@@ -272,6 +281,12 @@ def training_loop(
     rng = random.Random(seed)
     seq_lens = tuple(rng.randrange(min_seq, max_seq + 1, 64) for _ in range(iterations))
     what = "with activation checkpointing" if checkpointing else f"batch {batch}"
+    leak = (
+        f" Each step keeps {leak_bytes >> 20} MiB more alive for good (a leak): the sawtooth"
+        " climbs until the device runs out."
+        if leak_bytes
+        else ""
+    )
     return Workload(
         name=name or f"training ({what})",
         capacity=capacity,
@@ -279,7 +294,7 @@ def training_loop(
         description=(
             f"GPT-style training ({shape.layers} layers, hidden {shape.hidden}), {what}, "
             f"sequence length varying in [{min_seq}, {max_seq}]: activations of changing sizes "
-            "are carved from segments that gradients and optimizer state also land in."
+            "are carved from segments that gradients and optimizer state also land in." + leak
         ),
         program=_training_program,
         params={
@@ -288,6 +303,7 @@ def training_loop(
             "seq_lens": seq_lens,
             "checkpointing": checkpointing,
             "keep_grads": keep_grads,
+            "leak_bytes": leak_bytes,
         },
         iterations=iterations,
     )
@@ -641,6 +657,16 @@ def _catalogue() -> dict[str, Workload]:
             replace(train.with_config("expandable_segments:True"), name="training_expandable"),
             training_loop(checkpointing=True, name="training_checkpointed"),
             training_loop(batch=4, name="training_small_batch"),
+            # a fixed sequence length (an even sawtooth) and a leak of 128 MiB per step: the
+            # reserved memory climbs step over step until the OOM, about 80 s into the demo
+            training_loop(
+                iterations=200,
+                min_seq=512,
+                max_seq=512,
+                leak_bytes=128 << 20,
+                capacity=12 * GIB,
+                name="leak",
+            ),
             inference_server(paged=False, name="inference_contiguous"),
             inference_server(paged=True, name="inference_paged"),
             cuda_graph_workload(),
@@ -650,6 +676,6 @@ def _catalogue() -> dict[str, Workload]:
 
 
 # The catalogue the demo, the magic's --demo and the notebooks name: training,
-# training_expandable, training_checkpointed, training_small_batch, inference_contiguous,
+# training_expandable, training_checkpointed, training_small_batch, leak, inference_contiguous,
 # inference_paged, cuda_graph, rl_mempools.
 WORKLOADS: dict[str, Workload] = _catalogue()

@@ -67,6 +67,33 @@ class Ranks:
     ranks: tuple[RankFindings, ...]
     differences: tuple[str, ...]
 
+    def lines(self, name: str) -> list[str]:
+        """The ranks worst first, a line each (reserved, allocated, largest free, and the OOM,
+        leak suspects and forecast where there are), then what differs: what ``gpumemviz
+        inspect DIR`` and ``%gpumemviz --replay DIR`` print; `name` names the folder."""
+        fs = format_size
+        out = [f"{name}: {len(self.ranks)} rank file(s), worst first:"]
+        for r in self.ranks:
+            f = r.findings
+            what = []
+            if f.oom is not None:
+                what.append(one_line(f.oom.sentence))
+            if f.growth:
+                what.append(f"{len(f.growth)} leak suspect(s): {one_line(f.growth[0].sentence)}")
+            if f.forecast is not None:
+                what.append(f.forecast.sentence)
+            out.append(
+                f"  rank {r.rank} ({one_line(r.file)}): reserved {fs(f.figures.reserved)}, "
+                f"allocated {fs(f.figures.allocated)}, largest free {fs(f.figures.largest_free)}"
+                + "".join(f"; {w}" for w in what)
+            )
+        if self.differences:
+            out.append("what differs between the ranks:")
+            out += [f"  - {d}" for d in self.differences]
+        else:
+            out.append("what differs between the ranks: nothing that stands out")
+        return out
+
     def to_dict(self) -> JsonDict:
         """``folder``, ``grid`` (each rank's row, worst first), ``differences`` and ``ranks``
         (each rank's row with its full ``findings``)."""

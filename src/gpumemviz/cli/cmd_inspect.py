@@ -122,27 +122,7 @@ def _inspect_folder(args: argparse.Namespace) -> int:
     if args.json:
         say_json(ranks.to_dict())
         return 0
-    fs = format_size
-    lines = [f"{input_name(args.file)}: {len(ranks.ranks)} rank file(s), worst first:"]
-    for r in ranks.ranks:
-        f = r.findings
-        what = []
-        if f.oom is not None:
-            what.append(one_line(f.oom.sentence))
-        if f.growth:
-            what.append(f"{len(f.growth)} leak suspect(s): {one_line(f.growth[0].sentence)}")
-        if f.forecast is not None:
-            what.append(f.forecast.sentence)
-        lines.append(
-            f"  rank {r.rank} ({one_line(r.file)}): reserved {fs(f.figures.reserved)}, allocated "
-            f"{fs(f.figures.allocated)}, largest free {fs(f.figures.largest_free)}"
-            + ("".join(f"; {w}" for w in what))
-        )
-    if ranks.differences:
-        lines.append("what differs between the ranks:")
-        lines += [f"  - {d}" for d in ranks.differences]
-    else:
-        lines.append("what differs between the ranks: nothing that stands out")
+    lines = ranks.lines(input_name(args.file))
     lines.append("(gpumemviz inspect FILE shows one rank's findings in full)")
     say("\n".join(lines))
     return 0

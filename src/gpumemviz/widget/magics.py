@@ -45,8 +45,8 @@ __all__ = [
 ]
 
 USAGE = (
-    "%gpumemviz [--device N|all] [--devices N] [--interval S] [--demo WORKLOAD] [--replay FILE] "
-    "[--job HOST:PORT] [stop | status | export [--force] PATH]"
+    "%gpumemviz [--device N|all] [--devices N] [--interval S] [--demo WORKLOAD] "
+    "[--replay FILE|DIR] [--job HOST:PORT] [stop | status | export [--force] PATH]"
 )
 DEMO_DEVICES = 4  # --demo WORKLOAD --device all simulates this many devices unless --devices N
 
@@ -108,7 +108,11 @@ def _parser() -> _Parser:
         + ", ".join(_workload_names()),
     )
     p.add_argument(
-        "--replay", metavar="FILE", default=None, help="play back a recorded snapshot file"
+        "--replay",
+        metavar="FILE|DIR",
+        default=None,
+        help="play back a recorded snapshot file; a folder of per-rank files: a panel per rank, "
+        "worst first (an OOM first), after the ranks' summary",
     )
     p.add_argument(
         "--job",
@@ -162,6 +166,7 @@ class GpumemvizMagics(Magics):
         self.feeds: dict[int, _Feed] = {}
         self.multi: _AllFeed | None = None  # --device all
         self.job_panel: MemoryPanel | None = None  # --job HOST:PORT
+        self.rank_panels: list[MemoryPanel] = []  # --replay DIR: a panel per rank, worst first
         self.started: set[int] = set()  # devices whose shared sampler this extension started
         self.last_device = 0
         # None: decide from the shell (a kernel has a widget front end, a terminal has not)
@@ -173,8 +178,11 @@ class GpumemvizMagics(Magics):
         """Show the live memory panel; ``stop``, ``status`` or ``export PATH`` act on it.
 
         ``%gpumemviz [--device N|all] [--devices N] [--interval S] [--demo WORKLOAD]``
-        ``[--replay FILE] [--job HOST:PORT] [stop | status | export [--force] PATH]``
+        ``[--replay FILE|DIR] [--job HOST:PORT] [stop | status | export [--force] PATH]``
         (``%gpumemviz --help`` says what each does and lists the WORKLOAD names).
+        ``--replay DIR`` (a folder of per-rank snapshot files, as ``gpumemviz inspect DIR``
+        reads it) prints the ranks worst first and what differs, then shows a panel per rank in
+        that order.
 
         One feed per device: the shared sampler, or the extension's own on
         ``SimulatedSource(WORKLOAD)`` or ``PlaybackSource(FILE)`` (opened paused on the last
@@ -276,6 +284,9 @@ class GpumemvizMagics(Magics):
         raw = None
         if args.replay:
             path = Path(args.replay).expanduser().resolve()
+            if path.is_dir():
+                self._show_ranks(path, args)
+                return None
             if self._by_key(("replay", str(path), str(args.device))) is None:
                 raw = _load_file(path)  # read once: the replay sampler opens this same Snapshot
                 if not _has_history(raw):  # nothing to play: show the state the file holds
@@ -380,6 +391,36 @@ class GpumemvizMagics(Magics):
             if multi.owned:
                 for s in multi.samplers.values():
                     s.close()
+
+    def _show_ranks(self, folder: Path, args: argparse.Namespace) -> None:
+        """``--replay DIR``: every rank's file analysed (`analyze_ranks`), the summary printed
+        worst first, then (with widgets) a panel per rank's file in that order, each its
+        file's final state. Re-running replaces the panels."""
+        from IPython.display import display
+
+        from gpumemviz.analysis.ranks import analyze_ranks
+        from gpumemviz.io import load_snapshot
+        from gpumemviz.snapshot.schema import SnapshotError
+        from gpumemviz.widget import MemoryPanel
+
+        if args.device is not None or args.command is not None or args.interval is not None:
+            raise UsageError("%gpumemviz --replay DIR takes no other option (a panel per rank)")
+        try:
+            ranks = analyze_ranks(folder, check=False)
+        except (OSError, SnapshotError) as exc:  # no snapshot file; a file that cannot be read
+            raise UsageError(f"%gpumemviz --replay: {exc}") from None
+        for panel in self.rank_panels:
+            panel.close()
+        self.rank_panels = []
+        print("\n".join(ranks.lines(folder.name)))
+        if not self._has_widgets():
+            return
+        for r in ranks.ranks:
+            title = f"rank {r.rank} · {r.file}" + (" · ran out of memory" if r.findings.oom else "")
+            panel = MemoryPanel(title=title)
+            panel.show_snapshot(load_snapshot(folder / r.file))
+            self.rank_panels.append(panel)
+            display(panel)  # type: ignore[no-untyped-call]  # IPython's display is untyped
 
     def _show_file(self, snap: Snapshot, path: Path) -> MemoryPanel | None:
         """A snapshot without recorded history: its one state, no sampler."""
@@ -557,6 +598,9 @@ class GpumemvizMagics(Magics):
         if self.job_panel is not None:
             self.job_panel.close()
             self.job_panel = None
+        for panel in self.rank_panels:
+            panel.close()
+        self.rank_panels = []
         for device in sorted(self.started):
             shared(device).stop()
         self.started.clear()

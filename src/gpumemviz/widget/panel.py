@@ -31,6 +31,7 @@ import anywidget
 import numpy as np
 import traitlets
 
+from gpumemviz.live.forecast import Forecaster
 from gpumemviz.render.glance import glance_set
 from gpumemviz.render.holders import holder_marks, holders_view
 from gpumemviz.render.rows import build_rows
@@ -147,6 +148,10 @@ class MemoryPanel(anywidget.AnyWidget):
     """Who holds the allocated bytes shown (`gpumemviz.render.holders.holders_view` of the
     findings' holders): every key's top rows and the rest; {} before any findings. A click on
     a row asks for its blocks (a ``holder_blocks`` message, answered with `holder_marks`)."""
+    forecast = traitlets.Dict().tag(sync=True)
+    """The live time to OOM (`gpumemviz.live.forecast.LiveForecast.to_dict`: the sentence, the
+    seconds with their interval, the level, the limit and ``t_last``); {} when the trend is not
+    clear, or for a replay or a fixed snapshot. The timeline draws it."""
 
     ADVICE_EVERY_S = 1.0  # advice re-reads the whole snapshot: at most once a second
 
@@ -178,6 +183,7 @@ class MemoryPanel(anywidget.AnyWidget):
         self._times_of: tuple[Source, np.ndarray | None] | None = None  # (source, its times)
         self._last_point: Point | None = None
         self._timeline_of: Sampler | None = None  # the sampler whose points the timeline holds
+        self._forecaster = Forecaster()  # the live forecast's headroom and pace
         self._owns_sampler = False
         self._throttle = FindingsThrottle(
             lambda: self.ADVICE_EVERY_S, self._writer.submit, self._publish
@@ -312,6 +318,8 @@ class MemoryPanel(anywidget.AnyWidget):
         was, self._recorded = self._recorded, bool(replay)
         other = self._timeline_of is not None and self._timeline_of is not self.sampler
         self._timeline_of = self.sampler
+        self._forecaster.reset()
+        self.forecast = {}
         if not replay:
             if was or other:  # back to sampling, or another device's: start an empty timeline
                 self.timeline.reset([], [])
@@ -689,6 +697,7 @@ class MemoryPanel(anywidget.AnyWidget):
         else:
             self._apply_sample(item[1])
             self._add_point(item[1])  # after the header: the point carries its fragmentation
+            self._forecast(item[1])
 
     def _analyze_snapshot(self, snap: Snapshot) -> None:
         """A fixed snapshot: its findings now, unchecked; with a recorded trace, checked off
@@ -805,6 +814,22 @@ class MemoryPanel(anywidget.AnyWidget):
         self.timeline.append(point)
         self._last_point = point
         self.send({"kind": "timeline", "first": self.timeline.count - 1, "points": [point]})
+
+    def _forecast(self, sample: Sample) -> None:
+        """The live forecast from the sampler's history (live/forecast.py), at most once a
+        second; a replay's timeline is the recording, and gets none."""
+        device = getattr(sample, "device", None)
+        if self._recorded or self.sampler is None:
+            return
+        if None not in (device, self._device) and device != self._device:
+            return
+        report = self._shown_report
+        if sample.segments is not None and sample.segments is self.shown and report is not None:
+            self._forecaster.note_segments(sample, report.largest_free)
+        if self._forecaster.due(float(sample.time)):
+            found = self._forecaster.forecast(self.sampler.history.samples())
+            if found != self.forecast:
+                self.forecast = found
 
     def add_marker(self, label: str, kind: str = "mark", t: float | None = None) -> None:
         """A marker on the timeline (``gpumemviz.mark`` puts one on every live panel).
@@ -1024,12 +1049,81 @@ class MemoryPanel(anywidget.AnyWidget):
             view, by = str(content.get("view", "")), str(content.get("by", ""))
             index = int(content.get("index", -1))
             self._writer.submit(lambda: self._send_marks(view, by, index))
+        elif kind == "stack":  # the hover wants a live block's stack its frame did not carry
+            view, row, block = (
+                str(content.get("view", "")),
+                int(content.get("row", -1)),
+                int(content.get("block", -1)),
+            )
+            self._writer.submit(lambda: self._send_stack(view, row, block))
         elif kind == "timeline_sync":
             since = int(content.get("since", 0))
             self._writer.submit(lambda: self._sync_timeline(since))
         elif kind == "close":
             view = str(content.get("view", ""))
             self._writer.submit(lambda: self._wire.drop_view(view))
+
+    def allocation_stack(self, row: int, block: int) -> JsonDict | None:
+        """The hover's stack of exact block `block` of map row `row`, asked of the live source
+        for that one block (`TorchCudaSource.allocation_stack`: torch's record of one pointer,
+        no snapshot). The browser asks with a ``stack`` message when it hovers an allocated
+        block whose frame carried no stack.
+
+        Parameters
+        ----------
+        row : int
+            A row of the map shown (its layout now).
+        block : int
+            The block's index within the row.
+
+        Returns
+        -------
+        dict or None
+            ``{"lines", "user"}`` as `gpumemviz.render.stacks.stack_lines` gives them, or None:
+            a replay or a fixed snapshot, a free block, a source without it, no stack recorded.
+
+        Examples
+        --------
+        >>> seg = {"device": 0, "address": 0, "total_size": 2 << 20, "stream": 0,
+        ...        "segment_type": "large",
+        ...        "blocks": [{"size": 2 << 20, "state": "active_allocated"}]}
+        >>> panel = MemoryPanel.from_snapshot([seg])
+        >>> _ = panel.flush(); panel.allocation_stack(0, 0) is None  # a fixed snapshot: no source
+        True
+        >>> panel.close()
+        """
+        from gpumemviz.render.stacks import stack_lines
+        from gpumemviz.snapshot.schema import ALLOCATED
+
+        rows = self._wire.rows
+        source = getattr(self.sampler, "source", None)
+        lookup = getattr(source, "allocation_stack", None)
+        if rows is None or self._recorded or not callable(lookup):
+            return None
+        if not 0 <= row < rows.n_rows or not 0 <= block < int(rows.block_count[row]):
+            return None
+        b = rows.blocks(row)
+        if int(b["state"][block]) != ALLOCATED:
+            return None
+        frames = lookup(int(rows.address[row]) + int(b["offset"][block]))
+        if not frames:
+            return None
+        lines, user = stack_lines(frames)
+        return {"lines": lines, "user": user} if lines else None
+
+    def _send_stack(self, view: str, row: int, block: int) -> None:
+        stack = self.allocation_stack(row, block)
+        layout = self._wire.layout_version
+        self.send(
+            {
+                "kind": "stack",
+                "view": view,
+                "row": row,
+                "block": block,
+                "layout": layout,
+                "stack": stack,
+            }
+        )
 
     def _sync_timeline(self, since: int) -> None:
         """Send the timeline's points from ``since`` on, with every marker (a view opened, or

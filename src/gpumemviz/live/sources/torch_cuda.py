@@ -40,7 +40,7 @@ from gpumemviz.snapshot.sample import (
 
 if TYPE_CHECKING:
     from gpumemviz.snapshot import Snapshot
-    from gpumemviz.snapshot.schema import TorchDict
+    from gpumemviz.snapshot.schema import TorchDict, TorchList
 
 __all__ = ["TorchCudaSource"]
 
@@ -396,6 +396,26 @@ class TorchCudaSource:
         cuda.empty_cache()
         after = reserved()
         return {d: before[d] - after.get(d, 0) for d in before}
+
+    def allocation_stack(self, address: int) -> TorchList | None:
+        """The frames (innermost first) that allocated the live block at `address`, from
+        torch's own record of that one pointer (``torch.cuda.memory._allocation_traceback``,
+        torch 2.13 on): what the panel's hover asks for, with no snapshot taken. None where
+        torch has no such function, CUDA is not initialised, the address is not a live
+        allocation's start, or history is not recorded; never raises."""
+        try:
+            torch = _torch()
+            if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+                return None
+            memory = torch.cuda.memory
+            if not hasattr(memory, "_allocation_traceback"):
+                return None
+            frames = memory._allocation_traceback(int(address))
+        except Exception:
+            return None
+        if not isinstance(frames, list) or not all(isinstance(f, dict) for f in frames):
+            return None
+        return frames or None
 
     def reset_peaks(self) -> None:
         """``torch.cuda.reset_peak_memory_stats`` on this device: the peak figures start again
