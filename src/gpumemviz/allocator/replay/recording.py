@@ -18,7 +18,7 @@ import numpy as np
 from gpumemviz.allocator.replay.columns import alloc_entries, by_address, steps_from_columns
 from gpumemviz.allocator.replay.forward import apply_step
 from gpumemviz.allocator.replay.layout import Layout, LayoutError
-from gpumemviz.allocator.replay.pools import PoolPlan, plan_pools
+from gpumemviz.allocator.replay.pools import PoolPlan, plan_pools, recorded_pools
 from gpumemviz.allocator.replay.reconstruct import reconstruct_layout
 from gpumemviz.allocator.replay.steps import Rules, Step, steps_of
 from gpumemviz.allocator.replay.trail import Trail, spacing
@@ -230,7 +230,12 @@ class Recording:
             allocs=allocs,
             **kw,
         )
-        tl.pools = plan_pools(start, steps, segs, tl.layout_at)
+        if trace is not None:
+            said = [e.get("pool_id") for e in trace]
+        else:
+            assert columns is not None  # steps came from them
+            said = columns.values("pool_id")
+        tl.pools = plan_pools(start, steps, segs, tl.layout_at, recorded_pools(said))
         got, want = tl.final.key(requested=False), final.key(requested=False)
         if got != want:
             diff = [a[0] for a, b in zip(got, want, strict=False) if a != b]
