@@ -273,7 +273,7 @@ def plan_pools(
     return PoolPlan(alloc, ids, by_base, unnamed, recorded if named else None)
 
 
-def recorded_pools(values: Sequence[object]) -> list[PoolId | None] | None:
+def recorded_pools(values: list[object]) -> list[PoolId | None] | None:
     """Each entry's ``pool_id`` (newer torch writes one per entry) as a pool id, None where an
     entry has none or an unreadable one (the inference decides there); None when no entry has
     one.
@@ -285,6 +285,8 @@ def recorded_pools(values: Sequence[object]) -> list[PoolId | None] | None:
     >>> recorded_pools([None, None]) is None
     True
     """
+    if values.count(None) == len(values):  # older torch: no entry has one (a C-level pass)
+        return None
     out: list[PoolId | None] = []
     for v in values:
         pid: PoolId | None = None
