@@ -11,7 +11,7 @@ from gpumemviz.allocator.replay import replay
 from gpumemviz.allocator.replay.driver import drive
 from gpumemviz.allocator.replay.recording import Recording
 from gpumemviz.io import load_snapshot
-from torch_fields import MiB, _entry, torch_file
+from torch_fields import MiB, torch_file
 
 SEG3 = 0x7F0002000000  # a third pool's small segment, released before the snapshot
 
@@ -24,14 +24,14 @@ def _with_gone_pool(pool_ids: bool) -> dict:
     d = torch_file(entries={i: {"pool_id": (1, 0) if i >= 6 else (0, 0)} for i in range(8)})
     for e in d["device_traces"][0][3:6]:
         e["size"] = 3 * MiB
-    gone = [
-        _entry("segment_alloc", SEG3, 2 * MiB, 10),
-        _entry("alloc", SEG3, 512, 11),
-        _entry("free_requested", SEG3, 512, 12),
-        _entry("free_completed", SEG3, 512, 13),
-        _entry("segment_free", SEG3, 2 * MiB, 14),
-    ]
     trace = d["device_traces"][0]
+    moves = [("segment_alloc", 2 * MiB), ("alloc", 512), ("free_requested", 512),
+             ("free_completed", 512), ("segment_free", 2 * MiB)]  # fmt: skip
+    like = {k: v for k, v in trace[-1].items() if k != "pool_id"}  # its stack, stream, ...
+    gone = [
+        {**like, "action": a, "addr": SEG3, "size": size, "time_us": like["time_us"] + t}
+        for t, (a, size) in enumerate(moves, 1)
+    ]
     trace += gone
     for e in trace:
         if pool_ids:
