@@ -677,6 +677,15 @@ class CachingAllocator:
         segs: list[TorchDict] = self.snapshot(include_traces=False, record=False)["segments"]
         return [s for s in segs if s["segment_pool_id"] == pid]
 
+    def pool_of(self, addr: int) -> PoolId:
+        """The pool of the allocated block at `addr`: (0, 0) for the default pools, else its
+        private pool's id (what replay checks against a trace entry's recorded ``pool_id``)."""
+        b = self._allocated.get(addr)
+        if b is None:
+            raise ValueError(f"pool_of: {addr:#x} is not the address of an allocated block")
+        owner = b.pool.owner
+        return DEFAULT_POOL if owner is None else owner.id
+
     def pool_reserved(self) -> dict[PoolId, int]:
         """Reserved bytes per pool: the default pools as (0, 0), then each private pool."""
         out = {pid: pp.reserved for pid, pp in self._pools.items()}

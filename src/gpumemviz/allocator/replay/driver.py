@@ -467,11 +467,13 @@ class Driver:
                 self.where[self.rename(addr)] = got
                 if self.what_if:
                     pass  # invented addresses: nothing to compare
-                elif got == addr:
-                    out.allocs_matched += 1
-                else:
+                elif got != addr:
                     differs = True
                     self._miss(i, "alloc", f"model chose {got:#x}, recorded {addr:#x}")
+                elif self._pool_differs(i, got):
+                    differs = True
+                else:
+                    out.allocs_matched += 1
         else:
             if out.recorded_oom is None:
                 out.recorded_oom = i
@@ -498,12 +500,25 @@ class Driver:
         self.where[self.rename(addr)] = got
         if self.what_if:
             return
-        if got == addr:
+        if got == addr and not self._pool_differs(i, got):
             out.allocs_matched += 1
             return
-        self._miss(i, "alloc", f"model chose {got:#x}, recorded {addr:#x}")
+        if got != addr:
+            self._miss(i, "alloc", f"model chose {got:#x}, recorded {addr:#x}")
         if self.resync:
             self._resynchronise(i)
+
+    def _pool_differs(self, i: int, got: int) -> bool:
+        """Whether alloc `i`, placed at `got`, landed in another pool than the ``pool_id`` its
+        entry records (a miss, said as one); False where the entry records none."""
+        said = self.plan.recorded[i] if self.plan is not None and self.plan.recorded else None
+        if said is None:
+            return False
+        placed = self.model.pool_of(got)
+        if placed == said:
+            return False
+        self._miss(i, "pool", f"model placed it in pool {placed}, recorded pool {said}")
+        return True
 
     def _synced_oom(
         self, size: int, stream: int, leading: Sequence[int]

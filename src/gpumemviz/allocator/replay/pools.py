@@ -10,6 +10,9 @@ proves that pool was held when the segment was released (one of its segments sat
 and stayed through that release): then the segments released together were a pool of their own,
 deleted before the snapshot (an "unnamed" pool, id (-1, k), released after its last alloc).
 An alloc's pool is its segment's; an OOM entry takes the pool of the alloc before it.
+Newer torch writes a ``pool_id`` on each trace entry: where an entry has one, it is that entry's
+pool (and its segment's, for a segment entry or the first alloc of a segment that is gone),
+the inference above only filling in where entries have none.
 docs/allocator.md, Replay: private pools, states the rule and its limits.
 """
 
@@ -26,7 +29,7 @@ if TYPE_CHECKING:
     from gpumemviz.allocator.replay.layout import Layout
     from gpumemviz.snapshot.schema import TorchMapping
 
-__all__ = ["PoolId", "PoolPlan", "plan_pools"]
+__all__ = ["PoolId", "PoolPlan", "plan_pools", "recorded_pools"]
 
 PoolId = tuple[int, int]
 _DEFAULT: PoolId = (0, 0)
@@ -44,9 +47,12 @@ class PoolPlan:
     every other entry); `ids` the private pools seen; `segment(base, point)` the pool of the
     segment at `base` after entry `point` (-1: the start). `unnamed` maps each pool the
     snapshot no longer shows to the entry of its last alloc, after which it was deleted.
+    `recorded[i]` is the ``pool_id`` trace entry i carries ((0, 0): the default pools; None
+    where it has none), or `recorded` is None when no entry has one: the replay checks each
+    alloc it places against it.
     """
 
-    __slots__ = ("_lives", "alloc", "ids", "unnamed")
+    __slots__ = ("_lives", "alloc", "ids", "recorded", "unnamed")
 
     def __init__(
         self,
@@ -54,8 +60,10 @@ class PoolPlan:
         ids: list[PoolId],
         lives: dict[int, tuple[list[int], list[PoolId]]],
         unnamed: dict[PoolId, int] | None = None,
+        recorded: list[PoolId | None] | None = None,
     ) -> None:
         self.alloc = alloc
+        self.recorded = recorded
         self.ids = ids
         self._lives = lives
         self.unnamed = unnamed or {}
@@ -147,15 +155,19 @@ def plan_pools(
     steps: Sequence[Step],
     final_segments: Iterable[TorchMapping],
     layout_at: LayoutAt | None = None,
+    recorded: list[PoolId | None] | None = None,
 ) -> PoolPlan | None:
-    """The pools of one device's trace, or None when its final segments name no private pool.
+    """The pools of one device's trace, or None when neither its final segments nor its
+    entries name a private pool.
 
     `start` is the reconstructed layout before the first entry, `final_segments` the
     snapshot's segments of the device, `layout_at(i)` the recorded layout after entry i (to
-    tell a held pool from a freeable one; without it that test is skipped).
+    tell a held pool from a freeable one; without it that test is skipped), `recorded[i]`
+    the ``pool_id`` entry i carries (None where it has none; `recorded_pools` reads them).
     """
     finals = sorted((int(s["address"]), int(s["total_size"]), _pid(s)) for s in final_segments)
-    if all(p == _DEFAULT for _, _, p in finals):
+    named = recorded is not None and any(p not in (None, _DEFAULT) for p in recorded)
+    if not named and all(p == _DEFAULT for _, _, p in finals):
         return None
     fbases = [f[0] for f in finals]
 
@@ -197,6 +209,14 @@ def plan_pools(
                     life.allocs.append(i)
     for life in live.values():  # alive at the end: the snapshot names its pool
         life.pid = final_pid(life.base)
+    told: set[int] = set()  # lives whose pool an entry names (kept, never renamed)
+    if recorded is not None:
+        for n, life in enumerate(lives):
+            at = [life.start] if life.start >= 0 else []
+            said = next((recorded[i] for i in at + life.allocs if recorded[i] is not None), None)
+            if said is not None and life.pid is None:
+                life.pid = said
+                told.add(n)
     known = sorted((i, life.pid) for life in lives if life.pid is not None for i in life.allocs)
     unnamed: dict[PoolId, int] = {}
     by_burst: dict[tuple[PoolId, int], PoolId] = {}
@@ -204,6 +224,13 @@ def plan_pools(
     for life in guesses:
         first = life.allocs[0] if life.allocs else life.start
         life.pid = _nearest(known, first)
+    final_ids = {p for _, _, p in finals}
+    for n in sorted(told):  # a named pool gone by the end whose segment was released: deleted
+        life = lives[n]
+        if life.pid not in final_ids and life.freed >= 0 and steps[life.freed][0] == "segment_free":
+            assert life.pid is not None
+            last_alloc = max(life.allocs, default=life.start)
+            unnamed[life.pid] = max(unnamed.get(life.pid, -1), last_alloc)
     for life in guesses:
         assert life.pid is not None
         if (
@@ -217,11 +244,11 @@ def plan_pools(
         lo = life.freed
         while lo > 0 and steps[lo - 1][0] == "segment_free":
             lo -= 1
+        last_alloc = max(life.allocs, default=life.start)
         key = (life.pid, lo)
         if key not in by_burst:
             by_burst[key] = (-1, len(by_burst) + 1)
         life.pid = by_burst[key]
-        last_alloc = max(life.allocs, default=life.start)
         unnamed[life.pid] = max(unnamed.get(life.pid, -1), last_alloc)
     alloc: list[PoolId | None] = [None] * len(steps)
     for life in lives:
@@ -230,6 +257,9 @@ def plan_pools(
                 alloc[i] = life.pid
     last: PoolId | None = None
     for i, step in enumerate(steps):  # an oom entry: the pool of the alloc before it
+        said = recorded[i] if recorded is not None else None
+        if said is not None and step[0] in ("alloc", "oom"):  # the entry names its pool
+            alloc[i] = None if said == _DEFAULT else said
         if step[0] == "alloc":
             last = alloc[i]
         elif step[0] == "oom":
@@ -240,4 +270,29 @@ def plan_pools(
         starts.append(life.start)
         pids.append(life.pid or _DEFAULT)
     ids = sorted({p for _, _, p in finals if p != _DEFAULT} | {p for p in alloc if p is not None})
-    return PoolPlan(alloc, ids, by_base, unnamed)
+    return PoolPlan(alloc, ids, by_base, unnamed, recorded if named else None)
+
+
+def recorded_pools(values: list[object]) -> list[PoolId | None] | None:
+    """Each entry's ``pool_id`` (newer torch writes one per entry) as a pool id, None where an
+    entry has none or an unreadable one (the inference decides there); None when no entry has
+    one.
+
+    Examples
+    --------
+    >>> recorded_pools([(1, 0), None, [0, 0], "x"])
+    [(1, 0), None, (0, 0), None]
+    >>> recorded_pools([None, None]) is None
+    True
+    """
+    if values.count(None) == len(values):  # older torch: no entry has one (a C-level pass)
+        return None
+    out: list[PoolId | None] = []
+    for v in values:
+        pid: PoolId | None = None
+        if isinstance(v, (tuple, list)) and len(v) == 2:
+            a, b = v
+            if type(a) is int and type(b) is int:
+                pid = (a, b)
+        out.append(pid)
+    return out if any(p is not None for p in out) else None

@@ -245,14 +245,15 @@ def _merges(blocks: Sequence[Block], k: int, b: Block, addr: int, bsize: int) ->
 def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints: _Hints) -> None:
     """`reconstruct_layout` with a trail: `_undo` per step, except that an alloc, a
     free_completed and a free_requested that fit run inline on locals (most of a trace; a
-    function call and two lookups fewer each), a free_requested just before its
-    free_completed with it. Anything else, a step that does not fit included, goes to
-    `_undo`, which does the same and raises the same errors."""
+    function call and two lookups fewer each; a free_completed's restored size too), a
+    free_requested just before its free_completed with it. Anything else, a step that does
+    not fit included, goes to `_undo`, which does the same and raises the same errors."""
     bases, segs, owned = lay.bases, lay.segs, lay.owned
     alloc_delta, seg_at, seg_count = trail.alloc_delta, trail.seg_at, trail.seg_count
     exact = trail.exact  # a local copy, stored back wherever it is cleared
     rounded, round_, mss = rules.rounded, rules.round, rules.max_split_size
     next_at = trail.next_at
+    boundary = hints.boundary
     skip = -1  # a free_requested undone with the free_completed after it
     for i in range(len(steps) - 1, -1, -1):
         if i == skip:
@@ -305,10 +306,15 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                     blocks = lay.own(seg).blocks
                 blocks[k] = (addr, b[1], ALLOCATED, b[3])
             elif action == "free_completed" and state == INACTIVE and addr < (end := b[0] + b[1]):
+                # `_restored_size`, inlined
+                r = rounded.get(size) or round_(size)
                 if seg.small or seg.expandable:
-                    bsize = rounded.get(size) or round_(size)  # `_restored_size`'s first rule
+                    bsize = r
+                elif r >= mss or end - addr - r <= K_SMALL_SIZE:
+                    bsize = end - addr  # oversize, or the tail rule
                 else:
-                    bsize = _restored_size(seg, end, addr, size, i, rules, hints)
+                    x = boundary(addr, addr + r, addr + r + K_SMALL_SIZE, i)
+                    bsize = r if x is None else x - addr
                 if addr + bsize > end:
                     _undo(lay, steps, i, rules, trail, hints)  # not inside the block: it says so
                 else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -18,7 +19,7 @@ import numpy as np
 from gpumemviz.allocator.replay.columns import alloc_entries, by_address, steps_from_columns
 from gpumemviz.allocator.replay.forward import apply_step
 from gpumemviz.allocator.replay.layout import Layout, LayoutError
-from gpumemviz.allocator.replay.pools import PoolPlan, plan_pools
+from gpumemviz.allocator.replay.pools import PoolPlan, plan_pools, recorded_pools
 from gpumemviz.allocator.replay.reconstruct import reconstruct_layout
 from gpumemviz.allocator.replay.steps import Rules, Step, steps_of
 from gpumemviz.allocator.replay.trail import Trail, spacing
@@ -32,7 +33,18 @@ if TYPE_CHECKING:
 __all__ = ["Recording", "apply_step"]
 
 _GROWS = ("segment_alloc", "segment_map")
+Alloc = tuple[int, int, "TorchList"]  # (entry index, address, frames) of an alloc entry
+_Stacks = tuple[dict[int, tuple[list[int], list["TorchList"]]], dict[int, "TorchList"]]
 _SHRINKS = ("segment_free", "segment_unmap")
+
+
+def _dict_allocs(trace: list[TorchDict]) -> list[Alloc]:
+    """`alloc_entries` of a trace held as torch's entry dicts."""
+    return [
+        (i, int(e["addr"]), e.get("frames") or [])
+        for i, e in enumerate(trace)
+        if e.get("action") == "alloc"
+    ]
 
 
 def _device_settings(snapshot: TorchMapping) -> TorchMapping | None:
@@ -65,7 +77,7 @@ class Recording:
         trace: list[TorchDict] | None = None,
         columns: Trace | None = None,
         segments: Iterable[TorchMapping] = (),
-        allocs: Iterable[tuple[int, int, TorchList]] = (),
+        allocs: Iterable[tuple[int, int, TorchList]] | Callable[[], Iterable[Alloc]] = (),
     ):
         """`walked`: the trail of the walk that reconstructed `start` and the final layout it
         began from; used when the trail is exact, else the trace is applied forwards.
@@ -73,7 +85,9 @@ class Recording:
         `trace` (the entries as torch dicts) or `columns` (the trace as a `Snapshot`'s
         columns) is what `snapshot_at` hands out as ``device_traces``; without either, dicts
         are built from `steps`. `segments` (the final ones) and `allocs` (index, address,
-        frames of each alloc entry) give the blocks' stacks (`frames_after`).
+        frames of each alloc entry, or a function giving them) give the blocks' stacks
+        (`frames_after`): read at its first call, which `replay` never makes (a dict and two
+        lists per address that only a seek reads).
         """
         self.device = device
         self.steps = list(steps)
@@ -90,10 +104,10 @@ class Recording:
         self._trace = trace
         self._columns = columns  # the trace's columns, when built from them
         # allocation stacks: per address, the alloc entries there (indices, frames) and the
-        # stacks of blocks alive before the trace; the layout itself carries none
-        self._allocs: dict[int, tuple[list[int], list[list[Any]]]] = {}
-        self._start_frames: dict[int, TorchList] = {}
-        self._keep_frames(segments, allocs)
+        # stacks of blocks alive before the trace (the layout itself carries none), from
+        # these sources at the first `frames_after`
+        self._frame_sources = (list(segments), allocs)
+        self._stacks: _Stacks | None = None
         # which private pool each alloc went to (None: the segments name none)
         self.pools: PoolPlan | None = None
 
@@ -204,15 +218,12 @@ class Recording:
         trail = Trail(len(steps), kw.get("every", 128))
         sorted_steps = by_address(columns) if trace is None and columns is not None else None
         start = reconstruct_layout(final, steps, rules, trail, sorted_steps)
+        allocs: Callable[[], Iterable[Alloc]]  # read at the first seek, if any
         if trace is not None:
-            allocs = [
-                (i, int(e["addr"]), e.get("frames") or [])
-                for i, e in enumerate(trace)
-                if e.get("action") == "alloc"
-            ]
+            allocs = partial(_dict_allocs, trace)
         else:
             assert columns is not None  # steps came from them
-            allocs = alloc_entries(columns)
+            allocs = partial(alloc_entries, columns)
         entries = trace
         held = snapshot.get("device_traces") or []
         if trace is None and device < len(held) and len(held[device]) == len(steps):
@@ -230,7 +241,12 @@ class Recording:
             allocs=allocs,
             **kw,
         )
-        tl.pools = plan_pools(start, steps, segs, tl.layout_at)
+        if trace is not None:
+            said = [e.get("pool_id") for e in trace]
+        else:
+            assert columns is not None  # steps came from them
+            said = columns.values("pool_id")
+        tl.pools = plan_pools(start, steps, segs, tl.layout_at, recorded_pools(said))
         got, want = tl.final.key(requested=False), final.key(requested=False)
         if got != want:
             diff = [a[0] for a, b in zip(got, want, strict=False) if a != b]
@@ -242,14 +258,18 @@ class Recording:
             )
         return tl
 
-    def _keep_frames(
-        self, segments: Iterable[TorchMapping], allocs: Iterable[tuple[int, int, TorchList]]
-    ) -> None:
-        """Record where each block's stack comes from: its trace `alloc` entry (`allocs`:
-        index, address, frames), except that a block alive at the end (or since before the
-        trace) takes the file's stack at its address, which is what torch stored for it."""
-        for i, addr, frames in allocs:
-            at, stacks = self._allocs.setdefault(addr, ([], []))
+    def _keep_frames(self) -> _Stacks:
+        """Where each block's stack comes from: its trace `alloc` entry (index, address,
+        frames), except that a block alive at the end (or since before the trace) takes the
+        file's stack at its address, which is what torch stored for it. Built once, into
+        locals first (a sampler thread may ask at the same time: both build the same)."""
+        if self._stacks is not None:
+            return self._stacks
+        segments, allocs = self._frame_sources
+        by_addr: dict[int, tuple[list[int], list[TorchList]]] = {}
+        start_frames: dict[int, TorchList] = {}
+        for i, addr, frames in allocs() if callable(allocs) else allocs:
+            at, stacks = by_addr.setdefault(addr, ([], []))
             at.append(i)
             stacks.append(frames)
         for s in segments:
@@ -259,12 +279,14 @@ class Recording:
                     hist = b.get("history") or [{}]  # torch 2.0 keeps the stack there
                     here = int(b.get("address", addr))
                     frames = b.get("frames") or hist[0].get("frames") or []
-                    got = self._allocs.get(here)
+                    got = by_addr.get(here)
                     if got:  # the last alloc here made the block that is still alive
                         got[1][-1] = frames
                     else:
-                        self._start_frames[here] = frames
+                        start_frames[here] = frames
                 addr += int(b["size"])
+        self._stacks = (by_addr, start_frames)
+        return self._stacks
 
     def frames_after(self, event_index: int) -> Callable[[int], TorchList]:
         """``frames(address)``: the stack of the active block there after `event_index`.
@@ -272,13 +294,15 @@ class Recording:
         What `snapshot_at` hands to `Layout.to_segments` (usable with `layout_at` too).
         """
 
+        by_addr, start_frames = self._keep_frames()
+
         def frames(addr: int) -> TorchList:
-            got = self._allocs.get(addr)
+            got = by_addr.get(addr)
             if got is not None:
                 j = bisect.bisect_right(got[0], event_index) - 1
                 if j >= 0:
                     return got[1][j]
-            return self._start_frames.get(addr, [])
+            return start_frames.get(addr, [])
 
         return frames
 
