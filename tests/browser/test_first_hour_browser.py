@@ -79,6 +79,7 @@ def test_notebook_05_names_the_users_line_by_its_cell(page, notebook, artifacts)
         arg=row,
         timeout=20_000,
     )
+    page.locator(".gmv-scroll").first.scroll_into_view_if_needed()  # the map, under the bar
     box = page.evaluate(
         f"""([row, mid]) => {{ const v = ({VIEW})(); v.map.drawNow(); const r = v.map.rowRect(row);
             const c = v.map.canvas.getBoundingClientRect();
