@@ -16,8 +16,9 @@ export const FIELDS = ["t", "allocated", "reserved", "nvml_used", "non_pytorch",
  *   what: string}} Forecast the live time to OOM (live/forecast.py `LiveForecast.to_dict`)
  * @typedef {{t: number, label: string, kind: string}} Mark a step or cell marker
  *   (render/timeline.py)
- * @typedef {{first: number, points: (number | null)[][], reset?: boolean, marks?: Mark[]}}
- *   TimelineUpdate points from index `first` on (`reset`: instead of those held)
+ * @typedef {{first: number, points: (number | null)[][], reset?: boolean, marks?: Mark[],
+ *   device?: number | null}} TimelineUpdate points from index `first` on (`reset`: instead of
+ *   those held); `device`: the device whose history they are (widget/panel.py)
  */
 
 /** The canvas' height and the plot's margins (CSS pixels): a byte axis on the left, the
@@ -268,6 +269,10 @@ export function createTimeline(host, opts) {
   let next = 0;
   let raf = 0;
   let waiting = false;  // cleared for another device: points count again from its reset on
+  /** @type {Set<number>} the devices whose history the points held are (the canvas says) */
+  let devices = new Set();
+  /** @param {TimelineUpdate} msg */
+  const deviceOf = (msg) => (typeof msg.device === "number" ? [msg.device] : []);
   /** @type {{x: number, label: string}[]} markers drawn, for the hover */
   let placed = [];
   /** @type {ReturnType<typeof timelineScale> | null} */
@@ -333,6 +338,7 @@ export function createTimeline(host, opts) {
     ctx.fillStyle = c.bg;
     ctx.fillRect(0, 0, width, TL_H);
     canvas.dataset.points = String(points.length);
+    canvas.dataset.devices = [...devices].sort((a, b) => a - b).join(",");
     canvas.dataset.marks = String(marks.length);
     wrap.hidden = !points.length;
     if (!points.length) { scale = null; labelXs = []; return; }
@@ -495,10 +501,12 @@ export function createTimeline(host, opts) {
         points = msg.points.slice();
         marks = (msg.marks || []).slice();
         waiting = false;
+        devices = new Set(deviceOf(msg));
       } else if (waiting) {
         return;  // the device shown before: its points wait for the new device's reset
       } else if (msg.first === next) {
         points.push(...msg.points);
+        for (const d of deviceOf(msg)) devices.add(d);
         if (points.length > 4000) points.splice(0, points.length - 4000);
       } else if (msg.first > next) {
         opts.onSync(next);  // missed some: ask for what follows what we hold
@@ -525,6 +533,7 @@ export function createTimeline(host, opts) {
       marks = [];
       next = 0;
       waiting = true;
+      devices = new Set();
       schedule();
     },
     get points() { return points; },

@@ -138,4 +138,8 @@ def test_a_live_sample_is_one_read_and_says_its_advice_is_unchecked():
     with_oom = analyze(dataclasses.replace(sample, oom=event))
     assert with_oom.oom is not None and with_oom.oom.basis == "event"
     assert with_oom.oom.actions[0].effect == 64 * GiB
+    # an OOM's sample made before the device was first read: its event's total is the device's
+    bare = dataclasses.replace(sample, oom=event, device_info=None, nvml=None)
+    assert analyze(bare).figures.device_total == 8 * GiB
+    assert analyze(dataclasses.replace(bare, oom=None)).figures.device_total is None
     assert with_oom.oom.sentence == "OOM on cuda:0 of 64.00 GiB (capacity): it does not fit"

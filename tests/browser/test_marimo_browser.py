@@ -1,7 +1,7 @@
 """The panel in marimo, which renders anywidget natively: `gpumemviz.monitor()` in a marimo
-cell shows the live demo updating, and a button acts while no cell runs (a running marimo cell
-holds the widget's messages until it ends: docs/panel.md says so). Skipped (one line) where
-marimo is not installed."""
+cell shows the live demo updating, and a button acts while no cell runs; while another cell
+runs the panel still updates, and a click says it is queued and acts when that cell ends
+(docs/panel.md says so). Skipped (one line) where marimo is not installed."""
 
 from __future__ import annotations
 
@@ -41,6 +41,22 @@ def _():
 
     panel = gpumemviz.monitor(interval=0.25)  # no GPU here: the simulated allocator
     mo.ui.anywidget(panel)
+    return (mo,)
+
+
+@app.cell
+def _(mo):
+    train = mo.ui.run_button(label="train")
+    train
+    return (train,)
+
+
+@app.cell
+def _(train):
+    import time
+
+    if train.value:  # a "training" cell, run from the page: it holds the kernel 6 s
+        time.sleep(6)
     return
 
 
@@ -148,3 +164,49 @@ def test_the_live_demo_updates_and_a_button_acts_in_marimo(page, marimo_app, art
     assert all(re.fullmatch(r"[\d.]+ (bytes|KiB|MiB|GiB|TiB)", t) for t in got["ticks"][1:])
     assert sorted(got["keys"]) == sorted(got["series"]) and "allocated" in got["series"]
     page.screenshot(path=str(artifacts / "marimo.png"), full_page=True)
+
+
+def test_a_click_while_another_cell_runs_is_queued_and_acts_when_it_ends(page, marimo_app):
+    """`marimo run` gives each page its own session, in one process: its panel reads the
+    device's shared sampler, which an earlier page may have paused (resumed here first, while
+    no cell runs)."""
+    page.set_viewport_size({"width": 1300, "height": 1000})
+    page.goto(marimo_app)
+    pause = f"() => ({VIEW})().root.querySelector('button[data-cmd=pause]')"
+    page.wait_for_function(
+        f"() => {{ const v = ({VIEW})(); return v && Number(v.root.dataset.seq) > 0; }}",
+        timeout=120_000,
+    )
+    if page.evaluate(f"() => ({pause})().textContent") == "resume":
+        page.evaluate(f"() => ({pause})().click()")
+        page.wait_for_function(f"() => ({pause})().textContent === 'pause'", timeout=20_000)
+    seq = int(page.evaluate(f"() => ({VIEW})().root.dataset.seq"))
+    page.wait_for_function(
+        f"seq => Number(({VIEW})().root.dataset.seq) > seq + 2", arg=seq, timeout=30_000
+    )
+    page.get_by_role("button", name="train").click()
+    page.wait_for_timeout(1000)  # the cell runs (6 s)
+    seq = int(page.evaluate(f"() => ({VIEW})().root.dataset.seq"))
+    page.evaluate(f"() => ({VIEW})().root.querySelector('button[data-cmd=pause]').click()")
+    t0 = time.monotonic()
+    seen = []  # (seconds since the click, seq, reply state, reply text, button text)
+    while time.monotonic() - t0 < 20:
+        got = page.evaluate(
+            f"""() => {{ const v = ({VIEW})(); const l = v.root.querySelector('.gmv-reply');
+                return [Number(v.root.dataset.seq), l.dataset.state, l.textContent,
+                        v.root.querySelector('button[data-cmd=pause]').textContent]; }}"""
+        )
+        seen.append((round(time.monotonic() - t0, 2), *got))
+        if got[1] == "ok":
+            break
+        page.wait_for_timeout(200)
+    queued = [r for r in seen if r[2] == "queued"]
+    done = [r for r in seen if r[2] == "ok"]
+    # while the cell ran: the click said it waits, the button kept its word
+    assert queued and queued[0][0] < 1.5, seen
+    assert all(r[3:] == ("pause: queued until the cell finishes", "pause") for r in queued), seen
+    # it acted once the cell ended (it had ~5 s left), not before
+    assert done and done[0][3:] == ("pause: paused", "resume"), seen
+    assert 3.5 < done[0][0] < 10, seen
+    # and the panel went on updating meanwhile (sent from its own thread)
+    assert max(r[1] for r in queued) > seq, seen

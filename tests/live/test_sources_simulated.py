@@ -199,3 +199,24 @@ def test_counts_only_grow_when_the_workload_restarts():
     src.reset_peaks()  # the panel's button: peaks start again from now, counts stay
     again = src.sample(segments=False).stats
     assert again.peak_reserved == again.reserved and again.num_ooms == 2
+
+
+def test_the_oom_sample_carries_the_device_total_every_sample_carries():
+    """At an OOM the panel's bar stays to scale of the device (it fell back to reserved: the
+    OOM's sample had no device figures), with the context beside the segments as before."""
+    from gpumemviz.analysis.findings import analyze
+    from gpumemviz.render.glance import glance_bar
+
+    src = SimulatedSource("inference_contiguous", autostart=False)
+    before = src.sample()
+    run_to_end(src)
+    oom = src.oom_sample(src.ooms[-1])
+    assert oom.device_info is not None and before.device_info is not None
+    assert oom.device_info.total_memory == before.device_info.total_memory
+    assert oom.nvml is not None and before.nvml is not None
+    assert oom.nvml.total == before.nvml.total and oom.nvml.non_pytorch == before.nvml.non_pytorch
+    assert oom.nvml.used == src.ooms[-1].reserved + oom.nvml.non_pytorch
+    found = analyze(oom)
+    assert found.figures.device_total == oom.device_info.total_memory
+    bar = glance_bar(found)
+    assert bar["scale"] == "device" and bar["total"] == found.figures.device_total

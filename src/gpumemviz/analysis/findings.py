@@ -856,6 +856,8 @@ def _analyze_sample(
     total = (info.total_memory or None) if info is not None else None
     if total is None and nvml is not None and nvml.available:
         total = nvml.total
+    if total is None and sample.oom is not None and sample.oom.device_total:
+        total = sample.oom.device_total  # an OOM's sample made before the device was first read
     if device_total:
         total = device_total
     found = (

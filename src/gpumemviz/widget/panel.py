@@ -324,11 +324,28 @@ class MemoryPanel(anywidget.AnyWidget):
             if was or other:  # back to sampling, or another device's: start an empty timeline
                 self.timeline.reset([], [])
                 self._last_point = None
-                self.send({"kind": "timeline", "first": 0, "points": [], "reset": True})
+                self.send(
+                    {
+                        "kind": "timeline",
+                        "first": 0,
+                        "points": [],
+                        "reset": True,
+                        "device": self._device,
+                    }
+                )
             return
         points, marks = recorded_timeline(cast("TimeTravelSource", source))
         self.timeline.reset(points, marks)
-        self.send({"kind": "timeline", "first": 0, "points": points, "reset": True, "marks": marks})
+        self.send(
+            {
+                "kind": "timeline",
+                "first": 0,
+                "points": points,
+                "reset": True,
+                "marks": marks,
+                "device": self._device,
+            }
+        )
         self._analyze_replay(cast("TimeTravelSource", source))
 
     def _analyze_replay(self, played: TimeTravelSource) -> None:
@@ -813,7 +830,14 @@ class MemoryPanel(anywidget.AnyWidget):
             return
         self.timeline.append(point)
         self._last_point = point
-        self.send({"kind": "timeline", "first": self.timeline.count - 1, "points": [point]})
+        self.send(
+            {
+                "kind": "timeline",
+                "first": self.timeline.count - 1,
+                "points": [point],
+                "device": device if device is not None else self._device,
+            }
+        )
 
     def _forecast(self, sample: Sample) -> None:
         """The live forecast from the sampler's history (live/forecast.py), at most once a
@@ -1136,6 +1160,7 @@ class MemoryPanel(anywidget.AnyWidget):
                 "points": points,
                 "reset": True,
                 "marks": self.timeline.marks(),
+                "device": self._device,
             }
         )
 

@@ -266,27 +266,6 @@ class SimulatedSource:
             return Sample.failed(
                 self.device, f"simulation: {short_error(exc)}", source_label=self.label, demo=True
             )
-        total = self.workload.capacity + _CONTEXT_BYTES
-        used = stats.reserved + _CONTEXT_BYTES
-        nvml = NvmlInfo(
-            available=True,
-            uuid=None,
-            matched_by="simulated",
-            total=total,
-            used=used,
-            free=total - used,
-            utilization=None,
-            non_pytorch=_CONTEXT_BYTES,
-            split_reason="simulated device",
-            synthetic=True,
-        )
-        info = DeviceInfo(
-            index=self.device,
-            name="simulated caching allocator (demo)",
-            total_memory=total,
-            backend="native",
-            allocator_settings=self.workload.config,
-        )
         notes = (f"demo data: {self.workload.name}" + (f", {mark}" if mark else ""),)
         return Sample(
             time=t,
@@ -294,10 +273,10 @@ class SimulatedSource:
             device=self.device,
             stats=stats,
             segments=snap,
-            nvml=nvml,
+            nvml=self._nvml(stats.reserved),
             source_label=self.label,
             demo=True,
-            device_info=info,
+            device_info=self._device_info(),
             segments_note=None if segments else SEGMENTS_NOT_READ,
             notes=notes,
         )
@@ -329,11 +308,49 @@ class SimulatedSource:
             self._record = bool(enabled)
             self._model.set_recording(self._record)
 
+    def _device_info(self) -> DeviceInfo:
+        """The simulated device: the workload's capacity and a CUDA context's worth beside it."""
+        return DeviceInfo(
+            index=self.device,
+            name="simulated caching allocator (demo)",
+            total_memory=self.workload.capacity + _CONTEXT_BYTES,
+            backend="native",
+            allocator_settings=self.workload.config,
+        )
+
+    def _nvml(self, reserved: int) -> NvmlInfo:
+        """What NVML would read beside `reserved`: the allocator's segments plus the context."""
+        total = self.workload.capacity + _CONTEXT_BYTES
+        used = reserved + _CONTEXT_BYTES
+        return NvmlInfo(
+            available=True,
+            uuid=None,
+            matched_by="simulated",
+            total=total,
+            used=used,
+            free=total - used,
+            utilization=None,
+            non_pytorch=_CONTEXT_BYTES,
+            split_reason="simulated device",
+            synthetic=True,
+        )
+
     def oom_sample(self, event: OomEvent) -> Sample:
+        """The segment state at an OOM, with the device and NVML figures every other sample
+        carries: the device's total stays known there (the panel's bar stays to its scale)."""
         from gpumemviz.snapshot import Snapshot
 
         snap = Snapshot.from_torch(event.snapshot) if event.snapshot is not None else None
-        return Sample.for_oom(event, self.device, snap, source_label=self.label, demo=True)
+        reserved = int(snap.segments.total_size.sum()) if snap is not None else event.reserved
+        return Sample.for_oom(
+            event,
+            self.device,
+            snap,
+            source_label=self.label,
+            demo=True,
+            device_info=self._device_info(),
+            nvml=self._nvml(reserved),
+        )
 
     def empty_cache(self) -> dict[int, int]:
         """Release the model's cached segments; bytes released on this (simulated) device."""
