@@ -1,8 +1,8 @@
 """What the panel shows at a glance, checked the same way wherever it runs: JupyterLab
 (test_looks_browser), Notebook 7 (test_notebook7_browser) and marimo (test_marimo_browser).
 
-Each check reads one panel view from the page (a JavaScript expression for it, `VIEW` or
-`view_titled`) so a page showing several panels checks each where it is, and the environments
+Each check reads one panel view from the page (a JavaScript expression for it, `VIEW`, `view_titled`
+or `view_with`) so a page showing several panels checks each where it is, and the environments
 differ only in how a cell runs: the checks themselves are written once, here.
 """
 
@@ -73,12 +73,18 @@ def map_cell(path: Path, title: str) -> str:
     )
 
 
-def view_titled(title: str) -> str:
-    """A page-side expression for the panel view whose title is `title` (null until drawn)."""
+def view_with(trait: str, value: object) -> str:
+    """A page-side expression for the panel view whose model's `trait` is `value` (null until
+    drawn)."""
     return (
         "() => window.__gpumemviz && Object.values(window.__gpumemviz.views)"
-        f".find((v) => v.model.get('title') === {json.dumps(title)}) || null"
+        f".find((v) => v.model.get({json.dumps(trait)}) === {json.dumps(value)}) || null"
     )
+
+
+def view_titled(title: str) -> str:
+    """A page-side expression for the panel view whose title is `title` (null until drawn)."""
+    return view_with("title", title)
 
 
 def read_bar(view: str = VIEW) -> str:
