@@ -15,7 +15,7 @@ import pytest
 
 from gpumemviz.snapshot.units import format_size
 
-from .test_looks_browser import _kernel_json
+from .looks import kernel_json
 from .test_panel_browser import VIEW, _wait_drawn
 
 pytestmark = pytest.mark.browser
@@ -58,7 +58,7 @@ def _run_notebook_05(page, notebook) -> tuple[list[str], dict]:
     for i in range(len(cells) + 1):
         nb.run(i, timeout=300_000)
     _wait_drawn(page)
-    return cells, _kernel_json(page, len(cells))
+    return cells, kernel_json(page, len(cells))
 
 
 def test_notebook_05_names_the_users_line_by_its_cell(page, notebook, artifacts):

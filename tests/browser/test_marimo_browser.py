@@ -1,13 +1,15 @@
 """The panel in marimo, which renders anywidget natively: `gpumemviz.monitor()` in a marimo
 cell shows the live demo updating, and a button acts while no cell runs; while another cell
 runs the panel still updates, and a click says it is queued and acts when that cell ends
-(docs/panel.md says so). Skipped (one line) where marimo is not installed."""
+(docs/panel.md says so). The panel reads as in JupyterLab (tests/browser/looks.py's checks: the
+device bar to scale, the timeline's axis and legend, marker labels on notebook 03's replay, the
+map to scale, each series' colour in panel, report and plot in the light theme). Skipped (one
+line) where marimo is not installed."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -16,10 +18,27 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from textwrap import indent
 
 import pytest
 
-from .test_looks_browser import READ_BAR
+from conftest import standin_file  # tests/ is on sys.path
+
+from .looks import (
+    REPLAY_03,
+    REPLAY_TITLE,
+    check_axis_and_legend,
+    check_map_to_scale,
+    check_marker_labels,
+    check_panel_colours,
+    check_report_and_plot,
+    map_cell,
+    read_bar,
+    read_panel_colours,
+    view_titled,
+    view_with,
+)
+from .test_panel_browser import PICTURE
 
 pytestmark = [
     pytest.mark.browser,
@@ -28,7 +47,8 @@ pytestmark = [
     ),
 ]
 
-APP = """
+APP = (
+    """
 import marimo
 
 app = marimo.App()
@@ -60,10 +80,29 @@ def _(train):
     return
 
 
+@app.cell
+def _(mo):
+"""
+    + indent(REPLAY_03, "    ")
+    + """
+    mo.ui.anywidget(replay_panel)  # notebook 03's replay, its markers
+    return
+
+
+@app.cell
+def _(mo):
+"""
+    + indent(map_cell(PICTURE, "to scale"), "    ")
+    + """
+    mo.ui.anywidget(map_panel)  # a file's map, for "to scale"
+    return
+
+
 if __name__ == "__main__":
     app.run()
 """
-VIEW = "() => window.__gpumemviz && Object.values(window.__gpumemviz.views)[0]"
+)
+VIEW = view_with("demo", True)  # the live demo (the other panels show files)
 
 
 def _free_port() -> int:
@@ -125,7 +164,9 @@ def marimo_app(tmp_path_factory) -> Iterator[str]:
         log.close()
 
 
-def test_the_live_demo_updates_and_a_button_acts_in_marimo(page, marimo_app, artifacts):
+def test_the_live_demo_updates_and_a_button_acts_in_marimo(page, marimo_app, artifacts, tmp_path):
+    from gpumemviz.reporting.html_report import report
+
     page.set_viewport_size({"width": 1300, "height": 1000})
     page.goto(marimo_app)
     page.wait_for_function(
@@ -147,22 +188,28 @@ def test_the_live_demo_updates_and_a_button_acts_in_marimo(page, marimo_app, art
         timeout=20_000,
     )
     # the bar to scale (its parts against the findings: test_looks_browser, in JupyterLab)
-    bar = page.evaluate(READ_BAR)
+    bar = page.evaluate(read_bar(VIEW))
     assert bar["scale"] == "device" and sum(p["bytes"] for p in bar["parts"]) == bar["total"]
     assert abs(sum(p["width"] for p in bar["parts"]) - bar["width"]) <= len(bar["parts"])
     for p in bar["parts"]:
         assert abs(p["width"] - p["bytes"] / bar["total"] * bar["width"]) <= 1, p
     # the timeline: a byte axis with units, a legend naming every drawn series
-    got = page.evaluate(
-        f"""() => {{ const v = ({VIEW})(); v.timeline.drawNow();
-            const c = v.timeline.canvas.dataset;
-            return {{ ticks: JSON.parse(c.yTicks), series: c.series.split(','),
-                      keys: [...v.root.querySelectorAll('.gmv-tl-key')]
-                          .map((k) => k.dataset.series) }}; }}"""
+    check_axis_and_legend(page, VIEW)
+    # each series' colour in panel, report and plot (light: marimo's page is not Lab's themes)
+    panel = read_panel_colours(page, VIEW)
+    check_panel_colours(panel, "light")
+    out = Path(report(standin_file("training_10k"), tmp_path / "report.html"))
+    check_report_and_plot(page, panel, "light", out, artifacts)
+    # notebook 03's replay: many markers, their labels apart, one per ~100 px
+    check_marker_labels(page, view_titled(REPLAY_TITLE))
+    # a file's map, each row to scale of its segment's bytes
+    scaled = view_titled("to scale")
+    page.wait_for_function(
+        f"""() => {{ const v = ({scaled})();
+            return v && Number(v.map.canvas.dataset.drawnRows) > 0; }}""",
+        timeout=60_000,
     )
-    assert got["ticks"][0] == "0" and len(got["ticks"]) >= 2
-    assert all(re.fullmatch(r"[\d.]+ (bytes|KiB|MiB|GiB|TiB)", t) for t in got["ticks"][1:])
-    assert sorted(got["keys"]) == sorted(got["series"]) and "allocated" in got["series"]
+    check_map_to_scale(page, PICTURE, scaled)
     page.screenshot(path=str(artifacts / "marimo.png"), full_page=True)
 
 

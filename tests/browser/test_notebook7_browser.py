@@ -1,18 +1,39 @@
 """The panel in Notebook 7 (built on JupyterLab's parts, a front end of its own): the live demo
-updates, a button acts, and the device bar and timeline read as in JupyterLab. Skipped (one
-line) where the `notebook` package is not installed."""
+updates, a button acts, and the panel reads as in JupyterLab (tests/browser/looks.py's checks:
+the device bar, the timeline's axis and legend, marker labels on notebook 03's replay, the map
+to scale, each series' colour in panel, report and plot in the light and dark themes). Skipped
+(one line) where the `notebook` package is not installed."""
 
 from __future__ import annotations
 
 import importlib.util
-import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from conftest import standin_file  # tests/ is on sys.path
+
 from .labtools import Lab, Notebook, running_lab
-from .test_looks_browser import LIVE, READ_BAR, SHOWN, _check_bar, _kernel_json
-from .test_panel_browser import VIEW, _wait_drawn
+from .looks import (
+    LIVE,
+    READ_BAR,
+    REPLAY_03,
+    REPLAY_TITLE,
+    SHOWN,
+    check_axis_and_legend,
+    check_bar,
+    check_map_to_scale,
+    check_marker_labels,
+    check_panel_colours,
+    check_report_and_plot,
+    kernel_json,
+    map_cell,
+    read_panel_colours,
+    set_theme,
+    view_titled,
+)
+from .test_panel_browser import PICTURE, VIEW, _wait_drawn
 
 pytestmark = [
     pytest.mark.browser,
@@ -67,18 +88,28 @@ def test_the_live_demo_updates_and_a_button_acts_in_notebook_7(page, notebook7, 
         nb.shutdown()
 
 
-def test_the_device_bar_and_the_timeline_read_as_in_jupyterlab(page, notebook7, artifacts):
-    """test_looks_browser's checks of the bar (its parts are the findings' figures, to scale)
-    and of the timeline (byte axis with units, a legend naming every drawn series)."""
+def test_the_panel_reads_as_in_jupyterlab(page, notebook7, artifacts, tmp_path):
+    """looks.py's checks, on one page: the live panel's bar (its parts are the findings'
+    figures, to scale), timeline (byte axis with units, a legend naming every drawn series) and
+    colours per theme; notebook 03's replay panel's marker labels; a file's map to scale."""
+    from gpumemviz.reporting.html_report import report
+
     page.set_viewport_size({"width": 1300, "height": 1000})
-    nb = Notebook(page, notebook7, "looks7.ipynb", [LIVE, "src.step(400); panel.flush()", SHOWN])
+    cells = [
+        LIVE,
+        "src.step(400); panel.flush()",
+        SHOWN,
+        REPLAY_03 + "replay_panel",
+        map_cell(PICTURE, "to scale") + "map_panel",
+    ]
+    nb = Notebook(page, notebook7, "looks7.ipynb", cells)
     try:
         nb.run(0)
         _wait_drawn(page)
         nb.run(1)
         page.wait_for_function(f"() => ({VIEW})().timeline.points.length > 1", timeout=30_000)
         nb.run(2)
-        shown = _kernel_json(page, 2)
+        shown = kernel_json(page, 2)
         want = [p["bytes"] for p in shown["glance"]["bars"][0]["parts"]]
         page.wait_for_function(
             f"""want => {{ const b = ({READ_BAR})();
@@ -87,16 +118,29 @@ def test_the_device_bar_and_the_timeline_read_as_in_jupyterlab(page, notebook7, 
             arg=want,
             timeout=20_000,
         )
-        _check_bar(page.evaluate(READ_BAR), shown["glance"], shown["figures"])
-        got = page.evaluate(
-            f"""() => {{ const v = ({VIEW})(); v.timeline.drawNow();
-                const c = v.timeline.canvas.dataset;
-                return {{ ticks: JSON.parse(c.yTicks), series: c.series.split(','),
-                          keys: [...v.root.querySelectorAll('.gmv-tl-key')]
-                              .map((k) => k.dataset.series) }}; }}"""
+        check_bar(page.evaluate(READ_BAR), shown["glance"], shown["figures"])
+        check_axis_and_legend(page)
+        # the same colours as in JupyterLab, per theme (Notebook 7 switches themes as Lab does)
+        out = Path(report(standin_file("training_10k"), tmp_path / "report.html"))
+        for theme in ("light", "dark"):
+            set_theme(page, "JupyterLab Dark" if theme == "dark" else "JupyterLab Light")
+            page.wait_for_timeout(300)  # the redraw the theme change scheduled
+            panel = read_panel_colours(page)
+            check_panel_colours(panel, theme)
+            check_report_and_plot(page, panel, theme, out, artifacts)
+        set_theme(page, "JupyterLab Light")
+        # notebook 03's replay: many markers, their labels apart, one per ~100 px
+        nb.run(3)
+        check_marker_labels(page, view_titled(REPLAY_TITLE))
+        # a file's map, each row to scale of its segment's bytes
+        nb.run(4)
+        page.wait_for_function(
+            f"""() => {{ const v = ({view_titled("to scale")})();
+                return v && Number(v.map.canvas.dataset.drawnRows) > 0; }}""",
+            timeout=60_000,
         )
-        assert got["ticks"][0] == "0" and len(got["ticks"]) >= 2
-        assert all(re.fullmatch(r"[\d.]+ (bytes|KiB|MiB|GiB|TiB)", t) for t in got["ticks"][1:])
-        assert sorted(got["keys"]) == sorted(got["series"]) and "allocated" in got["series"]
+        check_map_to_scale(page, PICTURE, view_titled("to scale"))
+        page.locator(".gmv-root").nth(2).screenshot(path=str(artifacts / "notebook7-map.png"))
     finally:
+        set_theme(page, "JupyterLab Light")
         nb.shutdown()
