@@ -254,6 +254,9 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
     rounded, round_, mss = rules.rounded, rules.round, rules.max_split_size
     next_at = trail.next_at
     boundary = hints.boundary
+    # the sorted addresses `boundary` reads, when already sorted (`by_address`): a window
+    # holding no address at all needs no call (most restored sizes)
+    haddrs = hints.addrs if hints.built else None
     skip = -1  # a free_requested undone with the free_completed after it
     for i in range(len(steps) - 1, -1, -1):
         if i == skip:
@@ -287,9 +290,11 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                         if (r if split else room) != bsize:
                             exact = trail.exact = False
                 # `Layout.release_at`, inlined. An owned segment was copied by this walk
-                # (`Layout.own`), so no one has cached its dict: nothing to drop
+                # (`Layout.own`, inlined too), so no one has cached its dict: nothing to drop
                 if seg not in owned:
-                    blocks = lay.own(seg).blocks
+                    blocks = blocks[:]
+                    segs[bases[j]] = seg = Seg(seg.stream, seg.small, seg.expandable, blocks)
+                    owned.add(seg)
                 start, merged, req, lo, hi = addr, bsize, 0, k, k + 1
                 if next_free:
                     merged += blocks[k + 1][1]
@@ -303,7 +308,9 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                     exact = trail.exact = False
                 alloc_delta[i] = -b[1]
                 if seg not in owned:
-                    blocks = lay.own(seg).blocks
+                    blocks = blocks[:]
+                    segs[bases[j]] = seg = Seg(seg.stream, seg.small, seg.expandable, blocks)
+                    owned.add(seg)
                 blocks[k] = (addr, b[1], ALLOCATED, b[3])
             elif action == "free_completed" and state == INACTIVE and addr < (end := b[0] + b[1]):
                 # `_restored_size`, inlined
@@ -312,19 +319,29 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                     bsize = r
                 elif r >= mss or end - addr - r <= K_SMALL_SIZE:
                     bsize = end - addr  # oversize, or the tail rule
+                elif haddrs is not None and (
+                    (w := bisect_right(haddrs, addr + r)) == len(haddrs)
+                    or haddrs[w] > addr + r + K_SMALL_SIZE
+                ):
+                    bsize = r  # no block starts in the window: `boundary` says None
                 else:
                     x = boundary(addr, addr + r, addr + r + K_SMALL_SIZE, i)
                     bsize = r if x is None else x - addr
                 if addr + bsize > end:
                     _undo(lay, steps, i, rules, trail, hints)  # not inside the block: it says so
                 else:
-                    if _merges(blocks, k, b, addr, bsize):
+                    if (k > 0 and addr == b[0] and blocks[k - 1][2] == INACTIVE) or (
+                        addr + bsize == end and k + 1 < len(blocks) and blocks[k + 1][2] == INACTIVE
+                    ):  # `_merges`, inlined
                         exact = trail.exact = False
-                    if seg not in owned:  # `Layout.carve_at`, inlined
-                        blocks = lay.own(seg).blocks
+                    if seg not in owned:  # `Layout.carve_at` and `Layout.own`, inlined
+                        blocks = blocks[:]
+                        segs[bases[j]] = seg = Seg(seg.stream, seg.small, seg.expandable, blocks)
+                        owned.add(seg)
                     state = PENDING_FREE
                     if (
-                        i > max(next_at, 0)  # no checkpoint between the two
+                        i > next_at
+                        and i > 0  # no checkpoint between the two
                         and (before := steps[i - 1])[0] == "free_requested"
                         and before[1] == addr
                     ):  # freed at once: undo its free_requested too, as `_undo` would
