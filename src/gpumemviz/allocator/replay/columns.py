@@ -97,9 +97,11 @@ def by_address(trace: Trace) -> ByAddress:
     runs = np.diff(starts, append=len(addrs))
     shared = np.array(addrs[starts].tolist(), dtype=object).repeat(runs).tolist()
     is_alloc = trace.action[at] == alloc
-    # the last alloc up to each entry, in the same address run
-    last = np.maximum.accumulate(np.where(is_alloc, np.arange(len(at)), -1))
-    made = np.where(last >= np.repeat(starts, runs), at[np.maximum(last, 0)], -1)
+    # the last alloc up to each entry in the same address run, else the run's first entry
+    marks = np.where(is_alloc, np.arange(len(at)), -1)
+    marks[starts] = starts
+    last = np.maximum.accumulate(marks)
+    made = np.where(is_alloc[last], at[last], -1)
     since = np.full(len(trace.action), -1, np.int64)
     since[at] = made
     return shared, at.tolist(), is_alloc.tolist(), since
