@@ -11,7 +11,8 @@ import pytest
 from conftest import RECORDED_FILES, read_real
 from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.replay import Prepared, ReplayError, replay
-from gpumemviz.snapshot import Snapshot
+from gpumemviz.allocator.replay.columns import by_address
+from gpumemviz.snapshot import Snapshot, Trace
 
 
 def _same(got, want) -> None:
@@ -76,3 +77,31 @@ def test_a_dicts_replay_hands_out_its_own_entries():
     got = replay(d).snapshot_at(n - 1)["device_traces"][0]
     assert all(x is y for x, y in zip(got, d["device_traces"][0], strict=True))
     assert replay(Snapshot.from_torch(d)).snapshot_at(n - 1)["device_traces"][0] == got
+
+
+def test_the_walks_sorted_addresses_hold_one_int_per_address():
+    """`by_address` (what the walk keeps for the whole trace) is one Python int per distinct
+    address, not one per entry: a million entries at a few thousand addresses cost a few
+    thousand ints; and it says which alloc made the block each free releases (the boundary
+    hint's question, answered for every entry at once)."""
+    base = 0x7F0000000000
+    entries = [
+        {"action": action, "addr": base + 512 * (k % 3), "size": 512, "stream": 0}
+        for k in range(30)
+        for action in ("free_requested", "free_completed", "alloc")
+    ]
+    entries.insert(40, {"action": "segment_alloc", "addr": base, "size": 2 << 20, "stream": 0})
+    addrs, index, is_alloc, since = by_address(Trace.from_entries(entries))
+    made = [
+        max((j for j in range(i + 1) if entries[j]["action"] == "alloc" and
+             entries[j]["addr"] == e["addr"]), default=-1)
+        for i, e in enumerate(entries)
+    ]  # fmt: skip
+    assert since.tolist() == [m if e["action"] != "segment_alloc" else -1
+                              for m, e in zip(made, entries, strict=True)]  # fmt: skip
+    assert since[1] == -1 and since[10] == 2  # freed before any alloc there; the alloc at 2
+    assert addrs == sorted(e["addr"] for e in entries if e["action"] != "segment_alloc")
+    assert len({id(a) for a in addrs}) == 3
+    assert [entries[i]["addr"] for i in index] == addrs
+    assert index == sorted(index, key=lambda i: (entries[i]["addr"], i))
+    assert is_alloc == [entries[i]["action"] == "alloc" for i in index]

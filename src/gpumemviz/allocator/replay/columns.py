@@ -47,6 +47,8 @@ def steps_from_columns(trace: Trace) -> list[Step] | None:
 def _shared(column: np.ndarray) -> list[int]:
     """The column as Python ints, one object per distinct value (addresses and sizes repeat
     all through a trace: a step then costs its tuple, not three more ints)."""
+    if len(column) and column.min() == column.max():  # one value (a trace's stream, mostly)
+        return [int(column[0])] * len(column)
     values, where = np.unique(column, return_inverse=True)
     return np.array(values.tolist(), dtype=object)[where].tolist()  # type: ignore[no-any-return]
 
@@ -71,7 +73,8 @@ def alloc_entries(trace: Trace) -> list[tuple[int, int, TorchList]]:
 
 def by_address(trace: Trace) -> ByAddress:
     """The alloc, free_requested and free_completed entries sorted by address, then index:
-    (addresses, indices, is it an alloc), as `reconstruct_layout` takes them.
+    (addresses, indices, is it an alloc, per entry the last alloc at its address up to it or
+    -1: for a free, the alloc that made its block), as `reconstruct_layout` takes them.
 
     Examples
     --------
@@ -80,7 +83,7 @@ def by_address(trace: Trace) -> ByAddress:
     ...     {"action": "alloc", "addr": 8192, "size": 512, "stream": 0},
     ...     {"action": "alloc", "addr": 4096, "size": 512, "stream": 0},
     ...     {"action": "free_requested", "addr": 8192, "size": 512, "stream": 0}]))
-    ([4096, 8192, 8192], [1, 0, 2], [True, True, False])
+    ([4096, 8192, 8192], [1, 0, 2], [True, True, False], array([0, 1, 0]))
     """
     names = trace.action_names
     alloc = names.index("alloc")
@@ -88,4 +91,17 @@ def by_address(trace: Trace) -> ByAddress:
     at = np.flatnonzero(np.isin(trace.action, codes))
     order = np.argsort(trace.addr[at], kind="stable")
     at = at[order]
-    return trace.addr[at].tolist(), at.tolist(), (trace.action[at] == alloc).tolist()
+    addrs = trace.addr[at]
+    # one Python int per distinct address, as `_shared` (sorted: each a run of equal ones)
+    starts = np.flatnonzero(np.diff(addrs, prepend=addrs[:1] - 1))
+    runs = np.diff(starts, append=len(addrs))
+    shared = np.array(addrs[starts].tolist(), dtype=object).repeat(runs).tolist()
+    is_alloc = trace.action[at] == alloc
+    # the last alloc up to each entry in the same address run, else the run's first entry
+    marks = np.where(is_alloc, np.arange(len(at)), -1)
+    marks[starts] = starts
+    last = np.maximum.accumulate(marks)
+    made = np.where(is_alloc[last], at[last], -1)
+    since = np.full(len(trace.action), -1, np.int64)
+    since[at] = made
+    return shared, at.tolist(), is_alloc.tolist(), since

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ByAddress", "reconstruct", "reconstruct_layout"]
 
-ByAddress = tuple[list[int], list[int], list[bool]]  # see `reconstruct_layout`
+ByAddress = tuple[list[int], list[int], list[bool], np.ndarray]  # see `reconstruct_layout`
 _GROWS = frozenset({"segment_alloc", "segment_map"})
 
 
@@ -53,7 +53,8 @@ class _Hints:
     """Where blocks started while a given block was live: the boundary hint.
 
     Built at the first question (many traces never ask one): the alloc, free_requested and
-    free_completed entries sorted by address, then by position in the trace.
+    free_completed entries sorted by address, then by position in the trace; with them from
+    the trace's columns (`by_address`), the alloc that made the block each free releases.
     """
 
     def __init__(self, steps: Sequence[Step], by_address: ByAddress | None = None):
@@ -61,9 +62,10 @@ class _Hints:
         self.addrs: list[int] = []
         self.index: list[int] = []
         self.is_alloc: list[bool] = []
+        self.since: np.ndarray | None = None  # per entry: the alloc it frees (-1: none)
         self.built = by_address is not None
         if by_address is not None:
-            self.addrs, self.index, self.is_alloc = by_address
+            self.addrs, self.index, self.is_alloc, self.since = by_address
 
     def _build(self) -> None:
         steps = self.steps
@@ -79,17 +81,24 @@ class _Hints:
         self.is_alloc = [steps[i][0] == "alloc" for i in self.index]
         self.built = True
 
-    def boundary(self, addr: int, lo_end: int, hi_end: int, before: int) -> int | None:
-        """The lowest block start X in (lo_end, hi_end] seen while the block at addr lived."""
+    def boundary(
+        self, addr: int, lo_end: int, hi_end: int, before: int, first: int = -1
+    ) -> int | None:
+        """The lowest block start X in (lo_end, hi_end] seen while the block at addr lived
+        (freed at entry `before`); `first`, when known, is where `addrs` passes lo_end."""
         if not self.built:
             self._build()
         addrs, index = self.addrs, self.index
-        lo = bisect.bisect_left(addrs, addr)
-        k = bisect.bisect_left(index, before, lo, bisect.bisect_right(addrs, addr, lo)) - 1
-        while k >= lo and not self.is_alloc[k]:
-            k -= 1
-        since = index[k] if k >= lo else -1  # the alloc that made the block at addr
-        j = bisect.bisect_right(addrs, lo_end)
+        since: int  # the alloc that made the block at addr
+        if self.since is not None:
+            since = int(self.since[before])
+        else:
+            lo = bisect.bisect_left(addrs, addr)
+            k = bisect.bisect_left(index, before, lo, bisect.bisect_right(addrs, addr, lo)) - 1
+            while k >= lo and not self.is_alloc[k]:
+                k -= 1
+            since = index[k] if k >= lo else -1
+        j = first if first >= 0 else bisect.bisect_right(addrs, lo_end)
         while j < len(addrs) and addrs[j] <= hi_end:  # address by address, lowest first
             end = bisect.bisect_right(addrs, addrs[j], j)
             k = bisect.bisect_right(index, since, j, end)  # its first entry after `since`
@@ -152,8 +161,9 @@ def reconstruct_layout(
         and with whether each step applied forwards retraces the walk (`Trail.exact`).
     by_address
         The alloc, free_requested and free_completed steps sorted by address, then index:
-        (addresses, indices, is it an alloc), when the caller has them (`columns.by_address`);
-        otherwise sorted from `steps` if the walk needs them.
+        (addresses, indices, is it an alloc, and per step the alloc that made the block a free
+        releases), when the caller has them (`columns.by_address`); otherwise sorted from
+        `steps` if the walk needs them.
 
     Returns
     -------
@@ -254,6 +264,9 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
     rounded, round_, mss = rules.rounded, rules.round, rules.max_split_size
     next_at = trail.next_at
     boundary = hints.boundary
+    # the sorted addresses `boundary` reads, when already sorted (`by_address`): a window
+    # holding no address at all needs no call (most restored sizes)
+    haddrs = hints.addrs if hints.built else None
     skip = -1  # a free_requested undone with the free_completed after it
     for i in range(len(steps) - 1, -1, -1):
         if i == skip:
@@ -287,9 +300,11 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                         if (r if split else room) != bsize:
                             exact = trail.exact = False
                 # `Layout.release_at`, inlined. An owned segment was copied by this walk
-                # (`Layout.own`), so no one has cached its dict: nothing to drop
+                # (`Layout.own`, inlined too), so no one has cached its dict: nothing to drop
                 if seg not in owned:
-                    blocks = lay.own(seg).blocks
+                    blocks = blocks[:]
+                    segs[bases[j]] = seg = Seg(seg.stream, seg.small, seg.expandable, blocks)
+                    owned.add(seg)
                 start, merged, req, lo, hi = addr, bsize, 0, k, k + 1
                 if next_free:
                     merged += blocks[k + 1][1]
@@ -303,7 +318,9 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                     exact = trail.exact = False
                 alloc_delta[i] = -b[1]
                 if seg not in owned:
-                    blocks = lay.own(seg).blocks
+                    blocks = blocks[:]
+                    segs[bases[j]] = seg = Seg(seg.stream, seg.small, seg.expandable, blocks)
+                    owned.add(seg)
                 blocks[k] = (addr, b[1], ALLOCATED, b[3])
             elif action == "free_completed" and state == INACTIVE and addr < (end := b[0] + b[1]):
                 # `_restored_size`, inlined
@@ -312,19 +329,31 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                     bsize = r
                 elif r >= mss or end - addr - r <= K_SMALL_SIZE:
                     bsize = end - addr  # oversize, or the tail rule
+                elif haddrs is not None and (
+                    (w := bisect_right(haddrs, addr + r)) == len(haddrs)
+                    or haddrs[w] > addr + r + K_SMALL_SIZE
+                ):
+                    bsize = r  # no block starts in the window: `boundary` says None
                 else:
-                    x = boundary(addr, addr + r, addr + r + K_SMALL_SIZE, i)
+                    x = boundary(
+                        addr, addr + r, addr + r + K_SMALL_SIZE, i, -1 if haddrs is None else w
+                    )
                     bsize = r if x is None else x - addr
                 if addr + bsize > end:
                     _undo(lay, steps, i, rules, trail, hints)  # not inside the block: it says so
                 else:
-                    if _merges(blocks, k, b, addr, bsize):
+                    if (k > 0 and addr == b[0] and blocks[k - 1][2] == INACTIVE) or (
+                        addr + bsize == end and k + 1 < len(blocks) and blocks[k + 1][2] == INACTIVE
+                    ):  # `_merges`, inlined
                         exact = trail.exact = False
-                    if seg not in owned:  # `Layout.carve_at`, inlined
-                        blocks = lay.own(seg).blocks
+                    if seg not in owned:  # `Layout.carve_at` and `Layout.own`, inlined
+                        blocks = blocks[:]
+                        segs[bases[j]] = seg = Seg(seg.stream, seg.small, seg.expandable, blocks)
+                        owned.add(seg)
                     state = PENDING_FREE
                     if (
-                        i > max(next_at, 0)  # no checkpoint between the two
+                        i > next_at
+                        and i > 0  # no checkpoint between the two
                         and (before := steps[i - 1])[0] == "free_requested"
                         and before[1] == addr
                     ):  # freed at once: undo its free_requested too, as `_undo` would
