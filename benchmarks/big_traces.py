@@ -201,14 +201,8 @@ def overview_worker(op: str, path: str, use_tracemalloc: bool) -> dict[str, Any]
                 "report": ["report", path, "-o", str(Path(tmp) / "r.html")]}[op]  # fmt: skip
         secs, peak, text = _measure(lambda: _cli(argv), use_tracemalloc)
         out = {"secs": secs, "peak": peak}
-        if op == "inspect":  # n: the advice items the replay checked
-            doc = json.loads(text)
-            items = []
-            for dev in doc.get("devices", {}).values() if isinstance(doc, dict) else []:
-                if isinstance(dev, dict):
-                    items += list(dev.get("advice") or []) + list(dev.get("rejected_advice") or [])
-            items += list(doc.get("advice") or []) + list(doc.get("rejected_advice") or [])
-            out["n"] = sum(1 for a in items if isinstance(a, dict) and a.get("replay"))
+        if op == "inspect":  # n: the settings the replay checked (one pass each)
+            out["n"] = checked_settings(json.loads(text))
         if op == "report":
             out["html"] = (Path(tmp) / "r.html").stat().st_size
         return out
@@ -554,10 +548,16 @@ peak = hwm() - rss0
 n = 0
 if what.startswith("inspect --json"):  # advice checks by replay: one pass per settings string
     got = json.loads(buf.getvalue())
-    n = len({a["replay"]["settings"] for a in got["advice"] + got["rejected_advice"]
-             if a.get("replay")})
+    n = len({a["setting"] for a in got["advice"] + got["rejected"] if a.get("checked")})
 print(json.dumps({"s": dt, "rss": peak * 1024, "n": n}))
 """
+
+
+def checked_settings(findings: dict[str, Any]) -> int:
+    """The settings `inspect --json` checked by replaying the trace (`Findings.to_dict`: its
+    ``advice`` and ``rejected`` items with ``checked``): one replay pass each."""
+    items = list(findings.get("advice") or []) + list(findings.get("rejected") or [])
+    return len({a["setting"] for a in items if isinstance(a, dict) and a.get("checked")})
 
 
 def child(what: str, path: str) -> tuple[float, int, int]:
