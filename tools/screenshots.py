@@ -27,6 +27,10 @@ SHOTS = {
     "docs/panel-replay.png": "notebook 03's replay: the timeline's byte axis, legend and thinned "
     "marker labels, and the map drawn to scale",
     "docs/panel-dark.png": "the same live panel in JupyterLab's dark theme",
+    "docs/panel-forecast.png": "the leak demo's timeline with the live forecast: the dashed "
+    "projection to the limit, its band and its sentence",
+    "docs/panel-holders.png": "the holders view of a real recording (volcengine/verl, in "
+    "tests/data/real): the call-path icicle and the table by frame",
 }
 
 LIVE_OOM = """
@@ -45,6 +49,20 @@ WAIT_OOM = f"""() => {{ const v = window.__gpumemviz && {VIEW};
     const o = v.root.querySelector('.gmv-oom');
     return !o.hidden && v.root.querySelector('.gmv-glance-part') !== null
         && v.timeline.points.length > 3; }}"""
+LEAK = """
+import gpumemviz
+from gpumemviz.live.sources.simulated import SimulatedSource
+
+panel = gpumemviz.monitor(source=SimulatedSource("leak"), interval=0.25)
+panel
+"""
+WAIT_FORECAST = f"""() => {{ const v = window.__gpumemviz && {VIEW};
+    return v && v.timeline.forecast !== null && v.timeline.points.length > 3; }}"""
+VERL = REPO / "tests" / "data" / "real" / "volcengine__verl__mem_mempools.pickle"
+HOLDERS = ["%load_ext gpumemviz", f"%gpumemviz --replay {VERL}"]
+WAIT_HOLDERS = f"""() => {{ const v = window.__gpumemviz && {VIEW};
+    return v && v.root.dataset.seq && Number(v.map.canvas.dataset.drawnRows) > 0
+        && v.root.querySelector('.gmv-holders table[data-table=holders] tbody tr') !== null; }}"""
 WAIT_DRAWN = f"""() => {{ const v = window.__gpumemviz && {VIEW};
     return v && v.root.dataset.seq && Number(v.map.canvas.dataset.drawnRows) > 0
         && v.timeline.points.length > 1 && v.root.querySelector('.gmv-glance-part') !== null; }}"""
@@ -66,6 +84,16 @@ def _shoot(page, out: Path) -> None:
     root.scroll_into_view_if_needed()
     out.parent.mkdir(parents=True, exist_ok=True)
     root.screenshot(path=str(out))
+    print(f"wrote {out.relative_to(REPO)}")
+
+
+def _shoot_part(page, selector: str, out: Path) -> None:
+    """One part of the first panel (the timeline, the holders view), drawn now."""
+    page.evaluate(f"() => {{ const v = {VIEW}; v.map.drawNow(); v.timeline.drawNow(); }}")
+    part = page.locator(selector).first
+    part.scroll_into_view_if_needed()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part.screenshot(path=str(out))
     print(f"wrote {out.relative_to(REPO)}")
 
 
@@ -117,6 +145,22 @@ def main(argv: list[str] | None = None) -> int:
             page.wait_for_function(WAIT_DRAWN, timeout=120_000)
             page.locator(".gmv-map-mode button[data-scale=bytes]").first.click()
             _shoot(page, REPO / "docs" / "panel-replay.png")
+            nb.shutdown()
+        if "docs/panel-forecast.png" in want:
+            page.goto("about:blank")
+            nb = Notebook(page, lab, "leak.ipynb", [LEAK])
+            nb.run(0)
+            page.wait_for_function(WAIT_FORECAST, timeout=120_000)  # ~30 s of readings
+            page.wait_for_timeout(5_000)  # a few more readings: the band narrows
+            _shoot_part(page, ".gmv-timeline", REPO / "docs" / "panel-forecast.png")
+            nb.shutdown()
+        if "docs/panel-holders.png" in want:
+            page.goto("about:blank")
+            nb = Notebook(page, lab, "holders.ipynb", HOLDERS)
+            nb.run(0)
+            nb.run(1)
+            page.wait_for_function(WAIT_HOLDERS, timeout=120_000)
+            _shoot_part(page, ".gmv-holders", REPO / "docs" / "panel-holders.png")
             nb.shutdown()
         browser.close()
     return 0
