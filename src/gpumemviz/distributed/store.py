@@ -185,11 +185,7 @@ class Connection:
         wait = self.deadline if deadline is None else float(deadline)
         fut: Future[Any] = Future()
         with self._lock:
-            if self.closed:
-                raise StoreGone(f"{self.what}: the connection is closed")
-            if self.hung_since is not None:
-                ago = time.monotonic() - self.hung_since
-                raise StoreHung(f"{self.what} is not answering (for {ago:.1f} s)")
+            self._refuse()
             self._jobs.append((fn, fut))
             self._ready.notify()
         try:
@@ -244,11 +240,15 @@ class Connection:
 
     def _check_open(self) -> None:
         with self._lock:
-            if self.closed:
-                raise StoreGone(f"{self.what}: the connection is closed")
-            if self.hung_since is not None:
-                ago = time.monotonic() - self.hung_since
-                raise StoreHung(f"{self.what} is not answering (for {ago:.1f} s)")
+            self._refuse()
+
+    def _refuse(self) -> None:
+        """Under `_lock`: raise when no call may start (closed, or a call is stuck)."""
+        if self.closed:
+            raise StoreGone(f"{self.what}: the connection is closed")
+        if self.hung_since is not None:
+            ago = time.monotonic() - self.hung_since
+            raise StoreHung(f"{self.what} is not answering (for {ago:.1f} s)")
 
     def _made(self) -> Store:
         """The store, made on first use (by whichever thread holds `_use`)."""
