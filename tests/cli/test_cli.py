@@ -629,7 +629,10 @@ def test_inspect_holders_key_lists_every_holder(tmp_path, capsys):
     ]
     assert main(["inspect", str(path)]) == 0
     text = capsys.readouterr().out
-    assert "holders of the 6.00 MiB allocated, by frame (allocation sites):" in text
+    assert (
+        "holders of the 6.00 MiB allocated, by frame (the innermost frame of the user's code):"
+        in text
+    )
     assert main(["inspect", str(path), "--holders", "line"]) == 2
     assert "invalid choice" in capsys.readouterr().err
 

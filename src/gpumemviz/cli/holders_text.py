@@ -42,11 +42,11 @@ def holders_lines(found: Findings, by: str, *, top: int | None = SHOWN_HOLDERS) 
     ...     {"size": 2 << 20, "requested_size": 2 << 20, "state": "active_allocated",
     ...      "frames": [{"filename": "train.py", "line": 9, "name": "step"}]}]}
     >>> print("\\n".join(holders_lines(analyze([seg]), "frame")))
-    holders of the 2.00 MiB allocated, by frame (allocation sites):
+    holders of the 2.00 MiB allocated, by frame (the innermost frame of the user's code):
       2.00 MiB in 1 block: train.py:9
     """
     rows = found.holders(by)
-    what = " (allocation sites)" if by == "frame" else ""
+    what = " (the innermost frame of the user's code)" if by == "frame" else ""
     lines = [
         f"holders of the {format_size(found.figures.allocated)} allocated, by "
         f"{by.replace('_', ' ')}{what}:"
