@@ -428,11 +428,12 @@ def _keys(
         got = links.get(d)
         if got is None:
             trace = traces.get(d)
-            if trace is None or not len(trace):
+            meta = trace.values("user_metadata") if trace is not None else []
+            if trace is None or not _recorded(trace, by, meta):  # every key None: no walk
                 got = links[d] = ({}, {}, [])
             else:
                 alloc_at, notes = live_links(trace, upto)
-                got = links[d] = (alloc_at, notes, trace.values("user_metadata"))
+                got = links[d] = (alloc_at, notes, meta)
         alloc_at, notes, meta = got
         if by == "annotation":
             out.append(metadata_text(notes.get(x)))
@@ -440,6 +441,21 @@ def _keys(
             e = alloc_at.get(x)
             out.append(None if e is None else metadata_text(meta[e]))
     return out
+
+
+def _recorded(trace: Trace, by: str, meta: list[object]) -> bool:
+    """Whether `trace` holds anything `by` reads: an ``annotate`` entry, or user_metadata
+    (older torch records neither; walking the trace would only give every block None).
+
+    >>> t = Trace.from_entries([{"action": "alloc", "addr": 0, "size": 8, "stream": 0}])
+    >>> _recorded(t, "user_metadata", t.values("user_metadata")), _recorded(t, "annotation", [])
+    (False, False)
+    """
+    if not len(trace):
+        return False
+    if by == "annotation":
+        return "annotate" in trace.action_names
+    return any(metadata_text(m) is not None for m in meta)
 
 
 def _rows(by: str, keys: list[HolderKey], rows: np.ndarray, nbytes: np.ndarray) -> list[HolderRow]:
