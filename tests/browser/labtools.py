@@ -125,7 +125,8 @@ class Notebook:
         )
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -147,7 +148,7 @@ def running_lab(base: Path, app: str = "lab") -> Iterator[Lab]:
     (notif / "notification.jupyterlab-settings").write_text(
         json.dumps({"fetchNews": "false", "checkForUpdates": False})
     )
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = {
         **os.environ,
         "JUPYTER_CONFIG_DIR": str(base / "config"),
@@ -176,24 +177,40 @@ def running_lab(base: Path, app: str = "lab") -> Iterator[Lab]:
             "--LabApp.extension_manager=readonly",
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
         ]
-    log = (base / "lab.log").open("wb")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
+    with serving(cmd, env, base / "lab.log", f"{url}/api/status?token={token}", "jupyter", 90):
+        yield Lab(url=url, token=token, root=root, app=app)
+
+
+@contextmanager
+def serving(
+    cmd: list[str],
+    env: dict[str, str],
+    log_path: Path,
+    ready: str,
+    what: str,
+    timeout: float,
+    cwd: Path | None = None,
+) -> Iterator[None]:
+    """Run the server `cmd` (its output to `log_path`) until `ready` answers 200 within
+    `timeout` seconds; stopped on exit (terminated, killed after 15 s)."""
+    log = log_path.open("wb")
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"jupyter lab exited: {(base / 'lab.log').read_text()[-2000:]}")
+                raise RuntimeError(f"{what} exited: {log_path.read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2) as r:
+                with urllib.request.urlopen(ready, timeout=2) as r:
                     if r.status == 200:
                         break
             except (urllib.error.URLError, OSError):
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError("jupyter lab did not answer within 90 s")
+                raise RuntimeError(f"{what} did not answer within {timeout:g} s")
             time.sleep(0.25)
-        yield Lab(url=url, token=token, root=root, app=app)
+        yield
     finally:
         proc.terminate()
         try:

@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from textwrap import indent
@@ -24,6 +20,7 @@ import pytest
 
 from conftest import standin_file  # tests/ is on sys.path
 
+from .labtools import free_port, serving
 from .looks import (
     REPLAY_03,
     REPLAY_TITLE,
@@ -105,25 +102,18 @@ if __name__ == "__main__":
 VIEW = view_with("demo", True)  # the live demo (the other panels show files)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def marimo_app(tmp_path_factory) -> Iterator[str]:
     """`marimo run` of a one-cell app on 127.0.0.1; its URL."""
     base = tmp_path_factory.mktemp("marimo")
     app = base / "panel_app.py"
     app.write_text(APP, encoding="utf-8")
-    port = _free_port()
+    port = free_port()
     src = Path(__file__).resolve().parents[2] / "src"
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")]),
     }
-    log = (base / "marimo.log").open("wb")
     cmd = [
         sys.executable,
         "-m",
@@ -137,31 +127,9 @@ def marimo_app(tmp_path_factory) -> Iterator[str]:
         str(port),
         "--no-token",
     ]
-    proc = subprocess.Popen(cmd, env=env, cwd=base, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError((base / "marimo.log").read_text()[-2000:])
-            try:
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("marimo did not answer within 60 s")
-            time.sleep(0.25)
+    with serving(cmd, env, base / "marimo.log", url, "marimo", 60, cwd=base):
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def test_the_live_demo_updates_and_a_button_acts_in_marimo(page, marimo_app, artifacts, tmp_path):
