@@ -152,22 +152,27 @@ RECORD = f"""ms => {{
 }}"""
 
 
-def test_the_demo_oom_counts_never_go_down_when_a_workload_restarts(page, notebook, artifacts):
-    """inference_contiguous runs out of memory after ~650 allocator calls (under 2 s at the
-    demo's pace), holds the OOM 3 s and starts again: an OOM every ~5 s, so watching until a
-    count rises past its first OOM (at most 60 s) sees an OOM, the restart after it and the next
-    OOM (which without its restart could not happen)."""
+def _two_device_demo(page, notebook, workload: str, interval: float) -> None:
+    """``%gpumemviz --demo WORKLOAD --device all`` of two simulated devices, drawn."""
     page.set_viewport_size({"width": 1300, "height": 1000})
     nb = notebook(
-        "ooms.ipynb",
+        f"{workload}.ipynb",
         [
             "%load_ext gpumemviz",
-            "%gpumemviz --demo inference_contiguous --device all --devices 2 --interval 0.25",
+            f"%gpumemviz --demo {workload} --device all --devices 2 --interval {interval}",
         ],
     )
     nb.run(0)
     nb.run(1)
     _wait_drawn(page)
+
+
+def test_the_demo_oom_counts_never_go_down_when_a_workload_restarts(page, notebook, artifacts):
+    """inference_contiguous runs out of memory after ~650 allocator calls (under 2 s at the
+    demo's pace), holds the OOM 3 s and starts again: an OOM every ~5 s, so watching until a
+    count rises past its first OOM (at most 60 s) sees an OOM, the restart after it and the next
+    OOM (which without its restart could not happen)."""
+    _two_device_demo(page, notebook, "inference_contiguous", 0.25)
     page.evaluate(RECORD, 60_000)
     page.wait_for_function("() => window.__gmvDone === true", timeout=80_000)
     seen = page.evaluate("() => window.__gmvSeen")
@@ -215,17 +220,7 @@ TIMELINE = f"""ms => {{
 
 
 def test_after_a_strip_click_the_timeline_never_draws_the_other_device(page, notebook):
-    page.set_viewport_size({"width": 1300, "height": 1000})
-    nb = notebook(
-        "tlclick.ipynb",
-        [
-            "%load_ext gpumemviz",
-            "%gpumemviz --demo training --device all --devices 2 --interval 0.2",
-        ],
-    )
-    nb.run(0)
-    nb.run(1)
-    _wait_drawn(page)
+    _two_device_demo(page, notebook, "training", 0.2)
     page.wait_for_function(
         f"""() => {{ const c = ({VIEW})().timeline.canvas.dataset;
             return Number(c.points) > 3 && c.devices === '0'; }}""",
