@@ -174,10 +174,12 @@ def _steps(seconds: float) -> list[tuple[float, float]]:
 # the same loop in a process of its own, printing its steps: what the machine alone does to a
 # step at the same moments (the monotonic clock is one for all processes of the machine)
 SIBLING = (
-    "import sys, time\n"
+    "import signal, sys, time\n"
     "end = time.monotonic() + float(sys.argv[1])\n"
+    "stop = []\n"
+    "signal.signal(signal.SIGTERM, lambda *_: stop.append(1))\n"  # ours is done: print, end
     "steps = []\n"
-    "while time.monotonic() < end:\n"
+    "while time.monotonic() < end and not stop:\n"
     "    a = time.monotonic()\n"
     "    time.sleep(0.01)\n"
     "    steps.append((a, time.monotonic() - a - 0.01))\n"
@@ -292,7 +294,7 @@ def test_a_hung_store_never_blocks_publish_training_or_viewers(caplog, capsys):
         # for a moment: a late step counts against gpumemviz only where a sibling process doing
         # the same loop at the same moment was on time
         watch = subprocess.Popen(
-            [sys.executable, "-c", SIBLING, str(HANG_S + 1)], stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", SIBLING, str(HANG_S + 30)], stdout=subprocess.PIPE, text=True
         )
         # this pytest worker's heap (every test before this one) is no training process's: a
         # full collection over it stops every thread here for 0.1 s, whatever the store does
@@ -312,6 +314,7 @@ def test_a_hung_store_never_blocks_publish_training_or_viewers(caplog, capsys):
             # publish() as a step of its own: its time beyond 10 ms, bound to 0.1 s in all
             called = (t0, time.monotonic() - t0 - 0.01)
             ours = _steps(HANG_S)  # a 10 ms training loop while the store hangs
+            watch.terminate()  # it runs on past ours (however late ours began): stop it now
             sibling = [
                 (float(a), float(b))
                 for a, b in (ln.split() for ln in watch.communicate()[0].splitlines())
