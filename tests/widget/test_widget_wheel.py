@@ -35,11 +35,24 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
 
 
+# what a build never reads, or writes itself (the bundles): left out of the copy built from
+LEFT_OUT = shutil.ignore_patterns(
+    ".git", ".venv", "node_modules", "static", "__pycache__", "*_cache", "build", "dist"
+)
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    """The wheel pip builds from a copy of this checkout: the package build runs npm and
+    esbuild in the tree it builds, and this checkout's bundles serve the browser tests running
+    beside this one (a rebuild there rewrote them mid-test)."""
+    tree = tmp_path_factory.mktemp("tree") / "gpumemviz"
+    shutil.copytree(REPO, tree, ignore=LEFT_OUT, symlinks=True)
+    if (REPO / "js" / "node_modules").is_dir():  # esbuild already installed: no npm download
+        shutil.copytree(REPO / "js" / "node_modules", tree / "js" / "node_modules", symlinks=True)
     dist = tmp_path_factory.mktemp("dist")
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(REPO), "-w", str(dist)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", str(tree), "-w", str(dist)],
         capture_output=True,
         text=True,
         timeout=600,
