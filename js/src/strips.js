@@ -99,6 +99,40 @@ export function createStrips(host, opts) {
   host.append(wrap);
   /** @type {StripSet} */
   let shown = {};
+  /**
+   * The rows drawn, kept across updates and refilled in place: the grid is redrawn at every
+   * read (every 0.2 s at the fastest), and a click whose press and release land on two
+   * different elements (one replaced between them) is no click on either.
+   * @type {{row: HTMLDivElement, label: HTMLSpanElement, canvas: HTMLCanvasElement,
+   *   oom: HTMLSpanElement, mark: HTMLSpanElement, figs: HTMLSpanElement}[]}
+   */
+  const rows = [];
+
+  /** @param {number} i */
+  function rowAt(i) {
+    if (rows[i]) return rows[i];
+    const row = document.createElement("div");
+    row.className = "gmv-strip";
+    row.dataset.index = String(i);
+    const label = document.createElement("span");
+    label.className = "gmv-strip-label";
+    const canvas = document.createElement("canvas");
+    canvas.className = "gmv-strip-map";
+    const oom = document.createElement("span");
+    oom.className = "gmv-strip-oom";
+    const mark = document.createElement("span");
+    mark.className = "gmv-strip-note";  // a job's: stale with its age, or the last OOM's cause
+    const figs = document.createElement("span");
+    figs.className = "gmv-strip-figs";
+    row.append(label, canvas, oom, mark, figs);
+    // the strip shown at index i when the click lands, not when the row was made
+    row.addEventListener("click", () => {
+      const s = (shown.strips || [])[i];
+      if (s) opts.onSelect(i, s);
+    });
+    rows[i] = { row, label, canvas, oom, mark, figs };
+    return rows[i];
+  }
 
   /** @param {StripSet} set */
   function update(set) {
@@ -107,42 +141,29 @@ export function createStrips(host, opts) {
     wrap.hidden = strips.length === 0;
     wrap.dataset.strips = String(strips.length);
     wrap.dataset.ranks = String(strips.some((s) => typeof s.rank === "number"));
-    list.replaceChildren();
+    for (const gone of rows.splice(strips.length)) gone.row.remove();
     if (!strips.length) return;
     totals.textContent = totalsText(shown);
     note.textContent = shown.note || "";
     note.hidden = !shown.note;
     strips.forEach((s, i) => {
-      const row = document.createElement("div");
-      row.className = "gmv-strip";
-      row.dataset.index = String(i);
+      const { row, label, canvas, oom, mark, figs } = rowAt(i);
       row.dataset.device = String(num(s.device));
       row.dataset.ooms = String(num(s.ooms));
       row.dataset.selected = String(shown.selected === i);
       if (typeof s.rank === "number") row.dataset.rank = String(s.rank);
+      else delete row.dataset.rank;
       row.dataset.stale = String(Boolean(s.stale));
       row.title = `${s.label || ""}: ${stripText(s)} (click to show its ${typeof s.rank === "number" ? "published" : "full"} map)`;
-      const label = document.createElement("span");
-      label.className = "gmv-strip-label";
       label.textContent = s.label || `cuda:${num(s.device)}`;
-      const canvas = document.createElement("canvas");
-      canvas.className = "gmv-strip-map";
       const bins = Array.isArray(s.bins) ? s.bins : [];
       canvas.dataset.bins = String(bins.length);
-      const figs = document.createElement("span");
-      figs.className = "gmv-strip-figs";
       figs.textContent = stripText(s);
-      const oom = document.createElement("span");
-      oom.className = "gmv-strip-oom";
       oom.hidden = num(s.ooms) === 0;
       oom.textContent = `OOM ×${num(s.ooms)}`;
-      const mark = document.createElement("span");
-      mark.className = "gmv-strip-note";  // a job's: stale with its age, or the last OOM's cause
       mark.hidden = !s.note;
       mark.textContent = s.note || "";
-      row.append(label, canvas, oom, mark, figs);
-      row.addEventListener("click", () => opts.onSelect(i, s));
-      list.append(row);
+      if (row.parentElement !== list) list.append(row);
       paintBins(canvas, bins, STRIP_H, wrap);
     });
   }

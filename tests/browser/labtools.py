@@ -42,9 +42,13 @@ class Lab:
     app: str = "lab"  # "lab": JupyterLab 4; "notebook": Notebook 7
 
     def notebook_url(self, name: str) -> str:
+        """The page that opens notebook `name`. Lab's opens it in a fresh layout (``reset``):
+        the server keeps the layout between pages, and one test's extra tab (a panel's output
+        view docked below the notebook) would otherwise squeeze the next test's notebook into
+        half the window, its map out of the pointer's reach."""
         if self.app == "notebook":
             return f"{self.url}/notebooks/{name}?token={self.token}"
-        return f"{self.url}/lab/tree/{name}?token={self.token}"
+        return f"{self.url}/lab/tree/{name}?reset&token={self.token}"
 
 
 class Notebook:
@@ -70,6 +74,11 @@ class Notebook:
             arg=name,
             timeout=120_000,
         )
+        if lab.app == "lab":
+            shown = page.evaluate(
+                "() => Array.from(window.jupyterapp.shell.widgets('main')).map(w => w.title.label)"
+            )
+            assert shown == [name], f"Lab's main area holds {shown}, not {name} alone"
 
     def run(self, index: int, timeout: float = 120_000) -> None:
         """Run cell `index` and wait for it to finish; fail on an error output."""

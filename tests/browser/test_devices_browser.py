@@ -62,6 +62,17 @@ def test_four_simulated_devices_show_four_strips_and_a_click_selects_one(page, n
     assert totals.startswith("4 devices · reserved")
     page.locator(".gmv-strips").first.screenshot(path=str(artifacts / "devices-4-simulated.png"))
 
+    # a click whose press and release straddle a redraw of the strips (each sample redraws
+    # them) still selects: the strips keep their elements, so press and release meet the same
+    box = page.locator(".gmv-strip[data-device='1']").first.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.evaluate(f"() => {{ const v = ({VIEW})(); v.strips.update(v.model.get('strips')); }}")
+    page.mouse.up()
+    page.wait_for_function(
+        f"() => ({STRIPS})()[1].selected && ({MAP_DEVICES})().join() === '1'", timeout=20_000
+    )
+
 
 @pytest.mark.parametrize("recording", RECORDINGS)
 def test_a_three_device_recording_shows_each_device_and_the_oom_on_device_1(

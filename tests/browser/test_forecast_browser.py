@@ -1,5 +1,9 @@
 """The live forecast on the timeline in a real JupyterLab (issue 32, item 4): the leak demo
-gets the dashed projection and the sentence; the training demo, run beside it as long, none."""
+gets the dashed projection and the sentence; the RL demo, run beside it as long, none: its
+memory is a sawtooth whose peaks do not rise (each rollout and update in its private pools and
+back). Not the training demo: its reserved memory does climb to an OOM (longer sequences and the
+fragmentation they leave), so a forecast there, once a loaded machine slows it past the 25 s a
+forecast needs, is right."""
 
 from __future__ import annotations
 
@@ -35,16 +39,16 @@ def demo(name):
 """
 
 
-def test_the_forecast_shows_on_the_leak_demo_and_not_on_training(page, notebook, artifacts):
+def test_the_forecast_shows_on_the_leak_demo_and_not_on_a_flat_sawtooth(page, notebook, artifacts):
     nb = notebook(
         "forecast.ipynb",
-        [DEMO, "demo('leak')", "demo('training')"],
+        [DEMO, "demo('leak')", "demo('rl_mempools')"],
     )
     nb.run(0)
     nb.run(1)
     nb.run(2)
     _wait_drawn(page)
-    # both demos run side by side; the page notes, every half second, whether the training
+    # both demos run side by side; the page notes, every half second, whether the RL
     # panel ever drew a forecast, until the leak's appears (10 s of warm-up, then 15 s of
     # readings at least)
     page.evaluate(
@@ -57,11 +61,11 @@ def test_the_forecast_shows_on_the_leak_demo_and_not_on_training(page, notebook,
     )
     page.evaluate("() => clearInterval(window.__gmvPoll)")
     page.locator(".gmv-timeline").first.screenshot(path=str(artifacts / "forecast_leak.png"))
-    leak, training = page.evaluate(DRAWN)
+    leak, flat = page.evaluate(DRAWN)
     seen = page.evaluate("() => window.__gmvSeen")
     assert leak["sentence"].startswith("at this rate, OOM in about ")
     x0, y0, x1, y1 = map(int, leak["line"].strip("[]").split(","))
     assert x1 > x0 and y1 < y0  # rising to the right, toward the limit
-    assert len(seen) >= 40  # the training panel was watched for 20 s at least
+    assert len(seen) >= 40  # the RL panel was watched for 20 s at least
     assert all(s[1]["line"] == "" and s[1]["sentence"] == "" for s in seen if len(s) == 2)
-    assert training["points"] > 40 and training["sentence"] == "" and training["line"] == ""
+    assert flat["points"] > 40 and flat["sentence"] == "" and flat["line"] == ""
