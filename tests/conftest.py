@@ -10,12 +10,17 @@ from typing import Any
 
 import pytest
 
+import recordings  # tests/ is on sys.path
+
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = Path(__file__).resolve().parent / "data"
 #: Real recordings under permissive licences: they ship with the repository (PROVENANCE.md).
 REAL_DIR = DATA_DIR / "real"
 #: Real recordings with no licence found: read where ../shared/real-snapshots exists (CI).
 CI_REAL_DIR = REPO.parent / "shared" / "real-snapshots"
+#: Real recordings under permissive licences that are not shipped (their size): read where
+#: ../shared/real-snapshots-licensed exists (CI), as tests/recordings.py reads them.
+LICENSED_DIR = REPO.parent / "shared" / "real-snapshots-licensed"
 #: Model-made stand-ins for what only the CI-only files hold (tools/make_standins.py).
 STANDIN_DIR = DATA_DIR / "standin"
 
@@ -33,6 +38,8 @@ CI_ONLY_REASON = "CI-only real snapshot (no licence to ship it): ../shared/real-
 
 SHIPPED_FILES = sorted(REAL_DIR.glob("*.pickle"))
 _shipped = {p.name for p in SHIPPED_FILES}
+#: The licensed recordings not shipped: the GPT-2-medium ones tests/recordings.py names.
+_licensed = {recordings.NAME.format(context=c, kind=k) for c, k, _ in recordings.FILES} - _shipped
 _ci_names = set(CI_ONLY_NAMES)
 if CI_REAL_DIR.is_dir():
     _ci_names |= {p.name for p in CI_REAL_DIR.glob("*.pickle")}
@@ -64,12 +71,20 @@ def read_real(path: Path):
 def _skip_absent(path: Path):
     if path.parent == CI_REAL_DIR:
         pytest.skip(f"{CI_ONLY_REASON} ({path.name})")
+    if path.parent == LICENSED_DIR:
+        pytest.skip(f"licensed real snapshot not shipped: {LICENSED_DIR} is absent ({path.name})")
     raise FileNotFoundError(path)  # a shipped file is missing: a broken checkout
 
 
 def real_file(name: str) -> Path:
-    """A real recording by file name: shipped, or CI's; the test skips (one line) without it."""
-    path = REAL_DIR / name if name in _shipped else CI_REAL_DIR / name
+    """A real recording by file name: shipped, else CI's (the licensed ones not shipped, then
+    the unlicensed ones); the test skips (one line) without it."""
+    if name in _shipped:
+        path = REAL_DIR / name
+    elif name in _licensed:
+        path = LICENSED_DIR / name
+    else:
+        path = CI_REAL_DIR / name
     if not path.exists():
         _skip_absent(path)
     return path
