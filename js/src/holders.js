@@ -177,10 +177,7 @@ export function createHolders(host, opts = {}) {
           (n.own && n.own !== n.bytes ? `; ${formatSize(n.own)} allocated at this frame itself` : ""));
       });
       label.addEventListener("mouseleave", () => { tip.hidden = true; });
-      if (n.row >= 0 && cp.rows[n.row]) {
-        const row = cp.rows[n.row];
-        label.addEventListener("click", () => pick("call_path", n.row, row));
-      }
+      if (n.row >= 0 && cp.rows[n.row]) label.dataset.pickable = "true";
       e.append(label);
       if (n.children.length) {
         const kids = el("div", "gmv-icicle-kids");
@@ -232,7 +229,7 @@ export function createHolders(host, opts = {}) {
         `${rowText(by, r)}\n${formatSize(r.bytes)} (${r.bytes.toLocaleString("en-US")} bytes) in ` +
         `${r.count.toLocaleString("en-US")} blocks` + (opts.onPick ? "\nclick: mark its blocks in the map" : "")));
       tr.addEventListener("mouseleave", () => { tip.hidden = true; });
-      if (opts.onPick) tr.addEventListener("click", () => pick(by, i, r));
+      if (opts.onPick) tr.dataset.pickable = "true";
       tbody.append(tr);
       shownBytes += r.bytes; shown++;
     });
@@ -252,6 +249,32 @@ export function createHolders(host, opts = {}) {
     tableBox.dataset.rows = String(shown);
     summary.textContent = ` ${formatSize(shownBytes)} of ${formatSize(data.allocated)} allocated shown`;
   }
+
+  /**
+   * The holder a press or release landed on: (by, index, key), read from the element's data, or
+   * null off a pickable row.
+   * @param {EventTarget | null} target
+   */
+  function holderAt(target) {
+    const hit = target instanceof Element ? target.closest("[data-pickable]") : null;
+    const row = hit && (hit.matches("tr") ? hit : hit.parentElement);
+    if (!(row instanceof HTMLElement) || !row.dataset.by || !row.dataset.index) return null;
+    return { by: row.dataset.by, index: Number(row.dataset.index), key: row.dataset.key || row.dataset.path || "" };
+  }
+  // A pick is a press and a release on the same holder, matched by its data rather than by the
+  // element: the view is redrawn at every segment state read, and a click whose press and
+  // release land on two elements (one replaced between them) is no click on either.
+  /** @type {{by: string, index: number, key: string} | null} */
+  let pressed = null;
+  box.addEventListener("mousedown", (ev) => { pressed = ev.button === 0 ? holderAt(ev.target) : null; });
+  box.addEventListener("mouseup", (ev) => {
+    const at = ev.button === 0 ? holderAt(ev.target) : null;
+    const was = pressed;
+    pressed = null;
+    if (!at || !was || at.by !== was.by || at.index !== was.index || at.key !== was.key) return;
+    const row = data && data.by[at.by] && data.by[at.by].rows[at.index];
+    if (row) pick(at.by, at.index, row);
+  });
 
   function draw() { drawIcicle(); drawTable(); }
   keyPick.addEventListener("change", () => { by = keyPick.value; drawTable(); });

@@ -369,15 +369,18 @@ def test_hover_shows_a_real_blocks_stack_and_a_click_pins_it(page, notebook, art
     page.locator(".gmv-root").first.screenshot(path=str(shot))
     # the screenshot scrolled the page (the panel is taller than the window): the block again
     page.locator(".gmv-scroll").first.scroll_into_view_if_needed()
-    again = page.evaluate(
+    # (the scroll may fetch the row again: its point once it is back in the map's cache)
+    again = page.wait_for_function(
         f"""([r, j]) => {{ const v = ({VIEW})(); const c = v.map.canvas.getBoundingClientRect();
             const row = v.map.cached(r), rect = v.map.rowRect(r);
+            if (!row || !row.blocks) return null;
             const cells = row.cells.length, total = row.meta.total_size;
             const lo = row.blocks.offset[j] * cells / total;
             const hi = (row.blocks.offset[j] + row.blocks.size[j]) * cells / total;
             return {{ x: c.left + rect.x + (lo + hi) / 2, y: c.top + rect.y + rect.h / 2 }}; }}""",
-        [spot["row"], spot["j"]],
-    )
+        arg=[spot["row"], spot["j"]],
+        timeout=10_000,
+    ).json_value()
     page.mouse.click(again["x"], again["y"])  # unpin
     assert tip.get_attribute("data-pinned") == "false"
 

@@ -117,3 +117,18 @@ def test_panel_holders_view_and_a_click_marks_the_blocks(page, notebook):
         holder = found.holders(by)[index]
         assert int(canvas["markedBytes"]) == holder.bytes
         assert int(canvas["markedBlocks"]) == holder.count
+    # a click whose press and release straddle a redraw of the view (a live panel redraws it at
+    # every segment state read) still picks the row
+    page.locator("select.gmv-holders-key").select_option("frame")
+    box = page.locator(".gmv-holders tr[data-index='1']").bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.evaluate(
+        f"() => {{ const v = ({VIEW})(); v.holders.update({{...v.model.get('holders')}}); }}"
+    )
+    page.mouse.up()
+    page.wait_for_function(
+        "([view, mark]) => eval(view)().holders.element.dataset.marked === mark",
+        arg=[VIEW, "frame:1"],
+        timeout=30_000,
+    )
