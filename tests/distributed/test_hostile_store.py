@@ -210,21 +210,33 @@ def test_a_late_step_is_ours_unless_the_sibling_was_late_at_the_same_moment():
     assert unexplained_stalls(ours, [], 0.05) == [(1.0, 0.3), (5.0, 0.3)]
 
 
-def test_a_thread_holding_the_gil_is_caught_as_ours():
-    """The check itself: a 0.3 s hold of the GIL in this process is a stall the sibling does
-    not share."""
+def _gil_hold_seen() -> list[float]:
+    """One try of the check on a 0.3 s hold of the GIL: the stalls it calls ours (rounded)."""
     watch = subprocess.Popen(
-        [sys.executable, "-c", SIBLING, "2"], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", SIBLING, "60"], stdout=subprocess.PIPE, text=True
     )
     assert watch.stdout is not None and watch.stdout.readline() == "go\n"
     hold = threading.Timer(0.5, lambda: ctypes.PyDLL(None).usleep(300_000))  # the GIL held
     hold.start()
     ours = _steps(1.5)
     hold.join()
+    watch.terminate()  # it runs on past ours: stop it now
     sibling = [
         (float(a), float(b)) for a, b in (ln.split() for ln in watch.communicate()[0].splitlines())
     ]
-    assert [round(late, 1) for _, late in unexplained_stalls(ours, sibling, 0.05)] == [0.3]
+    return [round(late, 1) for _, late in unexplained_stalls(ours, sibling, 0.05)]
+
+
+def test_a_thread_holding_the_gil_is_caught_as_ours():
+    """The check itself: a 0.3 s hold of the GIL in this process is a stall the sibling does
+    not share. A machine loaded enough to stall the sibling in the same 0.3 s explains ours
+    away (as it should): up to five tries, one of which must see it and it alone."""
+    tries = []
+    for _ in range(5):
+        tries.append(_gil_hold_seen())
+        if tries[-1] == [0.3]:
+            break
+    assert tries[-1] == [0.3], tries
 
 
 def test_an_inline_call_that_hangs_is_said_once_and_cut_short_by_close():
