@@ -19,6 +19,7 @@ worth changing".
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -948,26 +949,47 @@ def _recorded(trace: Trace | None) -> dict[str, int]:
     names = trace.action_names
     if "annotate" in names:
         out["annotate"] = int((trace.action == names.index("annotate")).sum())
+    # the counts of torch's "nothing" values run at C speed (`list.count`); a Python loop
+    # runs only where something else was recorded
     for key in ("user_metadata", "internal_metadata"):
-        n = sum(1 for v in trace.values(key) if metadata_text(v) is not None)
+        values = trace.values(key)
+        n = len(values) - values.count(None)
+        if n and n > values.count(""):
+            n = sum(1 for v in values if metadata_text(v) is not None)
+        else:
+            n = 0
         if n:
             out[key] = n
-    for key in ("pool_id", "forward_frames"):
-        n = sum(1 for v in trace.values(key) if v is not None and v != [] and v != ())
+    nothing: dict[str, tuple[object, ...]] = {
+        "pool_id": ([], ()),
+        "forward_frames": ([], ()),
+        "compile_context": ("", "N/A"),
+    }
+    for key, others in nothing.items():
+        values = trace.values(key)
+        n = len(values) - values.count(None)
+        if n:
+            n -= sum(map(values.count, others))
         if n:
             out[key] = n
-    n = sum(1 for v in trace.values("compile_context") if v not in (None, "", "N/A"))
-    if n:
-        out["compile_context"] = n
-    fx: dict[int, bool] = {}  # id(frames list) -> has an FX frame (lists are shared)
+    # each distinct frames list judged once (lists are shared), its uses counted at C speed
+    frames = trace.frames()
+    fx_frame: dict[int, bool] = {}  # id(frame) -> is an FX frame (frame dicts are shared too)
+    with_fx = []
+    for list_id, fr in dict(zip(map(id, frames), frames, strict=True)).items():
+        for f in fr:
+            is_fx = fx_frame.get(id(f))
+            if is_fx is None:
+                is_fx = fx_frame[id(f)] = isinstance(f, dict) and any(
+                    str(k).startswith("fx_") for k in f
+                )
+            if is_fx:
+                with_fx.append(list_id)
+                break
     n = 0
-    for fr in trace.frames():
-        got = fx.get(id(fr))
-        if got is None:
-            got = fx[id(fr)] = any(
-                isinstance(f, dict) and any(str(k).startswith("fx_") for k in f) for f in fr
-            )
-        n += got
+    if with_fx:
+        uses = Counter(map(id, frames))
+        n = sum(uses[list_id] for list_id in with_fx)
     if n:
         out["fx"] = n
     return {k: out[k] for k in sorted(out)}
