@@ -231,17 +231,16 @@ def find_steps(trace: Trace) -> Steps | None:
 
 def _freed_share(trace: Trace) -> float:
     """The share of the trace's alloc entries whose block is freed again within the trace."""
-    code = {n: c for c, n in enumerate(trace.action_names)}
-    alloc, frees = code["alloc"], {code["free_requested"], code["free_completed"]}
-    live: set[int] = set()
-    made = freed = 0
-    for a, x in zip(trace.action.tolist(), trace.addr.tolist(), strict=True):
-        if a == alloc:
-            live.add(x)
-            made += 1
-        elif a in frees and x in live:
-            live.discard(x)
-            freed += 1
+    names = trace.action_names
+    alloc = names.index("alloc")
+    codes = [alloc, names.index("free_requested"), names.index("free_completed")]
+    at = np.flatnonzero(np.isin(trace.action, codes))
+    order = np.argsort(trace.addr[at], kind="stable")  # by address, then by position
+    addr, action = trace.addr[at][order], trace.action[at][order]
+    is_alloc = action == alloc
+    made = int(is_alloc.sum())
+    # an alloc is freed again when the next entry at its address is a free
+    freed = int((is_alloc[:-1] & (addr[1:] == addr[:-1]) & ~is_alloc[1:]).sum())
     return freed / made if made else 0.0
 
 
