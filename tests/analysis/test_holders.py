@@ -13,6 +13,8 @@ from gpumemviz.analysis.holders import (
     HOLDER_KEYS,
     NO_STACK,
     NO_USER_FRAME,
+    CallPaths,
+    call_path,
     frame_key,
     live_holders,
     trace_holders,
@@ -186,3 +188,41 @@ def test_holders_at_an_entry_sum_to_the_replayed_allocated(recorded_path, record
         )
         for by in ("frame", "user_metadata", "pool"):
             assert sum(r.bytes for r in found.holders(by, at=at)) == allocated, (by, at)
+
+
+def test_call_paths_agree_with_call_path(recorded_path):
+    """`CallPaths` (each distinct frame keyed once) gives `call_path` of every stack of a real
+    file, its blocks' and its trace entries', malformed frames included."""
+    snap = load_snapshot(recorded_path)
+    stacks = [fr for fr in snap.block_frames() if fr]
+    for trace in snap.traces.values():
+        stacks += [fr for fr in trace.frames() if fr]
+    odd = {"filename": 7, "line": "x", "name": None}
+    stacks.append([odd, {"filename": "/w/train.py", "line": 3, "name": "step"}, odd, "frame"])
+    paths = CallPaths()
+    assert [paths(fr) for fr in stacks] == [call_path(fr) for fr in stacks]
+
+
+def test_to_dict_holders_are_each_devices_own_rows(recorded_path, monkeypatch):
+    """`Findings.to_dict` gives each device its own holder rows, as `holders` does for that
+    device; where the snapshot has one device, its rows are grouped once, not again for it."""
+    import gpumemviz.analysis.findings as findings_module
+
+    found = analyze(recorded_path, check=False)
+    calls = []
+    grouped = findings_module.holder_rows
+
+    def counted(*a, **k):
+        calls.append(k.get("device"))
+        return grouped(*a, **k)
+
+    monkeypatch.setattr(findings_module, "holder_rows", counted)
+    out = found.to_dict()
+    one = found.snapshot is not None and len(set(found.snapshot.segments.device.tolist())) == 1
+    assert len(calls) == len(HOLDER_KEYS) * (1 if one else 1 + len(found.devices))
+    monkeypatch.undo()
+    for by in HOLDER_KEYS:
+        assert out["holders"][by] == [r.to_dict() for r in found.holders(by)], by
+        for dev, f in found.devices.items():
+            got = out["devices"][str(dev)]["holders"][by]
+            assert got == [r.to_dict() for r in f.holders(by)], (by, dev)

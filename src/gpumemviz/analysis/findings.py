@@ -19,6 +19,7 @@ worth changing".
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -423,25 +424,48 @@ class Findings:
         >>> sorted(analyze([]).to_dict())[:4]
         ['advice', 'device', 'devices', 'figures']
         """
-        return {
-            "device": self.device,
-            "figures": self.figures.to_dict(),
-            "memory": self.memory.to_dict(),
-            "pools": [p.to_dict() for p in self.pools],
-            "holders": {by: [r.to_dict() for r in self.holders(by)] for by in HOLDER_KEYS},
-            "oom": None if self.oom is None else self.oom.to_dict(),
-            "advice": [a.to_dict() for a in self.advice],
-            "rejected": [a.to_dict() for a in self.rejected],
-            "notes": list(self.notes),
-            "settings": self.settings,
-            "pools_in_use": self.pools_in_use,
-            "growth": [g.to_dict() for g in self.growth],
-            "lifetimes": [x.to_dict() for x in self.lifetimes],
-            "steps": None if self.steps is None else self.steps.to_dict(),
-            "forecast": None if self.forecast is None else self.forecast.to_dict(),
-            "recorded": dict(self.recorded),
-            "devices": {str(d): f.to_dict() for d, f in self.devices.items()},
-        }
+        return _as_dict(self, None)
+
+
+def _as_dict(found: Findings, holders: Mapping[str, list[HolderRow]] | None) -> JsonDict:
+    """`Findings.to_dict`; `holders`: its rows by each key when the caller has them (the
+    findings of a snapshot's only device group the same blocks as the snapshot's: the rows are
+    grouped once, not once more per device)."""
+    if holders is None:
+        holders = {by: found.holders(by) for by in HOLDER_KEYS}
+    only = _only_device(found)
+    return {
+        "device": found.device,
+        "figures": found.figures.to_dict(),
+        "memory": found.memory.to_dict(),
+        "pools": [p.to_dict() for p in found.pools],
+        "holders": {by: [r.to_dict() for r in rows] for by, rows in holders.items()},
+        "oom": None if found.oom is None else found.oom.to_dict(),
+        "advice": [a.to_dict() for a in found.advice],
+        "rejected": [a.to_dict() for a in found.rejected],
+        "notes": list(found.notes),
+        "settings": found.settings,
+        "pools_in_use": found.pools_in_use,
+        "growth": [g.to_dict() for g in found.growth],
+        "lifetimes": [x.to_dict() for x in found.lifetimes],
+        "steps": None if found.steps is None else found.steps.to_dict(),
+        "forecast": None if found.forecast is None else found.forecast.to_dict(),
+        "recorded": dict(found.recorded),
+        "devices": {
+            str(d): _as_dict(f, holders if d == only and f.snapshot is found.snapshot else None)
+            for d, f in found.devices.items()
+        },
+    }
+
+
+def _only_device(found: Findings) -> int | None:
+    """The device every segment of `found`'s snapshot is on, when `found` is the whole
+    snapshot's (device None) and the snapshot has segments; else None."""
+    snap = found.snapshot
+    if found.device is not None or snap is None or not len(snap.segments.device):
+        return None
+    devices = np.unique(snap.segments.device)
+    return int(devices[0]) if len(devices) == 1 else None
 
 
 def analyze(
@@ -948,26 +972,47 @@ def _recorded(trace: Trace | None) -> dict[str, int]:
     names = trace.action_names
     if "annotate" in names:
         out["annotate"] = int((trace.action == names.index("annotate")).sum())
+    # the counts of torch's "nothing" values run at C speed (`list.count`); a Python loop
+    # runs only where something else was recorded
     for key in ("user_metadata", "internal_metadata"):
-        n = sum(1 for v in trace.values(key) if metadata_text(v) is not None)
+        values = trace.values(key)
+        n = len(values) - values.count(None)
+        if n and n > values.count(""):
+            n = sum(1 for v in values if metadata_text(v) is not None)
+        else:
+            n = 0
         if n:
             out[key] = n
-    for key in ("pool_id", "forward_frames"):
-        n = sum(1 for v in trace.values(key) if v is not None and v != [] and v != ())
+    nothing: dict[str, tuple[object, ...]] = {
+        "pool_id": ([], ()),
+        "forward_frames": ([], ()),
+        "compile_context": ("", "N/A"),
+    }
+    for key, others in nothing.items():
+        values = trace.values(key)
+        n = len(values) - values.count(None)
+        if n:
+            n -= sum(map(values.count, others))
         if n:
             out[key] = n
-    n = sum(1 for v in trace.values("compile_context") if v not in (None, "", "N/A"))
-    if n:
-        out["compile_context"] = n
-    fx: dict[int, bool] = {}  # id(frames list) -> has an FX frame (lists are shared)
+    # each distinct frames list judged once (lists are shared), its uses counted at C speed
+    frames = trace.frames()
+    fx_frame: dict[int, bool] = {}  # id(frame) -> is an FX frame (frame dicts are shared too)
+    with_fx = []
+    for list_id, fr in dict(zip(map(id, frames), frames, strict=True)).items():
+        for f in fr:
+            is_fx = fx_frame.get(id(f))
+            if is_fx is None:
+                is_fx = fx_frame[id(f)] = isinstance(f, dict) and any(
+                    str(k).startswith("fx_") for k in f
+                )
+            if is_fx:
+                with_fx.append(list_id)
+                break
     n = 0
-    for fr in trace.frames():
-        got = fx.get(id(fr))
-        if got is None:
-            got = fx[id(fr)] = any(
-                isinstance(f, dict) and any(str(k).startswith("fx_") for k in f) for f in fr
-            )
-        n += got
+    if with_fx:
+        uses = Counter(map(id, frames))
+        n = sum(uses[list_id] for list_id in with_fx)
     if n:
         out["fx"] = n
     return {k: out[k] for k in sorted(out)}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 import numpy as np
 
@@ -132,26 +133,37 @@ def _tokens(trace: Trace) -> tuple[np.ndarray, np.ndarray, list[str | None], lis
     alloc = trace.action_names.index("alloc")
     at = np.flatnonzero(trace.action == alloc)
     frames = trace.frames()
+    stacks = [frames[i] for i in at.tolist()]
+    ids = list(map(id, stacks))
+    # each distinct stack judged once (torch's lists are shared), then read per entry at C speed
     finder = UserFrames()
     seen: dict[int, tuple[str | None, str]] = {}
-    keys: list[str | None] = []
-    labels: list[str] = []
-    codes: dict[tuple[str | None, int], int] = {}
-    tok = np.empty(len(at), np.int64)
-    sizes = trace.size[at].tolist()
-    for j, i in enumerate(at.tolist()):
-        fr = frames[i]
-        got = seen.get(id(fr))
-        if got is None:
-            f = finder(fr) if fr else None
-            got = seen[id(fr)] = (
-                (None, "(no frame outside torch)" if fr else "(no stack recorded)")
-                if f is None
-                else (frame_key(f), format_frame(f))
-            )
-        keys.append(got[0])
-        labels.append(got[1])
-        tok[j] = codes.setdefault((got[0], sizes[j]), len(codes))
+    for list_id, fr in dict(zip(ids, stacks, strict=True)).items():
+        f = finder(fr) if fr else None
+        seen[list_id] = (
+            (None, "(no frame outside torch)" if fr else "(no stack recorded)")
+            if f is None
+            else (frame_key(f), format_frame(f))
+        )
+    got = list(map(seen.__getitem__, ids))
+    keys: list[str | None] = list(map(itemgetter(0), got))
+    labels: list[str] = list(map(itemgetter(1), got))
+    if not got:
+        return at, np.empty(0, np.int64), keys, labels
+    # token codes: each (frame key, size) pair numbered in the order it first comes
+    key_code: dict[str | None, int] = {}
+    code_by_id = {i: key_code.setdefault(k, len(key_code)) for i, (k, _) in seen.items()}
+    kc = np.array(list(map(code_by_id.__getitem__, ids)), np.int64)
+    sizes = trace.size[at]
+    low, span = int(sizes.min()), int(sizes.max()) - int(sizes.min()) + 1
+    if len(key_code) * span < 1 << 62:  # one int64 per pair: a flat sort
+        _, first, inverse = np.unique(kc * span + (sizes - low), True, True)
+    else:
+        pairs = np.stack([kc, sizes])
+        _, first, inverse = np.unique(pairs, axis=1, return_index=True, return_inverse=True)
+    code_of = np.empty(len(first), np.int64)
+    code_of[np.argsort(first)] = np.arange(len(first))
+    tok = code_of[inverse.reshape(-1)]
     return at, tok, keys, labels
 
 
@@ -219,17 +231,16 @@ def find_steps(trace: Trace) -> Steps | None:
 
 def _freed_share(trace: Trace) -> float:
     """The share of the trace's alloc entries whose block is freed again within the trace."""
-    code = {n: c for c, n in enumerate(trace.action_names)}
-    alloc, frees = code["alloc"], {code["free_requested"], code["free_completed"]}
-    live: set[int] = set()
-    made = freed = 0
-    for a, x in zip(trace.action.tolist(), trace.addr.tolist(), strict=True):
-        if a == alloc:
-            live.add(x)
-            made += 1
-        elif a in frees and x in live:
-            live.discard(x)
-            freed += 1
+    names = trace.action_names
+    alloc = names.index("alloc")
+    codes = [alloc, names.index("free_requested"), names.index("free_completed")]
+    at = np.flatnonzero(np.isin(trace.action, codes))
+    order = np.argsort(trace.addr[at], kind="stable")  # by address, then by position
+    addr, action = trace.addr[at][order], trace.action[at][order]
+    is_alloc = action == alloc
+    made = int(is_alloc.sum())
+    # an alloc is freed again when the next entry at its address is a free
+    freed = int((is_alloc[:-1] & (addr[1:] == addr[:-1]) & ~is_alloc[1:]).sum())
     return freed / made if made else 0.0
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "NO_USER_FRAME",
     "N_TOP",
     "UNKNOWN_LINE",
+    "CallPaths",
     "Holder",
     "HolderKey",
     "HolderRow",
@@ -273,6 +274,38 @@ def call_path(frames: Sequence[TorchDict]) -> tuple[str, ...] | None:
     return path or None
 
 
+class CallPaths:
+    """`call_path` over many stacks that share their frame dicts (a fresh list per block over a
+    few hundred distinct frames, as torch writes them): each distinct frame object is judged
+    and keyed once, then a stack's path is read at C speed by its frames' identities. The
+    finder holds every frame it judged, so an identity is never reused while it lives.
+
+    >>> a = {"filename": "/x/site-packages/torch/nn/m.py", "line": 1, "name": "f"}
+    >>> b = {"filename": "train.py", "line": 9, "name": "step"}
+    >>> paths = CallPaths()
+    >>> paths([a, b]), paths([a]), paths([b, a, b])
+    (('train.py:9',), None, ('train.py:9', 'train.py:9'))
+    """
+
+    def __init__(self) -> None:
+        self._judged: list[object] = []  # every frame keyed: its identity stays its own
+        self._key: dict[int, str] = {}  # id -> its `frame_key`; "" for torch's, the interpreter's
+
+    def __call__(self, frames: Sequence[TorchDict]) -> tuple[str, ...] | None:
+        """`call_path(frames)`."""
+        key = self._key
+        try:
+            path = tuple(filter(None, map(key.__getitem__, map(id, reversed(frames)))))
+        except KeyError:  # a frame not seen before: judge the stack's new ones
+            for f in frames:
+                if id(f) not in key:
+                    user = not is_interpreter_frame(f) and not is_torch_frame(f)
+                    key[id(f)] = frame_key(f) if user else ""
+                    self._judged.append(f)
+            path = tuple(filter(None, map(key.__getitem__, map(id, reversed(frames)))))
+        return path or None
+
+
 def metadata_text(value: object) -> str | None:
     """``user_metadata`` (or an annotation) as one text: a string as recorded (torch's default
     "" is none), a dict (newer torch) as sorted JSON; None where nothing was recorded.
@@ -404,6 +437,7 @@ def _keys(
     if by in ("frame", "call_path"):
         frames = snap.block_frames()
         finder = UserFrames()
+        paths = CallPaths()
         seen: dict[int, HolderKey] = {}  # id(frames list) -> key: lists are shared
         out: list[HolderKey] = []
         for r in rows.tolist():
@@ -416,7 +450,7 @@ def _keys(
                 f = finder(fr)
                 k = None if f is None else frame_key(f)
             elif fr:
-                k = call_path(fr)
+                k = paths(fr)
             seen[id(fr)] = k
             out.append(k)
         return out
@@ -455,6 +489,8 @@ def _recorded(trace: Trace, by: str, meta: list[object]) -> bool:
         return False
     if by == "annotation":
         return "annotate" in trace.action_names
+    if meta.count(None) + meta.count("") == len(meta):  # at C speed: torch's "nothing" only
+        return False
     return any(metadata_text(m) is not None for m in meta)
 
 
