@@ -5,6 +5,8 @@ description, and `ops()`, a deterministic program of ``("malloc", id, size, stre
 ``("free", id)``, ``("empty_cache",)`` and ``("mark", label)`` steps. Sizes come from a model
 shape (hidden size, layers, heads, sequence length, dtype), as a PyTorch program would request
 them. `run` drives a `CachingAllocator` through a workload and returns the outcome as numbers.
+A malloc's call site (the line of a demo script that would ask for it, sites.py) travels beside
+the steps, in the dict `Workload.ops` is given, so every reader of the steps sees them unchanged.
 
 The private-pool programs (CUDA graphs, RL MemPools) are in pool_workloads.py; this module
 wraps them as `Workload`s. It stays whole (over 500 lines): its two program builders
