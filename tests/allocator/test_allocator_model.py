@@ -746,3 +746,35 @@ def test_trace_blocks_off_records_only_segment_entries_and_ooms():
     for a in (lean, twin):
         a.free(a.malloc(100))
         assert [e[0] for e in a.trace_since(len(got))] == ["segment_alloc"]
+
+
+def _blocks_at(a: CachingAllocator) -> dict[int, dict]:
+    return {b["address"]: b for s in a.snapshot(record=False)["segments"] for b in s["blocks"]}
+
+
+def test_frames_given_to_malloc_ride_on_the_block_and_its_trace_entries():
+    site = [{"filename": "train.py", "line": 7, "name": "step"}]
+    a = CachingAllocator(GIB)
+    p = a.malloc(3 * MIB, frames=site)
+    q = a.malloc(MIB)  # no call site: none recorded
+    assert _blocks_at(a)[p]["frames"] is site and _blocks_at(a)[q]["frames"] == []
+    a.record_stream(p, 1)
+    a.free(p)  # pending on stream 1's event: still active, still its site
+    pending = _blocks_at(a)[p]
+    assert pending["state"] == "active_pending_free" and pending["frames"] is site
+    a.complete_events(process=True)
+    a.free(q)
+    blocks = _blocks_at(a).values()
+    assert all(b["state"] == "inactive" and b["frames"] == [] for b in blocks)
+    assert check_invariants(a.snapshot(record=False)) == []
+    trace = a.snapshot(record=False)["device_traces"][0]
+    at_p = [(e["action"], e.get("frames")) for e in trace if e["addr"] == p]
+    assert ("alloc", site) in at_p and ("free_requested", site) in at_p
+    assert ("free_completed", site) in at_p
+    assert all("frames" not in e for e in trace if e["addr"] == q or "segment" in e["action"])
+    # a block reused by a malloc without a site does not keep the old one
+    r = a.malloc(3 * MIB)
+    assert r == p and _blocks_at(a)[p]["frames"] == []
+    # a copy carries the sites of its live blocks (the same list: sites are shared)
+    s = a.malloc(MIB, frames=site)
+    assert _blocks_at(copy.deepcopy(a))[s]["frames"] is site

@@ -20,6 +20,7 @@ from gpumemviz.allocator.workloads import (
     run,
     training_loop,
 )
+from gpumemviz.analysis.frames import user_frame
 
 
 def _check_program(w: Workload) -> dict[str, int]:
@@ -187,3 +188,35 @@ def test_an_oom_before_the_first_iteration_says_so():
     o = run(training_loop(iterations=3, capacity=64 << 20))
     assert o.oom_step is not None and o.iterations_completed == 0
     assert "before the first training iteration" in o.summary()
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_every_malloc_gets_a_shared_call_site_with_a_user_line(name):
+    w = WORKLOADS[name]
+    sites: dict[int, list] = {}
+    ops, given = [], {}
+    for op in w.ops(sites):
+        ops.append(op)
+        if op[0] == "malloc":
+            given[op[1]] = sites.pop(op[1])  # handed out before its malloc
+    assert ops == list(w.ops()) and not sites  # the same steps, nothing left behind
+    lists = {id(f): f for f in given.values()}
+    assert len(lists) <= 30  # one list per line of the demo program, shared
+    for frames in lists.values():
+        user = user_frame(frames)
+        assert user is not None and user["filename"].startswith("demo_")
+        assert all(set(f) == {"filename", "line", "name"} for f in frames)
+
+
+def test_run_with_frames_gives_the_snapshot_stacks():
+    w = training_loop(iterations=1)
+    a = CachingAllocator(w.capacity, w.config)
+    run(w, a, frames=True)
+    snap = a.snapshot(record=False)
+    live = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    assert live and all(b["frames"] for b in live)
+    allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
+    assert all(user_frame(e["frames"])["filename"] == "demo_train.py" for e in allocs)
+    bare = CachingAllocator(w.capacity, w.config)
+    run(w, bare)  # no frames unless asked: a trace as recorded without stacks
+    assert all("frames" not in e for e in bare.snapshot()["device_traces"][0])

@@ -9,10 +9,12 @@ import time
 import pytest
 from torch.cuda import _memory_viz
 
+from gpumemviz.analysis.findings import analyze
 from gpumemviz.analysis.fragmentation.oom import classify_event
 from gpumemviz.live.sampler import Sampler
 from gpumemviz.live.sources import Source, default_source, oom
 from gpumemviz.live.sources.simulated import SimulatedSource
+from gpumemviz.snapshot import ALLOCATED
 from gpumemviz.snapshot.sample import NOT_CLASSIFIED, OomEvent
 
 
@@ -220,3 +222,29 @@ def test_the_oom_sample_carries_the_device_total_every_sample_carries():
     assert found.figures.device_total == oom.device_info.total_memory
     bar = glance_bar(found)
     assert bar["scale"] == "device" and bar["total"] == found.figures.device_total
+
+
+def test_the_demo_holders_are_lines_of_the_demo_program():
+    src = SimulatedSource("training", autostart=False)
+    src.step(3000)  # into the first backward: weights, activations, gradients held
+    findings = analyze(src.export(), check=False)
+    rows = findings.holders("frame")
+    assert sum(r.bytes for r in rows) == findings.figures.allocated > 0
+    top = rows[:5]
+    assert all(r.key is not None and r.key.startswith("demo_train.py:") for r in top)
+    assert {r.key for r in rows} >= {"demo_train.py:124", "demo_train.py:39"}  # weights, softmax
+    # the panel's map reads the stacks off the live sample's blocks (its hover)
+    snap = src.sample().segments
+    assert snap is not None
+    allocated = snap.blocks.state == ALLOCATED
+    stacks = [f for f, live in zip(snap.block_frames(), allocated, strict=True) if live]
+    assert stacks and all(f and f[-1]["filename"] == "demo_train.py" for f in stacks)
+
+
+def test_the_leak_demo_names_its_leaking_line():
+    src = SimulatedSource("leak", autostart=False)
+    src.step(12_000)  # about ten training steps
+    findings = analyze(src.export(), check=False)
+    (suspect,) = [g for g in findings.growth if g.frame == "demo_train.py:99"]
+    assert abs(suspect.bytes_per_step - (128 << 20)) <= 0.1 * (128 << 20)
+    assert findings.growth[0] is suspect  # the leak leads

@@ -13,6 +13,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 
 from gpumemviz.allocator import stats as S
+from gpumemviz.allocator.trace import Frames
 
 __all__ = [
     "DEFAULT_POOL",
@@ -44,11 +45,17 @@ class Reservation:
 
 
 class ModelBlock:
-    """A `Block`: a run of one segment, linked to its neighbours."""
+    """A `Block`: a run of one segment, linked to its neighbours.
+
+    `frames` is torch's `context_when_allocated`: the call site given to the malloc that
+    handed it out (None: none given). It is only read while the block is active, so a freed
+    block keeps a stale one until its next malloc sets it.
+    """
 
     __slots__ = (
         "allocated",
         "event_count",
+        "frames",
         "gc_base",
         "mapped",
         "next",
@@ -81,6 +88,7 @@ class ModelBlock:
         self.allocated = False
         self.event_count = 0
         self.stream_uses: set[int] | None = None
+        self.frames: Frames | None = None
         self.prev: ModelBlock | None = None
         self.next: ModelBlock | None = None
         self.gc_base = 0

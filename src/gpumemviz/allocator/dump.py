@@ -3,6 +3,8 @@
 `CachingAllocator.snapshot()` (model.py) hands its mapped blocks to `torch_segments` and its
 trace ring to `torch_trace`; both only read what they are given, so the dict
 `torch.cuda.memory._snapshot()` returns is built here without touching the allocator's state.
+An active block's ``frames`` and a trace entry's are the call site list `malloc` was given,
+shared, not copied (as the model shares it between the block and its entries).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def torch_segments(blocks: Iterable[ModelBlock], device: int) -> tuple[list[Torc
                     "size": b.size,
                     "requested_size": b.requested,
                     "state": state,
-                    "frames": [],
+                    "frames": (b.frames or []) if is_active else [],
                 }
             )
             addr += b.size
@@ -84,9 +86,9 @@ def torch_segments(blocks: Iterable[ModelBlock], device: int) -> tuple[list[Torc
 
 def torch_trace(entries: Iterable[TraceEntry]) -> list[TorchDict]:
     """Trace ring entries as torch's ``device_traces`` dicts (an `oom` one's addr is
-    ``device_free``)."""
+    ``device_free``; ``frames`` where the entry has a call site)."""
     out: list[TorchDict] = []
-    for a, addr, size, s, t in entries:
+    for a, addr, size, s, t, frames in entries:
         e: TorchDict = {"action": ACTIONS[a]}
         e["device_free" if a == OOM else "addr"] = addr
         e["size"] = size
@@ -94,5 +96,7 @@ def torch_trace(entries: Iterable[TraceEntry]) -> list[TorchDict]:
         e["time_us"] = t
         e["compile_context"] = "N/A"
         e["user_metadata"] = ""
+        if frames is not None:
+            e["frames"] = frames
         out.append(e)
     return out

@@ -24,7 +24,9 @@ Not modelled: FreeMemoryCallbacks, MemPools with a custom allocator, the graph-c
 freed blocks (`graph_capture_record_stream_reuse`), `throw_on_cudamalloc_oom` rejections, the
 cudaMallocAsync backend, and
 the physical-memory fragmentation of the driver (a map or cudaMalloc fits iff reserved + size
-<= capacity). Frames are not recorded (`frames` is always []).
+<= capacity). Call sites are what the caller hands to `malloc` (its ``frames``, torch's frame
+dicts, innermost first): the block and its alloc, free_requested and free_completed trace entries
+carry them, as torch's `context_when_allocated`; segments carry none (their `frames` is []).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ from gpumemviz.allocator.trace import (
     SEGMENT_MAP,
     SEGMENT_UNMAP,
     SNAPSHOT,
+    Frames,
     TraceEntry,
     TraceRow,
 )
@@ -285,12 +288,15 @@ class CachingAllocator:
 
     # ------------------------------------------------------------------ public API
 
-    def malloc(self, size: int, stream: int = 0) -> int:
+    def malloc(self, size: int, stream: int = 0, frames: Frames | None = None) -> int:
         """Allocate `size` bytes on `stream`; returns the block address (0 for size 0, like
         torch's nullptr).
 
         `size` is int-like (numpy integers included; bool and float raise TypeError). Raises
-        `OutOfMemory` (after the release-and-retry path) when it cannot.
+        `OutOfMemory` (after the release-and-retry path) when it cannot. `frames` is the call
+        site (torch's frame dicts, innermost first): the block's ``frames`` in `snapshot()` and
+        those of its trace entries. The list is kept as given, not copied: callers share one
+        list per call site and never change it.
         """
         if type(size) is not int:
             size = _as_size(size)
@@ -415,10 +421,11 @@ class CachingAllocator:
             cur[_IS + p] -= 1
         block.allocated = True
         block.requested = size
+        block.frames = frames
         ptr = block.ptr
         ta = self._tappend
         if ta is not None:
-            ta((ALLOC, ptr, size, stream, self._tick()))
+            ta((ALLOC, ptr, size, stream, self._tick(), frames))
         self._allocated[ptr] = block
         bsize = block.size
         if small:
@@ -439,7 +446,7 @@ class CachingAllocator:
         b.allocated = False
         ta = self._tappend
         if ta is not None:
-            ta((FREE_REQUESTED, addr, b.requested, b.stream, self._tick()))
+            ta((FREE_REQUESTED, addr, b.requested, b.stream, self._tick(), b.frames))
         st = self.stats
         if b.size >= self._mss:
             st.cur[_OA] -= 1
@@ -574,7 +581,7 @@ class CachingAllocator:
             return []
         tail = list(itertools.islice(reversed(self._trace), n))  # O(n), not O(ring)
         tail.reverse()
-        return [(ACTIONS[a], addr, size, s, t) for a, addr, size, s, t in tail]
+        return [(ACTIONS[a], addr, size, s, t) for a, addr, size, s, t, _ in tail]
 
     # ---------------------------------------------------------- public API: private pools
     # torch routes the allocations of matching streams to a pool's own small and large
@@ -955,7 +962,7 @@ class CachingAllocator:
         requested = b.requested
         ta = self._tappend
         if ta is not None:
-            ta((FREE_COMPLETED, b.ptr, requested, b.stream, self._tick()))
+            ta((FREE_COMPLETED, b.ptr, requested, b.stream, self._tick(), b.frames))
         orig_size = b.size
         pool = b.pool
         merged = 0
@@ -1534,7 +1541,7 @@ class CachingAllocator:
     # ------------------------------------------------------------------ internals: the trace
 
     def _emit(self, action: int, addr: int, size: int, stream: int) -> None:
-        self._trace.append((action, addr, size, stream, self._tick()))
+        self._trace.append((action, addr, size, stream, self._tick(), None))
 
     def _counted_tick(self) -> int:
         """The tick of a custom clock: count the entry, then read the clock."""

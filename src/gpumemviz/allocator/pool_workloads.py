@@ -5,13 +5,17 @@ they add: ``("create_pool", pool_id)`` (`torch.cuda.MemPool()`), ``("begin_pool"
 and ``("end_pool", pool_id)`` (`beginAllocateToPool` / `endAllocateToPool`: entering and
 leaving `use_mem_pool`, or a graph capture's begin and end), ``("release_pool", pool_id)``
 (a MemPool deleted, `use_mem_pool` left, a graph reset). `apply_pool_step` runs one on a
-`CachingAllocator`. workloads.py wraps the programs as catalogue `Workload`s.
+`CachingAllocator`. workloads.py wraps the programs as catalogue `Workload`s. Given a ``sites``
+dict, a program puts each malloc's call site there (sites.py: `GraphSites`, `RlSites`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Literal
+
+from gpumemviz.allocator.sites import GraphSites, RlSites, Sites
+from gpumemviz.allocator.trace import Frames
 
 if TYPE_CHECKING:
     from gpumemviz.allocator.model import CachingAllocator
@@ -62,16 +66,24 @@ class Ids:
 
 
 def _forward(
-    new: Ids, layers: int, act: Sequence[int], stream: int, keep: int
+    new: Ids,
+    layers: int,
+    act: Sequence[int],
+    stream: int,
+    keep: int,
+    sites: Sites | None,
+    at: Frames,
 ) -> Iterator[Step | list[int]]:
-    """One forward pass: per layer the activations `act`, all freed but the last `keep` of
-    the output (yielded last as the list of ids kept)."""
+    """One forward pass: per layer the activations `act` (call site `at`), all freed but the
+    last `keep` of the output (yielded last as the list of ids kept)."""
     kept: list[int] = []
     for _ in range(layers):
         ids = []
         for size in act:
             i = new()
             ids.append(i)
+            if sites is not None:
+                sites[i] = at
             yield ("malloc", i, size, stream)
         for i in ids[:-1]:
             yield ("free", i)
@@ -87,6 +99,7 @@ def graph_program(
     act: Sequence[int],
     eager_temps: Sequence[int],
     replays: int,
+    sites: Sites | None = None,
 ) -> Iterator[Step]:
     """Eager warm-up, a capture into a graph pool, replays, a second graph sharing the pool.
 
@@ -101,7 +114,7 @@ def graph_program(
     yield ("mark", "warm-up (eager)")
     for _ in range(3):
         kept: list[int] = []
-        for step in _forward(new, layers, act, 0, 1):
+        for step in _forward(new, layers, act, 0, 1, sites, GraphSites.warmup):
             if isinstance(step, list):
                 kept = step
             else:
@@ -110,7 +123,7 @@ def graph_program(
     yield ("mark", "capture graph 1")
     yield ("begin_pool", GRAPH_POOL)
     outputs: list[int] = []
-    for step in _forward(new, layers, act, _CAPTURE_STREAM, 1):
+    for step in _forward(new, layers, act, _CAPTURE_STREAM, 1, sites, GraphSites.capture):
         if isinstance(step, list):
             outputs += step
         else:
@@ -122,11 +135,15 @@ def graph_program(
         for size in eager_temps:
             i = new()
             temps.append(i)
+            if sites is not None:
+                sites[i] = GraphSites.replay_loss
             yield ("malloc", i, size, 0)
         yield from (("free", i) for i in temps)
     yield ("mark", "capture graph 2 (shares the pool)")
     yield ("begin_pool", GRAPH_POOL)
-    for step in _forward(new, layers, [s // 2 for s in act], _CAPTURE_STREAM, 1):
+    half = [s // 2 for s in act]
+    second = GraphSites.capture_second
+    for step in _forward(new, layers, half, _CAPTURE_STREAM, 1, sites, second):
         if isinstance(step, list):
             outputs += step
         else:
@@ -146,6 +163,7 @@ def rl_program(
     train_acts: Sequence[int],
     grads_and_optimizer: Sequence[int],
     steps: int,
+    sites: Sites | None = None,
 ) -> Iterator[Step]:
     """RL: weights and the KV cache in MemPools, offloaded and reloaded around training.
 
@@ -169,6 +187,8 @@ def rl_program(
         for size in weights:
             i = new()
             w_ids.append(i)
+            if sites is not None:
+                sites[i] = RlSites.weights
             yield ("malloc", i, size, 0)
         yield ("end_pool", weights_pool)
         yield ("release_pool", weights_pool)
@@ -178,6 +198,8 @@ def rl_program(
         for _ in range(kv_blocks):
             i = new()
             kv_ids.append(i)
+            if sites is not None:
+                sites[i] = RlSites.kv_cache
             yield ("malloc", i, kv_block, 0)
         yield ("end_pool", kv_pool)
         yield ("release_pool", kv_pool)
@@ -191,10 +213,14 @@ def rl_program(
             for size in grads_and_optimizer:
                 i = new()
                 state.append(i)
+                if sites is not None:
+                    sites[i] = RlSites.optimizer
                 yield ("malloc", i, size, 0)
         acts = []
         for size in train_acts:
             i = new()
             acts.append(i)
+            if sites is not None:
+                sites[i] = RlSites.activations
             yield ("malloc", i, size, 0)
         yield from (("free", i) for i in reversed(acts))

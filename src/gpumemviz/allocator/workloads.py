@@ -5,6 +5,8 @@ description, and `ops()`, a deterministic program of ``("malloc", id, size, stre
 ``("free", id)``, ``("empty_cache",)`` and ``("mark", label)`` steps. Sizes come from a model
 shape (hidden size, layers, heads, sequence length, dtype), as a PyTorch program would request
 them. `run` drives a `CachingAllocator` through a workload and returns the outcome as numbers.
+A malloc's call site (the line of a demo script that would ask for it, sites.py) travels beside
+the steps, in the dict `Workload.ops` is given, so every reader of the steps sees them unchanged.
 
 The private-pool programs (CUDA graphs, RL MemPools) are in pool_workloads.py; this module
 wraps them as `Workload`s. It stays whole (over 500 lines): its two program builders
@@ -31,6 +33,8 @@ from gpumemviz.allocator.pool_workloads import (
     graph_program,
     rl_program,
 )
+from gpumemviz.allocator.sites import ServeSites, Sites, TrainSites
+from gpumemviz.allocator.trace import Frames
 from gpumemviz.snapshot.escaping import short_repr
 
 __all__ = [
@@ -124,10 +128,17 @@ class Workload:
     params: Mapping[str, Any] = field(default_factory=dict)  # Any: `program`'s keywords
     iterations: int | None = None
 
-    def ops(self) -> Iterator[Op]:
+    def ops(self, sites: Sites | None = None) -> Iterator[Op]:
         """The steps, freshly generated (deterministic: the same every time): ``("malloc", id,
-        size, stream)``, ``("free", id)``, ``("empty_cache",)`` and ``("mark", label)``."""
-        return self.program(**self.params)
+        size, stream)``, ``("free", id)``, ``("empty_cache",)`` and ``("mark", label)``.
+
+        With a dict `sites`, each malloc's call site (frames, innermost first: see sites.py) is
+        put in ``sites[id]`` before the malloc is yielded; pop it there to pass it to
+        `CachingAllocator.malloc`. The steps are the same with or without it.
+        """
+        if sites is None:
+            return self.program(**self.params)
+        return self.program(**self.params, sites=sites)
 
     def with_config(self, config: str) -> Workload:
         """The same program under other allocator settings."""
@@ -137,12 +148,17 @@ class Workload:
 # --------------------------------------------------------------------------- training
 
 
-def _mallocs(new: Ids, sizes: Iterable[int]) -> Generator[Op, None, list[int]]:
-    """Allocate one tensor per size on stream 0; the generator's return value is their ids."""
+def _mallocs(
+    new: Ids, sized: Iterable[tuple[int, Frames]], sites: Sites | None
+) -> Generator[Op, None, list[int]]:
+    """Allocate one tensor per (size, call site) on stream 0, each site handed out in `sites`
+    (when given); the generator's return value is their ids."""
     ids = []
-    for size in sizes:
+    for size, at in sized:
         i = new()
         ids.append(i)
+        if sites is not None:
+            sites[i] = at
         yield ("malloc", i, size, 0)
     return ids
 
@@ -159,8 +175,10 @@ def _training_program(
     checkpointing: bool,
     keep_grads: bool = False,
     leak_bytes: int = 0,
+    sites: Sites | None = None,
 ) -> Iterator[Op]:
-    """An eager training loop: AdamW, all tensors in one dtype.
+    """An eager training loop: AdamW, all tensors in one dtype; call sites from
+    `sites.TrainSites` (``demo_train.py``).
 
     Per layer the forward saves ln1, qkv, softmax probabilities, context, residual, ln2, fc1 and
     gelu (the scores are a temporary); backward allocates the gradient temporaries, frees the
@@ -172,10 +190,12 @@ def _training_program(
     """
     d = shape.dtype_bytes
     new = Ids()
+    T = TrainSites
     yield ("mark", "weights")
     sizes = [shape.vocab * shape.hidden * d]
     sizes += [size for _ in range(shape.layers) for size in shape.layer_weights()]
-    yield from _mallocs(new, sizes)
+    weights = [(sizes[0], T.embedding_weights), *((s, T.layer_weights) for s in sizes[1:])]
+    yield from _mallocs(new, weights, sites)
     adam: list[int] = []
     grads: list[int] = []
     for it, s in enumerate(seq_lens):
@@ -184,48 +204,64 @@ def _training_program(
         att = batch * shape.heads * s * s * d  # attention scores / probabilities
         mlp = batch * s * shape.mlp * d
         logits = batch * s * shape.vocab * d
-        inputs = yield from _mallocs(new, (batch * s * 8, tok))  # token ids, embedding output
-        layer_acts = (tok, 3 * tok, att, tok, tok, tok, mlp, mlp)  # saved by one layer
+        # token ids, embedding output
+        inputs = yield from _mallocs(new, ((batch * s * 8, T.tokens), (tok, T.embedding)), sites)
+        # saved by one layer: ln1, qkv, probabilities, context, residual, ln2, fc1, gelu
+        layer_acts = (
+            (tok, T.ln1),
+            (3 * tok, T.qkv),
+            (att, T.probs),
+            (tok, T.context),
+            (tok, T.residual),
+            (tok, T.ln2),
+            (mlp, T.fc1),
+            (mlp, T.gelu),
+        )
         saved: list[list[int]] = []
         for _layer in range(shape.layers):
             if checkpointing:  # keep only the layer input; run the layer, free everything
-                keep = yield from _mallocs(new, (tok,))
-                tmp = yield from _mallocs(new, (*layer_acts, att))
+                keep = yield from _mallocs(new, ((tok, T.checkpoint),), sites)
+                tmp = yield from _mallocs(new, (*layer_acts, (att, T.scores)), sites)
                 yield from _frees(tmp)
                 saved.append(keep)
                 continue
-            layer = yield from _mallocs(new, (tok, 3 * tok))  # ln1, qkv
-            scores = yield from _mallocs(new, (att,))
-            layer += yield from _mallocs(new, (att,))  # softmax probabilities
+            layer = yield from _mallocs(new, layer_acts[:2], sites)  # ln1, qkv
+            scores = yield from _mallocs(new, ((att, T.scores),), sites)
+            layer += yield from _mallocs(new, layer_acts[2:3], sites)  # softmax probabilities
             yield from _frees(scores)
-            layer += yield from _mallocs(new, (tok, tok, tok, mlp, mlp))  # ctx, res, ln2, fc1, gelu
+            layer += yield from _mallocs(new, layer_acts[3:], sites)  # ctx, res, ln2, fc1, gelu
             saved.append(layer)
         if leak_bytes:  # kept by the program, never freed
-            yield from _mallocs(new, (leak_bytes,))
-        head = yield from _mallocs(new, (logits, 2 * logits))  # logits, fp32 log-softmax
+            yield from _mallocs(new, ((leak_bytes, T.history),), sites)
+        # logits, fp32 log-softmax
+        head = yield from _mallocs(new, ((logits, T.logits), (2 * logits, T.log_softmax)), sites)
         yield ("mark", f"backward {it}")
-        dlogits = yield from _mallocs(new, (logits,))
+        dlogits = yield from _mallocs(new, ((logits, T.backward),), sites)
         yield from _frees(head)
-        dx = yield from _mallocs(new, (tok,))
+        dx = yield from _mallocs(new, ((tok, T.backward),), sites)
         yield from _frees(dlogits)
         first = not grads
         if first:
-            grads += yield from _mallocs(new, sizes[:1])
+            grads += yield from _mallocs(new, ((sizes[0], T.backward),), sites)
         for layer_i in range(shape.layers - 1, -1, -1):
             if checkpointing:  # recompute the layer's activations first
-                saved[layer_i] += yield from _mallocs(new, layer_acts)
+                saved[layer_i] += yield from _mallocs(new, layer_acts, sites)
             if first:
-                grads += yield from _mallocs(new, reversed(shape.layer_weights()))
-            temps = yield from _mallocs(new, (mlp, mlp, att, att, 3 * tok))
+                layer_grads = ((g, T.backward) for g in reversed(shape.layer_weights()))
+                grads += yield from _mallocs(new, layer_grads, sites)
+            temps = yield from _mallocs(
+                new, ((t, T.backward) for t in (mlp, mlp, att, att, 3 * tok)), sites
+            )
             yield from _frees(saved[layer_i])
             yield from _frees(temps)
-            nx = yield from _mallocs(new, (tok,))
+            nx = yield from _mallocs(new, ((tok, T.backward),), sites)
             yield from _frees(dx)
             dx = nx
         yield from _frees((*dx, *inputs))
         yield ("mark", f"optimizer step {it}")
         if not adam:  # AdamW state (exp_avg, exp_avg_sq) appears at the first step
-            adam += yield from _mallocs(new, (size for size in sizes for _ in range(2)))
+            states = ((size, T.optimizer) for size in sizes for _ in range(2))
+            adam += yield from _mallocs(new, states, sites)
         if not keep_grads:  # zero_grad(set_to_none=True)
             yield from _frees(grads)
             grads = []
@@ -318,16 +354,20 @@ def _server_program(
     concurrency: int,
     max_new_tokens: int,
     page_tokens: int,
+    sites: Sites | None = None,
 ) -> Iterator[Op]:
-    """Continuous batching: each request prefills, decodes, and frees its KV cache."""
+    """Continuous batching: each request prefills, decodes, and frees its KV cache; call
+    sites from `sites.ServeSites` (``demo_serve.py``)."""
     per_token = shape.kv_bytes_per_token()
     d = shape.dtype_bytes
     new = Ids()
+    S = ServeSites
     yield ("mark", "weights")
-    for _ in range(shape.layers):
-        for size in shape.layer_weights():
-            yield ("malloc", new(), size, 0)
-    yield ("malloc", new(), shape.vocab * shape.hidden * d, 0)
+    weights = [
+        (size, S.layer_weights) for _ in range(shape.layers) for size in shape.layer_weights()
+    ]
+    weights.append((shape.vocab * shape.hidden * d, S.embedding_weights))
+    yield from _mallocs(new, weights, sites)
     queue = list(enumerate(requests))
     active: dict[int, dict[str, Any]] = {}  # Any: a request's mixed fields
     step = 0
@@ -337,36 +377,31 @@ def _server_program(
             yield ("mark", f"request {rid} arrives (prompt {prompt}, output {out})")
             r: dict[str, Any] = {"tokens": prompt, "left": out, "pages": []}
             if page_tokens:
-                for _ in range(-(-prompt // page_tokens)):
-                    p = new()
-                    r["pages"].append(p)
-                    yield ("malloc", p, page_tokens * per_token, 0)
+                pages = [(page_tokens * per_token, S.kv_prompt_pages)] * -(-prompt // page_tokens)
+                r["pages"] += yield from _mallocs(new, pages, sites)
             else:  # reserve prompt + max_new_tokens up front, as a static cache does
-                p = new()
-                r["pages"].append(p)
-                yield ("malloc", p, (prompt + max_new_tokens) * per_token, 0)
-            act = new()  # prefill activations
-            yield ("malloc", act, prompt * shape.hidden * d * 4, 0)
-            yield ("free", act)
+                whole = ((prompt + max_new_tokens) * per_token, S.kv_reserve)
+                r["pages"] += yield from _mallocs(new, (whole,), sites)
+            # prefill activations
+            act = yield from _mallocs(new, ((prompt * shape.hidden * d * 4, S.prefill),), sites)
+            yield from _frees(act)
             active[rid] = r
         # one decode step for the batch: a small activation, and new pages where needed
         step += 1
-        act = new()
-        yield ("malloc", act, len(active) * shape.vocab * d, 0)
+        act = yield from _mallocs(new, ((len(active) * shape.vocab * d, S.decode_logits),), sites)
         for rid in list(active):
             r = active[rid]
             r["tokens"] += 1
             r["left"] -= 1
             if page_tokens and r["tokens"] > len(r["pages"]) * page_tokens:
-                p = new()
-                r["pages"].append(p)
-                yield ("malloc", p, page_tokens * per_token, 0)
+                page = ((page_tokens * per_token, S.kv_new_page),)
+                r["pages"] += yield from _mallocs(new, page, sites)
             if r["left"] == 0:
                 yield ("mark", f"request {rid} done")
                 for p in r["pages"]:
                     yield ("free", p)
                 del active[rid]
-        yield ("free", act)
+        yield from _frees(act)
 
 
 def inference_server(
@@ -503,7 +538,9 @@ class Outcome:
         )
 
 
-def run(workload: Workload, allocator: CachingAllocator | None = None) -> Outcome:
+def run(
+    workload: Workload, allocator: CachingAllocator | None = None, *, frames: bool = False
+) -> Outcome:
     """Drive an allocator through `workload` until it ends or runs out of memory.
 
     Parameters
@@ -514,6 +551,9 @@ def run(workload: Workload, allocator: CachingAllocator | None = None) -> Outcom
         The model to drive (default: a fresh `CachingAllocator(workload.capacity,
         workload.config, record_trace=False)`; pass one that records its trace to replay or
         export the run).
+    frames
+        Give each malloc its call site (`Workload.ops`'s sites), so the allocator's snapshot
+        and trace carry stacks (default False: none, as a program recorded without stacks).
 
     Returns
     -------
@@ -534,10 +574,11 @@ def run(workload: Workload, allocator: CachingAllocator | None = None) -> Outcom
     oom: OutOfMemory | None = None
     oom_step: int | None = None
     step = started = 0
-    for op in workload.ops():
+    sites: Sites | None = {} if frames else None
+    for op in workload.ops(sites):
         if op[0] == "malloc":
             try:
-                where[op[1]] = a.malloc(op[2], op[3])
+                where[op[1]] = a.malloc(op[2], op[3], None if sites is None else sites.pop(op[1]))
             except OutOfMemory as err:
                 oom, oom_step = err, step
                 break

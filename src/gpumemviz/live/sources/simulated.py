@@ -5,7 +5,9 @@ program from `allocator.workloads` driven through `CachingAllocator` on its own 
 enough to watch segments fill, fragment and, for some workloads, run out of memory. An OOM goes
 through the same path as a real one (an `OomEvent`, judged once in the thread that ran out of
 memory, `gpumemviz.live.sources.oom.judge`, then handed to the OOM handlers), then the workload
-restarts.
+restarts. Each malloc carries its call site (`allocator.sites`: the lines of a ``demo_train.py``
+or ``demo_serve.py``), so the holders view, the map's stacks and the growth analysis of an
+export read as they would for a real program recorded with stacks.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.oom import OutOfMemory
 from gpumemviz.allocator.pool_workloads import apply_pool_step
+from gpumemviz.allocator.sites import Sites
 from gpumemviz.allocator.workloads import WORKLOADS, Workload
 from gpumemviz.live.sources.base import OomHandler, short_error
 from gpumemviz.live.sources.oom import judge, oom_stream
@@ -147,7 +150,8 @@ class SimulatedSource:
             trace_max_entries=_TRACE_ENTRIES,
             record_trace=self._record,
         )
-        self._ops = iter(w.ops())
+        self._sites: Sites = {}  # the call site of each malloc the program hands out next
+        self._ops = iter(w.ops(self._sites))
         self._where: dict[int, int] = {}
         self._done = False
         self.runs += 1
@@ -176,7 +180,8 @@ class SimulatedSource:
                 ran += 1
                 if op[0] == "malloc":
                     try:
-                        self._where[op[1]] = self._model.malloc(op[2], op[3])
+                        at = self._sites.pop(op[1], None)
+                        self._where[op[1]] = self._model.malloc(op[2], op[3], at)
                     except OutOfMemory as err:
                         self._done = True
                         event = self._oom_event(err)
@@ -303,7 +308,8 @@ class SimulatedSource:
     def record_history(self, enabled: bool = True, *, stacks: str = "python") -> None:
         """Record the model's allocation history (the default), or stop, as torch's
         ``_record_memory_history``: what `export` and the OOM snapshots carry as their trace.
-        ``stacks`` is taken as `HistorySource` takes it; the model records no frames."""
+        ``stacks`` is taken as `HistorySource` takes it; the allocations carry the demo
+        program's call sites either way."""
         with self._lock:
             self._record = bool(enabled)
             self._model.set_recording(self._record)
