@@ -104,7 +104,7 @@ class Driver:
 
         self.provider = Provider(self.steps, invent=what_if, small_at=small_at)
         self.provider.full = capacity is not None
-        segments = recording.start.to_segments(recording.device)
+        segments = recording.start_segments()  # (read only: shared by every pass)
         self.bases = Reservations(
             recording,
             segments,
@@ -824,11 +824,16 @@ def _carried(figures: array[int], first: int) -> np.ndarray:
     --------
     >>> _carried(array("q", [-1, 5, -1, -1, 7, -1]), 3).tolist()
     [3, 5, 5, 5, 7, 7]
+    >>> _carried(array("q", [-1, -1]), 3).tolist(), _carried(array("q"), 3).tolist()
+    ([3, 3], [])
     """
     values = np.frombuffer(figures, np.int64)
-    filled = np.where(values >= 0, np.arange(len(values)), -1)
-    np.maximum.accumulate(filled, out=filled)
-    return np.where(filled >= 0, values[filled], first)
+    at = np.flatnonzero(values >= 0)  # each filled figure repeats up to the next one
+    out = np.empty(len(values), np.int64)
+    head = int(at[0]) if len(at) else len(values)
+    out[:head] = first
+    out[head:] = np.repeat(values[at], np.diff(at, append=len(values)))
+    return out
 
 
 def drive(

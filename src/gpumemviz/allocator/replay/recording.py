@@ -12,6 +12,7 @@ import bisect
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -110,6 +111,8 @@ class Recording:
         self._stacks: _Stacks | None = None
         # which private pool each alloc went to (None: the segments name none)
         self.pools: PoolPlan | None = None
+        self._start_segments: list[TorchDict] | None = None  # `start_segments`, once built
+        self._maps: bool | None = None  # `maps`, once read
 
     def _from_trail(self, trail: Trail, final: Layout) -> None:
         """The figures and checkpoints the backward walk kept (it proved that applying each
@@ -308,6 +311,21 @@ class Recording:
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    def start_segments(self) -> list[TorchDict]:
+        """`start` as torch segment dicts of this device, built at the first call (every
+        replay pass loads its model from them): read them, do not modify."""
+        if self._start_segments is None:
+            self._start_segments = self.start.to_segments(self.device)
+        return self._start_segments
+
+    @property
+    def maps(self) -> bool:
+        """Whether any entry maps or unmaps expandable pages (most traces map nothing)."""
+        if self._maps is None:
+            actions = list(map(itemgetter(0), self.steps))  # (C loops)
+            self._maps = "segment_map" in actions or "segment_unmap" in actions
+        return self._maps
 
     @property
     def checkpoints(self) -> list[tuple[int, Layout]]:
