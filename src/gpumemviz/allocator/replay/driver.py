@@ -54,10 +54,7 @@ if TYPE_CHECKING:
 __all__ = ["Driver", "drive"]
 
 _DELTA = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
-# entries after a free's free_completed that may make it wait for a release (`_release_follows`)
-_AROUND = frozenset({"free_completed", "segment_free", "segment_unmap", "oom"})
 _AB = 3 * S.ALLOCATED_BYTES  # allocated_bytes.all.current in the model's DeviceStats.cur
-_END = ("", 0, 0, 0)  # the step after the last
 _UNKNOWN_TOTAL = 1 << 40  # device_total when nothing recorded says it (sizes the expandable VA)
 
 
@@ -632,9 +629,9 @@ class Driver:
         other entry, which may have reloaded the model. Traces with private pools take the
         general path for every entry (their pool figures are read after each one).
         """
-        n = len(self.steps)
-        # the trace with two entries past its end: a free reads the two after it unchecked
-        steps = [*self.steps, _END, _END]
+        steps = self.steps
+        n = len(steps)
+        once = self.tl.freed_at_once()  # each free whose free_completed, next, does nothing
         reserved, allocated, nsegs = self.reserved, self.allocated, self.nsegs
         run: list[int] = []  # segment entries waiting for the malloc that caused them
         synced: list[int] = []  # deferred frees completed inside that run (events synced)
@@ -660,7 +657,7 @@ class Driver:
         # segment is read from its step (the general path sets these for its own, and they
         # are set back after it)
         provider.window, provider.small = (), None
-        ab, around = _AB, _AROUND  # (locals: read faster in the loop)
+        ab = _AB  # (a local: read faster in the loop)
         for i in range(n):
             if i == skip:
                 continue
@@ -693,15 +690,11 @@ class Driver:
                 a = where.pop(key, None)
                 if a is None:
                     raise _never_saw(i)
-                nxt = steps[i + 1]
-                if nxt[0] == "free_completed" and nxt[1] == addr:
-                    if steps[i + 2][0] in around and self._release_follows(i + 1):
-                        self._defer(i, a, key)  # it may have waited on events until the release
-                    else:  # freed at once: its free_completed, next, does nothing
-                        free(a)
-                        if key not in deferred:
-                            skip = i + 1  # its figures: those after this entry (`_result`)
-                else:  # it waits on other streams' work until its free_completed
+                if once[i]:  # freed at once: its free_completed, next, does nothing
+                    free(a)
+                    if key not in deferred:
+                        skip = i + 1  # its figures: those after this entry (`_result`)
+                else:  # it waits on other streams' work until its free_completed (or release)
                     self._defer(i, a, key)
                 # frees never release segments: nothing for the provider to read
                 allocated[i] = stats[ab]
