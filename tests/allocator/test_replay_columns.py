@@ -10,7 +10,7 @@ import pytest
 
 from conftest import RECORDED_FILES, read_real
 from gpumemviz.allocator.model import CachingAllocator
-from gpumemviz.allocator.replay import Prepared, ReplayError, replay
+from gpumemviz.allocator.replay import Prepared, ReplayError, prepare, replay
 from gpumemviz.allocator.replay.columns import by_address
 from gpumemviz.snapshot import Snapshot, Trace
 
@@ -105,3 +105,27 @@ def test_the_walks_sorted_addresses_hold_one_int_per_address():
     assert [entries[i]["addr"] for i in index] == addrs
     assert index == sorted(index, key=lambda i: (entries[i]["addr"], i))
     assert is_alloc == [entries[i]["action"] == "alloc" for i in index]
+
+
+def test_the_frees_done_at_once_read_from_the_columns_as_from_the_steps():
+    """A free whose free_completed comes next is freed at once, unless a release follows
+    (through more free_completed entries): the columns say it as the steps do."""
+    a = CachingAllocator(1 << 30)
+    x, y = a.malloc(100), a.malloc(3 << 20)
+    w = a.malloc(200)
+    a.record_stream(w, 1)
+    a.free(w)  # waits on stream 1: its free_completed comes later
+    a.free(x)  # freed at once
+    a.free(y)  # freed at once, but the release after it
+    a.empty_cache()
+    a.complete_events(1, process=True)
+    z = a.malloc(5 << 20)
+    a.free(z)  # the last entries: freed at once
+    d = a.snapshot()
+    actions = [e["action"] for e in d["device_traces"][0]]
+    from_steps = Prepared(d).timelines[0].freed_at_once()  # the entry dicts read
+    from_columns = prepare(Snapshot.from_torch(d)).timelines[0].freed_at_once()
+    assert from_columns == from_steps
+    at_once = [i for i, yes in enumerate(from_steps) if yes]
+    frees = [i for i, action in enumerate(actions) if action == "free_requested"]
+    assert len(frees) == 4 and at_once == [frees[1], frees[3]], actions

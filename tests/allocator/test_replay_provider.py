@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.replay.placement import INVENTED_TOP, Provider
+from gpumemviz.allocator.replay.recording import Recording
 from gpumemviz.allocator.rules import MIB, is_small
 
 STEPS = [
@@ -44,3 +46,19 @@ def test_with_no_later_map_of_its_pool_the_address_is_invented():
     p = _ask(STEPS[:5], 2, None)  # a large malloc; only the small pool maps after it
     assert p("expandable", 5 * MIB, 0) > INVENTED_TOP - (1 << 40)
     assert p.surprises == 1
+
+
+def test_a_recording_builds_the_start_segments_once_and_says_whether_it_maps():
+    """Every pass loads its model from the recording's start segments (built once, shared) and
+    its reservations read `maps` (no look for maps in a trace that has none)."""
+    a = CachingAllocator(1 << 30, "expandable_segments:True")
+    a.malloc(3 * MIB)
+    a.free(a.malloc(100))
+    tl = Recording.from_snapshot(a.snapshot())
+    first = tl.start_segments()
+    assert first == tl.start.to_segments(0)
+    assert tl.start_segments() is first
+    assert tl.maps
+    plain = CachingAllocator(1 << 30)
+    plain.free(plain.malloc(100))
+    assert not Recording.from_snapshot(plain.snapshot()).maps

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from gpumemviz.snapshot import Trace
     from gpumemviz.snapshot.schema import TorchList
 
-__all__ = ["alloc_entries", "by_address", "steps_from_columns"]
+__all__ = ["alloc_entries", "by_address", "freed_at_once", "steps_from_columns"]
 
 
 def steps_from_columns(trace: Trace) -> list[Step] | None:
@@ -105,3 +105,41 @@ def by_address(trace: Trace) -> ByAddress:
     since = np.full(len(trace.action), -1, np.int64)
     since[at] = made
     return shared, at.tolist(), is_alloc.tolist(), since
+
+
+def freed_at_once(trace: Trace) -> list[bool]:
+    """Per entry: is it a free_requested whose free_completed (same address) comes next, with
+    no release or oom after the free_completed entries that follow? Such a block is freed at
+    once (`Recording.freed_at_once`, which reads the steps when it has no columns).
+
+    Examples
+    --------
+    >>> from gpumemviz.snapshot import Trace
+    >>> e = lambda action, addr: {"action": action, "addr": addr, "size": 512, "stream": 0}
+    >>> freed_at_once(Trace.from_entries([e("free_requested", 4096), e("free_completed", 4096),
+    ...     e("free_requested", 8192), e("free_completed", 8192),
+    ...     e("free_completed", 0), e("segment_free", 8192)]))
+    [True, False, False, False, False, False]
+    """
+    act, addr = trace.action, trace.addr
+    n = len(act)
+    out = np.zeros(n, bool)
+    names = list(trace.action_names)
+    code = {name: names.index(name) if name in names else -1 for name in _AT_ONCE_NAMES}
+    if n < 2 or code["free_requested"] < 0 or code["free_completed"] < 0:
+        return out.tolist()  # type: ignore[no-any-return]
+    fc = code["free_completed"]
+    pair = np.flatnonzero((act[:-1] == code["free_requested"]) & (act[1:] == fc))
+    pair = pair[addr[pair] == addr[pair + 1]]
+    # the first entry at or after the one past the pair that is not a free_completed: a
+    # release or an oom there means the free may have waited on events until it
+    others = np.flatnonzero(act != fc)
+    k = np.searchsorted(others, pair + 2)
+    nxt = others[np.minimum(k, len(others) - 1)] if len(others) else pair
+    ends = [code[x] for x in ("segment_free", "segment_unmap", "oom") if code[x] >= 0]
+    waits = (k < len(others)) & np.isin(act[nxt], ends)
+    out[pair[~waits]] = True
+    return out.tolist()  # type: ignore[no-any-return]
+
+
+_AT_ONCE_NAMES = ("free_requested", "free_completed", "segment_free", "segment_unmap", "oom")

@@ -54,10 +54,7 @@ if TYPE_CHECKING:
 __all__ = ["Driver", "drive"]
 
 _DELTA = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
-# entries after a free's free_completed that may make it wait for a release (`_release_follows`)
-_AROUND = frozenset({"free_completed", "segment_free", "segment_unmap", "oom"})
 _AB = 3 * S.ALLOCATED_BYTES  # allocated_bytes.all.current in the model's DeviceStats.cur
-_END = ("", 0, 0, 0)  # the step after the last
 _UNKNOWN_TOTAL = 1 << 40  # device_total when nothing recorded says it (sizes the expandable VA)
 
 
@@ -104,7 +101,7 @@ class Driver:
 
         self.provider = Provider(self.steps, invent=what_if, small_at=small_at)
         self.provider.full = capacity is not None
-        segments = recording.start.to_segments(recording.device)
+        segments = recording.start_segments()  # (read only: shared by every pass)
         self.bases = Reservations(
             recording,
             segments,
@@ -126,11 +123,12 @@ class Driver:
         # the model's figures after each trace entry (C arrays: 8 bytes an entry as numpy's,
         # but item assignment is faster). Reserved bytes and the segment count change only
         # where the general path runs: the inline paths leave them -1, and `_result` fills
-        # each from the entry before (`_carried`)
+        # each from the entry before (`_carried`); so does it the figures after the
+        # free_completed of a free done at once (they are those after its free_requested)
         self.reserved = array("q", [-1]) * n
-        self.allocated = array("q", bytes(8 * n))
+        self.allocated = array("q", [-1]) * n  # -1 too where a free's free_completed did nothing
         self.nsegs = array("q", [-1]) * n
-        self.before = (0, 0)  # reserved and the segment count when the pass began
+        self.before = (0, 0, 0)  # reserved, the segment count and allocated when it began
         self.cut_at = -1  # the first malloc, when the cut hid the segment it made
         self.cut_grew: list[tuple[str, int, int]] = []
         self.plan = recording.pools
@@ -633,6 +631,7 @@ class Driver:
         """
         steps = self.steps
         n = len(steps)
+        once = self.tl.freed_at_once()  # each free whose free_completed, next, does nothing
         reserved, allocated, nsegs = self.reserved, self.allocated, self.nsegs
         run: list[int] = []  # segment entries waiting for the malloc that caused them
         synced: list[int] = []  # deferred frees completed inside that run (events synced)
@@ -642,69 +641,69 @@ class Driver:
         ids, what_if, cut_at, resync = self.ids, self.what_if, self.cut_at, self.resync
         mismatches, max_mismatches = out.mismatches, self.max_mismatches
         fast = self.plan is None
-        skip = -1  # the free_completed of a free done at once: its figures are filled
-        allocs = matched = 0  # added to `out` at the end
+        # the inline paths may run: no pools, no segment entry or deferred free waiting for
+        # its malloc (read again after each entry the general path takes)
+        inline = fast
+        skip = -1  # the free_completed of a free done at once: its figures are carried
+        allocs = missed = 0  # inline allocs, and those not at the recorded address (to `out`)
         m = self.model
         stats, where, deferred = m.stats.cur, self.where, self.deferred
         malloc, free, trace_len = m.malloc, m.free, m.trace_len
-        self.before = (m.reserved, len(self.runs))
+        self.before = (m.reserved, len(self.runs), m.allocated)
         # the model's trace_len() (segment entries only: frees emit none), read again after
         # any entry the general path takes; the provider has read up to it
         mark = trace_len()
-        ab, around, end = _AB, _AROUND, _END  # (locals: read faster in the loop)
+        # an inline malloc has no recorded segment entry next to it; the pool of a new
+        # segment is read from its step (the general path sets these for its own, and they
+        # are set back after it)
+        provider.window, provider.small = (), None
+        ab = _AB  # (a local: read faster in the loop)
         for i in range(n):
             if i == skip:
                 continue
             action, addr, size, stream = steps[i]
-            if fast and action == "alloc" and not run and not leading and i != cut_at:
+            if action == "alloc" and inline and i != cut_at:
                 # an alloc with no segment entry and no deferred free recorded before it
                 if not what_if:  # a what-if's provider invents every address: it reads none
-                    provider.window, provider.pos, provider.small = (), i, None
+                    provider.pos = i
                 allocated_before = stats[ab]
                 try:
                     got = malloc(size, stream)
                 except OutOfMemory:
                     self._lone_rest(i, addr, mark, allocated_before, None, True)
                 else:
-                    if trace_len() == mark and (what_if or got == addr or not resync):
+                    if trace_len() == mark and (got == addr or what_if or not resync):
                         # the commonest: served from the cache (where it was recorded)
                         allocs += 1
-                        if what_if:
-                            pass  # invented addresses: nothing to compare
-                        elif got == addr:
-                            matched += 1
-                        elif len(mismatches) < max_mismatches:
-                            mismatches.append(
-                                (i, "alloc", f"model chose {got:#x}, recorded {addr:#x}")
-                            )
+                        if got != addr and not what_if:  # (a what-if invents addresses)
+                            missed += 1
+                            if len(mismatches) < max_mismatches:
+                                mismatches.append(
+                                    (i, "alloc", f"model chose {got:#x}, recorded {addr:#x}")
+                                )
                         choices[i] = where[addr if ids is None else ids(addr)] = got
                         allocated[i] = stats[ab]
                         continue
                     self._lone_rest(i, addr, mark, allocated_before, got, False)
-            elif fast and action == "free_requested" and not run:
+            elif action == "free_requested" and inline:
                 key = addr if ids is None else ids(addr)
                 a = where.pop(key, None)
                 if a is None:
                     raise _never_saw(i)
-                nxt = steps[i + 1] if i + 1 < n else end
-                if nxt[0] == "free_completed" and nxt[1] == addr:
-                    if i + 2 < n and steps[i + 2][0] in around and self._release_follows(i + 1):
-                        self._defer(i, a, key)  # it may have waited on events until the release
-                    else:  # freed at once: its free_completed, next, does nothing
-                        free(a)
-                        if key not in deferred:
-                            skip = i + 1
-                else:  # it waits on other streams' work until its free_completed
+                if once[i]:  # freed at once: its free_completed, next, does nothing
+                    free(a)
+                    if key not in deferred:
+                        skip = i + 1  # its figures: those after this entry (`_result`)
+                else:  # it waits on other streams' work until its free_completed (or release)
                     self._defer(i, a, key)
                 # frees never release segments: nothing for the provider to read
-                allocated[i] = now = stats[ab]
-                if skip == i + 1:
-                    allocated[skip] = now
+                allocated[i] = stats[ab]
                 continue
             else:
                 provider.synced = trace_len()  # past the inline frees' entries (no segment)
                 if action in SEGMENT_ACTIONS:
                     run.append(i)  # its figures are filled in when the run is replayed
+                    inline = False
                     continue
                 if (
                     action == "free_completed"
@@ -712,6 +711,7 @@ class Driver:
                     and (run or self._release_follows(i))
                 ):  # completed around a release (empty_cache, or the last retry)
                     (synced if run else leading).append(i)
+                    inline = False
                     continue
                 if run and action not in ("alloc", "oom"):
                     self._complete(leading)
@@ -720,7 +720,7 @@ class Driver:
                     self._finish_synced(leading, synced)
                     run, synced, leading = [], [], []
                 if action == "alloc" and not run and not leading and i != cut_at:
-                    self._lone_malloc(i, addr, size, stream)  # pools: the general path
+                    self._lone_malloc(i, addr, size, stream)  # pools, or the cut's alloc
                 elif action in ("alloc", "oom"):
                     self._fill(leading)
                     self._malloc(i, run, leading)
@@ -734,21 +734,21 @@ class Driver:
                 elif action == "free_completed":
                     self._free_completed(i)
                     provider.synced = self.model.trace_len()
+                inline = fast and not run and not leading
+            provider.window, provider.small = (), None
             m = self.model  # it may have been reloaded: read everything again
             stats, where, deferred = m.stats.cur, self.where, self.deferred
             malloc, free, trace_len = m.malloc, m.free, m.trace_len
-            res, nseg = m.reserved, len(self.runs)
-            reserved[i], allocated[i], nsegs[i] = res, stats[ab], nseg
+            reserved[i], allocated[i], nsegs[i] = m.reserved, stats[ab], len(self.runs)
             mark = provider.synced = trace_len()
-            if skip == i + 1:
-                reserved[skip], allocated[skip], nsegs[skip] = reserved[i], allocated[i], nsegs[i]
             if self.plan is not None:
                 self._pool_figures()
             if self.stopped:
                 done = i + 1
                 break
         out.allocs += allocs
-        out.allocs_matched += matched
+        if not what_if:
+            out.allocs_matched += allocs - missed
         if run and done == n:
             self._complete(leading)
             self._fill(leading)
@@ -789,7 +789,7 @@ class Driver:
         """The pass's figures up to entry `done`, its final layout, and how it scored."""
         out, n = self.out, len(self.steps)
         out.reserved = _carried(self.reserved, self.before[0])[:done]
-        out.allocated = np.frombuffer(self.allocated, np.int64)[:done]
+        out.allocated = _carried(self.allocated, self.before[2])[:done]
         out.segments = _carried(self.nsegs, self.before[1])[:done]
         start_reserved, start_allocated, _ = self.tl.start.totals()
         out.peak_reserved = max(int(out.reserved.max(initial=0)), start_reserved)
@@ -817,11 +817,16 @@ def _carried(figures: array[int], first: int) -> np.ndarray:
     --------
     >>> _carried(array("q", [-1, 5, -1, -1, 7, -1]), 3).tolist()
     [3, 5, 5, 5, 7, 7]
+    >>> _carried(array("q", [-1, -1]), 3).tolist(), _carried(array("q"), 3).tolist()
+    ([3, 3], [])
     """
     values = np.frombuffer(figures, np.int64)
-    filled = np.where(values >= 0, np.arange(len(values)), -1)
-    np.maximum.accumulate(filled, out=filled)
-    return np.where(filled >= 0, values[filled], first)
+    at = np.flatnonzero(values >= 0)  # each filled figure repeats up to the next one
+    out = np.empty(len(values), np.int64)
+    head = int(at[0]) if len(at) else len(values)
+    out[:head] = first
+    out[head:] = np.repeat(values[at], np.diff(at, append=len(values)))
+    return out
 
 
 def drive(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import bisect
 import copy
 from collections.abc import Callable, Sequence
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from gpumemviz.allocator.addresses import DescendingAddresses, reservation_starts
@@ -284,7 +283,7 @@ class Reservations:
         extent: Callable[[bool], int],
         bounded: bool,
     ):
-        """`start`: the recording's start state as segments (`recording.start.to_segments`)."""
+        """`start`: the recording's start state as segments (`recording.start_segments()`)."""
         self.lives: list[tuple[int, int, int, bool, int]] = []  # (from, to, stream, small, base)
         self.extent = extent
         done: list[tuple[list[Any], int]] = []  # (reservation, trace index it ended at)
@@ -301,8 +300,7 @@ class Reservations:
                 r[6].map(addr, size)
         steps = recording.steps
         n = len(steps)
-        actions = list(map(itemgetter(0), steps))  # (C loops: most traces map nothing)
-        mapping = "segment_map" in actions or "segment_unmap" in actions
+        mapping = recording.maps
         for j, (action, addr, size, stream) in enumerate(steps if mapping else ()):
             if action == "segment_map":
                 small = small_at(j)

@@ -262,6 +262,9 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
     alloc_delta, seg_at, seg_count = trail.alloc_delta, trail.seg_at, trail.seg_count
     exact = trail.exact  # a local copy, stored back wherever it is cleared
     rounded, round_, mss = rules.rounded, rules.round, rules.max_split_size
+    # without roundup divisions a request rounds up to 512 bytes (`rules.round_size`): that
+    # sum, inline, costs less than the cache's look-up (most sizes of a long trace differ)
+    plain = not rules.divisions
     next_at = trail.next_at
     boundary = hints.boundary
     # the sorted addresses `boundary` reads, when already sorted (`by_address`): a window
@@ -292,7 +295,10 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                         exact = trail.exact = False
                     else:
                         room = bsize + blocks[k + 1][1] if next_free else bsize
-                        r = rounded.get(size) or round_(size)
+                        if plain:
+                            r = (size + 511) & -512 if size > 512 else 512
+                        else:
+                            r = rounded.get(size) or round_(size)
                         if seg.small or seg.expandable:
                             split = room - r >= K_MIN_BLOCK_SIZE
                         else:
@@ -324,7 +330,10 @@ def _walk(lay: Layout, steps: Sequence[Step], rules: Rules, trail: Trail, hints:
                 blocks[k] = (addr, b[1], ALLOCATED, b[3])
             elif action == "free_completed" and state == INACTIVE and addr < (end := b[0] + b[1]):
                 # `_restored_size`, inlined
-                r = rounded.get(size) or round_(size)
+                if plain:
+                    r = (size + 511) & -512 if size > 512 else 512
+                else:
+                    r = rounded.get(size) or round_(size)
                 if seg.small or seg.expandable:
                     bsize = r
                 elif r >= mss or end - addr - r <= K_SMALL_SIZE:

@@ -12,11 +12,17 @@ import bisect
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from gpumemviz.allocator.replay.columns import alloc_entries, by_address, steps_from_columns
+from gpumemviz.allocator.replay.columns import (
+    alloc_entries,
+    by_address,
+    freed_at_once,
+    steps_from_columns,
+)
 from gpumemviz.allocator.replay.forward import apply_step
 from gpumemviz.allocator.replay.layout import Layout, LayoutError
 from gpumemviz.allocator.replay.pools import PoolPlan, plan_pools, recorded_pools
@@ -45,6 +51,25 @@ def _dict_allocs(trace: list[TorchDict]) -> list[Alloc]:
         for i, e in enumerate(trace)
         if e.get("action") == "alloc"
     ]
+
+
+def _freed_at_once(steps: Sequence[Step]) -> list[bool]:
+    """`columns.freed_at_once` read from the steps (a recording without columns)."""
+    n = len(steps)
+    out = [False] * n
+    for i in range(n - 1):
+        action, addr, _, _ = steps[i]
+        if action == "free_requested" and steps[i + 1][0] == "free_completed":
+            if steps[i + 1][1] != addr:
+                continue
+            j = i + 2
+            while j < n and steps[j][0] == "free_completed":
+                j += 1
+            out[i] = j == n or steps[j][0] not in _WAITS
+    return out
+
+
+_WAITS = ("segment_free", "segment_unmap", "oom")  # a free before these may have waited
 
 
 def _device_settings(snapshot: TorchMapping) -> TorchMapping | None:
@@ -110,6 +135,9 @@ class Recording:
         self._stacks: _Stacks | None = None
         # which private pool each alloc went to (None: the segments name none)
         self.pools: PoolPlan | None = None
+        self._start_segments: list[TorchDict] | None = None  # `start_segments`, once built
+        self._maps: bool | None = None  # `maps`, once read
+        self._at_once: list[bool] | None = None  # `freed_at_once`, once read
 
     def _from_trail(self, trail: Trail, final: Layout) -> None:
         """The figures and checkpoints the backward walk kept (it proved that applying each
@@ -308,6 +336,33 @@ class Recording:
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    def start_segments(self) -> list[TorchDict]:
+        """`start` as torch segment dicts of this device, built at the first call (every
+        replay pass loads its model from them): read them, do not modify."""
+        if self._start_segments is None:
+            self._start_segments = self.start.to_segments(self.device)
+        return self._start_segments
+
+    def freed_at_once(self) -> list[bool]:
+        """Per entry: a free_requested whose free_completed (same address) comes next, with no
+        release or oom after the free_completed entries that follow (the block is freed at
+        once; before a release it may have waited on events until it). Read once, from the
+        columns where the recording has them, and shared by every replay pass."""
+        if self._at_once is None:
+            if self._columns is not None:
+                self._at_once = freed_at_once(self._columns)
+            else:
+                self._at_once = _freed_at_once(self.steps)
+        return self._at_once
+
+    @property
+    def maps(self) -> bool:
+        """Whether any entry maps or unmaps expandable pages (most traces map nothing)."""
+        if self._maps is None:
+            actions = list(map(itemgetter(0), self.steps))  # (C loops)
+            self._maps = "segment_map" in actions or "segment_unmap" in actions
+        return self._maps
 
     @property
     def checkpoints(self) -> list[tuple[int, Layout]]:
