@@ -335,27 +335,32 @@ def growth(
         label_of.setdefault(g, labels[j])
         group_of_alloc[i] = g
     n_groups = len(groups)
-    live_bytes = np.zeros(n_groups, np.int64)
-    series = np.zeros((len(measured), n_groups), np.int64)  # live bytes before each step start
-    within = np.zeros(n_groups, np.int64)
-    across = np.zeros(n_groups, np.int64)
+    # plain lists in the loop below (one step per entry): a numpy scalar update costs several
+    # times a list's
+    live_bytes = [0] * n_groups
+    rows: list[list[int]] = []  # live bytes before each measured step's start
+    within = [0] * n_groups
+    across = [0] * n_groups
     live: dict[int, tuple[int, int, int]] = {}  # addr -> (group, bytes, step)
     total = 0  # live bytes of the trace's allocations now
     level = [0] * len(measured)  # ... at each measured step's start
     peak = [0] * len(measured)  # ... at most during the step
     b = 0
+    next_start = measured[0] if measured else -1
     for i, a in enumerate(act):
-        if b < len(measured) and i == measured[b]:
-            series[b] = live_bytes
+        if i == next_start:
+            rows.append(live_bytes.copy())
             level[b] = peak[b] = total
             b += 1
+            next_start = measured[b] if b < len(measured) else -1
         if a == alloc:
             g = group_of_alloc[i]
-            live[addr[i]] = (g, size[i], step_of[i])
-            live_bytes[g] += size[i]
-            total += size[i]
-            if b:
-                peak[b - 1] = max(peak[b - 1], total)
+            nbytes = size[i]
+            live[addr[i]] = (g, nbytes, step_of[i])
+            live_bytes[g] += nbytes
+            total += nbytes
+            if b and total > peak[b - 1]:
+                peak[b - 1] = total
         elif a in frees:
             got = live.pop(addr[i], None)
             if got is not None:
@@ -366,6 +371,8 @@ def growth(
                     within[g] += 1
                 else:
                     across[g] += 1
+    rows += [[0] * n_groups for _ in range(len(measured) - len(rows))]  # starts not reached
+    series = np.asarray(rows, np.int64).reshape(len(measured), n_groups)
     forever = np.zeros(n_groups, np.int64)
     forever_bytes = np.zeros(n_groups, np.int64)
     for g, nbytes, _ in live.values():
