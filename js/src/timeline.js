@@ -435,7 +435,12 @@ export function createTimeline(host, opts) {
     ctx.setLineDash([]);
     ctx.lineWidth = 1;
     said.hidden = !forecast;
-    said.textContent = forecast ? forecast.sentence : "";
+    // the sentence is the projection's legend: its key, a dash in the line's colour, before it
+    const key = document.createElement("i");
+    key.className = "gmv-tl-swatch";
+    key.style.borderTopColor = c.oom;
+    key.style.borderTopStyle = "dashed";
+    said.replaceChildren(...(forecast ? [key, document.createTextNode(forecast.sentence)] : []));
     canvas.dataset.series = drawnKeys.join(",");
     drawLegend(drawnKeys, c);
     // markers: a tick each under the label lanes; OOMs a full-height line, always

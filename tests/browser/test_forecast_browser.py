@@ -17,8 +17,11 @@ pytestmark = pytest.mark.browser
 DRAWN = """() => Object.values(window.__gpumemviz.views).map(v => {
     const canvas = v.root.querySelector('.gmv-timeline canvas');
     const said = v.root.querySelector('.gmv-tl-forecast');
+    const key = said && !said.hidden && said.querySelector('.gmv-tl-swatch');
     return { status: v.root.dataset.view, line: canvas ? canvas.dataset.forecast : '',
              sentence: said && !said.hidden ? said.textContent : '',
+             key: key ? [getComputedStyle(key).borderTopStyle, getComputedStyle(key).borderTopColor,
+                         getComputedStyle(said).color] : null,
              points: v.timeline.points.length };
 })"""
 
@@ -64,6 +67,9 @@ def test_the_forecast_shows_on_the_leak_demo_and_not_on_a_flat_sawtooth(page, no
     leak, flat = page.evaluate(DRAWN)
     seen = page.evaluate("() => window.__gmvSeen")
     assert leak["sentence"].startswith("at this rate, OOM in about ")
+    # the sentence is the projection's legend: a dash in the line's (the OOM) colour before it
+    style, colour, text_colour = leak["key"]
+    assert style == "dashed" and colour == text_colour, leak["key"]
     x0, y0, x1, y1 = map(int, leak["line"].strip("[]").split(","))
     assert x1 > x0 and y1 < y0  # rising to the right, toward the limit
     assert len(seen) >= 40  # the RL panel was watched for 20 s at least
