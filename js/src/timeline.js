@@ -259,6 +259,12 @@ export function createTimeline(host, opts) {
   const said = document.createElement("div");  // the forecast's sentence, when there is one
   said.className = "gmv-tl-forecast";
   said.hidden = true;
+  // the sentence is the projection's legend: its key, a dash in the line's colour, before it
+  const saidKey = document.createElement("i");
+  saidKey.className = "gmv-tl-swatch";
+  saidKey.style.borderTopStyle = "dashed";
+  const saidText = document.createTextNode("");
+  said.append(saidKey, saidText);
   wrap.append(canvas, legend, said);
   wrap.hidden = true;  // a fixed snapshot has no timeline: no empty band
   host.append(wrap);
@@ -435,12 +441,8 @@ export function createTimeline(host, opts) {
     ctx.setLineDash([]);
     ctx.lineWidth = 1;
     said.hidden = !forecast;
-    // the sentence is the projection's legend: its key, a dash in the line's colour, before it
-    const key = document.createElement("i");
-    key.className = "gmv-tl-swatch";
-    key.style.borderTopColor = c.oom;
-    key.style.borderTopStyle = "dashed";
-    said.replaceChildren(...(forecast ? [key, document.createTextNode(forecast.sentence)] : []));
+    saidKey.style.borderTopColor = c.oom;
+    saidText.data = forecast ? forecast.sentence : "";
     canvas.dataset.series = drawnKeys.join(",");
     drawLegend(drawnKeys, c);
     // markers: a tick each under the label lanes; OOMs a full-height line, always
