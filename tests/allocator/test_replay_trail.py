@@ -209,3 +209,39 @@ def test_every_checkpoint_is_the_forward_layout(every):
         assert lay.key() == want.layout_at(at - 1).key(), f"checkpoint at {at}"
     for i in sorted({j for at in marks for j in (at - 2, at - 1, at) if j >= -1}):
         assert got.layout_at(i).key() == want.layout_at(i).key(), f"entry {i}"
+
+
+@pytest.mark.parametrize("conf", ["", "expandable_segments:True"])
+def test_a_recording_without_checkpoints_makes_them_when_first_asked(conf):
+    """`seekable=False` (a replay's, a report's): the walk keeps only the start, and each
+    layout is made forwards when first asked, in any order, from two threads at once: the
+    seekable recording's layouts, and the figures are the same."""
+    import threading
+
+    d = _model_snapshot(training_loop(iterations=6, capacity=64 * GIB), conf)
+    want = Recording.from_snapshot(d, 0, every=16)
+    got = Recording.from_snapshot(d, 0, every=16, seekable=False)
+    assert got.allocated.tolist() == want.allocated.tolist()
+    assert got.segments.tolist() == want.segments.tolist()
+    n = len(want)
+    assert n > 2000
+    order = [n // 2, 5, n - 1, -1, n // 3, *random.Random(0).sample(range(n), 60)]
+    errors: list[BaseException] = []
+
+    def seek(points: list[int]) -> None:
+        try:
+            for i in points:
+                assert got.layout_at(i).key() == want.layout_at(i).key(), f"entry {i}"
+        except BaseException as err:  # reported by the main thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=seek, args=(order[k::2],)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    made = [at for at, _ in got.checkpoints]  # every one made now, ascending, once each
+    assert made == sorted(set(made)) and len(made) >= 3 and made[-1] > n - 4096
+    for at, lay in got.checkpoints:
+        assert lay.key() == want.layout_at(at - 1).key(), f"checkpoint at {at}"

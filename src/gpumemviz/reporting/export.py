@@ -332,6 +332,7 @@ def trace_totals(
                 device,
                 columns=trace,
                 config=snap.config,  # the snapshot's one parse of its settings
+                seekable=False,  # only its figures are read
             )
     except (ValueError, KeyError, IndexError):
         return reserved, requested, None

@@ -9,6 +9,8 @@ subpackage's modules:
 
 - layout.py: `Layout`, one device's segments and blocks, moved by trace entries
 - reconstruct.py: the state at the start of a trace, by walking it backwards
+- lives.py: the same start and figures from each block's life, by array passes (no expandable
+  segments; what `replay` reads)
 - trail.py: what that walk keeps for the recording (figures, checkpoints, proof of exactness)
 - steps.py: a trace as the walks read it (`Step` tuples) and the `Rules` that size blocks
 - forward.py: one trace entry applied forwards at its recorded address
@@ -267,7 +269,10 @@ class Prepared:
 
         try:
             columns = self.traces[dev] if self.traces is not None else None
-            tl = Recording.from_snapshot(snap, dev, columns=columns, config=self.recorded_cfg)
+            # what a replay reads are the figures; a seek makes its checkpoints when it comes
+            tl = Recording.from_snapshot(
+                snap, dev, columns=columns, config=self.recorded_cfg, seekable=False
+            )
         except LayoutError as err:
             raise ReplayError(f"device {dev}: {err}") from None
         self.timelines[dev] = tl

@@ -9,6 +9,7 @@ to be what applying the trace forwards gives (trail.py); otherwise from a forwar
 from __future__ import annotations
 
 import bisect
+import threading
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
@@ -25,6 +26,7 @@ from gpumemviz.allocator.replay.columns import (
 )
 from gpumemviz.allocator.replay.forward import apply_step
 from gpumemviz.allocator.replay.layout import Layout, LayoutError
+from gpumemviz.allocator.replay.lives import reconstruct_lives
 from gpumemviz.allocator.replay.pools import PoolPlan, plan_pools, recorded_pools
 from gpumemviz.allocator.replay.reconstruct import reconstruct_layout
 from gpumemviz.allocator.replay.steps import Rules, Step, steps_of
@@ -98,6 +100,7 @@ class Recording:
         device: int = 0,
         settings: TorchMapping | None = None,
         every: int = 128,
+        seekable: bool = True,
         walked: tuple[Trail, Layout] | None = None,
         trace: list[TorchDict] | None = None,
         columns: Trace | None = None,
@@ -106,6 +109,9 @@ class Recording:
     ):
         """`walked`: the trail of the walk that reconstructed `start` and the final layout it
         began from; used when the trail is exact, else the trace is applied forwards.
+        `seekable`: False when the walk kept no checkpoint past the start (what a replay or a
+        report reads are the figures): `layout_at` then makes them, forwards from the start,
+        as far as it is first asked to go.
 
         `trace` (the entries as torch dicts) or `columns` (the trace as a `Snapshot`'s
         columns) is what `snapshot_at` hands out as ``device_traces``; without either, dicts
@@ -122,8 +128,14 @@ class Recording:
         self.start = start.copy()
         self._checkpoints: list[Layout] = []
         self._checkpoint_at: list[int] = []  # the entry each checkpoint is the layout before
+        # the entry of the next checkpoint `layout_at` makes forwards (-1: all are made); the
+        # lock keeps two threads (a sampler's and the kernel's) from making the same ones
+        self._unmade = -1
+        self._making = threading.Lock()
         if walked is not None and walked[0].exact:
             self._from_trail(*walked)
+            if not seekable and len(self.steps):
+                self._unmade = spacing(self._checkpoints[-1].copy(), every)
         else:
             self._forward(start)
         self._trace = trace
@@ -194,6 +206,7 @@ class Recording:
         *,
         columns: Trace | None = None,
         config: AllocatorConfig | None = None,
+        seekable: bool = True,
         **kw: Any,  # Any: `__init__`'s options
     ) -> Recording:
         """Reconstruct the start of `device`'s trace, and its layout after every entry.
@@ -211,6 +224,10 @@ class Recording:
         config
             The dict's ``allocator_settings`` already parsed (a `Snapshot`'s `config`, or the
             replay's recorded settings); None: parsed here.
+        seekable
+            False where the caller reads the figures and seeks rarely if ever (a replay, a
+            report): the walk keeps no checkpoints (a copy of each segment it changes, per
+            checkpoint), and `layout_at` makes them forwards when first asked.
         **kw
             ``every``: checkpoint spacing in trace entries (default 128; heavier layouts
             get wider spacing, up to `MAX_SPACING`).
@@ -243,9 +260,16 @@ class Recording:
                 traces = snapshot.get("device_traces") or []
                 trace = list(traces[device]) if device < len(traces) else []
             steps = steps_of(trace)
-        trail = Trail(len(steps), kw.get("every", 128))
-        sorted_steps = by_address(columns) if trace is None and columns is not None else None
-        start = reconstruct_layout(final, steps, rules, trail, sorted_steps)
+        lives = None
+        if not seekable and trace is None and columns is not None:
+            lives = reconstruct_lives(final, columns, rules)  # None: the walk answers
+        if lives is not None:
+            start = lives.start
+            trail = Trail.filled(lives.alloc_delta, lives.reserved_delta, lives.nsegs, start)
+        else:
+            trail = Trail(len(steps), kw.get("every", 128) if seekable else len(steps) + 1)
+            sorted_steps = by_address(columns) if trace is None and columns is not None else None
+            start = reconstruct_layout(final, steps, rules, trail, sorted_steps)
         allocs: Callable[[], Iterable[Alloc]]  # read at the first seek, if any
         if trace is not None:
             allocs = partial(_dict_allocs, trace)
@@ -262,6 +286,7 @@ class Recording:
             rules,
             device=device,
             settings=settings,
+            seekable=seekable,
             walked=(trail, final),
             trace=entries,
             columns=columns,
@@ -275,6 +300,8 @@ class Recording:
             assert columns is not None  # steps came from them
             said = columns.values("pool_id")
         tl.pools = plan_pools(start, steps, segs, tl.layout_at, recorded_pools(said))
+        if tl.final is final:  # the walk's trail was exact: it began from `final`
+            return tl
         got, want = tl.final.key(requested=False), final.key(requested=False)
         if got != want:
             diff = [a[0] for a, b in zip(got, want, strict=False) if a != b]
@@ -364,10 +391,29 @@ class Recording:
             self._maps = "segment_map" in actions or "segment_unmap" in actions
         return self._maps
 
+    def _make_checkpoints(self, event_index: int) -> None:
+        """Checkpoints not made by the walk (`seekable` False), made forwards from the last
+        one until the next would lie past `event_index`: the layouts the walk would have
+        kept (its trail proved that applying each entry forwards retraces it)."""
+        with self._making:
+            n = len(self.steps)
+            at, lay = self._checkpoint_at[-1], self._checkpoints[-1].copy()
+            steps, rules, nxt = self.steps, self.rules, self._unmade
+            with no_gc():  # a list per block: the cyclic GC would rescan them all, often
+                while 0 <= nxt <= event_index and nxt < n:
+                    for i in range(at, nxt):
+                        apply_step(lay, steps, i, rules)
+                    at, nxt = nxt, nxt + spacing(lay, self.every)
+                    self._checkpoints.append(lay.copy())  # first: a reader bisects the other
+                    self._checkpoint_at.append(at)
+            self._unmade = nxt if nxt < n else -1
+
     @property
     def checkpoints(self) -> list[tuple[int, Layout]]:
         """``(i, layout before entry i)`` of each checkpoint `layout_at` starts from, in
         ascending order (the layouts are copies: changing one changes no checkpoint)."""
+        if self._unmade >= 0:
+            self._make_checkpoints(len(self.steps) - 1)
         return [
             (at, lay.copy()) for at, lay in zip(self._checkpoint_at, self._checkpoints, strict=True)
         ]
@@ -379,6 +425,8 @@ class Recording:
             raise IndexError(f"event index {event_index} outside [-1, {n - 1}]")
         if event_index < 0:
             return self.start.copy()
+        if 0 <= self._unmade <= event_index:
+            self._make_checkpoints(event_index)
         k = bisect.bisect_right(self._checkpoint_at, event_index) - 1
         lay = self._checkpoints[k].copy()
         for i in range(self._checkpoint_at[k], event_index + 1):

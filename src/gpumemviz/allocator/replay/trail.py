@@ -91,6 +91,20 @@ class Trail:
         self.checkpoint_at: list[int] = []
         self.next_at = n - every  # the next checkpoint: the layout before this entry
 
+    @classmethod
+    def filled(
+        cls, alloc_delta: np.ndarray, reserved_delta: np.ndarray, nsegs: np.ndarray, start: Layout
+    ) -> Trail:
+        """An exact trail of figures found without walking (lives.py), its one checkpoint the
+        start (a recording makes the others when first asked)."""
+        trail = cls(0, 1)
+        trail.alloc_delta = array("q", np.ascontiguousarray(alloc_delta, np.int64).tobytes())
+        trail.reserved_delta = array("q", np.ascontiguousarray(reserved_delta, np.int64).tobytes())
+        trail.nsegs = np.asarray(nsegs, np.int64)
+        trail.checkpoints = [start.copy()]
+        trail.checkpoint_at = [0]
+        return trail
+
     def checkpoint(self, lay: Layout, i: int) -> None:
         """Keep `lay`, the layout before entry i, as a checkpoint (the walk calls this once
         i reaches `next_at`, and at 0)."""
