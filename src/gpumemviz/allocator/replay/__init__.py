@@ -27,9 +27,7 @@ playback read) does not load it.
 from __future__ import annotations
 
 import numbers
-import operator
-from collections.abc import Mapping
-from operator import itemgetter
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from gpumemviz.allocator.config import AllocatorConfig
@@ -116,11 +114,9 @@ def _capacity_from_oom(tl: Recording, i: int | None) -> int | None:
     return before + tl.steps[i][1]
 
 
-def _first_oom(tl: Recording) -> int | None:
-    try:  # a C-level scan: a generator over every entry cost 0.03 model passes
-        return operator.indexOf(map(itemgetter(0), tl.steps), "oom")
-    except ValueError:
-        return None
+def _inferred_source(inferred: int | None) -> str:
+    """Where a capacity not given came from: a recorded oom entry, or nowhere."""
+    return "unknown" if inferred is None else "oom entry"
 
 
 def _source(d: DeviceReplay, source: str, oom_at: int | None) -> None:
@@ -225,12 +221,41 @@ def replay(
     return Prepared(snap, traces, recorded).replay(cfg, caps)
 
 
+class _RecordedPasses(Mapping[int, DeviceReplay]):
+    """Each traced device's pass under the recorded settings, driven when first read.
+
+    A what-if reads the recorded pass only for the release runs it classed as empty_cache
+    calls: where the trace has none (no segment_free or segment_unmap), `whatif` answers
+    from the recording and one pass, and the recorded one is never driven unless read.
+    """
+
+    def __init__(self, prepared: Prepared):
+        self._prepared = prepared
+        self._done: dict[int, DeviceReplay] = {}
+
+    def __getitem__(self, dev: int) -> DeviceReplay:
+        got = self._done.get(dev)
+        if got is None:
+            if dev not in self._prepared.timelines:
+                raise KeyError(dev)
+            with no_gc():
+                got = self._done[dev] = self._prepared.recorded_pass(dev)
+        return got
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._prepared.timelines)
+
+    def __len__(self) -> int:
+        return len(self._prepared.timelines)
+
+
 class Prepared:
     """A snapshot made ready for any number of replays: each traced device's start state
-    reconstructed and its recording scored once with the recorded settings (`prepare`).
+    reconstructed (`prepare`), its pass under the recorded settings driven when first read
+    (`recorded`), and shared by every call from then on.
 
-    `replay` then drives the model once more per what-if; the reconstruction and the recorded
-    pass are shared by every call (what the advice check does with several settings).
+    `replay` drives the model once per what-if; the reconstruction and the recorded pass are
+    shared by every call (what the advice check does with several settings).
     """
 
     def __init__(
@@ -251,7 +276,7 @@ class Prepared:
             traced = [d for d, t in enumerate(snap.get("device_traces") or []) if t]
         if not traced:
             raise ReplayError("snapshot has no trace to replay (recorded with history off?)")
-        self.recorded: dict[int, DeviceReplay] = {}
+        self.recorded: Mapping[int, DeviceReplay] = _RecordedPasses(self)
         self.timelines: dict[int, Recording] = {}
         self.inferred: dict[int, int | None] = {}
         self.oom_at: dict[int, int | None] = {}
@@ -262,11 +287,7 @@ class Prepared:
                 self._prepare(snap, dev)
 
     def _prepare(self, snap: TorchMapping, dev: int) -> None:
-        """Reconstruct device `dev` and score its recorded pass."""
-        from gpumemviz.allocator.replay.driver import (
-            drive,  # the model loads here, not with the package
-        )
-
+        """Reconstruct device `dev`."""
         try:
             columns = self.traces[dev] if self.traces is not None else None
             # what a replay reads are the figures; a seek makes its checkpoints when it comes
@@ -276,8 +297,16 @@ class Prepared:
         except LayoutError as err:
             raise ReplayError(f"device {dev}: {err}") from None
         self.timelines[dev] = tl
-        oom_at = self.oom_at[dev] = _first_oom(tl)
-        inferred = self.inferred[dev] = _capacity_from_oom(tl, oom_at)
+        oom_at = self.oom_at[dev] = tl.first_oom
+        self.inferred[dev] = _capacity_from_oom(tl, oom_at)
+
+    def recorded_pass(self, dev: int) -> DeviceReplay:
+        """Device `dev`'s pass under the recorded settings, scored (what `recorded` holds)."""
+        from gpumemviz.allocator.replay.driver import (
+            drive,  # the model loads here, not with the package
+        )
+
+        tl, inferred, oom_at = self.timelines[dev], self.inferred[dev], self.oom_at[dev]
         rec, _ = drive(tl, self.recorded_cfg, inferred, device_total=inferred)
         if rec.allocs_matched < rec.allocs or not rec.exact:
             cfg = self.recorded_cfg
@@ -288,8 +317,8 @@ class Prepared:
                 return per.allocs_matched
 
             rec.per_decision = per_decision
-        _source(rec, "unknown" if inferred is None else "oom entry", oom_at)
-        self.recorded[dev] = rec
+        _source(rec, _inferred_source(inferred), oom_at)
+        return rec
 
     def replay(
         self,
@@ -303,33 +332,36 @@ class Prepared:
         devices: dict[int, DeviceReplay] = {}
         any_what_if = False
         for dev, tl in self.timelines.items():
-            rec, inferred, oom_at = self.recorded[dev], self.inferred[dev], self.oom_at[dev]
+            inferred, oom_at = self.inferred[dev], self.oom_at[dev]
             cap = capacity.get(dev) if isinstance(capacity, dict) else capacity
             source = "user"
             if cap is None:
                 cap = inferred
-                source = rec.capacity_source
+                source = _inferred_source(inferred)
             what_if = not _same_rules(cfg, self.recorded_cfg) or cap != inferred
             any_what_if = any_what_if or what_if
             if what_if:
+                # the release runs the recorded pass found to be empty_cache calls (none
+                # without a release entry: then that pass need not run for this one)
+                explicit = set(self.recorded[dev].explicit_bursts) if tl.releases else set()
                 with no_gc():
                     devices[dev], _ = drive(
                         tl,
                         cfg,
                         cap,
                         what_if=True,
-                        explicit=set(rec.explicit_bursts),
+                        explicit=explicit,
                         device_total=cap or inferred,
                     )
                 _source(devices[dev], source, oom_at)
             else:
-                devices[dev] = rec
+                devices[dev] = self.recorded[dev]
         return ReplayResult(
             config=cfg.settings,
             recorded_config=self.recorded_cfg.settings,
             what_if=any_what_if,
             devices=devices,
-            recorded=dict(self.recorded),
+            recorded=self.recorded,
             timelines=dict(self.timelines),
             settings_recorded=self.settings_recorded,
         )

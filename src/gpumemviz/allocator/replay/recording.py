@@ -148,7 +148,7 @@ class Recording:
         # which private pool each alloc went to (None: the segments name none)
         self.pools: PoolPlan | None = None
         self._start_segments: list[TorchDict] | None = None  # `start_segments`, once built
-        self._maps: bool | None = None  # `maps`, once read
+        self._kinds: frozenset[str] | None = None  # the actions present, once read
         self._at_once: list[bool] | None = None  # `freed_at_once`, once read
 
     def _from_trail(self, trail: Trail, final: Layout) -> None:
@@ -383,13 +383,34 @@ class Recording:
                 self._at_once = _freed_at_once(self.steps)
         return self._at_once
 
+    def _actions(self) -> frozenset[str]:
+        """The actions the trace's entries have, read once (from the columns where it has
+        them: one numpy pass)."""
+        if self._kinds is None:
+            if self._columns is not None:
+                names = self._columns.action_names
+                self._kinds = frozenset(names[a] for a in np.unique(self._columns.action))
+            else:
+                self._kinds = frozenset(map(itemgetter(0), self.steps))  # (C loops)
+        return self._kinds
+
+    @property
+    def first_oom(self) -> int | None:
+        """The index of the first ``oom`` entry (the recorded OOM), or None."""
+        if "oom" not in self._actions():
+            return None
+        return list(map(itemgetter(0), self.steps)).index("oom")  # (C loops)
+
     @property
     def maps(self) -> bool:
         """Whether any entry maps or unmaps expandable pages (most traces map nothing)."""
-        if self._maps is None:
-            actions = list(map(itemgetter(0), self.steps))  # (C loops)
-            self._maps = "segment_map" in actions or "segment_unmap" in actions
-        return self._maps
+        return not self._actions().isdisjoint(("segment_map", "segment_unmap"))
+
+    @property
+    def releases(self) -> bool:
+        """Whether any entry gives memory back to the device (segment_free, segment_unmap):
+        without one there is no release run, explicit (empty_cache) or not."""
+        return not self._actions().isdisjoint(_SHRINKS)
 
     def _make_checkpoints(self, event_index: int) -> None:
         """Checkpoints not made by the walk (`seekable` False), made forwards from the last

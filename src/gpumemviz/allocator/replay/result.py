@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -126,7 +126,8 @@ class ReplayResult:
     devices : {int: DeviceReplay}
         The run asked for, per traced device.
     recorded : {int: DeviceReplay}
-        The same trace under the recorded settings (the run `what_if` compares with).
+        The same trace under the recorded settings (the run `what_if` compares with), each
+        device's driven when first read.
     timelines : {int: Recording}
         The recorded history per device (name kept: public), what `snapshot_at` reads.
     settings_recorded : bool
@@ -152,7 +153,9 @@ class ReplayResult:
     recorded_config: str
     what_if: bool
     devices: dict[int, DeviceReplay]
-    recorded: dict[int, DeviceReplay]  # the same trace under the recorded settings
+    # the same trace under the recorded settings: a pass is driven when its device is first
+    # read (`Prepared.recorded`)
+    recorded: Mapping[int, DeviceReplay]
     timelines: dict[int, Recording]
     # False when the file has no allocator_settings: `recorded_config` is then "" by
     # assumption (PyTorch's defaults), not because the defaults were seen
@@ -258,7 +261,7 @@ class ReplayResult:
                 lines.append(
                     head + f"peak reserved {format_size(d.peak_reserved)} (recorded "
                     f"{format_size(self.recorded_peak_reserved(dev))}), oom {at(d.oom)} "
-                    f"(recorded {at(self.recorded[dev].recorded_oom)})"
+                    f"(recorded {at(self.timelines[dev].first_oom)})"
                 )
             else:
                 lines.append(
