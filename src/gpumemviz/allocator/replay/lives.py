@@ -28,6 +28,7 @@ import numpy as np
 
 from gpumemviz.allocator.replay.layout import ALLOCATED, INACTIVE, PENDING_FREE, Layout, Seg
 from gpumemviz.allocator.rules import K_MIN_BLOCK_SIZE, K_SMALL_SIZE, page_size
+from gpumemviz.snapshot.schema import ACTIONS
 
 if TYPE_CHECKING:
     from gpumemviz.allocator.replay.steps import Rules
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Lives", "reconstruct_lives"]
 
-BUDGET_PER_QUESTION = 256
+BUDGET_PER_QUESTION = 64
 """Neighbours looked at per question, on average, before the walk is left to answer (`_scan`)."""
 
 _INF = np.iinfo(np.int64).max
@@ -158,7 +159,7 @@ def reconstruct_lives(final: Layout, trace: Trace, rules: Rules) -> Lives | None
         would not be exact: the walk then answers (with its error, where there is one).
     """
     names = trace.action_names
-    code = {name: names.index(name) if name in names else -1 for name in _NAMES}
+    code = {name: names.index(name) if name in names else -1 for name in ACTIONS}
     act = np.asarray(trace.action, np.int64)
     n = len(act)
     if n == 0 or code["segment_map"] in act or code["segment_unmap"] in act:
@@ -191,16 +192,6 @@ def reconstruct_lives(final: Layout, trace: Trace, rules: Rules) -> Lives | None
     nsegs = len(start.segs) + np.cumsum(grows.astype(np.int64) - shrinks)
     return Lives(start, alloc_delta, reserved_delta, nsegs)
 
-
-_NAMES = (
-    "alloc",
-    "free_requested",
-    "free_completed",
-    "segment_alloc",
-    "segment_free",
-    "segment_map",
-    "segment_unmap",
-)
 
 _Table = dict[str, np.ndarray]
 

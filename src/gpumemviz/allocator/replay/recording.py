@@ -31,7 +31,7 @@ from gpumemviz.allocator.replay.pools import PoolPlan, plan_pools, recorded_pool
 from gpumemviz.allocator.replay.reconstruct import reconstruct_layout
 from gpumemviz.allocator.replay.steps import Rules, Step, steps_of
 from gpumemviz.allocator.replay.trail import Trail, spacing
-from gpumemviz.snapshot.gc_pause import no_gc
+from gpumemviz.snapshot.gc_pause import PROMOTE_OVER, no_gc, promote
 
 if TYPE_CHECKING:
     from gpumemviz.allocator.config import AllocatorConfig
@@ -320,6 +320,17 @@ class Recording:
         locals first (a sampler thread may ask at the same time: both build the same)."""
         if self._stacks is not None:
             return self._stacks
+        with no_gc():
+            stacks = self._build_frames()
+        # a one-off build kept for good (two lists per address), made in a seek's own pause:
+        # made old at once, or the next collections would scan it all (a 0.12 s pause in a
+        # later seek at 10^6 entries)
+        if len(stacks[0]) > PROMOTE_OVER // 3:
+            promote()
+        return stacks
+
+    def _build_frames(self) -> _Stacks:
+        """`_keep_frames`' table, built."""
         segments, allocs = self._frame_sources
         by_addr: dict[int, tuple[list[int], list[TorchList]]] = {}
         start_frames: dict[int, TorchList] = {}
@@ -462,9 +473,9 @@ class Recording:
         since before the trace, the stack the file has at its address. Segments that did not
         change between jumps are the same dicts as before: read them, do not modify.
         """
+        frames = self.frames_after(event_index)  # (its table is built outside the pause)
         with no_gc():  # thousands of short-lived lists: the cyclic GC only slows this down
             lay = self.layout_at(event_index)
-            frames = self.frames_after(event_index)
             segments = lay.to_segments(self.device, shared=True, frames=frames)
         traces: list[list[TorchDict]] = [[] for _ in range(self.device + 1)]
         traces[self.device] = self._entries()[: event_index + 1]
