@@ -388,3 +388,22 @@ def test_the_report_applies_each_trace_once(monkeypatch):
     built.clear()  # without the check, the timeline applies the trace itself, once
     assert report_data(snap, replay_advice=False)["timeline"]["0"]["series"][1] == "allocated"
     assert built == [0]
+
+
+def test_a_recorded_pass_that_fails_leaves_the_advice_unchecked(monkeypatch):
+    """The recorded pass is driven when first read (`Prepared.recorded`); where it fails after
+    the what-if pass ran, the advice says why it was not checked, as a failed what-if does,
+    and nothing raises into `inspect`."""
+    from gpumemviz.allocator.replay import Prepared, ReplayError
+
+    def broken(self, dev):
+        raise ReplayError(f"device {dev}: trace event 7: planted")
+
+    monkeypatch.setattr(Prepared, "recorded_pass", broken)
+    # as on a trace without release entries: the what-if passes do not read the recorded one
+    monkeypatch.setattr(Recording, "releases", property(lambda self: False))
+    d = read_real(standin_file(STREAMS))
+    checked = check_advice(d, _inspect_advice(d))
+    reasons = [c.unchecked for c in checked.shown if c.advice.kind in CHECKED_KINDS]
+    assert reasons and all("planted" in (r or "") for r in reasons), reasons
+    assert checked.rejected == []

@@ -321,6 +321,9 @@ def _replay(prepared: Prepared | str, config: AllocatorConfig) -> tuple[ReplayRe
     t = time.perf_counter()
     try:
         result = prepared.replay(config)
+        # the recorded pass each check compares with (`_check`), driven here if not yet,
+        # where its error is caught
+        _ = [result.recorded[dev] for dev in result.devices]
     except (ReplayError, SnapshotError, ValueError) as e:
         return f"the trace cannot be replayed: {error_line(e)}"
     return result, time.perf_counter() - t

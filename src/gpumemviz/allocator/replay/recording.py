@@ -3,7 +3,10 @@
 This is the ground truth the model is scored against, and what the panel scrubs through:
 `snapshot_at(i)` restores the nearest checkpoint and applies the few entries after it. Its
 figures and checkpoints come from the reconstruction's walk backwards where that walk is proven
-to be what applying the trace forwards gives (trail.py); otherwise from a forward pass.
+to be what applying the trace forwards gives (trail.py); otherwise from a forward pass. A
+recording that is read for its figures (`seekable=False`: a replay, a report) takes them from
+the blocks' lives where it can (lives.py, array passes) and makes its checkpoints at its first
+seek.
 """
 
 from __future__ import annotations
