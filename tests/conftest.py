@@ -98,6 +98,15 @@ def standin_file(name: str) -> Path:
     return path
 
 
+def traced_devices(d: Any) -> list[int]:
+    """The devices of torch dict `d` with a trace; the test skips in one line where none has."""
+    traces = d.get("device_traces") or [] if isinstance(d, dict) else []
+    devices = [i for i, t in enumerate(traces) if t]
+    if not devices:
+        pytest.skip("no trace in this file")
+    return devices
+
+
 def has_private_pools(d: Any) -> bool:
     """A recording with segments in private pools (MemPool, CUDA graphs)."""
     segs = d["segments"] if isinstance(d, dict) else d

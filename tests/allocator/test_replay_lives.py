@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import RECORDED_FILES, read_real
+from conftest import traced_devices
 from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.replay import replay
 from gpumemviz.allocator.replay.layout import Layout, LayoutError
@@ -53,14 +53,10 @@ def _maps(d: dict, device: int) -> bool:
     return expandable or bool(actions & {"segment_map", "segment_unmap"})
 
 
-@pytest.mark.parametrize("path", RECORDED_FILES, ids=lambda p: p.name.split("__")[-1][:40])
-def test_every_recorded_trace_gives_the_walks_start_and_figures(path):
+def test_every_recorded_trace_gives_the_walks_start_and_figures(recorded_dict):
     """Every file without expandable segments is answered from its lives, as the walk does."""
-    d = read_real(path)
-    devices = [i for i, t in enumerate(d.get("device_traces") or []) if t]
-    if not devices:
-        pytest.skip("no trace in this file")
-    for dev in devices:
+    d = recorded_dict
+    for dev in traced_devices(d):
         lives, walked = _lives_and_walk(d, dev)
         if _maps(d, dev):
             assert lives is None, f"device {dev}: expandable segments are the walk's"

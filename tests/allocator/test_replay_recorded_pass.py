@@ -7,9 +7,7 @@ drives each device once. `Recording.first_oom` is the recorded pass's `recorded_
 
 from __future__ import annotations
 
-import pytest
-
-from conftest import RECORDED_FILES, read_real
+from conftest import traced_devices
 from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.replay import Prepared, prepare, replay
 from gpumemviz.snapshot import Snapshot
@@ -74,12 +72,9 @@ def test_the_recorded_settings_are_the_recorded_pass(monkeypatch):
     assert r.allocs_matched == r.allocs == 6
 
 
-@pytest.mark.parametrize("path", RECORDED_FILES, ids=lambda p: p.name.split("__")[-1][:40])
-def test_first_oom_is_the_recorded_passes_oom(path):
-    d = read_real(path)
-    if not any(d.get("device_traces") or []):
-        pytest.skip("no trace in this file")
-    p = prepare(Snapshot.from_torch(d))
+def test_first_oom_is_the_recorded_passes_oom(recorded_dict):
+    traced_devices(recorded_dict)  # (skips a file without a trace)
+    p = prepare(Snapshot.from_torch(recorded_dict))
     for dev, tl in p.timelines.items():
         assert tl.first_oom == p.recorded[dev].recorded_oom, f"device {dev}"
         releases = any(s[0] in ("segment_free", "segment_unmap") for s in tl.steps)

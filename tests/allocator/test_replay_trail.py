@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from conftest import RECORDED_FILES, read_real
+from conftest import traced_devices
 from gpumemviz.allocator.config import AllocatorConfig
 from gpumemviz.allocator.model import CachingAllocator
 from gpumemviz.allocator.replay.layout import Layout, LayoutError
@@ -54,14 +54,10 @@ def _model_snapshot(workload, conf: str = "") -> dict:
     return a.snapshot()
 
 
-@pytest.mark.parametrize("path", RECORDED_FILES, ids=lambda p: p.name.split("__")[-1][:40])
-def test_every_recorded_trace_is_walked_exactly(path):
+def test_every_recorded_trace_is_walked_exactly(recorded_dict):
     """Every file's walk is proven exact, and gives the forward pass's figures and layouts."""
-    d = read_real(path)
-    devices = [i for i, t in enumerate(d.get("device_traces") or []) if t]
-    if not devices:
-        pytest.skip("no trace in this file")
-    for dev in devices:
+    d = recorded_dict
+    for dev in traced_devices(d):
         got, want, exact = _walked(d, dev)
         assert exact, f"device {dev}"
         _same(got, want)

@@ -413,6 +413,9 @@ class Recording:
         """The index of the first ``oom`` entry (the recorded OOM), or None."""
         if "oom" not in self._actions():
             return None
+        if self._columns is not None:  # one numpy pass
+            oom = self._columns.action_names.index("oom")
+            return int(np.flatnonzero(self._columns.action == oom)[0])
         return list(map(itemgetter(0), self.steps)).index("oom")  # (C loops)
 
     @property
